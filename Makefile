@@ -1,0 +1,37 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Both create .venv and install
+# everything they need. torch is pinned to the local 2.13.0 CPU wheel.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+PYTEST_ARGS ?=
+
+export OMP_NUM_THREADS := 1
+export HF_HUB_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: all setup test test-all demo bench clean
+
+all: test
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+# The default suite: everything not marked slow (about 15 minutes at most on 2 cores).
+test: $(STAMP)
+	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+
+# Everything, slow tests included.
+test-all: $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+demo: $(STAMP)
+	$(BIN)/python examples/demo.py
+
+clean:
+	rm -rf $(VENV) .nexus .pytest_cache

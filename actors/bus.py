@@ -1,0 +1,130 @@
+"""The one NATS client wrapper that roles and the SDK share.
+
+`Bus` connects with endless reconnect, encodes typed messages, puts W3C trace context in
+the headers of every publish and request, and turns error replies back into exceptions.
+Every request has a timeout; none waits forever::
+
+    bus = await Bus.connect("nats://127.0.0.1:4222", name="sdk")
+    info = await bus.request(names.role_op("master", "info"), InfoRequest(), RoleInfo)
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, TypeVar
+
+import nats
+from nats.aio.client import Client as NATS
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind
+
+from actors.tracing import inject
+from protocol.errors import PayloadTooLarge, RequestTimeout, Unavailable
+from protocol.messages import ErrorReply, ok_or_raise
+from protocol.wire import decode, encode
+
+T = TypeVar("T")
+
+DEFAULT_REQUEST_TIMEOUT_S = 10.0
+
+
+class Bus:
+    def __init__(self, nc: NATS, tracer: trace.Tracer | None = None) -> None:
+        self.nc = nc
+        self.js = nc.jetstream()
+        self.tracer = tracer or trace.get_tracer("vla-nexus")
+
+    @classmethod
+    async def connect(
+        cls,
+        url: str,
+        *,
+        name: str,
+        connect_timeout_s: float = 5.0,
+        reconnect_forever: bool = True,
+        tracer: trace.Tracer | None = None,
+        **callbacks: Any,
+    ) -> Bus:
+        try:
+            # "nats://a:4222,nats://b:4222" names the servers of a cluster.
+            servers = [u.strip() for u in url.split(",") if u.strip()]
+            nc = await nats.connect(
+                servers,
+                name=name,
+                connect_timeout=connect_timeout_s,
+                # A role rides out a broker restart; an SDK call can opt for failing fast.
+                max_reconnect_attempts=-1 if reconnect_forever else 3,
+                reconnect_time_wait=0.5,
+                allow_reconnect=True,
+                **callbacks,
+            )
+        except Exception as exc:  # nats raises OSError / NoServersError / TimeoutError
+            raise Unavailable(f"cannot connect to NATS at {url}: {exc}") from None
+        return cls(nc, tracer)
+
+    @property
+    def max_payload(self) -> int:
+        return self.nc.max_payload
+
+    def _check_size(self, subject: str, data: bytes) -> None:
+        if len(data) > self.nc.max_payload:
+            raise PayloadTooLarge(
+                f"message for {subject} is {len(data)} bytes, over the server's max payload "
+                f"of {self.nc.max_payload} bytes; send it in chunks or through the object store",
+                details={"size": len(data), "max_payload": self.nc.max_payload},
+            )
+
+    async def publish(self, subject: str, msg: Any, *, span_name: str | None = None) -> None:
+        data = encode(msg)
+        self._check_size(subject, data)
+        with self.tracer.start_as_current_span(
+            span_name or f"publish {subject}",
+            kind=SpanKind.PRODUCER,
+            attributes={"messaging.system": "nats", "messaging.destination.name": subject},
+        ):
+            await self.nc.publish(subject, data, headers=inject())
+
+    async def request(
+        self,
+        subject: str,
+        msg: Any,
+        expect: type[T] | tuple[type, ...],
+        *,
+        timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
+        raw: bytes | None = None,
+    ) -> T:
+        """Send ``msg`` (or ``raw`` bytes) and return the decoded reply of type ``expect``.
+
+        An error reply raises the matching `NexusError`; no responder raises `Unavailable`;
+        no answer within ``timeout_s`` raises `RequestTimeout`.
+        """
+        data = raw if raw is not None else encode(msg)
+        self._check_size(subject, data)
+        allowed = (expect if isinstance(expect, tuple) else (expect,)) + (ErrorReply,)
+        with self.tracer.start_as_current_span(
+            f"request {subject}",
+            kind=SpanKind.CLIENT,
+            attributes={"messaging.system": "nats", "messaging.destination.name": subject},
+        ) as span:
+            try:
+                reply = await self.nc.request(subject, data, timeout=timeout_s, headers=inject())
+            except NoRespondersError:
+                raise Unavailable(f"no role is serving {subject}", details={"subject": subject}) from None
+            except (NatsTimeoutError, asyncio.TimeoutError):
+                raise RequestTimeout(
+                    f"no reply on {subject} within {timeout_s:g} s",
+                    details={"subject": subject, "timeout_s": timeout_s},
+                ) from None
+            result = decode(reply.data, allowed)
+            if isinstance(result, ErrorReply):
+                span.set_attribute("nexus.error_code", result.code)
+            return ok_or_raise(result)
+
+    async def close(self) -> None:
+        if not self.nc.is_closed:
+            try:
+                await asyncio.wait_for(self.nc.drain(), timeout=5.0)
+            except (asyncio.TimeoutError, nats.errors.ConnectionClosedError):
+                await self.nc.close()

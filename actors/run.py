@@ -1,0 +1,59 @@
+"""Start one role as this process.
+
+    python -m actors.run ROLE [--nats-url URL] [--prefix P] [--data-dir DIR] [--instance ID]
+
+ROLE is one of health, monitor, master, trainer, inferencer, env. Flags fall back to the
+NEXUS_NATS_URL / NEXUS_PREFIX / NEXUS_DATA_DIR environment variables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from pathlib import Path
+
+from actors.runtime import RoleConfig, run_role
+from protocol.errors import NexusError
+from protocol.subjects import ROLES
+
+# Imported lazily: a trainer should not pay for the env worker's simulators and back.
+ROLE_CLASSES: dict[str, str] = {
+    "health": "actors.health:HealthManager",
+    "monitor": "actors.monitor:Monitor",
+    "master": "master.service:Master",
+    "trainer": "actors.trainer:Trainer",
+    "inferencer": "actors.inferencer:Inferencer",
+    "env": "actors.env_worker:EnvWorker",
+}
+assert set(ROLE_CLASSES) == set(ROLES)
+
+
+def load_role(role: str) -> type:
+    module, _, cls = ROLE_CLASSES[role].partition(":")
+    return getattr(importlib.import_module(module), cls)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m actors.run", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("role", choices=sorted(ROLE_CLASSES))
+    p.add_argument("--nats-url")
+    p.add_argument("--prefix")
+    p.add_argument("--data-dir", type=Path)
+    p.add_argument("--instance")
+    p.add_argument("--log-level", default="INFO")
+    args = p.parse_args(argv)
+    try:
+        cfg = RoleConfig.from_env(
+            nats_url=args.nats_url, prefix=args.prefix, data_dir=args.data_dir,
+            instance=args.instance, log_level=args.log_level,
+        )
+    except (NexusError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return run_role(load_role(args.role), cfg)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

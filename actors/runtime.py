@@ -1,0 +1,449 @@
+"""The role runtime every process (master, trainer, inferencer, env, health, monitor) uses.
+
+A role subclasses `Role`, sets ``name``, and declares its ops with `@op`::
+
+    class Monitor(Role):
+        name = "monitor"
+
+        @op("status", StatusRequest)
+        async def status(self, req: StatusRequest) -> ClusterStatus: ...
+
+The runtime then, in order:
+  1. connects to NATS (reconnecting forever) and installs the process's tracer and logger;
+  2. runs the role's `setup()`;
+  3. subscribes ``<prefix>.<role>.*`` (queue group: one instance answers) and
+     ``<prefix>.svc.<role>.<instance>.*`` (this instance only);
+  4. registers in the services KV bucket and heartbeats every ``heartbeat_interval_s``;
+  5. serves: each request runs in its own task; a bad request gets an `ErrorReply` and the
+     role keeps serving;
+  6. on SIGTERM/SIGINT (or a ``drain`` request) drains: stops taking requests, lets the
+     in-flight ones finish, runs `on_drain()`, marks itself stopped, exits 0. A second
+     signal exits at once with status 143.
+
+Every role answers ``info``; every instance answers ``info`` and ``drain`` on its own
+subject. Heavy compute must go through ``asyncio.to_thread`` so heartbeats keep flowing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import structlog
+from nats.aio.msg import Msg
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from actors.bus import Bus
+from actors.logs import bound_request, configure_logging
+from actors.tracing import extract, setup_tracing, shutdown_tracing, trace_id_hex
+from protocol.errors import Draining, InternalError, NexusError, UnknownOp
+from protocol.messages import (
+    DrainRequest,
+    ErrorReply,
+    Heartbeat,
+    InfoRequest,
+    Metric,
+    Ok,
+    RoleInfo,
+    RoleState,
+    ServiceRecord,
+)
+from protocol.subjects import DEFAULT_PREFIX, Names, check_token
+from protocol.wire import decode, encode
+
+VERSION = "0.1.0"
+EXIT_NOW_STATUS = 143  # 128 + SIGTERM, as a shell reports a process killed by SIGTERM
+
+
+@dataclass
+class RoleConfig:
+    """Settings every role takes (CLI flags or NEXUS_* environment variables)."""
+
+    nats_url: str = "nats://127.0.0.1:4222"
+    prefix: str = DEFAULT_PREFIX
+    data_dir: Path = Path(".nexus")
+    instance: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
+    # 1 s beats with a 3 s timeout in the health manager: a kill is seen in about 3-4 s.
+    heartbeat_interval_s: float = 1.0
+    # Upper bound on the drain: in-flight work still running then is abandoned.
+    drain_timeout_s: float = 60.0
+    # Requests handled at once; more wait in NATS (bounded by the subscription's pending limit).
+    max_concurrency: int = 64
+    log_level: str = "INFO"
+
+    def __post_init__(self) -> None:
+        self.data_dir = Path(self.data_dir)
+        check_token("instance", self.instance)
+        Names(self.prefix)  # validates the prefix
+        if self.heartbeat_interval_s <= 0:
+            raise ValueError("heartbeat_interval_s: must be > 0")
+        if self.drain_timeout_s <= 0:
+            raise ValueError("drain_timeout_s: must be > 0")
+        if self.max_concurrency < 1:
+            raise ValueError("max_concurrency: must be >= 1")
+
+    @classmethod
+    def from_env(cls, **overrides: Any) -> RoleConfig:
+        env = os.environ
+        kwargs: dict[str, Any] = {}
+        if "NEXUS_NATS_URL" in env:
+            kwargs["nats_url"] = env["NEXUS_NATS_URL"]
+        if "NEXUS_PREFIX" in env:
+            kwargs["prefix"] = env["NEXUS_PREFIX"]
+        if "NEXUS_DATA_DIR" in env:
+            kwargs["data_dir"] = Path(env["NEXUS_DATA_DIR"])
+        if "NEXUS_HEARTBEAT_INTERVAL_S" in env:
+            kwargs["heartbeat_interval_s"] = float(env["NEXUS_HEARTBEAT_INTERVAL_S"])
+        kwargs.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**kwargs)
+
+
+Handler = Callable[[Any, Any], Awaitable[Any]]
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    name: str
+    request: type
+    handler_name: str
+
+
+def op(name: str, request: type) -> Callable[[Callable], Callable]:
+    """Mark a coroutine method as the handler of ``<prefix>.<role>.<name>``."""
+
+    def wrap(fn: Callable) -> Callable:
+        fn.__nexus_op__ = OpSpec(name, request, fn.__name__)  # type: ignore[attr-defined]
+        return fn
+
+    return wrap
+
+
+class Role:
+    name: ClassVar[str] = ""
+
+    def __init__(self, cfg: RoleConfig) -> None:
+        if not self.name:
+            raise TypeError(f"{type(self).__name__} must set a role name")
+        self.cfg = cfg
+        self.names = Names(cfg.prefix)
+        self.instance = cfg.instance
+        self.pid = os.getpid()
+        self.host = socket.gethostname()
+        self.started_at = time.time()
+        self.state: RoleState = "starting"
+        self.log = configure_logging(self.name, self.instance, cfg.log_level)
+        self.tracer = setup_tracing(self.name, self.instance, cfg.data_dir)
+        self.bus: Bus | None = None
+        self._ops = self._collect_ops()
+        self._subs: list[Any] = []
+        self._inflight: set[asyncio.Task] = set()
+        self._background: set[asyncio.Task] = set()
+        self._sem = asyncio.Semaphore(cfg.max_concurrency)
+        self._stop = asyncio.Event()
+        self._signals = 0
+        self._seq = 0
+
+    # -- hooks for subclasses ------------------------------------------------------------
+    async def setup(self) -> None:
+        """Acquire resources (models, KV handles, subscriptions of the role's own)."""
+
+    async def on_drain(self) -> None:
+        """Called after in-flight requests finished, before deregistering."""
+
+    def info_extra(self) -> dict[str, Any]:
+        """Role-specific facts added to the ``info`` reply."""
+        return {}
+
+    # -- built-in ops --------------------------------------------------------------------
+    @op("info", InfoRequest)
+    async def _op_info(self, req: InfoRequest) -> RoleInfo:
+        return RoleInfo(
+            role=self.name,
+            instance=self.instance,
+            pid=self.pid,
+            host=self.host,
+            started_at=self.started_at,
+            state=self.state,
+            version=VERSION,
+            ops=sorted(self._ops),
+            in_flight=len(self._inflight),
+            extra=self.info_extra(),
+        )
+
+    @op("drain", DrainRequest)
+    async def _op_drain(self, req: DrainRequest) -> Ok:
+        self.log.info("drain requested", reason=req.reason)
+        self.request_stop()
+        return Ok(detail=f"{self.name}.{self.instance} draining")
+
+    # -- helpers for subclasses ----------------------------------------------------------
+    def spawn(self, coro: Awaitable[Any], name: str) -> asyncio.Task:
+        """Start a background task that is recorded, logged on failure and cancelled on exit."""
+        task = asyncio.ensure_future(coro)
+        task.set_name(name)
+        self._background.add(task)
+
+        def done(t: asyncio.Task) -> None:
+            self._background.discard(t)
+            if not t.cancelled() and t.exception() is not None:
+                self.log.error("background task failed", task=name, exc_info=t.exception())
+
+        task.add_done_callback(done)
+        return task
+
+    async def metric(self, signal_name: str, scope: str, value: float, **labels: str) -> None:
+        assert self.bus is not None
+        await self.bus.publish(
+            self.names.metrics(signal_name, scope),
+            Metric(signal=signal_name, scope=scope, value=float(value), at=time.time(), labels=labels),
+        )
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    # -- lifecycle -----------------------------------------------------------------------
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._on_signal, sig)
+        # 1. connect
+        self.bus = await Bus.connect(
+            self.cfg.nats_url,
+            name=f"{self.name}.{self.instance}",
+            tracer=self.tracer,
+            disconnected_cb=self._on_disconnect,
+            reconnected_cb=self._on_reconnect,
+            error_cb=self._on_nats_error,
+        )
+        try:
+            # 2. role resources
+            await self.setup()
+            # 3. subscriptions
+            self._subs.append(
+                await self.bus.nc.subscribe(
+                    self.names.role_ops(self.name),
+                    queue=self.names.queue_group(self.name),
+                    cb=self._on_request,
+                )
+            )
+            self._subs.append(
+                await self.bus.nc.subscribe(
+                    self.names.instance_ops(self.name, self.instance), cb=self._on_request
+                )
+            )
+            # 4. register and beat
+            self.state = "ready"
+            await self._register()
+            self.spawn(self._heartbeat_loop(), "heartbeat")
+            self.log.info("role ready", pid=self.pid, nats_url=self.cfg.nats_url, ops=sorted(self._ops))
+            # 5. serve until asked to stop
+            await self._stop.wait()
+            # 6. drain
+            await self._drain()
+            return 0
+        finally:
+            for task in list(self._background):
+                task.cancel()
+            await asyncio.gather(*self._background, return_exceptions=True)
+            await self.bus.close()
+            shutdown_tracing()
+
+    def _on_signal(self, sig: signal.Signals) -> None:
+        self._signals += 1
+        if self._signals == 1:
+            self.log.info("signal received: draining", signal=sig.name)
+            self._stop.set()
+        else:
+            # Second signal: the operator wants out now. Skip cleanup on purpose.
+            self.log.warning("second signal: exiting now", signal=sig.name, in_flight=len(self._inflight))
+            os._exit(EXIT_NOW_STATUS)
+
+    async def _drain(self) -> None:
+        assert self.bus is not None
+        self.state = "draining"
+        started = time.monotonic()
+        self.log.info("draining", in_flight=len(self._inflight))
+        await self._register()
+        await self._beat()
+        # Stop taking new requests first; requests already delivered still get handled.
+        for sub in self._subs:
+            try:
+                await sub.unsubscribe()
+            except Exception as exc:  # connection may be gone; nothing to unsubscribe then
+                self.log.warning("unsubscribe failed", error=str(exc))
+        if self._inflight:
+            done, pending = await asyncio.wait(set(self._inflight), timeout=self.cfg.drain_timeout_s)
+            for task in pending:
+                task.cancel()
+            if pending:
+                self.log.error("drain timeout: abandoned requests", abandoned=len(pending))
+        await self.on_drain()
+        self.state = "stopped"
+        await self._register()
+        await self._beat()
+        await self.bus.nc.flush(timeout=2)
+        self.log.info("stopped", drain_s=round(time.monotonic() - started, 3))
+
+    # -- registration and heartbeat ------------------------------------------------------
+    async def _register(self) -> None:
+        assert self.bus is not None
+        record = ServiceRecord(
+            role=self.name,
+            instance=self.instance,
+            pid=self.pid,
+            host=self.host,
+            started_at=self.started_at,
+            state=self.state,
+            version=VERSION,
+            updated_at=time.time(),
+        )
+        try:
+            kv = await self.bus.js.key_value(self.names.kv_services)
+            await kv.put(Names.service_key(self.name, self.instance), encode(record))
+        except Exception as exc:  # broker down or bucket missing: keep running, say so
+            self.log.warning("service registration failed", error=str(exc))
+
+    async def _beat(self) -> None:
+        assert self.bus is not None
+        self._seq += 1
+        hb = Heartbeat(
+            role=self.name,
+            instance=self.instance,
+            pid=self.pid,
+            host=self.host,
+            started_at=self.started_at,
+            sent_at=time.time(),
+            seq=self._seq,
+            state=self.state,
+            in_flight=len(self._inflight),
+            interval_s=self.cfg.heartbeat_interval_s,
+        )
+        # Heartbeats are plain publishes without spans: one a second per role would bury
+        # the traces worth reading.
+        await self.bus.nc.publish(self.names.heartbeat(self.name, self.instance), encode(hb))
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            try:
+                await self._beat()
+            except Exception as exc:  # reconnecting: the next beat goes out after it
+                self.log.warning("heartbeat failed", error=str(exc))
+            await asyncio.sleep(self.cfg.heartbeat_interval_s)
+
+    # -- request dispatch ----------------------------------------------------------------
+    def _collect_ops(self) -> dict[str, tuple[OpSpec, Handler]]:
+        ops: dict[str, tuple[OpSpec, Handler]] = {}
+        for klass in reversed(type(self).__mro__):
+            for attr in vars(klass).values():
+                spec = getattr(attr, "__nexus_op__", None)
+                if spec is not None:
+                    ops[spec.name] = (spec, getattr(self, spec.handler_name))
+        return ops
+
+    async def _on_request(self, msg: Msg) -> None:
+        # The subscription calls us one message at a time; hand each request to its own
+        # task so a slow op never delays the next one.
+        task = asyncio.ensure_future(self._handle(msg))
+        self._inflight.add(task)
+        task.add_done_callback(self._inflight.discard)
+
+    async def _handle(self, msg: Msg) -> None:
+        op_name = msg.subject.rsplit(".", 1)[-1]
+        parent = extract(msg.headers)
+        async with self._sem:
+            with self.tracer.start_as_current_span(
+                f"{self.name}.{op_name}",
+                context=parent,
+                kind=SpanKind.SERVER,
+                attributes={
+                    "messaging.system": "nats",
+                    "messaging.destination.name": msg.subject,
+                    "nexus.role": self.name,
+                    "nexus.instance": self.instance,
+                },
+            ) as span:
+                tenant = None
+                with bound_request(op=op_name, trace_id=trace_id_hex()):
+                    try:
+                        reply = await self._dispatch(op_name, msg.data)
+                        tenant = getattr(reply, "tenant", None)
+                    except NexusError as exc:
+                        span.set_status(Status(StatusCode.ERROR, exc.message))
+                        span.set_attribute("nexus.error_code", exc.code.value)
+                        self.log.info("request rejected", code=exc.code.value, error=exc.message)
+                        reply = ErrorReply.from_exception(exc)
+                    except Exception as exc:
+                        # A bug in one handler must not take the role down: reply and go on.
+                        span.record_exception(exc)
+                        span.set_status(Status(StatusCode.ERROR, str(exc)))
+                        self.log.error("request failed", exc_info=exc)
+                        reply = ErrorReply.from_exception(
+                            InternalError(f"{self.name} failed on {op_name}: {type(exc).__name__}: {exc}")
+                        )
+                    if tenant:
+                        span.set_attribute("nexus.tenant", tenant)
+                    if msg.reply:
+                        await self._respond(msg, reply)
+
+    async def _dispatch(self, op_name: str, data: bytes) -> Any:
+        entry = self._ops.get(op_name)
+        if entry is None:
+            raise UnknownOp(
+                f"{self.name} has no op {op_name!r}; known ops: {sorted(self._ops)}",
+                details={"op": op_name},
+            )
+        if self.state in ("draining", "stopped") and op_name not in ("info", "drain"):
+            raise Draining(f"{self.name}.{self.instance} is draining; retry on another instance")
+        spec, handler = entry
+        req = decode(data, spec.request)
+        tenant = getattr(req, "tenant", None)
+        with bound_request(tenant=tenant if isinstance(tenant, str) else None):
+            return await handler(req)
+
+    async def _respond(self, msg: Msg, reply: Any) -> None:
+        try:
+            data = encode(reply)
+        except NexusError as exc:
+            data = encode(ErrorReply.from_exception(exc))
+        try:
+            await msg.respond(data)
+        except Exception as exc:  # the requester's connection may be gone
+            self.log.warning("reply failed", error=str(exc))
+
+    # -- connection callbacks ------------------------------------------------------------
+    async def _on_disconnect(self) -> None:
+        if self.state != "stopped":  # the final drain disconnects on purpose
+            self.log.warning("disconnected from NATS")
+
+    async def _on_reconnect(self) -> None:
+        self.log.info("reconnected to NATS")
+        if self.state == "ready":
+            self.spawn(self._register(), "re-register")
+
+    async def _on_nats_error(self, exc: Exception) -> None:
+        self.log.warning("nats error", error=str(exc))
+
+
+def run_role(role_cls: type[Role], cfg: RoleConfig) -> int:
+    """Process entry point: run one role until it drains; return the exit status."""
+    # One torch / BLAS thread per process: with 2 cores, more threads fight each other.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+    async def main() -> int:
+        role = role_cls(cfg)
+        return await role.run()
+
+    try:
+        return asyncio.run(main())
+    except NexusError as exc:
+        structlog.get_logger().error("role failed to start", error=str(exc))
+        return 1

@@ -1,0 +1,373 @@
+"""Supervisor behind `nexus up`: embedded broker, layout, and every role as a child process.
+
+    python -m actors.supervisor --data-dir .nexus --nats-port 4222     # what --detach runs
+
+In order it: 1. starts nats-server (unless given --nats-url); 2. creates streams and
+buckets; 3. starts the roles (health and monitor first, so they see everyone's first beat);
+4. writes ``<data-dir>/cluster.json`` so client commands find the cluster; 5. waits until
+every role has registered ready; 6. restarts a role that dies (restart policy below) until
+SIGTERM/SIGINT; 7. stops: roles drain in reverse start order, then the broker stops and
+cluster.json is removed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import orjson
+
+from actors.bus import Bus
+from actors.broker import EmbeddedBroker
+from actors.layout import ensure_layout
+from protocol.errors import NexusError, Unavailable
+from protocol.messages import ClusterStatus, ServiceRecord, StatusRequest
+from protocol.subjects import DEFAULT_PREFIX, ROLES, Names
+from protocol.wire import decode
+
+STATE_FILE = "cluster.json"
+
+
+@dataclass
+class RestartPolicy:
+    """When a role process dies unexpectedly (non-zero exit or a signal)."""
+
+    max_restarts: int = 5  # within window_s; past it the role stays down and it is logged
+    window_s: float = 60.0
+    backoff_s: float = 1.0  # wait before the restart, so a crash loop does not spin
+
+
+@dataclass
+class ChildRecord:
+    role: str
+    instance: str
+    pid: int
+    log: str
+
+
+@dataclass
+class ClusterState:
+    """What client commands read from ``<data-dir>/cluster.json``."""
+
+    nats_url: str
+    prefix: str
+    data_dir: str
+    supervisor_pid: int
+    broker_pid: int | None
+    logs_dir: str
+    traces_dir: str
+    started_at: float
+    ready: bool = False
+    roles: list[ChildRecord] = field(default_factory=list)
+
+    def write(self, data_dir: Path) -> None:
+        tmp = data_dir / (STATE_FILE + ".tmp")
+        tmp.write_bytes(orjson.dumps(asdict(self), option=orjson.OPT_INDENT_2))
+        tmp.replace(data_dir / STATE_FILE)  # atomic: readers never see half a file
+
+    @classmethod
+    def read(cls, data_dir: Path) -> ClusterState | None:
+        path = Path(data_dir) / STATE_FILE
+        try:
+            raw = orjson.loads(path.read_bytes())
+        except FileNotFoundError:
+            return None
+        roles = [ChildRecord(**r) for r in raw.pop("roles", [])]
+        return cls(**raw, roles=roles)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _die_with_parent() -> None:
+    # Linux: the child gets SIGTERM (and so drains) if the supervisor itself dies.
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass  # not Linux: orphans are cleaned up by `nexus down` from cluster.json
+
+
+@dataclass
+class SupervisorConfig:
+    data_dir: Path = Path(".nexus")
+    nats_port: int = 4222
+    nats_url: str | None = None  # use an existing server instead of starting one
+    prefix: str = DEFAULT_PREFIX
+    roles: tuple[str, ...] = ROLES
+    ready_timeout_s: float = 60.0
+    drain_timeout_s: float = 60.0
+    restart: RestartPolicy = field(default_factory=RestartPolicy)
+
+    def __post_init__(self) -> None:
+        self.data_dir = Path(self.data_dir).resolve()
+        Names(self.prefix)
+        unknown = [r for r in self.roles if r not in ROLES]
+        if unknown:
+            raise ValueError(f"roles: unknown {unknown}; allowed: {list(ROLES)}")
+        if not 0 < self.nats_port < 65536:
+            raise ValueError(f"nats_port: {self.nats_port} is not a TCP port (1-65535)")
+
+
+@dataclass
+class _Child:
+    role: str
+    instance: str
+    proc: subprocess.Popen
+    log_path: Path
+    restarts: deque = field(default_factory=deque)
+
+
+class Supervisor:
+    def __init__(self, cfg: SupervisorConfig, out=sys.stdout) -> None:
+        self.cfg = cfg
+        self.names = Names(cfg.prefix)
+        self.out = out
+        self.broker: EmbeddedBroker | None = None
+        self.nats_url = cfg.nats_url or ""
+        self.children: dict[str, _Child] = {}
+        self.state: ClusterState | None = None
+        self._stopping = asyncio.Event()
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.cfg.data_dir / "logs"
+
+    @property
+    def traces_dir(self) -> Path:
+        return self.cfg.data_dir / "traces"
+
+    def say(self, text: str) -> None:
+        print(text, file=self.out, flush=True)
+
+    # -- start ---------------------------------------------------------------------------
+    async def start(self) -> None:
+        self.cfg.data_dir.mkdir(parents=True, exist_ok=True)
+        self.logs_dir.mkdir(exist_ok=True)
+        self.traces_dir.mkdir(exist_ok=True)
+        # 1. broker
+        if not self.cfg.nats_url:
+            self.broker = EmbeddedBroker(data_dir=self.cfg.data_dir, port=self.cfg.nats_port)
+            self.broker.start()
+            self.nats_url = self.broker.url
+            self.say(f"nats-server  {self.nats_url} (JetStream store {self.cfg.data_dir / 'jetstream'})")
+        # 2. layout
+        bus = await Bus.connect(self.nats_url, name="supervisor", reconnect_forever=False)
+        try:
+            await ensure_layout(bus.js, self.names)
+        finally:
+            await bus.close()
+        # 3. roles
+        for role in self.cfg.roles:
+            self._spawn(role)
+        # 4. state file
+        self.state = ClusterState(
+            nats_url=self.nats_url,
+            prefix=self.cfg.prefix,
+            data_dir=str(self.cfg.data_dir),
+            supervisor_pid=os.getpid(),
+            broker_pid=self.broker.proc.pid if self.broker and self.broker.proc else None,
+            logs_dir=str(self.logs_dir),
+            traces_dir=str(self.traces_dir),
+            started_at=time.time(),
+        )
+        self._write_state()
+        self.say(f"logs         {self.logs_dir}/<role>.log (JSON lines)")
+        if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+            self.say(f"traces       OTLP -> {os.environ['OTEL_EXPORTER_OTLP_ENDPOINT']}")
+        else:
+            self.say(f"traces       {self.traces_dir}/<role>-<instance>.jsonl (set OTEL_EXPORTER_OTLP_ENDPOINT for a collector)")
+        # 5. ready
+        await self._wait_ready()
+        self.state.ready = True
+        self._write_state()
+        self.say(f"ready        {len(self.children)} roles live: {', '.join(self.cfg.roles)}")
+
+    def _spawn(self, role: str) -> _Child:
+        instance = f"{role}-{uuid.uuid4().hex[:6]}"
+        log_path = self.logs_dir / f"{role}.log"
+        env = dict(os.environ)
+        env.update(
+            NEXUS_NATS_URL=self.nats_url,
+            NEXUS_PREFIX=self.cfg.prefix,
+            NEXUS_DATA_DIR=str(self.cfg.data_dir),
+            OMP_NUM_THREADS="1",  # one BLAS thread per process: 2 cores are shared by all roles
+            PYTHONUNBUFFERED="1",
+        )
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "actors.run", role, "--instance", instance],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                # Own process group: a Ctrl-C reaches the supervisor only, which then stops
+                # the roles in order.
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
+        old = self.children.get(role)
+        child = _Child(role, instance, proc, log_path, old.restarts if old else deque())
+        self.children[role] = child
+        return child
+
+    def _write_state(self) -> None:
+        assert self.state is not None
+        self.state.roles = [
+            ChildRecord(c.role, c.instance, c.proc.pid, str(c.log_path)) for c in self.children.values()
+        ]
+        self.state.write(self.cfg.data_dir)
+
+    async def _wait_ready(self) -> None:
+        bus = await Bus.connect(self.nats_url, name="supervisor", reconnect_forever=False)
+        try:
+            kv = await bus.js.key_value(self.names.kv_services)
+            deadline = time.monotonic() + self.cfg.ready_timeout_s
+            pending = set(self.children)
+            while pending:
+                for role in list(pending):
+                    child = self.children[role]
+                    if child.proc.poll() is not None:
+                        raise Unavailable(
+                            f"role {role} exited with status {child.proc.returncode} during start; "
+                            f"see {child.log_path}"
+                        )
+                    try:
+                        entry = await kv.get(Names.service_key(role, child.instance))
+                    except Exception:  # not registered yet
+                        continue
+                    if decode(entry.value, ServiceRecord).state == "ready":
+                        pending.discard(role)
+                if pending and time.monotonic() > deadline:
+                    raise Unavailable(
+                        f"roles not ready after {self.cfg.ready_timeout_s:g} s: {sorted(pending)}; "
+                        f"see {self.logs_dir}"
+                    )
+                await asyncio.sleep(0.1)
+            # Live means the monitor has seen each role's heartbeat, so the first
+            # `nexus status` after `up` already lists every role.
+            if "monitor" in self.children:
+                await self._wait_monitor_sees_all(bus, deadline)
+        finally:
+            await bus.close()
+
+    async def _wait_monitor_sees_all(self, bus: Bus, deadline: float) -> None:
+        want = {c.instance for c in self.children.values()}
+        while True:
+            try:
+                status = await bus.request(self.names.role_op("monitor", "status"),
+                                           StatusRequest(include_dead=False), ClusterStatus, timeout_s=2)
+                seen = {r.instance for r in status.roles if r.state == "alive"}
+            except NexusError:
+                seen = set()
+            if want <= seen:
+                return
+            if time.monotonic() > deadline:
+                raise Unavailable(f"the monitor has not seen heartbeats from {sorted(want - seen)}; see {self.logs_dir}")
+            await asyncio.sleep(0.2)
+
+    # -- run -----------------------------------------------------------------------------
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._stopping.set)
+        try:
+            await self.start()
+            while not self._stopping.is_set():
+                await self._reap()
+                try:
+                    await asyncio.wait_for(self._stopping.wait(), timeout=0.2)
+                except asyncio.TimeoutError:
+                    pass
+            return 0
+        except NexusError as exc:
+            self.say(f"error: {exc.message}")
+            return 1
+        finally:
+            await self.stop()
+
+    async def _reap(self) -> None:
+        for role, child in list(self.children.items()):
+            code = child.proc.poll()
+            if code is None:
+                continue
+            if code == 0:
+                # A clean exit means someone drained it on purpose (elastic scale-in).
+                self.say(f"role {role} ({child.instance}) drained and exited")
+                del self.children[role]
+                self._write_state()
+                continue
+            now = time.monotonic()
+            policy = self.cfg.restart
+            while child.restarts and now - child.restarts[0] > policy.window_s:
+                child.restarts.popleft()
+            if len(child.restarts) >= policy.max_restarts:
+                self.say(
+                    f"role {role} died (status {code}) {policy.max_restarts} times in "
+                    f"{policy.window_s:g} s; not restarting. See {child.log_path}"
+                )
+                del self.children[role]
+                self._write_state()
+                continue
+            self.say(f"role {role} ({child.instance}) died with status {code}; restarting in {policy.backoff_s:g} s")
+            child.restarts.append(now)
+            await asyncio.sleep(policy.backoff_s)
+            new = self._spawn(role)
+            self.say(f"role {role} restarted as {new.instance} (pid {new.proc.pid})")
+            self._write_state()
+
+    # -- stop ----------------------------------------------------------------------------
+    async def stop(self) -> None:
+        # Reverse start order: workers drain first, health and monitor last so they record it.
+        for role in reversed(self.cfg.roles):
+            child = self.children.get(role)
+            if child and child.proc.poll() is None:
+                child.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + self.cfg.drain_timeout_s
+        for child in self.children.values():
+            while child.proc.poll() is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            if child.proc.poll() is None:
+                self.say(f"role {child.role} did not drain in {self.cfg.drain_timeout_s:g} s; killing it")
+                child.proc.kill()
+                child.proc.wait()
+        self.children.clear()
+        if self.broker is not None:
+            self.broker.stop()
+        state_path = self.cfg.data_dir / STATE_FILE
+        if self.state is not None and state_path.exists():
+            state_path.unlink()
+        self.say("stopped")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m actors.supervisor")
+    p.add_argument("--data-dir", type=Path, default=Path(".nexus"))
+    p.add_argument("--nats-port", type=int, default=4222)
+    p.add_argument("--nats-url")
+    p.add_argument("--prefix", default=DEFAULT_PREFIX)
+    args = p.parse_args(argv)
+    cfg = SupervisorConfig(data_dir=args.data_dir, nats_port=args.nats_port,
+                           nats_url=args.nats_url, prefix=args.prefix)
+    return asyncio.run(Supervisor(cfg).run())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

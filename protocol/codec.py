@@ -1,0 +1,150 @@
+"""msgpack codec with an ext type for numpy arrays and torch tensors. No pickle anywhere.
+
+An array travels as ext data ``msgpack([dtype, shape, raw_bytes])`` (C order). Decoding
+checks the ext code, the dtype against an allow-list, the shape, and that the byte count
+equals ``prod(shape) * itemsize``; anything else raises `ProtocolError`, so a truncated or
+forged payload never becomes a tensor of the wrong size::
+
+    data = packb({"obs": np.zeros((2, 3), np.float32)})
+    obj = unpackb(data)
+
+Decoded numpy arrays are read-only views of the message buffer (zero-copy); call
+``.copy()`` to mutate. Decoded torch tensors own writable memory.
+"""
+
+from __future__ import annotations
+
+import sys
+from math import prod
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from protocol.errors import ProtocolError
+
+EXT_NDARRAY = 1
+EXT_TENSOR = 2
+
+# Every dtype the models and simulators use. Object arrays are never allowed: they would
+# need pickle. bfloat16 exists only for torch (numpy has no native bf16).
+_NUMPY_DTYPES = (
+    "bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
+    "float16", "float32", "float64",
+)
+_TORCH_DTYPES = (
+    "bool", "int8", "uint8", "int16", "int32", "int64",
+    "float16", "bfloat16", "float32", "float64",
+)
+_TORCH_ITEMSIZE = {
+    "bool": 1, "int8": 1, "uint8": 1, "int16": 2, "int32": 4, "int64": 8,
+    "float16": 2, "bfloat16": 2, "float32": 4, "float64": 8,
+}
+# Upper bound on dimensions: a guard against forged headers, far above any real tensor.
+_MAX_NDIM = 16
+
+
+def _is_tensor(obj: Any) -> bool:
+    torch = sys.modules.get("torch")  # only if the process already imported torch
+    return torch is not None and isinstance(obj, torch.Tensor)
+
+
+def _encode_ext(obj: Any) -> msgpack.ExtType:
+    if isinstance(obj, np.ndarray):
+        name = obj.dtype.name
+        if name not in _NUMPY_DTYPES:
+            raise ProtocolError(f"cannot encode numpy array of dtype {name!r}; allowed: {_NUMPY_DTYPES}")
+        # Not np.ascontiguousarray: it turns a 0-d array into shape (1,).
+        arr = obj if obj.flags.c_contiguous else obj.copy(order="C")
+        if arr.dtype.byteorder == ">":
+            arr = arr.astype(arr.dtype.newbyteorder("<"))
+        header = [name, list(arr.shape), arr.tobytes()]
+        return msgpack.ExtType(EXT_NDARRAY, msgpack.packb(header, use_bin_type=True))
+    if isinstance(obj, np.generic):
+        return _encode_ext(np.asarray(obj))
+    if _is_tensor(obj):
+        import torch
+
+        name = str(obj.dtype).removeprefix("torch.")
+        if name not in _TORCH_DTYPES:
+            raise ProtocolError(f"cannot encode torch tensor of dtype {name!r}; allowed: {_TORCH_DTYPES}")
+        t = obj.detach().to("cpu").contiguous()
+        raw = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        header = [name, list(t.shape), raw]
+        return msgpack.ExtType(EXT_TENSOR, msgpack.packb(header, use_bin_type=True))
+    raise TypeError(f"cannot encode object of type {type(obj).__name__}")
+
+
+def _default(obj: Any) -> Any:
+    try:
+        return _encode_ext(obj)
+    except TypeError as exc:
+        raise ProtocolError(str(exc)) from None
+
+
+def _read_header(code: int, data: bytes, allowed: tuple[str, ...]) -> tuple[str, list[int], bytes]:
+    try:
+        header = msgpack.unpackb(data, raw=False, use_list=True)
+    except Exception as exc:  # msgpack raises several types for bad input
+        raise ProtocolError(f"array ext {code}: malformed header ({exc})") from None
+    if not (isinstance(header, list) and len(header) == 3):
+        raise ProtocolError(f"array ext {code}: header must be [dtype, shape, bytes]")
+    dtype, shape, raw = header
+    if dtype not in allowed:
+        raise ProtocolError(f"array ext {code}: dtype {dtype!r} not allowed; allowed: {allowed}")
+    if (
+        not isinstance(shape, list)
+        or len(shape) > _MAX_NDIM
+        or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
+    ):
+        raise ProtocolError(f"array ext {code}: shape {shape!r} is not a list of non-negative ints")
+    if not isinstance(raw, bytes):
+        raise ProtocolError(f"array ext {code}: data must be bytes")
+    return dtype, shape, raw
+
+
+def _ext_hook(code: int, data: bytes) -> Any:
+    if code == EXT_NDARRAY:
+        dtype, shape, raw = _read_header(code, data, _NUMPY_DTYPES)
+        want = prod(shape) * np.dtype(dtype).itemsize
+        if len(raw) != want:
+            raise ProtocolError(
+                f"numpy array {dtype}{tuple(shape)}: expected {want} bytes, got {len(raw)} (truncated?)"
+            )
+        return np.frombuffer(raw, dtype=np.dtype(dtype).newbyteorder("<")).reshape(shape)
+    if code == EXT_TENSOR:
+        import torch
+
+        dtype, shape, raw = _read_header(code, data, _TORCH_DTYPES)
+        want = prod(shape) * _TORCH_ITEMSIZE[dtype]
+        if len(raw) != want:
+            raise ProtocolError(
+                f"torch tensor {dtype}{tuple(shape)}: expected {want} bytes, got {len(raw)} (truncated?)"
+            )
+        if want == 0:
+            return torch.empty(shape, dtype=getattr(torch, dtype))
+        flat = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+        return flat.view(getattr(torch, dtype)).reshape(shape)
+    raise ProtocolError(f"unknown msgpack ext type code {code}; known: {EXT_NDARRAY} (ndarray), {EXT_TENSOR} (tensor)")
+
+
+def packb(obj: Any) -> bytes:
+    """Encode plain data (dicts, lists, scalars, str, bytes) plus arrays and tensors."""
+    try:
+        return msgpack.packb(obj, default=_default, use_bin_type=True, strict_types=False)
+    except ProtocolError:
+        raise
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise ProtocolError(f"cannot encode message: {exc}") from None
+
+
+def unpackb(data: bytes) -> Any:
+    """Decode bytes from `packb`; raise `ProtocolError` on anything malformed."""
+    try:
+        return msgpack.unpackb(
+            data, raw=False, use_list=True, strict_map_key=True, ext_hook=_ext_hook
+        )
+    except ProtocolError:
+        raise
+    except Exception as exc:  # ExtraData, FormatError, StackError, ValueError, ...
+        raise ProtocolError(f"malformed msgpack body: {type(exc).__name__}: {exc}") from None

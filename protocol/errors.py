@@ -1,0 +1,148 @@
+"""One exception root and the stable error codes carried by every error reply.
+
+An error crosses the wire as an `ErrorReply` message (see `protocol.messages`) holding
+``code``, ``message`` and ``details``. Clients turn it back into the matching exception
+with `error_from_reply`, so a caller catches the same class in-process and across
+processes. Codes are part of the wire contract: add new ones, never rename.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+
+class ErrorCode(StrEnum):
+    MALFORMED = "malformed"  # body is not valid msgpack / not an envelope
+    UNKNOWN_KIND = "unknown_kind"  # envelope names a message kind we do not know
+    UNSUPPORTED_VERSION = "unsupported_version"  # schema version we cannot read
+    MISSING_FIELD = "missing_field"
+    UNKNOWN_FIELD = "unknown_field"
+    INVALID_FIELD = "invalid_field"  # present but wrong type or value
+    UNKNOWN_OP = "unknown_op"  # no handler for this subject
+    NOT_FOUND = "not_found"
+    CONFLICT = "conflict"
+    PAYLOAD_TOO_LARGE = "payload_too_large"
+    TIMEOUT = "timeout"
+    UNAVAILABLE = "unavailable"  # no responder, role draining or dead
+    DRAINING = "draining"
+    INTERNAL = "internal"
+
+
+class NexusError(Exception):
+    """Root of every error vla-nexus raises on purpose."""
+
+    code: ErrorCode = ErrorCode.INTERNAL
+
+    def __init__(self, message: str, *, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = dict(details or {})
+
+    def __str__(self) -> str:
+        return f"[{self.code.value}] {self.message}"
+
+
+class ProtocolError(NexusError, ValueError):
+    """The bytes or the envelope could not be decoded."""
+
+    code = ErrorCode.MALFORMED
+
+
+class UnknownKind(ProtocolError):
+    code = ErrorCode.UNKNOWN_KIND
+
+
+class UnsupportedVersion(ProtocolError):
+    code = ErrorCode.UNSUPPORTED_VERSION
+
+
+class FieldError(ProtocolError):
+    """A message field is wrong; ``field`` is its dotted path."""
+
+    code = ErrorCode.INVALID_FIELD
+
+    def __init__(self, field: str, message: str, *, details: dict[str, Any] | None = None) -> None:
+        super().__init__(f"{field}: {message}", details={"field": field, **(details or {})})
+        self.field = field
+
+
+class MissingField(FieldError):
+    code = ErrorCode.MISSING_FIELD
+
+
+class UnknownField(FieldError):
+    code = ErrorCode.UNKNOWN_FIELD
+
+
+class InvalidField(FieldError):
+    code = ErrorCode.INVALID_FIELD
+
+
+class UnknownOp(NexusError, LookupError):
+    code = ErrorCode.UNKNOWN_OP
+
+
+class NotFound(NexusError, LookupError):
+    code = ErrorCode.NOT_FOUND
+
+
+class Conflict(NexusError):
+    code = ErrorCode.CONFLICT
+
+
+class PayloadTooLarge(NexusError, ValueError):
+    code = ErrorCode.PAYLOAD_TOO_LARGE
+
+
+class RequestTimeout(NexusError, TimeoutError):
+    code = ErrorCode.TIMEOUT
+
+
+class Unavailable(NexusError, ConnectionError):
+    code = ErrorCode.UNAVAILABLE
+
+
+class Draining(Unavailable):
+    code = ErrorCode.DRAINING
+
+
+class InternalError(NexusError, RuntimeError):
+    code = ErrorCode.INTERNAL
+
+
+_BY_CODE: dict[ErrorCode, type[NexusError]] = {
+    ErrorCode.MALFORMED: ProtocolError,
+    ErrorCode.UNKNOWN_KIND: UnknownKind,
+    ErrorCode.UNSUPPORTED_VERSION: UnsupportedVersion,
+    ErrorCode.UNKNOWN_OP: UnknownOp,
+    ErrorCode.NOT_FOUND: NotFound,
+    ErrorCode.CONFLICT: Conflict,
+    ErrorCode.PAYLOAD_TOO_LARGE: PayloadTooLarge,
+    ErrorCode.TIMEOUT: RequestTimeout,
+    ErrorCode.UNAVAILABLE: Unavailable,
+    ErrorCode.DRAINING: Draining,
+    ErrorCode.INTERNAL: InternalError,
+}
+_FIELD_CODES: dict[ErrorCode, type[FieldError]] = {
+    ErrorCode.MISSING_FIELD: MissingField,
+    ErrorCode.UNKNOWN_FIELD: UnknownField,
+    ErrorCode.INVALID_FIELD: InvalidField,
+}
+
+
+def error_from_code(code: str, message: str, details: dict[str, Any] | None = None) -> NexusError:
+    """Rebuild the exception a remote role raised from its error reply."""
+    try:
+        ecode = ErrorCode(code)
+    except ValueError:
+        # A newer server may send codes we do not know yet: keep the text, do not crash.
+        err = InternalError(f"{message} (unrecognised error code {code!r})", details=details)
+        return err
+    if ecode in _FIELD_CODES:
+        details = dict(details or {})
+        field = str(details.pop("field", "?"))
+        prefix = f"{field}: "
+        text = message[len(prefix):] if message.startswith(prefix) else message
+        return _FIELD_CODES[ecode](field, text, details=details)
+    return _BY_CODE[ecode](message, details=details)

@@ -1,0 +1,182 @@
+"""Every NATS subject, stream, KV bucket and object bucket name, under one prefix.
+
+Nothing else in the code base spells a subject string: roles and clients ask a `Names`
+for it. The prefix (default ``nexus``) lets two deployments share one nats-server::
+
+    names = Names("nexus")
+    names.master("submit")          # 'nexus.master.submit'
+    names.kv_services               # 'nexus_services'
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from protocol.errors import InvalidField
+
+DEFAULT_PREFIX = "nexus"
+
+# Roles that run as their own processes. The order is the start order of `nexus up`:
+# the health manager and monitor come first so they see every other role's first beat.
+ROLES: tuple[str, ...] = ("health", "monitor", "master", "trainer", "inferencer", "env")
+
+# Subject tokens and bucket names share one safe alphabet: NATS tokens may not contain
+# '.', '*', '>' or whitespace, and stream / bucket names may not contain '.' either.
+_TOKEN_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+def check_token(what: str, value: str) -> str:
+    """Validate one subject token (tenant name, instance id, op...) and return it."""
+    if not isinstance(value, str) or not _TOKEN_RE.match(value):
+        raise InvalidField(
+            what,
+            f"{value!r} is not a valid name: use 1-64 characters from A-Z a-z 0-9 _ -",
+        )
+    return value
+
+
+@dataclass(frozen=True)
+class Names:
+    """All names of one deployment. Immutable; cheap to build."""
+
+    prefix: str = DEFAULT_PREFIX
+
+    def __post_init__(self) -> None:
+        check_token("prefix", self.prefix)
+
+    # -- request-reply control subjects: <prefix>.<role>.<op> -------------------------
+    def role_op(self, role: str, op: str) -> str:
+        """Request subject of an op served by every instance of a role (queue group)."""
+        return f"{self.prefix}.{check_token('role', role)}.{check_token('op', op)}"
+
+    def role_ops(self, role: str) -> str:
+        """Wildcard a role subscribes to; unknown ops get an error reply, not silence."""
+        return f"{self.prefix}.{check_token('role', role)}.*"
+
+    def instance_op(self, role: str, instance: str, op: str) -> str:
+        """Request subject addressed to one instance (info, drain of that process)."""
+        return (
+            f"{self.prefix}.svc.{check_token('role', role)}."
+            f"{check_token('instance', instance)}.{check_token('op', op)}"
+        )
+
+    def instance_ops(self, role: str, instance: str) -> str:
+        return f"{self.prefix}.svc.{check_token('role', role)}.{check_token('instance', instance)}.*"
+
+    def master(self, op: str) -> str:
+        return self.role_op("master", op)
+
+    def queue_group(self, role: str) -> str:
+        return f"{self.prefix}-{role}"
+
+    # -- workloads ---------------------------------------------------------------------
+    @property
+    def workloads_submit(self) -> str:
+        """Durable intake: any plain NATS client may publish a spec here."""
+        return f"{self.prefix}.workloads.submit"
+
+    def workload_events(self, workload: str) -> str:
+        return f"{self.prefix}.workloads.events.{check_token('workload', workload)}"
+
+    @property
+    def workload_events_all(self) -> str:
+        return f"{self.prefix}.workloads.events.>"
+
+    # -- training queue: one stream per tenant, a subject partition per job -------------
+    def tq_stream(self, tenant: str) -> str:
+        return f"{self.prefix}_tq_{check_token('tenant', tenant)}"
+
+    def tq_job(self, tenant: str, job: str) -> str:
+        return f"{self.prefix}.tq.{check_token('tenant', tenant)}.{check_token('job', job)}"
+
+    def tq_tenant_all(self, tenant: str) -> str:
+        return f"{self.prefix}.tq.{check_token('tenant', tenant)}.>"
+
+    # -- inference ---------------------------------------------------------------------
+    def infer(self, pool: str) -> str:
+        return f"{self.prefix}.infer.{check_token('pool', pool)}"
+
+    # -- weights -----------------------------------------------------------------------
+    def weights(self, tenant: str) -> str:
+        return f"{self.prefix}.weights.{check_token('tenant', tenant)}"
+
+    # -- environment -------------------------------------------------------------------
+    def env(self, op: str) -> str:
+        return self.role_op("env", op)
+
+    # -- health and metrics ------------------------------------------------------------
+    def heartbeat(self, role: str, instance: str) -> str:
+        return (
+            f"{self.prefix}.health.heartbeat.{check_token('role', role)}."
+            f"{check_token('instance', instance)}"
+        )
+
+    @property
+    def heartbeat_all(self) -> str:
+        return f"{self.prefix}.health.heartbeat.>"
+
+    def health_event(self, role: str, instance: str) -> str:
+        return (
+            f"{self.prefix}.health.events.{check_token('role', role)}."
+            f"{check_token('instance', instance)}"
+        )
+
+    @property
+    def health_events_all(self) -> str:
+        return f"{self.prefix}.health.events.>"
+
+    def metrics(self, signal: str, scope: str) -> str:
+        return f"{self.prefix}.metrics.{check_token('signal', signal)}.{check_token('scope', scope)}"
+
+    @property
+    def metrics_all(self) -> str:
+        return f"{self.prefix}.metrics.>"
+
+    # -- streams -----------------------------------------------------------------------
+    @property
+    def stream_intake(self) -> str:
+        return f"{self.prefix}_workload_intake"
+
+    @property
+    def stream_events(self) -> str:
+        return f"{self.prefix}_workload_events"
+
+    @property
+    def stream_health_events(self) -> str:
+        return f"{self.prefix}_health_events"
+
+    # -- KV buckets --------------------------------------------------------------------
+    @property
+    def kv_tenants(self) -> str:
+        return f"{self.prefix}_tenants"
+
+    @property
+    def kv_workloads(self) -> str:
+        return f"{self.prefix}_workloads"
+
+    @property
+    def kv_jobs(self) -> str:
+        return f"{self.prefix}_jobs"
+
+    @property
+    def kv_versions(self) -> str:
+        return f"{self.prefix}_versions"
+
+    @property
+    def kv_services(self) -> str:
+        return f"{self.prefix}_services"
+
+    # -- object store buckets ----------------------------------------------------------
+    @property
+    def obj_weights(self) -> str:
+        return f"{self.prefix}_weights"
+
+    @property
+    def obj_checkpoints(self) -> str:
+        return f"{self.prefix}_checkpoints"
+
+    @staticmethod
+    def service_key(role: str, instance: str) -> str:
+        """Key of a role instance in the services KV bucket."""
+        return f"{check_token('role', role)}.{check_token('instance', instance)}"

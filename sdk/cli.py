@@ -1,0 +1,244 @@
+"""The `nexus` command.
+
+    nexus up [--data-dir DIR] [--nats-port PORT | --nats-url URL] [--detach]
+    nexus status [--json]
+    nexus down [--data-dir DIR]
+
+Client commands find the cluster from ``--nats-url`` or ``<--data-dir>/cluster.json``
+(default ``./.nexus/``). Exit status: 0 ok, 1 the cluster or a role failed, 2 bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import orjson
+
+from actors.broker import PortTaken, port_is_free
+from actors.supervisor import ClusterState, Supervisor, SupervisorConfig, pid_alive
+from protocol.errors import NexusError
+from protocol.subjects import DEFAULT_PREFIX
+from sdk.client import AsyncClient, resolve_cluster
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+
+
+def _err(text: str) -> None:
+    print(f"error: {text}", file=sys.stderr)
+
+
+def _add_cluster_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data-dir", type=Path, default=Path(".nexus"),
+                   help="cluster data dir holding cluster.json, logs, traces (default ./.nexus)")
+    p.add_argument("--nats-url", help="use this NATS server instead of the data dir's cluster")
+    p.add_argument("--prefix", help=f"subject prefix of the deployment (default {DEFAULT_PREFIX})")
+
+
+# -- up / down -------------------------------------------------------------------------
+def cmd_up(args: argparse.Namespace) -> int:
+    data_dir = args.data_dir.resolve()
+    state = ClusterState.read(data_dir)
+    if state is not None and pid_alive(state.supervisor_pid):
+        _err(f"a cluster is already running from {data_dir} (supervisor pid {state.supervisor_pid}); "
+             f"stop it with `nexus down --data-dir {args.data_dir}`")
+        return EXIT_FAILED
+    if not args.nats_url and not port_is_free("127.0.0.1", args.nats_port):
+        _err(str(PortTaken(f"port {args.nats_port} on 127.0.0.1 is taken; pick another with "
+                           f"--nats-port PORT (or use the server there with --nats-url "
+                           f"nats://127.0.0.1:{args.nats_port})").message))
+        return EXIT_BAD_INPUT
+    try:
+        cfg = SupervisorConfig(data_dir=data_dir, nats_port=args.nats_port, nats_url=args.nats_url,
+                               prefix=args.prefix or DEFAULT_PREFIX, ready_timeout_s=args.ready_timeout_s)
+    except (ValueError, NexusError) as exc:
+        _err(str(exc))
+        return EXIT_BAD_INPUT
+    if not args.detach:
+        return asyncio.run(Supervisor(cfg).run())
+    return _up_detached(args, cfg)
+
+
+def _up_detached(args: argparse.Namespace, cfg: SupervisorConfig) -> int:
+    cfg.data_dir.mkdir(parents=True, exist_ok=True)
+    (cfg.data_dir / "logs").mkdir(exist_ok=True)
+    log_path = cfg.data_dir / "logs" / "supervisor.log"
+    cmd = [sys.executable, "-m", "actors.supervisor", "--data-dir", str(cfg.data_dir),
+           "--nats-port", str(cfg.nats_port), "--prefix", cfg.prefix]
+    if cfg.nats_url:
+        cmd += ["--nats-url", cfg.nats_url]
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    deadline = time.monotonic() + args.ready_timeout_s + 15
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            _err(f"the cluster failed to start (status {proc.returncode}); last lines of {log_path}:")
+            print(_tail(log_path), file=sys.stderr)
+            return EXIT_FAILED
+        state = ClusterState.read(cfg.data_dir)
+        if state is not None and state.supervisor_pid == proc.pid and state.ready:
+            print(f"vla-nexus is up (supervisor pid {proc.pid})")
+            print(f"  nats    {state.nats_url}")
+            print(f"  logs    {state.logs_dir}/ (supervisor.log, <role>.log)")
+            traces = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or f"{state.traces_dir}/"
+            print(f"  traces  {traces}")
+            print(f"  stop    nexus down --data-dir {args.data_dir}")
+            return EXIT_OK
+        time.sleep(0.2)
+    _err(f"the cluster did not become ready in time; see {log_path}")
+    proc.terminate()
+    return EXIT_FAILED
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    data_dir = args.data_dir.resolve()
+    state = ClusterState.read(data_dir)
+    if state is None:
+        print(f"no cluster running from {data_dir}")
+        return EXIT_OK
+    if pid_alive(state.supervisor_pid):
+        os.kill(state.supervisor_pid, signal.SIGTERM)
+        deadline = time.monotonic() + args.timeout_s
+        while pid_alive(state.supervisor_pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if not pid_alive(state.supervisor_pid):
+            print(f"vla-nexus stopped ({data_dir})")
+            return EXIT_OK
+        _err(f"supervisor did not stop within {args.timeout_s:g} s; killing what is left")
+        os.kill(state.supervisor_pid, signal.SIGKILL)
+    # Stale state (supervisor gone): stop what it left behind, then forget it.
+    leftovers = [r.pid for r in state.roles] + ([state.broker_pid] if state.broker_pid else [])
+    for pid in leftovers:
+        if pid_alive(pid):
+            os.kill(pid, signal.SIGTERM)
+    time.sleep(0.5)
+    for pid in leftovers:
+        if pid_alive(pid):
+            os.kill(pid, signal.SIGKILL)
+    (data_dir / "cluster.json").unlink(missing_ok=True)
+    print(f"vla-nexus stopped ({data_dir}; cleaned up after a supervisor that had died)")
+    return EXIT_OK
+
+
+# -- status ------------------------------------------------------------------------------
+def _fmt_age(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    if seconds < 3600:
+        return f"{seconds / 60:.1f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    url, prefix = resolve_cluster(args.data_dir, args.nats_url, args.prefix)
+
+    async def fetch():
+        async with AsyncClient(url, prefix, timeout_s=args.timeout_s) as client:
+            return await client.status()
+
+    status = asyncio.run(fetch())
+    rows = [dataclasses.asdict(r) for r in status.roles]
+    if args.json:
+        sys.stdout.write(orjson.dumps({"roles": rows, "metrics": status.metrics,
+                                       "generated_at": status.generated_at},
+                                      option=orjson.OPT_INDENT_2).decode() + "\n")
+        return EXIT_OK
+    header = ("ROLE", "INSTANCE", "PID", "STATE", "UPTIME", "LAST HEARTBEAT")
+    table = [header] + [
+        (r["role"], r["instance"], str(r["pid"]), r["state"], _fmt_age(r["uptime_s"]),
+         f"{_fmt_age(r['last_heartbeat_age_s'])} ago")
+        for r in rows
+    ]
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    for row in table:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    alive = sum(r["state"] == "alive" for r in rows)
+    print(f"\n{alive} alive, {len(rows) - alive} not alive")
+    return EXIT_OK
+
+
+def cmd_layout(args: argparse.Namespace) -> int:
+    from actors.bus import Bus
+    from actors.layout import ensure_layout
+    from protocol.subjects import Names
+
+    url, prefix = resolve_cluster(args.data_dir, args.nats_url, args.prefix)
+
+    async def go() -> None:
+        bus = await Bus.connect(url, name="nexus-layout", reconnect_forever=False)
+        try:
+            await ensure_layout(bus.js, Names(prefix), replicas=args.replicas)
+        finally:
+            await bus.close()
+
+    asyncio.run(go())
+    print(f"streams and buckets of prefix {prefix!r} are in place on {url} (replicas={args.replicas})")
+    return EXIT_OK
+
+
+# -- entry point ---------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="nexus", description="vla-nexus: multi-tenant VLA post-training")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    up = sub.add_parser("up", help="start nats-server and every role under a supervisor")
+    _add_cluster_flags(up)
+    up.add_argument("--nats-port", type=int, default=4222, help="port of the embedded nats-server (default 4222)")
+    up.add_argument("--detach", action="store_true", help="return once every role is live")
+    up.add_argument("--ready-timeout-s", type=float, default=60.0)
+    up.set_defaults(func=cmd_up)
+
+    down = sub.add_parser("down", help="stop the cluster started from --data-dir")
+    down.add_argument("--data-dir", type=Path, default=Path(".nexus"))
+    down.add_argument("--timeout-s", type=float, default=90.0)
+    down.set_defaults(func=cmd_down)
+
+    status = sub.add_parser("status", help="table of live roles")
+    _add_cluster_flags(status)
+    status.add_argument("--json", action="store_true", help="print JSON for scripts")
+    status.add_argument("--timeout-s", type=float, default=5.0)
+    status.set_defaults(func=cmd_status)
+
+    layout = sub.add_parser("layout", help="create streams and buckets on an existing NATS server")
+    _add_cluster_flags(layout)
+    layout.add_argument("--replicas", type=int, default=1, choices=(1, 3, 5),
+                        help="stream replicas: 3 on a 3-node NATS cluster")
+    layout.set_defaults(func=cmd_layout)
+
+    try:
+        from sdk.dataset_cli import add_dataset_commands
+    except ImportError:  # dataset commands ship with the envs package
+        pass
+    else:
+        add_dataset_commands(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except NexusError as exc:
+        _err(exc.message)
+        return EXIT_BAD_INPUT if isinstance(exc, ValueError) else EXIT_FAILED
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

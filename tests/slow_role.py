@@ -1,0 +1,45 @@
+"""A real role process with one slow op, for drain and shutdown tests.
+
+    python -m tests.slow_role --nats-url URL --prefix P --instance I
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from dataclasses import dataclass
+
+from actors.runtime import Role, RoleConfig, op, run_role
+from protocol.messages import Ok
+from protocol.wire import message
+
+
+@message("test.sleep", 1)
+@dataclass
+class SleepRequest:
+    seconds: float
+
+
+class SlowRole(Role):
+    name = "slow"
+
+    @op("sleep", SleepRequest)
+    async def sleep(self, req: SleepRequest) -> Ok:
+        await asyncio.sleep(req.seconds)
+        return Ok(detail=f"slept {req.seconds}")
+
+    @op("crash", SleepRequest)
+    async def crash(self, req: SleepRequest) -> Ok:
+        raise RuntimeError("handler bug")
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser()
+    p.add_argument("--nats-url", required=True)
+    p.add_argument("--prefix", required=True)
+    p.add_argument("--instance", required=True)
+    p.add_argument("--data-dir", required=True)
+    a = p.parse_args()
+    sys.exit(run_role(SlowRole, RoleConfig(nats_url=a.nats_url, prefix=a.prefix, instance=a.instance,
+                                           data_dir=a.data_dir, heartbeat_interval_s=0.2)))

@@ -1,0 +1,140 @@
+"""Shutdown has two paths, both tested and both bounded: drain on SIGTERM, exit now on a second."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from actors.bus import Bus
+from actors.runtime import EXIT_NOW_STATUS
+from protocol.errors import InternalError, Unavailable
+from protocol.messages import InfoRequest, Ok, RoleInfo
+from protocol.subjects import Names
+from tests.conftest import python_env
+from tests.slow_role import SleepRequest
+
+
+@pytest.fixture
+def slow_role(nats_url, layout, tmp_path):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.slow_role", "--nats-url", nats_url, "--prefix", layout.prefix,
+         "--instance", "s1", "--data-dir", str(tmp_path)],
+        env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    yield proc, layout
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait(timeout=10)
+
+
+async def _wait_ready(bus: Bus, names: Names) -> None:
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            await bus.request(names.role_op("slow", "info"), InfoRequest(), RoleInfo, timeout_s=1)
+            return
+        except Unavailable:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.1)
+
+
+def test_sigterm_drains_in_flight_work_then_exits_0(slow_role, nats_url):
+    proc, names = slow_role
+
+    async def go():
+        bus = await Bus.connect(nats_url, name="test", reconnect_forever=False)
+        try:
+            await _wait_ready(bus, names)
+            pending = asyncio.ensure_future(
+                bus.request(names.role_op("slow", "sleep"), SleepRequest(1.5), Ok, timeout_s=10))
+            await asyncio.sleep(0.4)  # the request is in flight now
+            proc.send_signal(signal.SIGTERM)
+            reply = await pending
+            # After the drain began, new requests find no responder (the role unsubscribed).
+            with pytest.raises(Unavailable):
+                await bus.request(names.role_op("slow", "info"), InfoRequest(), RoleInfo, timeout_s=2)
+            return reply
+        finally:
+            await bus.close()
+
+    reply = asyncio.run(go())
+    assert reply.detail == "slept 1.5"
+    assert proc.wait(timeout=15) == 0
+    out = proc.stdout.read()
+    assert '"event": "draining"' in out and '"event": "stopped"' in out
+
+
+def test_second_signal_exits_now(slow_role, nats_url):
+    proc, names = slow_role
+
+    async def go():
+        bus = await Bus.connect(nats_url, name="test", reconnect_forever=False)
+        try:
+            await _wait_ready(bus, names)
+            asyncio.ensure_future(
+                bus.request(names.role_op("slow", "sleep"), SleepRequest(30), Ok, timeout_s=40))
+            await asyncio.sleep(0.4)
+            proc.send_signal(signal.SIGTERM)
+            await asyncio.sleep(0.3)
+            started = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            return started
+        finally:
+            await bus.nc.close()
+
+    started = asyncio.run(go())
+    assert proc.wait(timeout=10) == EXIT_NOW_STATUS
+    assert time.monotonic() - started < 5  # did not wait for the 30 s request
+
+
+def test_handler_bug_is_an_error_reply_not_a_crash(slow_role, nats_url):
+    proc, names = slow_role
+
+    async def go():
+        bus = await Bus.connect(nats_url, name="test", reconnect_forever=False)
+        try:
+            await _wait_ready(bus, names)
+            with pytest.raises(InternalError, match="handler bug"):
+                await bus.request(names.role_op("slow", "crash"), SleepRequest(0), Ok, timeout_s=5)
+            return await bus.request(names.role_op("slow", "info"), InfoRequest(), RoleInfo, timeout_s=5)
+        finally:
+            await bus.close()
+
+    assert asyncio.run(go()).role == "slow"
+    assert proc.poll() is None
+
+
+def test_drain_request_stops_one_instance(slow_role, nats_url):
+    proc, names = slow_role
+
+    async def go():
+        bus = await Bus.connect(nats_url, name="test", reconnect_forever=False)
+        try:
+            await _wait_ready(bus, names)
+            from protocol.messages import DrainRequest
+            return await bus.request(names.instance_op("slow", "s1", "drain"), DrainRequest("test"), Ok, timeout_s=5)
+        finally:
+            await bus.close()
+
+    assert "draining" in asyncio.run(go()).detail
+    assert proc.wait(timeout=15) == 0
+
+
+def test_request_to_nobody_fails_fast_and_timeouts_are_bounded(nats_url, layout):
+    async def go():
+        bus = await Bus.connect(nats_url, name="test", reconnect_forever=False)
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(Unavailable, match="no role is serving"):
+                await bus.request(layout.role_op("nobody", "info"), InfoRequest(), RoleInfo, timeout_s=5)
+            return time.monotonic() - t0
+        finally:
+            await bus.close()
+
+    assert asyncio.run(go()) < 5

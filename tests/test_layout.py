@@ -1,0 +1,54 @@
+"""Streams and buckets are created idempotently; the compose file runs every role."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+from pathlib import Path
+
+import yaml
+
+from actors.bus import Bus
+from actors.layout import ensure_layout, kv_buckets, object_buckets, stream_configs
+from protocol.subjects import ROLES, Names
+from tests.conftest import ROOT, nexus_cmd, python_env
+
+
+def test_ensure_layout_twice_changes_nothing(nats_url, prefix):
+    names = Names(prefix)
+
+    async def go():
+        bus = await Bus.connect(nats_url, name="t", reconnect_forever=False)
+        try:
+            await ensure_layout(bus.js, names)
+            first = {c.name: (await bus.js.stream_info(c.name)).config for c in stream_configs(names)}
+            await ensure_layout(bus.js, names)
+            for cfg in stream_configs(names):
+                info = await bus.js.stream_info(cfg.name)
+                assert info.config.subjects == first[cfg.name].subjects
+            for bucket in kv_buckets(names):
+                await bus.js.key_value(bucket)
+            for bucket in object_buckets(names):
+                await bus.js.object_store(bucket)
+        finally:
+            await bus.close()
+
+    asyncio.run(go())
+
+
+def test_nexus_layout_command(nats_url, prefix):
+    for _ in range(2):
+        out = subprocess.run(nexus_cmd("layout", "--nats-url", nats_url, "--prefix", prefix),
+                             capture_output=True, text=True, env=python_env(), timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert prefix in out.stdout
+
+
+def test_compose_runs_every_role_against_a_3_node_cluster():
+    compose = yaml.safe_load((ROOT / "deploy/compose/docker-compose.yml").read_text())
+    services = compose["services"]
+    for role in ROLES:
+        assert services[role]["command"] == [role], role
+    assert {"nats-1", "nats-2", "nats-3", "jaeger", "layout"} <= set(services)
+    assert "--replicas" in services["layout"]["entrypoint"]
+    assert Path(ROOT / "deploy/compose/Dockerfile").exists()
