@@ -27,6 +27,7 @@ from actors.supervisor import ClusterState, Supervisor, SupervisorConfig, pid_al
 from protocol.errors import NexusError
 from protocol.subjects import DEFAULT_PREFIX
 from sdk.client import AsyncClient, resolve_cluster
+from sdk.dataset_cli import add_dataset_commands
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -220,12 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="stream replicas: 3 on a 3-node NATS cluster")
     layout.set_defaults(func=cmd_layout)
 
-    try:
-        from sdk.dataset_cli import add_dataset_commands
-    except ImportError:  # dataset commands ship with the envs package
-        pass
-    else:
-        add_dataset_commands(sub)
+    add_dataset_commands(sub)
     return parser
 
 

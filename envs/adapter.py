@@ -1,0 +1,157 @@
+"""The simulator adapter interface every simulator (built-in, ManiSkill3, LIBERO) implements.
+
+An adapter is a gymnasium-like env with a typed spec, a language task and rendered cameras:
+
+    env = envs.make("builtin/reach-v0")
+    spec = env.spec                 # EnvSpec: cameras (name, H, W), state_dim, action bounds, tasks
+    obs, info = env.reset(seed=0, task="red")   # task: name, instruction, index, or None (seeded pick)
+    obs, reward, terminated, truncated, info = env.step(action_A)
+    env.close()
+
+`Observation.images[name]` is uint8 (H, W, 3); `Observation.state` float32 (state_dim,);
+`Observation.instruction` the language instruction of the episode's task. `info` always has
+``success`` (bool), ``task`` (task name) and ``task_index`` (int).
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from envs.errors import ActionError, ConfigError, UnknownTaskError
+
+# Keys every adapter puts in `info` (the env worker and evaluators rely on them).
+INFO_SUCCESS = "success"
+INFO_TASK = "task"
+INFO_TASK_INDEX = "task_index"
+
+
+@dataclass(frozen=True)
+class CameraSpec:
+    name: str
+    height: int
+    width: int
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ConfigError("CameraSpec.name: must be a non-empty string")
+        for fname in ("height", "width"):
+            if int(getattr(self, fname)) <= 0:
+                raise ConfigError(f"CameraSpec.{fname}: must be > 0, got {getattr(self, fname)}")
+
+    @property
+    def shape_HWC(self) -> tuple[int, int, int]:
+        return (self.height, self.width, 3)
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    name: str
+    instruction: str
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    env_id: str
+    cameras: tuple[CameraSpec, ...]
+    state_dim: int
+    action_dim: int
+    action_low: tuple[float, ...]
+    action_high: tuple[float, ...]
+    tasks: tuple[TaskSpec, ...]
+    max_episode_steps: int
+    fps: int
+    state_names: tuple[str, ...] = ()
+    action_names: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if len(self.action_low) != self.action_dim or len(self.action_high) != self.action_dim:
+            raise ConfigError(
+                f"EnvSpec.action_low/action_high: need {self.action_dim} values each, got "
+                f"{len(self.action_low)} and {len(self.action_high)}"
+            )
+        if not self.tasks:
+            raise ConfigError("EnvSpec.tasks: at least one task is required")
+
+    @property
+    def camera_names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.cameras)
+
+    @property
+    def instructions(self) -> tuple[str, ...]:
+        return tuple(t.instruction for t in self.tasks)
+
+    def task_index(self, task: str | int) -> int:
+        """Resolve a task given as index, name or instruction; unknown ones list the known."""
+        if isinstance(task, (int, np.integer)) and not isinstance(task, bool):
+            if 0 <= int(task) < len(self.tasks):
+                return int(task)
+        else:
+            for i, t in enumerate(self.tasks):
+                if task in (t.name, t.instruction):
+                    return i
+        known = ", ".join(f"{i}={t.name!r} ({t.instruction!r})" for i, t in enumerate(self.tasks))
+        raise UnknownTaskError(
+            f"unknown task {task!r} for {self.env_id}; known tasks: {known}",
+            details={"task": str(task), "known": [t.name for t in self.tasks]},
+        )
+
+
+@dataclass
+class Observation:
+    images: dict[str, np.ndarray]  # camera name -> uint8 (H, W, 3)
+    state: np.ndarray  # float32 (state_dim,)
+    instruction: str
+
+
+@dataclass
+class StepResult:
+    """What `step` returns, for callers that prefer names over a 5-tuple."""
+
+    obs: Observation
+    reward: float
+    terminated: bool
+    truncated: bool
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class EnvAdapter(abc.ABC):
+    """One simulator session. Not thread-safe; one episode at a time."""
+
+    @property
+    @abc.abstractmethod
+    def spec(self) -> EnvSpec: ...
+
+    @abc.abstractmethod
+    def reset(
+        self, seed: int | None = None, task: str | int | None = None
+    ) -> tuple[Observation, dict[str, Any]]: ...
+
+    @abc.abstractmethod
+    def step(self, action: np.ndarray) -> tuple[Observation, float, bool, bool, dict[str, Any]]: ...
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
+    def __enter__(self) -> EnvAdapter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def check_action(spec: EnvSpec, action: Any) -> np.ndarray:
+    """Validate shape and finiteness, then clip to the spec's bounds (documented behaviour)."""
+    arr = np.asarray(action, dtype=np.float32)
+    expected = (spec.action_dim,)
+    if arr.shape != expected:
+        raise ActionError(
+            f"action for {spec.env_id} must have shape {expected}, got {arr.shape}",
+            details={"expected": list(expected), "actual": list(arr.shape)},
+        )
+    if not np.all(np.isfinite(arr)):
+        raise ActionError(f"action for {spec.env_id} has non-finite values: {arr.tolist()}")
+    return np.clip(arr, np.asarray(spec.action_low, np.float32), np.asarray(spec.action_high, np.float32))

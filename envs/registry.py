@@ -1,0 +1,72 @@
+"""Env ids -> adapter factories.
+
+    import envs
+    env = envs.make("builtin/reach-v0", cameras=("top",), image_size=64)
+    envs.known_env_ids()   # ('builtin/reach-v0', ...)
+
+Factories register lazily (a module path + attribute) so that listing ids never imports a
+heavy simulator; ManiSkill3 and LIBERO adapters register the same way later.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+from envs.adapter import EnvAdapter
+from envs.errors import UnknownEnvError
+
+Factory = str | Callable[..., Any]
+
+# env id -> "module:callable" or a callable returning an EnvAdapter.
+_REGISTRY: dict[str, Factory] = {}
+# env id -> "module:callable" building a scripted expert: expert(env) -> action.
+_EXPERTS: dict[str, Factory] = {}
+
+
+def register(env_id: str, factory: Factory, *, expert: Factory | None = None, overwrite: bool = False) -> None:
+    if env_id in _REGISTRY and not overwrite:
+        raise ValueError(f"env id {env_id!r} is already registered")
+    _REGISTRY[env_id] = factory
+    if expert is not None:
+        _EXPERTS[env_id] = expert
+
+
+def _load(factory: Factory) -> Callable[..., Any]:
+    if isinstance(factory, str):
+        module_name, _, attr = factory.partition(":")
+        return getattr(importlib.import_module(module_name), attr)
+    return factory
+
+
+def known_env_ids() -> tuple[str, ...]:
+    return tuple(sorted(_REGISTRY))
+
+
+def _resolve(env_id: str) -> Callable[..., EnvAdapter]:
+    try:
+        factory = _REGISTRY[env_id]
+    except KeyError:
+        raise UnknownEnvError(
+            f"unknown env id {env_id!r}; known env ids: {', '.join(known_env_ids())}",
+            details={"env_id": env_id, "known": list(known_env_ids())},
+        ) from None
+    return _load(factory)
+
+
+def make(env_id: str, **kwargs: Any) -> EnvAdapter:
+    """Build a fresh adapter; kwargs go to the env's config (unknown ones raise, naming them)."""
+    return _resolve(env_id)(env_id=env_id, **kwargs)
+
+
+def make_expert(env_id: str) -> Callable[[EnvAdapter], Any]:
+    """The scripted expert of an env id: `expert(env) -> action` (it may read privileged state)."""
+    _resolve(env_id)  # unknown ids get the same listing error as make()
+    if env_id not in _EXPERTS:
+        with_expert = ", ".join(sorted(_EXPERTS))
+        raise UnknownEnvError(f"env id {env_id!r} has no scripted expert; env ids with one: {with_expert}")
+    return _load(_EXPERTS[env_id])()
+
+
+register("builtin/reach-v0", "envs.builtin.reach:make_reach", expert="envs.builtin.expert:ReachExpert")
