@@ -45,7 +45,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from actors.bus import Bus
 from actors.logs import bound_request, configure_logging
 from actors.tracing import extract, setup_tracing, shutdown_tracing, trace_id_hex
-from protocol.errors import Draining, InternalError, NexusError, UnknownOp
+from protocol.errors import Draining, InternalError, NexusError, PayloadTooLarge, UnknownOp
 from protocol.messages import (
     DrainRequest,
     ErrorReply,
@@ -414,6 +414,12 @@ class Role:
             data = encode(reply)
         except NexusError as exc:
             data = encode(ErrorReply.from_exception(exc))
+        assert self.bus is not None
+        if len(data) > self.bus.max_payload:
+            # The server would drop it and the caller would only see a timeout: say why.
+            data = encode(ErrorReply.from_exception(PayloadTooLarge(
+                f"the reply is {len(data)} bytes, over the server's max payload of {self.bus.max_payload}; "
+                "ask for less at once", details={"size": len(data), "max_payload": self.bus.max_payload})))
         try:
             await msg.respond(data)
         except Exception as exc:  # the requester's connection may be gone

@@ -1,14 +1,356 @@
-"""Trainer (Training Model Service): resident base plus tenant slots (issue 4 fills it in).
+"""Trainer (Training Model Service): resident base(s), many tenant slots, the training loop.
 
-Serves ``<prefix>.trainer.<op>``; today the runtime's ``info`` and ``drain``.
+The loop, in order (one round):
+  1. lease up to ``group_max`` jobs from the master's scheduler (one per tenant); when none is
+     ready, wait for ``<prefix>.sched.ready`` or ``idle_poll_s``;
+  2. bring each tenant's slot up to its latest checkpoint (idle slots live in CPU memory);
+  3. read each job's micro-batches from its partition and canonicalise them; a job whose
+     data cannot be used fails alone;
+  4. train: step i takes micro-batch i of every job, compatible tenants share one base forward
+     (`models.train_step(grouped=True)`); a job already in the slot's applied ids is not
+     trained again (a redelivery after a crash);
+  5. per tenant: commit (checkpoint with the applied job ids, one atomic object put) -> job
+     ``trained`` -> export payload + manifest -> ``exported`` -> announce the version on
+     ``<prefix>.weights.<tenant>`` -> ``synced`` -> purge the partition -> ``cleared``.
+
+An exception in one tenant's job restores that tenant's slot from its checkpoint and fails
+the job with the reason; every other tenant goes on. Low-level ops for custom algorithms:
+``train_batch`` (train one job now), ``export_params``, ``load_weights``.
 
 Run: ``python -m actors.run trainer --nats-url nats://127.0.0.1:4222``
 """
 
 from __future__ import annotations
 
-from actors.runtime import Role
+import asyncio
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from actors.runtime import Role, RoleConfig, op
+from actors.slots import Resident, SlotStore
+from master.service import read_job_items
+from protocol.errors import FailedPrecondition, NexusError, NotFound
+from protocol.messages import (
+    ExportRequest,
+    GetTenantRequest,
+    JobRecord,
+    JobRef,
+    JobUpdate,
+    LeaseReply,
+    LeaseRequest,
+    LoadWeightsRequest,
+    Ok,
+    QueuePutRequest,
+    TenantConfig,
+    TrainBatchReply,
+    WeightsRef,
+)
+
+# Fault injection for the exactly-once tests: SIGKILL this process at the named point of the
+# first job it handles. Points, in lifecycle order:
+FAULT_POINTS = ("after_lease", "after_train", "after_commit", "after_trained", "after_export", "after_synced")
+FAULT_ENV = "NEXUS_TRAINER_FAULT"
+
+
+@dataclass
+class TrainerConfig:
+    group_max: int = 4  # jobs (tenants) per round: the width of one grouped base forward
+    lease_s: float = 300.0  # a job not reported within this goes back to the queue
+    idle_poll_s: float = 1.0
+    max_on_device: int = 16  # slots kept on the accelerator; the rest wait in CPU memory
+    device: str | None = None  # None: cuda if available, else cpu
+
+    @classmethod
+    def from_env(cls) -> TrainerConfig:
+        env = os.environ
+        return cls(
+            group_max=int(env.get("NEXUS_TRAINER_GROUP_MAX", cls.group_max)),
+            lease_s=float(env.get("NEXUS_TRAINER_LEASE_S", cls.lease_s)),
+            device=env.get("NEXUS_TRAINER_DEVICE") or None,
+        )
+
+
+@dataclass
+class _Work:
+    job: JobRecord
+    res: Resident
+    items: list[QueuePutRequest] = field(default_factory=list)
+    batches: list[Any] = field(default_factory=list)  # models.TenantBatch per micro-batch
+    losses: list[float] = field(default_factory=list)
+    metrics: dict[str, list[float]] = field(default_factory=dict)
+    skip: bool = False  # already applied before a crash: no compute, just finish
+    error: str = ""
 
 
 class Trainer(Role):
     name = "trainer"
+
+    def __init__(self, cfg: RoleConfig, tcfg: TrainerConfig | None = None) -> None:
+        super().__init__(cfg)
+        self.tcfg = tcfg or TrainerConfig.from_env()
+        self.fault = os.environ.get(FAULT_ENV, "")
+        if self.fault and self.fault not in FAULT_POINTS:
+            raise ValueError(f"{FAULT_ENV}={self.fault!r}: allowed {FAULT_POINTS}")
+        self.store: SlotStore | None = None
+        self._compute = asyncio.Lock()  # one round at a time on the accelerator
+        self._wake = asyncio.Event()
+        self.jobs_done = 0
+
+    async def setup(self) -> None:
+        assert self.bus is not None
+        import torch
+
+        torch.set_num_threads(1)
+        self.store = SlotStore(self.bus, self.names, device=self.tcfg.device,
+                               max_on_device=self.tcfg.max_on_device)
+        await self.bus.nc.subscribe(self.names.sched_ready, cb=self._on_ready)
+        self.spawn(self._loop(), "train-loop")
+
+    def info_extra(self) -> dict[str, Any]:
+        return {"jobs_done": self.jobs_done, "slots": self.store.memory_report() if self.store else {},
+                "bases": sorted(self.store.bases) if self.store else []}
+
+    async def _on_ready(self, msg: Any) -> None:
+        self._wake.set()
+
+    def _maybe_fault(self, point: str) -> None:
+        if self.fault == point:
+            self.log.warning("fault injection: SIGKILL", point=point)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    # -- the loop ------------------------------------------------------------------------
+    async def _loop(self) -> None:
+        assert self.bus is not None
+        while not self._stop.is_set():
+            try:
+                async with self._compute:
+                    reply = await self.bus.request(
+                        self.names.master("lease"),
+                        LeaseRequest(trainer=self.instance, max_jobs=self.tcfg.group_max, lease_s=self.tcfg.lease_s),
+                        LeaseReply, timeout_s=10)
+                    if reply.jobs:
+                        await self._run(reply.jobs)
+                        continue
+            except NexusError as exc:
+                self.log.warning("lease failed", error=str(exc))
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=self.tcfg.idle_poll_s)
+            except asyncio.TimeoutError:
+                pass
+
+    async def _tenant(self, name: str) -> TenantConfig:
+        assert self.bus is not None
+        return await self.bus.request(self.names.master("tenant_get"), GetTenantRequest(tenant=name),
+                                      TenantConfig, timeout_s=10)
+
+    async def _run(self, jobs: list[JobRecord]) -> list[_Work]:
+        """Steps 2-5 for a set of leased jobs (at most one per tenant)."""
+        assert self.store is not None
+        self._maybe_fault("after_lease")
+        work: list[_Work] = []
+        # 2-3. slots and data; failures stay with their job
+        for job in jobs:
+            try:
+                res = await self.store.slot(await self._tenant(job.tenant))
+                w = _Work(job=job, res=res, skip=job.job in res.applied or job.state != "leased")
+                if not w.skip:
+                    w.items = await read_job_items(self.bus, self.names, job, 0, job.items)
+                    if len(w.items) != job.items:
+                        raise FailedPrecondition(f"partition holds {len(w.items)} of {job.items} micro-batches")
+                    w.batches = await asyncio.to_thread(self._canonicalise, res, job, w.items)
+                work.append(w)
+            except Exception as exc:
+                await self._fail(job, f"{type(exc).__name__}: {exc}")
+        # 4. grouped training
+        todo = [w for w in work if not w.skip]
+        if todo:
+            await asyncio.to_thread(self._train, todo)
+        self._maybe_fault("after_train")
+        # 5. commit, export, announce, clear
+        for w in work:
+            if w.error:
+                await self.store.reload(w.job.tenant)
+                await self._fail(w.job, w.error)
+                continue
+            try:
+                await self._finish(w)
+                self.jobs_done += 1
+            except Exception as exc:
+                self.log.error("finishing job failed", tenant=w.job.tenant, job=w.job.job, exc_info=exc)
+                await self.store.reload(w.job.tenant)
+        self.store.offload_idle(keep={w.job.tenant for w in work})
+        return work
+
+    def _canonicalise(self, res: Resident, job: JobRecord, items: list[QueuePutRequest]) -> list[Any]:
+        return [item_to_batch(res.slot, item) for item in items]
+
+    def _train(self, todo: list[_Work]) -> None:
+        """Micro-batch i of every job in one grouped step; a failing tenant is isolated."""
+        from models import train_step
+
+        base_by_tenant = {w.job.tenant: self.store.bases[w.res.config.base] for w in todo}  # type: ignore[union-attr]
+        steps = max(len(w.batches) for w in todo)
+        for i in range(steps):
+            live = [w for w in todo if i < len(w.batches) and not w.error]
+            by_base: dict[int, list[_Work]] = {}
+            for w in live:
+                by_base.setdefault(id(base_by_tenant[w.job.tenant]), []).append(w)
+            for group in by_base.values():
+                base = base_by_tenant[group[0].job.tenant]
+                try:
+                    results = train_step(base, [(w.res.slot, w.batches[i]) for w in group], grouped=True)
+                except Exception:
+                    # Find the culprit: run the tenants one by one; only the failing one fails.
+                    results = []
+                    for w in group:
+                        try:
+                            results.extend(train_step(base, [(w.res.slot, w.batches[i])], grouped=False))
+                        except Exception as exc:  # noqa: BLE001 - reported as the job's failure reason
+                            w.error = f"training step {i} failed: {type(exc).__name__}: {exc}"
+                            results.append(None)
+                for w, r in zip(group, results):
+                    if r is None:
+                        continue
+                    w.losses.append(r.loss)
+                    for k, v in r.metrics.items():
+                        w.metrics.setdefault(k, []).append(float(v))
+        for w in todo:
+            if not w.error:
+                w.res.applied[w.job.job] = None
+
+    async def _finish(self, w: _Work) -> None:
+        """Commit -> trained -> export -> exported -> announce -> synced -> cleared.
+
+        A job handed over half-finished (its trainer died) resumes after its current state."""
+        assert self.store is not None and self.bus is not None
+        job, tenant = w.job, w.job.tenant
+        metrics = {k: float(np.nanmean(v)) for k, v in w.metrics.items()}
+        if w.losses:
+            metrics["loss"] = float(np.mean(w.losses))
+        version = w.res.slot.policy_version
+        if not w.skip:
+            await self.store.commit(tenant)
+            self._maybe_fault("after_commit")
+        await self._advance(job, "trained", version, metrics)
+        self._maybe_fault("after_trained")
+        if _before(job.state, "exported"):
+            ref = await self.store.export(tenant, metrics)
+            await self._advance(job, "exported", version)
+            self._maybe_fault("after_export")
+        else:
+            ref = None
+        if _before(job.state, "synced"):
+            if ref is None:  # exported by a trainer that died before announcing: announce again
+                await self.store.export(tenant, metrics)
+            await self._advance(job, "synced", version)
+            self._maybe_fault("after_synced")
+        await self._advance(job, "cleared", version)
+        if "loss" in metrics:
+            await self.metric("loss", tenant, metrics["loss"])
+        await self.metric("version", tenant, version)
+        self.log.info("job done", tenant=tenant, job=job.job, version=version, step=w.res.slot.step_count,
+                      items=job.items, skipped_compute=w.skip, loss=metrics.get("loss"))
+
+    async def _advance(self, job: JobRecord, state: str, version: int = -1,
+                       metrics: dict[str, float] | None = None) -> None:
+        if _before(job.state, state):
+            await self._update(job, state, version, metrics)
+
+    async def _update(self, job: JobRecord, state: str, version: int = -1,
+                      metrics: dict[str, float] | None = None, reason: str = "") -> JobRecord:
+        assert self.bus is not None
+        rec = await self.bus.request(
+            self.names.master("job_update"),
+            JobUpdate(tenant=job.tenant, job=job.job, state=state, trainer=self.instance,  # type: ignore[arg-type]
+                      trained_version=version, reason=reason, metrics=metrics or {}),
+            JobRecord, timeout_s=10)
+        job.state = rec.state
+        return rec
+
+    async def _fail(self, job: JobRecord, reason: str) -> None:
+        self.log.error("job failed", tenant=job.tenant, job=job.job, reason=reason)
+        try:
+            await self._update(job, "failed", reason=reason)
+        except NexusError as exc:
+            self.log.error("could not report failure", tenant=job.tenant, job=job.job, error=str(exc))
+
+    # -- low-level ops -------------------------------------------------------------------
+    @op("train_batch", JobRef)
+    async def train_batch(self, req: JobRef) -> TrainBatchReply:
+        """Train one ready job now (a custom algorithm's step), then export it."""
+        assert self.bus is not None
+        async with self._compute:
+            reply = await self.bus.request(
+                self.names.master("lease"),
+                LeaseRequest(trainer=self.instance, job=req.job, tenant=req.tenant, lease_s=self.tcfg.lease_s),
+                LeaseReply, timeout_s=10)
+            if not reply.jobs:
+                raise FailedPrecondition(f"job {req.job} was dropped as stale: {reply.dropped_stale[0].reason}")
+            (w,) = await self._run(reply.jobs) or [None]
+        if w is None or w.error or w.job.state != "cleared":
+            reason = (w.error if w else "") or "see the job record"
+            raise FailedPrecondition(f"job {req.job} failed: {reason}")
+        slot = w.res.slot
+        metrics = {k: float(np.nanmean(v)) for k, v in w.metrics.items()}
+        if w.losses:
+            metrics["loss"] = float(np.mean(w.losses))
+        return TrainBatchReply(tenant=req.tenant, job=req.job, version=slot.policy_version,
+                               step=slot.step_count, metrics=metrics)
+
+    @op("export_params", ExportRequest)
+    async def export_params(self, req: ExportRequest) -> WeightsRef:
+        assert self.store is not None
+        async with self._compute:
+            await self.store.slot(await self._tenant(req.tenant))
+            return await self.store.export(req.tenant, {})
+
+    @op("load_weights", LoadWeightsRequest)
+    async def load_weights(self, req: LoadWeightsRequest) -> Ok:
+        assert self.store is not None
+        async with self._compute:
+            await self.store.slot(await self._tenant(req.tenant))
+            try:
+                meta = await self.store.load_weights(req.tenant, req.object_name)
+            except Exception as exc:
+                from nats.js.errors import ObjectNotFoundError
+
+                if isinstance(exc, ObjectNotFoundError):
+                    raise NotFound(f"no weights object {req.object_name!r}") from None
+                raise
+            await self.store.commit(req.tenant)
+        return Ok(detail=f"{req.tenant} loaded {req.object_name} (version {meta.get('policy_version')})")
+
+    async def on_drain(self) -> None:
+        # Every committed job already has its checkpoint; nothing in memory is newer.
+        self.log.info("trainer drained", jobs_done=self.jobs_done, started=time.strftime("%X"))
+
+
+_ORDER = ("leased", "trained", "exported", "synced", "cleared")
+
+
+def _before(current: str, target: str) -> bool:
+    """True if a job in ``current`` has yet to reach ``target`` on the success path."""
+    return _ORDER.index(current) < _ORDER.index(target)
+
+
+def item_to_batch(slot: Any, item: QueuePutRequest) -> Any:
+    """One queued micro-batch (tenant schema) -> `models.TenantBatch` (canonical VLAFeature)."""
+    import torch
+    from models import Observation, TenantBatch
+
+    cams = slot.schema.camera_names
+    obs = [Observation(images={c: np.asarray(item.images[c][i]) for c in cams},
+                       state=np.asarray(item.state[i]), instruction=item.instructions[i])
+           for i in range(len(item.instructions))]
+    vla = slot.preprocessor(obs).to(slot.device)
+
+    def t(x: Any) -> Any:
+        return None if x is None else torch.tensor(np.asarray(x), dtype=torch.float32)
+
+    return TenantBatch(vla, t(item.actions), t(item.old_log_prob), t(item.advantages), t(item.returns))

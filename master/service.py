@@ -1,36 +1,436 @@
-"""Master: tenant registry, workload lifecycle and scheduling (grows with issues 4 and 6).
+"""Master: tenant registry, training-queue control plane and scheduler.
 
-Serves ``<prefix>.master.<op>``. Today: ``info`` (every role has it) and ``list``, which
-reads the tenants and workloads KV buckets.
+Serves ``<prefix>.master.<op>``:
+
+| op | request | reply | what |
+|---|---|---|---|
+| tenant_create | CreateTenantRequest | TenantConfig | validate, derive the schema signature, store in KV, create the tenant's queue stream |
+| tenant_get | GetTenantRequest | TenantConfig | |
+| list | ListRequest | ListReply | tenant and workload names |
+| reserve | ReserveRequest | JobRecord | new job id (caps: in-flight per tenant-task, SFT prefetch) |
+| queue_put | QueuePutRequest | QueuePutReply | validate one micro-batch against the schema, append to the job's partition |
+| mark_ready | JobRef | JobRecord | the job may be leased |
+| lease | LeaseRequest | LeaseReply | the scheduler hands ready jobs to a trainer |
+| job_update | JobUpdate | JobRecord | a trainer reports trained / exported / synced / cleared / failed |
+| job, jobs | JobRef, JobsRequest | JobRecord, JobsReply | records |
+| queue_get | QueueGetRequest | QueueGetReply | read a job's micro-batches back |
+| queue_clear | JobRef | JobRecord | purge a job's partition |
+
+The master is the only writer of job records: its in-memory scheduler is authoritative and
+every change is written through to the jobs KV, from which a restarted master rebuilds. Run
+one master per deployment.
 
 Run: ``python -m actors.run master --nats-url nats://127.0.0.1:4222``
 """
 
 from __future__ import annotations
 
-from actors.runtime import Role, op
-from protocol.messages import ListReply, ListRequest
+import asyncio
+import os
+import time
+import uuid
+from typing import Any
+
+from nats.js.api import RetentionPolicy, StorageType, StreamConfig
+from nats.js.errors import KeyNotFoundError, NoKeysError, NotFoundError
+
+from actors.runtime import Role, RoleConfig, op
+from master.scheduler import Scheduler
+from master.validate import validate_put
+from protocol.errors import Conflict, FailedPrecondition, InvalidField, NotFound
+from protocol.messages import (
+    TERMINAL_JOB_STATES,
+    CreateTenantRequest,
+    GetTenantRequest,
+    HealthEvent,
+    JobRecord,
+    JobRef,
+    JobsReply,
+    JobsRequest,
+    JobUpdate,
+    LeaseReply,
+    LeaseRequest,
+    ListReply,
+    ListRequest,
+    QueueGetReply,
+    QueueGetRequest,
+    QueuePutReply,
+    QueuePutRequest,
+    ReserveRequest,
+    TenantConfig,
+    WeightsRef,
+)
+from protocol.subjects import Names, check_token
+from protocol.wire import decode, encode
+
+# Trainer-reported transitions a job may take (besides repeating its current state).
+TRANSITIONS: dict[str, tuple[str, ...]] = {
+    "leased": ("trained", "failed"),
+    "trained": ("exported", "failed"),
+    "exported": ("synced",),
+    "synced": ("cleared",),
+}
+EXPIRE_EVERY_S = 1.0
+
+
+def new_job_id() -> str:
+    # Time-ordered (FIFO by id) and unique across master restarts.
+    return f"j{int(time.time() * 1000):013d}{uuid.uuid4().hex[:6]}"
 
 
 class Master(Role):
     name = "master"
+
+    def __init__(self, cfg: RoleConfig) -> None:
+        super().__init__(cfg)
+        self.sched = Scheduler()
+        self._lock = asyncio.Lock()  # one job-state change at a time: records stay consistent
 
     async def setup(self) -> None:
         assert self.bus is not None
         js = self.bus.js
         self.kv_tenants = await js.key_value(self.names.kv_tenants)
         self.kv_workloads = await js.key_value(self.names.kv_workloads)
+        self.kv_jobs = await js.key_value(self.names.kv_jobs)
+        self.kv_versions = await js.key_value(self.names.kv_versions)
+        await self._load_state()
+        await self.bus.nc.subscribe(self.names.health_events_all, cb=self._on_health_event)
+        await self.bus.nc.subscribe(self.names.weights_all, cb=self._on_weights)
+        self.spawn(self._expire_loop(), "lease-expiry")
+
+    def info_extra(self) -> dict[str, Any]:
+        states: dict[str, int] = {}
+        for j in self.sched.jobs.values():
+            states[j.state] = states.get(j.state, 0) + 1
+        return {"tenants": len(self.sched.tenants), "jobs": states,
+                "dropped_stale": dict(self.sched.dropped_stale)}
+
+    # -- state ---------------------------------------------------------------------------
+    async def _load_state(self) -> None:
+        for key in await _keys(self.kv_tenants):
+            cfg = decode((await self.kv_tenants.get(key)).value, TenantConfig)
+            self.sched.tenants[cfg.name] = cfg
+        for key in await _keys(self.kv_jobs):
+            self.sched.put(decode((await self.kv_jobs.get(key)).value, JobRecord))
+        for key in await _keys(self.kv_versions):
+            ref = decode((await self.kv_versions.get(key)).value, WeightsRef)
+            self.sched.observe_version(ref.tenant, ref.version)
+        for job in self.sched.jobs.values():
+            if job.state == "leased" or job.trained_version >= 0:
+                self.sched.observe_version(job.tenant, job.trained_version)
+        self.log.info("state loaded", tenants=len(self.sched.tenants), jobs=len(self.sched.jobs))
+
+    async def _save(self, job: JobRecord) -> JobRecord:
+        await self.kv_jobs.put(f"{job.tenant}.{job.job}", encode(job))
+        return job
+
+    def _tenant(self, name: str) -> TenantConfig:
+        check_token("tenant", name)
+        cfg = self.sched.tenants.get(name)
+        if cfg is None:
+            raise NotFound(f"unknown tenant {name!r}", details={"tenant": name})
+        return cfg
+
+    def _job(self, tenant: str, job: str) -> JobRecord:
+        self._tenant(tenant)
+        check_token("job", job)
+        rec = self.sched.jobs.get((tenant, job))
+        if rec is None:
+            raise NotFound(f"unknown job {job!r} of tenant {tenant!r}", details={"tenant": tenant, "job": job})
+        return rec
+
+    # -- tenants -------------------------------------------------------------------------
+    @op("tenant_create", CreateTenantRequest)
+    async def tenant_create(self, req: CreateTenantRequest) -> TenantConfig:
+        cfg = req.config
+        check_token("config.name", cfg.name)
+        cfg.signature = _schema_signature(cfg.schema)
+        _check_config(cfg)
+        async with self._lock:
+            existing = self.sched.tenants.get(cfg.name)
+            if existing is not None:
+                cfg.created_at = existing.created_at
+                if req.exist_ok and encode(existing) == encode(cfg):
+                    return existing
+                raise Conflict(f"tenant {cfg.name!r} already exists", details={"tenant": cfg.name})
+            cfg.created_at = time.time()
+            await self._ensure_queue_stream(cfg.name)
+            await self.kv_tenants.put(cfg.name, encode(cfg))
+            self.sched.tenants[cfg.name] = cfg
+        self.log.info("tenant created", tenant=cfg.name, signature=cfg.signature, head=cfg.head)
+        return cfg
+
+    async def _ensure_queue_stream(self, tenant: str) -> None:
+        assert self.bus is not None
+        stream = StreamConfig(
+            name=self.names.tq_stream(tenant),
+            subjects=[self.names.tq_tenant_all(tenant)],
+            # WorkQueue: the tenant's partition of the training queue. Data is read by
+            # sequence (no consumers) and purged per job subject once trained.
+            retention=RetentionPolicy.WORK_QUEUE,
+            storage=StorageType.FILE,
+            duplicate_window=120.0,  # Nats-Msg-Id dedup makes a retried queue_put harmless
+        )
+        try:
+            await self.bus.js.stream_info(stream.name)
+        except NotFoundError:
+            await self.bus.js.add_stream(stream)
+
+    @op("tenant_get", GetTenantRequest)
+    async def tenant_get(self, req: GetTenantRequest) -> TenantConfig:
+        return self._tenant(req.tenant)
 
     @op("list", ListRequest)
     async def list(self, req: ListRequest) -> ListReply:
-        tenants = await _keys(self.kv_tenants)
-        workloads = await _keys(self.kv_workloads)
-        return ListReply(tenants=tenants, workloads=workloads)
+        return ListReply(tenants=sorted(self.sched.tenants), workloads=await _keys(self.kv_workloads))
+
+    # -- training queue ------------------------------------------------------------------
+    @op("reserve", ReserveRequest)
+    async def reserve(self, req: ReserveRequest) -> JobRecord:
+        async with self._lock:
+            tenant = self._tenant(req.tenant)
+            self.sched.check_reserve(tenant, req.task)
+            now = time.time()
+            job = JobRecord(
+                tenant=tenant.name, job=new_job_id(), task=req.task, state="reserved",
+                created_at=now, updated_at=now, auto=req.auto,
+                priority=tenant.priority if req.priority is None else req.priority,
+            )
+            self.sched.put(job)
+            return await self._save(job)
+
+    @op("queue_put", QueuePutRequest)
+    async def queue_put(self, req: QueuePutRequest) -> QueuePutReply:
+        assert self.bus is not None
+        job = self._job(req.tenant, req.job)
+        tenant = self._tenant(req.tenant)
+        if job.state not in ("reserved", "filling"):
+            raise FailedPrecondition(f"job {job.job} is {job.state}; data can be added only before mark_ready")
+        if req.seq < 0:
+            raise InvalidField("seq", "must be >= 0")
+        b = validate_put(req, tenant.schema, job.task)
+        if job.task == "sft":
+            self.sched.check_sft_prefetch(tenant, adding=1)
+        ack = await self.bus.js.publish(
+            self.names.tq_job(req.tenant, req.job), encode(req),
+            headers={"Nats-Msg-Id": f"{req.job}:{req.seq}"},
+        )
+        async with self._lock:
+            if not ack.duplicate:
+                job.items += 1
+                job.samples += b
+                if job.task == "rl":
+                    # Staleness is judged by the oldest data in the job.
+                    job.behaviour_version = (req.behaviour_version if job.behaviour_version < 0
+                                             else min(job.behaviour_version, req.behaviour_version))
+            job.state, job.updated_at = "filling", time.time()
+            await self._save(job)
+        return QueuePutReply(tenant=job.tenant, job=job.job, items=job.items, duplicate=bool(ack.duplicate))
+
+    @op("mark_ready", JobRef)
+    async def mark_ready(self, req: JobRef) -> JobRecord:
+        assert self.bus is not None
+        async with self._lock:
+            job = self._job(req.tenant, req.job)
+            if job.state == "ready":
+                return job
+            if job.state != "filling" or job.items == 0:
+                raise FailedPrecondition(f"job {job.job} is {job.state} with {job.items} items; put data first")
+            job.state = "ready"
+            job.ready_at = job.updated_at = time.time()
+            await self._save(job)
+        await self.bus.nc.publish(self.names.sched_ready, b"")
+        return job
+
+    @op("lease", LeaseRequest)
+    async def lease(self, req: LeaseRequest) -> LeaseReply:
+        check_token("trainer", req.trainer)
+        if not 1 <= req.max_jobs <= 256:
+            raise InvalidField("max_jobs", "must be in 1..256")
+        async with self._lock:
+            now = time.time()
+            for job in self.sched.expire_leases(now):
+                await self._save(job)
+            if req.job:
+                job = self._job(req.tenant, req.job)
+                if job.state != "ready" and not (job.state in ("trained", "exported", "synced") and not job.lease_owner):
+                    raise FailedPrecondition(f"job {job.job} is {job.state}, not ready to train")
+                if self.sched.is_stale(job):
+                    self.sched._drop_stale(job, now)
+                    await self._save(job)
+                    return LeaseReply(jobs=[], dropped_stale=[job])
+                self.sched.lease_one(job, req.trainer, req.lease_s, now)
+                leased, stale = [job], []
+            else:
+                leased, stale = self.sched.pick(req.trainer, req.max_jobs, req.lease_s, now)
+            for job in (*leased, *stale):
+                await self._save(job)
+        for job in stale:
+            await self._purge(job)
+            await self.metric("dropped_stale", job.tenant, self.sched.dropped_stale.get(job.tenant, 0))
+            self.log.warning("dropped stale job", tenant=job.tenant, job=job.job, reason=job.reason)
+        return LeaseReply(jobs=leased, dropped_stale=stale)
+
+    @op("job_update", JobUpdate)
+    async def job_update(self, req: JobUpdate) -> JobRecord:
+        async with self._lock:
+            job = self._job(req.tenant, req.job)
+            if job.state == req.state:
+                return job  # a retried report
+            if job.lease_owner != req.trainer:
+                raise Conflict(f"job {job.job} is held by {job.lease_owner or 'nobody'}, not {req.trainer}")
+            allowed = TRANSITIONS.get(job.state, ())
+            if req.state not in allowed:
+                raise FailedPrecondition(f"job {job.job}: {job.state} -> {req.state} is not allowed; allowed: {list(allowed)}")
+            job.state, job.updated_at = req.state, time.time()
+            if req.trained_version >= 0:
+                job.trained_version = req.trained_version
+                self.sched.observe_version(job.tenant, req.trained_version)
+            if req.reason:
+                job.reason = req.reason
+            job.metrics.update(req.metrics)
+            if req.state in TERMINAL_JOB_STATES:
+                job.lease_owner, job.lease_expires_at = "", 0.0
+            await self._save(job)
+        if req.state in TERMINAL_JOB_STATES:
+            await self._purge(job)
+        return job
+
+    @op("job", JobRef)
+    async def job(self, req: JobRef) -> JobRecord:
+        return self._job(req.tenant, req.job)
+
+    @op("jobs", JobsRequest)
+    async def jobs(self, req: JobsRequest) -> JobsReply:
+        if req.tenant:
+            self._tenant(req.tenant)
+        out = [j for j in self.sched.jobs.values()
+               if (not req.tenant or j.tenant == req.tenant) and (not req.states or j.state in req.states)]
+        return JobsReply(jobs=sorted(out, key=lambda j: (j.tenant, j.job)))
+
+    @op("queue_get", QueueGetRequest)
+    async def queue_get(self, req: QueueGetRequest) -> QueueGetReply:
+        job = self._job(req.tenant, req.job)
+        if req.start < 0 or req.max_items < 1:
+            raise InvalidField("start", "start must be >= 0 and max_items >= 1")
+        assert self.bus is not None
+        # A reply must fit the max payload too: return a prefix of the range; the caller
+        # pages on with start += len(items).
+        budget = int(self.bus.max_payload * 0.9)
+        items: list[QueuePutRequest] = []
+        for item in await read_job_items(self.bus, self.names, job, req.start, req.max_items):
+            size = len(encode(item))
+            if items and size > budget:
+                break
+            budget -= size
+            items.append(item)
+        return QueueGetReply(tenant=job.tenant, job=job.job, items=items, total=job.items)
+
+    @op("queue_clear", JobRef)
+    async def queue_clear(self, req: JobRef) -> JobRecord:
+        async with self._lock:
+            job = self._job(req.tenant, req.job)
+            if job.state not in TERMINAL_JOB_STATES:
+                if job.state in ("trained", "exported", "synced"):
+                    job.state = "cleared"
+                else:
+                    job.state, job.reason = "failed", f"cleared by a client while {job.state}"
+                job.lease_owner, job.lease_expires_at, job.updated_at = "", 0.0, time.time()
+                await self._save(job)
+        await self._purge(job)
+        return job
+
+    async def _purge(self, job: JobRecord) -> None:
+        assert self.bus is not None
+        try:
+            await self.bus.js.purge_stream(self.names.tq_stream(job.tenant), subject=self.names.tq_job(job.tenant, job.job))
+        except NotFoundError:
+            pass  # stream already gone with its tenant: nothing left to purge
+
+    # -- background ----------------------------------------------------------------------
+    async def _expire_loop(self) -> None:
+        while True:
+            await asyncio.sleep(EXPIRE_EVERY_S)
+            async with self._lock:
+                for job in self.sched.expire_leases(time.time()):
+                    self.log.warning("lease expired", tenant=job.tenant, job=job.job, state=job.state)
+                    await self._save(job)
+
+    async def _on_health_event(self, msg: Any) -> None:
+        try:
+            ev = decode(msg.data, HealthEvent)
+        except Exception as exc:
+            self.log.warning("bad health event", error=str(exc))
+            return
+        if ev.event != "role_down" or ev.role != "trainer":
+            return
+        async with self._lock:
+            now = time.time()
+            for job in self.sched.jobs.values():
+                if job.lease_owner == ev.instance and job.state not in TERMINAL_JOB_STATES:
+                    self.sched.release(job, now, reason=f"trainer {ev.instance} died")
+                    self.log.warning("released job of dead trainer", tenant=job.tenant, job=job.job, state=job.state)
+                    await self._save(job)
+        if self.bus is not None:
+            await self.bus.nc.publish(self.names.sched_ready, b"")
+
+    async def _on_weights(self, msg: Any) -> None:
+        try:
+            ref = decode(msg.data, WeightsRef)
+        except Exception as exc:
+            self.log.warning("bad weights announcement", error=str(exc))
+            return
+        self.sched.observe_version(ref.tenant, ref.version)
+
+
+async def read_job_items(bus, names: Names, job: JobRecord, start: int, max_items: int) -> list[QueuePutRequest]:
+    """Read a job's micro-batches from its partition by sequence, without consuming them."""
+    stream, subject = names.tq_stream(job.tenant), names.tq_job(job.tenant, job.job)
+    items: list[QueuePutRequest] = []
+    seq, index = 1, 0
+    while len(items) < max_items:
+        try:
+            raw = await bus.js.get_msg(stream, seq=seq, subject=subject, next=True)
+        except NotFoundError:
+            break
+        if index >= start:
+            items.append(decode(raw.data, QueuePutRequest))
+        index += 1
+        seq = raw.seq + 1
+    return items
+
+
+def _schema_signature(schema: dict[str, Any]) -> str:
+    from models.schema import TenantSchema  # lazy: torch is heavy and only this op needs it
+
+    try:
+        return TenantSchema.from_dict(schema).signature()
+    except (ValueError, TypeError, KeyError) as exc:
+        raise InvalidField("config.schema", str(exc)) from None
+
+
+def _check_config(cfg: TenantConfig) -> None:
+    from models.heads import head_config
+    from models.slot import OptimConfig
+
+    try:
+        head_config(cfg.head, cfg.head_params)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise InvalidField("config.head_params", str(exc)) from None
+    try:
+        OptimConfig(**cfg.optim)
+    except (ValueError, TypeError) as exc:
+        raise InvalidField("config.optim", str(exc)) from None
+    for name in ("max_inflight_jobs", "sft_prefetch_items", "staleness_bound"):
+        if getattr(cfg, name) < 1:
+            raise InvalidField(f"config.{name}", "must be >= 1")
+    from models.presets import PRESETS
+
+    if cfg.base not in PRESETS and not os.path.isdir(cfg.base):
+        raise InvalidField("config.base", f"{cfg.base!r} is neither a preset ({sorted(PRESETS)}) nor a local directory")
 
 
 async def _keys(kv) -> list[str]:
-    from nats.js.errors import NoKeysError
-
     try:
         return sorted(await kv.keys())
     except NoKeysError:

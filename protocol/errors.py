@@ -26,6 +26,8 @@ class ErrorCode(StrEnum):
     TIMEOUT = "timeout"
     UNAVAILABLE = "unavailable"  # no responder, role draining or dead
     DRAINING = "draining"
+    BUSY = "busy"  # back-pressure: a cap is reached; details.retry_after_s says when to retry
+    FAILED_PRECONDITION = "failed_precondition"  # valid request, wrong state (job not ready, ...)
     INTERNAL = "internal"
 
 
@@ -107,6 +109,14 @@ class Draining(Unavailable):
     code = ErrorCode.DRAINING
 
 
+class Busy(NexusError):
+    code = ErrorCode.BUSY
+
+
+class FailedPrecondition(NexusError):
+    code = ErrorCode.FAILED_PRECONDITION
+
+
 class InternalError(NexusError, RuntimeError):
     code = ErrorCode.INTERNAL
 
@@ -122,6 +132,8 @@ _BY_CODE: dict[ErrorCode, type[NexusError]] = {
     ErrorCode.TIMEOUT: RequestTimeout,
     ErrorCode.UNAVAILABLE: Unavailable,
     ErrorCode.DRAINING: Draining,
+    ErrorCode.BUSY: Busy,
+    ErrorCode.FAILED_PRECONDITION: FailedPrecondition,
     ErrorCode.INTERNAL: InternalError,
 }
 _FIELD_CODES: dict[ErrorCode, type[FieldError]] = {

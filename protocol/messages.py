@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from protocol.errors import NexusError, error_from_code
-from protocol.wire import message
+from protocol.wire import Array, message
 
 RoleState = Literal["starting", "ready", "draining", "stopped"]
 
@@ -198,3 +198,227 @@ class ListRequest:
 class ListReply:
     tenants: list[str]
     workloads: list[str]
+
+
+# -- tenants -------------------------------------------------------------------------
+TaskKind = Literal["sft", "rl"]
+
+
+@message("tenant.config", 1)
+@dataclass
+class TenantConfig:
+    """A tenant's compiled backend config: stored in the tenants KV under its name.
+
+    ``schema`` is `models.schema.TenantSchema.to_dict()`; ``signature`` is derived by the
+    master from it (never trusted from the client).
+    """
+
+    name: str
+    base: str  # preset name (tiny-qwen3-vl, qwen3-vl-4b, ...) or a local save_pretrained dir
+    schema: dict[str, Any]
+    head: str = "mlp"
+    head_params: dict[str, Any] = field(default_factory=dict)
+    optim: dict[str, Any] = field(default_factory=dict)
+    seed: int = 0
+    # Scheduling (defaults from the reference system; see docs/architecture.md).
+    max_inflight_jobs: int = 2
+    sft_prefetch_items: int = 16
+    staleness_bound: int = 128
+    priority: int = 0
+    signature: str = ""
+    created_at: float = 0.0
+
+
+@message("tenant.create", 1)
+@dataclass
+class CreateTenantRequest:
+    config: TenantConfig
+    exist_ok: bool = False  # same config again is fine; a different one is a conflict
+
+
+@message("tenant.get", 1)
+@dataclass
+class GetTenantRequest:
+    tenant: str
+
+
+# -- training queue ------------------------------------------------------------------
+JobState = Literal[
+    "reserved", "filling", "ready", "leased", "trained", "exported", "synced", "cleared",
+    "dropped_stale", "failed",
+]
+TERMINAL_JOB_STATES = ("cleared", "dropped_stale", "failed")
+
+
+@message("job.record", 1)
+@dataclass
+class JobRecord:
+    """One training job: stored in the jobs KV under ``<tenant>.<job>``."""
+
+    tenant: str
+    job: str
+    task: TaskKind
+    state: JobState
+    created_at: float
+    updated_at: float
+    auto: bool = True  # leased by the scheduler; False: trained only by an explicit train_batch
+    priority: int = 0
+    items: int = 0  # micro-batches in the partition
+    samples: int = 0
+    behaviour_version: int = -1  # RL: policy version that produced the data (-1: SFT)
+    ready_at: float = 0.0
+    lease_owner: str = ""
+    lease_expires_at: float = 0.0
+    attempts: int = 0
+    trained_version: int = -1
+    reason: str = ""
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@message("tq.reserve", 1)
+@dataclass
+class ReserveRequest:
+    tenant: str
+    task: TaskKind
+    auto: bool = True
+    priority: int | None = None  # None: the tenant's default
+
+
+@message("tq.put", 1)
+@dataclass
+class QueuePutRequest:
+    """One micro-batch of a job, in the tenant's own schema. ``seq`` makes retries idempotent."""
+
+    tenant: str
+    job: str
+    seq: int
+    images: dict[str, Array]  # camera -> uint8 [B, H, W, 3]
+    state: Array  # float32 [B, state_dim]
+    instructions: list[str]  # B
+    actions: Array  # float32 [B, horizon, action_dim]
+    # RL only: behaviour policy's log-prob, GAE advantages and returns, all float32 [B].
+    old_log_prob: Array | None = None
+    advantages: Array | None = None
+    returns: Array | None = None
+    behaviour_version: int = -1
+
+
+@message("tq.put.reply", 1)
+@dataclass
+class QueuePutReply:
+    tenant: str
+    job: str
+    items: int
+    duplicate: bool
+
+
+@message("tq.job", 1)
+@dataclass
+class JobRef:
+    """Names one job: mark_ready, job status, queue_clear, train_batch."""
+
+    tenant: str
+    job: str
+
+
+@message("tq.get", 1)
+@dataclass
+class QueueGetRequest:
+    tenant: str
+    job: str
+    start: int = 0  # first item index
+    max_items: int = 1
+
+
+@message("tq.get.reply", 1)
+@dataclass
+class QueueGetReply:
+    tenant: str
+    job: str
+    items: list[QueuePutRequest]
+    total: int
+
+
+@message("tq.lease", 1)
+@dataclass
+class LeaseRequest:
+    """A trainer asks the scheduler for work."""
+
+    trainer: str  # instance id
+    max_jobs: int = 4
+    lease_s: float = 300.0
+    job: str = ""  # lease exactly this job (train_batch of a manual job), with tenant
+    tenant: str = ""
+
+
+@message("tq.lease.reply", 1)
+@dataclass
+class LeaseReply:
+    jobs: list[JobRecord]
+    dropped_stale: list[JobRecord]
+
+
+@message("tq.update", 1)
+@dataclass
+class JobUpdate:
+    """A trainer reports a lifecycle step of a job it holds."""
+
+    tenant: str
+    job: str
+    state: JobState
+    trainer: str
+    trained_version: int = -1
+    reason: str = ""
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@message("tq.jobs", 1)
+@dataclass
+class JobsRequest:
+    tenant: str = ""  # all tenants when empty
+    states: list[str] = field(default_factory=list)
+
+
+@message("tq.jobs.reply", 1)
+@dataclass
+class JobsReply:
+    jobs: list[JobRecord]
+
+
+# -- trainer -------------------------------------------------------------------------
+@message("train.batch.reply", 1)
+@dataclass
+class TrainBatchReply:
+    tenant: str
+    job: str
+    version: int
+    step: int
+    metrics: dict[str, float]
+
+
+@message("weights.export", 1)
+@dataclass
+class ExportRequest:
+    tenant: str
+
+
+@message("weights.ref", 1)
+@dataclass
+class WeightsRef:
+    """Where a tenant's exported payload lives, and its manifest (announced on
+    ``<prefix>.weights.<tenant>``)."""
+
+    tenant: str
+    version: int
+    object_name: str  # in the weights object bucket
+    size: int
+    manifest: dict[str, Any]
+
+
+@message("weights.load", 1)
+@dataclass
+class LoadWeightsRequest:
+    """Replace a tenant slot's module params with an exported payload (object name)."""
+
+    tenant: str
+    object_name: str

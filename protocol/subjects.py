@@ -93,6 +93,11 @@ class Names:
     def tq_tenant_all(self, tenant: str) -> str:
         return f"{self.prefix}.tq.{check_token('tenant', tenant)}.>"
 
+    @property
+    def sched_ready(self) -> str:
+        """The master announces newly ready jobs here, so idle trainers lease at once."""
+        return f"{self.prefix}.sched.ready"
+
     # -- inference ---------------------------------------------------------------------
     def infer(self, pool: str) -> str:
         return f"{self.prefix}.infer.{check_token('pool', pool)}"
@@ -100,6 +105,10 @@ class Names:
     # -- weights -----------------------------------------------------------------------
     def weights(self, tenant: str) -> str:
         return f"{self.prefix}.weights.{check_token('tenant', tenant)}"
+
+    @property
+    def weights_all(self) -> str:
+        return f"{self.prefix}.weights.*"
 
     # -- environment -------------------------------------------------------------------
     def env(self, op: str) -> str:

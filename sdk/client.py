@@ -12,7 +12,10 @@ against the embedded cluster and a remote one.
 from __future__ import annotations
 
 import asyncio
+import io
+import json
 import threading
+import time
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
@@ -20,13 +23,31 @@ from typing import Any, TypeVar
 from actors.bus import DEFAULT_REQUEST_TIMEOUT_S, Bus
 from actors.supervisor import ClusterState
 from protocol.errors import Unavailable
+from protocol.errors import Busy, PayloadTooLarge
 from protocol.messages import (
     ClusterStatus,
+    CreateTenantRequest,
+    ExportRequest,
+    GetTenantRequest,
     InfoRequest,
+    JobRecord,
+    JobRef,
+    JobsReply,
+    JobsRequest,
+    LoadWeightsRequest,
     ListReply,
     ListRequest,
+    Ok,
+    QueueGetReply,
+    QueueGetRequest,
+    QueuePutReply,
+    QueuePutRequest,
+    ReserveRequest,
     RoleInfo,
     StatusRequest,
+    TenantConfig,
+    TrainBatchReply,
+    WeightsRef,
 )
 from protocol.subjects import DEFAULT_PREFIX, Names
 
@@ -91,6 +112,130 @@ class AsyncClient:
         return await self.bus.request(self.names.master("list"), ListRequest(), ListReply,
                                       timeout_s=self.timeout_s)
 
+    # -- low-level training-queue primitives (compose your own algorithm) ---------------
+    async def _master(self, op: str, msg: Any, expect: type[T]) -> T:
+        return await self.bus.request(self.names.master(op), msg, expect, timeout_s=self.timeout_s)
+
+    async def create_tenant(self, config: TenantConfig, exist_ok: bool = False) -> TenantConfig:
+        return await self._master("tenant_create", CreateTenantRequest(config=config, exist_ok=exist_ok), TenantConfig)
+
+    async def tenant(self, name: str) -> TenantConfig:
+        return await self._master("tenant_get", GetTenantRequest(tenant=name), TenantConfig)
+
+    async def reserve(self, tenant: str, task: str, *, auto: bool = True, wait_s: float = 0.0,
+                      priority: int | None = None) -> JobRecord:
+        """A new job id. With ``wait_s`` > 0, waits out back-pressure (busy) up to that long."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                return await self._master("reserve", ReserveRequest(tenant=tenant, task=task, auto=auto,
+                                                                    priority=priority), JobRecord)
+            except Busy as exc:
+                if time.monotonic() >= deadline:
+                    raise
+                await asyncio.sleep(float(exc.details.get("retry_after_s", 0.5)))
+
+    async def queue_put(self, item: QueuePutRequest) -> QueuePutReply:
+        """Append one micro-batch; one over the server's max payload is split along the batch
+        (each part its own item, seq * 1000 + part keeps retries idempotent)."""
+        try:
+            return await self._master("queue_put", item, QueuePutReply)
+        except PayloadTooLarge:
+            b = len(item.instructions)
+            if b < 2:
+                raise
+        parts = 2
+        while True:
+            size = -(-b // parts)
+            chunks = [_slice_item(item, lo, min(lo + size, b), item.seq * 1000 + k)
+                      for k, lo in enumerate(range(0, b, size))]
+            try:
+                reply = None
+                for chunk in chunks:
+                    reply = await self._master("queue_put", chunk, QueuePutReply)
+                assert reply is not None
+                return reply
+            except PayloadTooLarge:
+                if size <= 1:
+                    raise
+                parts *= 2
+
+    async def mark_ready(self, tenant: str, job: str) -> JobRecord:
+        return await self._master("mark_ready", JobRef(tenant=tenant, job=job), JobRecord)
+
+    async def job(self, tenant: str, job: str) -> JobRecord:
+        return await self._master("job", JobRef(tenant=tenant, job=job), JobRecord)
+
+    async def jobs(self, tenant: str = "", states: list[str] | None = None) -> list[JobRecord]:
+        return (await self._master("jobs", JobsRequest(tenant=tenant, states=states or []), JobsReply)).jobs
+
+    async def queue_get(self, tenant: str, job: str, start: int = 0, max_items: int = 1) -> QueueGetReply:
+        return await self._master("queue_get", QueueGetRequest(tenant=tenant, job=job, start=start,
+                                                               max_items=max_items), QueueGetReply)
+
+    async def queue_clear(self, tenant: str, job: str) -> JobRecord:
+        return await self._master("queue_clear", JobRef(tenant=tenant, job=job), JobRecord)
+
+    async def train_batch(self, tenant: str, job: str, timeout_s: float = 600.0) -> TrainBatchReply:
+        return await self.bus.request(self.names.role_op("trainer", "train_batch"), JobRef(tenant=tenant, job=job),
+                                      TrainBatchReply, timeout_s=timeout_s)
+
+    async def export_params(self, tenant: str, timeout_s: float = 120.0) -> WeightsRef:
+        return await self.bus.request(self.names.role_op("trainer", "export_params"), ExportRequest(tenant=tenant),
+                                      WeightsRef, timeout_s=timeout_s)
+
+    async def load_weights(self, tenant: str, object_name: str, timeout_s: float = 120.0) -> Ok:
+        return await self.bus.request(self.names.role_op("trainer", "load_weights"),
+                                      LoadWeightsRequest(tenant=tenant, object_name=object_name), Ok,
+                                      timeout_s=timeout_s)
+
+    async def wait_job(self, tenant: str, job: str, states: tuple[str, ...] = ("cleared", "failed", "dropped_stale"),
+                       timeout_s: float = 300.0) -> JobRecord:
+        """Poll a job until it reaches one of ``states``; RequestTimeout after ``timeout_s``."""
+        from protocol.errors import RequestTimeout
+
+        deadline = time.monotonic() + timeout_s
+        while True:
+            rec = await self.job(tenant, job)
+            if rec.state in states:
+                return rec
+            if time.monotonic() > deadline:
+                raise RequestTimeout(f"job {job} of {tenant} still {rec.state} after {timeout_s:g} s")
+            await asyncio.sleep(0.1)
+
+    async def latest_weights(self, tenant: str) -> WeightsRef | None:
+        from nats.js.errors import KeyNotFoundError
+
+        from protocol.wire import decode
+
+        kv = await self.bus.js.key_value(self.names.kv_versions)
+        try:
+            return decode((await kv.get(tenant)).value, WeightsRef)
+        except KeyNotFoundError:
+            return None
+
+    async def download_weights(self, ref: WeightsRef) -> tuple[bytes, dict[str, Any]]:
+        """(safetensors payload, manifest) of an export."""
+        store = await self.bus.js.object_store(self.names.obj_weights)
+        buf = io.BytesIO()
+        await store.get(ref.object_name, writeinto=buf)
+        mbuf = io.BytesIO()
+        await store.get(ref.object_name + ".manifest.json", writeinto=mbuf)
+        return buf.getvalue(), json.loads(mbuf.getvalue())
+
+
+def _slice_item(item: QueuePutRequest, lo: int, hi: int, seq: int) -> QueuePutRequest:
+    def cut(x):
+        return None if x is None else x[lo:hi]
+
+    return QueuePutRequest(
+        tenant=item.tenant, job=item.job, seq=seq,
+        images={k: v[lo:hi] for k, v in item.images.items()}, state=item.state[lo:hi],
+        instructions=item.instructions[lo:hi], actions=item.actions[lo:hi],
+        old_log_prob=cut(item.old_log_prob), advantages=cut(item.advantages), returns=cut(item.returns),
+        behaviour_version=item.behaviour_version,
+    )
+
 
 class Client:
     """Blocking facade: runs an `AsyncClient` on a private event-loop thread."""
@@ -123,6 +268,20 @@ class Client:
 
     def list(self) -> ListReply:
         return self._run(self._async.list())
+
+    def __getattr__(self, name: str) -> Any:
+        # Every other AsyncClient coroutine method, run to completion on the client's loop.
+        if name.startswith("_"):
+            raise AttributeError(name)
+        attr = getattr(self._async, name)
+        if not asyncio.iscoroutinefunction(attr):
+            return attr
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return self._run(attr(*args, **kwargs))
+
+        call.__doc__ = attr.__doc__
+        return call
 
     def close(self) -> None:
         if self._loop.is_running():

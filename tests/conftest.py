@@ -71,3 +71,85 @@ def python_env(**extra: str) -> dict[str, str]:
 
 def nexus_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "sdk.cli", *args]
+
+
+class RoleProcs:
+    """Role processes started for one test against the session's nats-server."""
+
+    def __init__(self, nats_url: str, prefix: str, data_dir: Path) -> None:
+        self.nats_url, self.prefix, self.data_dir = nats_url, prefix, data_dir
+        self.procs: list[tuple[str, str, "subprocess.Popen"]] = []
+        self._n = 0
+
+    def start(self, role: str, **env: str) -> "subprocess.Popen":
+        import subprocess
+
+        self._n += 1
+        instance = f"{role}-{self._n}"
+        log = open(self.data_dir / f"{instance}.log", "ab")  # noqa: SIM115 - closed with the process
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "actors.run", role, "--nats-url", self.nats_url, "--prefix", self.prefix,
+             "--data-dir", str(self.data_dir), "--instance", instance],
+            env=python_env(NEXUS_HEARTBEAT_INTERVAL_S="0.3", NEXUS_HEALTH_TIMEOUT_S="1.2", **env),
+            stdout=log, stderr=subprocess.STDOUT,
+        )
+        proc.instance = instance  # type: ignore[attr-defined]
+        self.procs.append((role, instance, proc))
+        self.wait_ready(role, instance, proc)
+        return proc
+
+    def wait_ready(self, role: str, instance: str, proc, timeout_s: float = 60) -> None:
+        import time
+
+        from protocol.errors import NexusError
+        from protocol.messages import InfoRequest, RoleInfo
+        from protocol.subjects import Names
+        from actors.bus import Bus
+
+        names = Names(self.prefix)
+
+        async def ping():
+            bus = await Bus.connect(self.nats_url, name="test-wait", reconnect_forever=False)
+            try:
+                deadline = time.monotonic() + timeout_s
+                while True:
+                    if proc.poll() is not None:
+                        raise RuntimeError(f"{instance} exited with {proc.returncode}: {self.log(instance)[-3000:]}")
+                    try:
+                        info = await bus.request(names.instance_op(role, instance, "info"), InfoRequest(),
+                                                 RoleInfo, timeout_s=2)
+                        if info.state == "ready":
+                            return
+                    except NexusError:
+                        pass
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"{instance} not ready: {self.log(instance)[-3000:]}")
+                    await asyncio.sleep(0.1)
+            finally:
+                await bus.close()
+
+        asyncio.run(ping())
+
+    def log(self, instance: str) -> str:
+        path = self.data_dir / f"{instance}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def stop_all(self) -> None:
+        import signal
+
+        for _, _, proc in reversed(self.procs):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for _, _, proc in self.procs:
+            try:
+                proc.wait(timeout=30)
+            except Exception:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.fixture
+def roles(nats_url, layout, tmp_path):
+    procs = RoleProcs(nats_url, layout.prefix, tmp_path)
+    yield procs
+    procs.stop_all()

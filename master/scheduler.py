@@ -1,0 +1,159 @@
+"""The training-queue scheduler: which ready job a trainer gets next. Pure logic, no I/O.
+
+The master keeps every job record here (and in the jobs KV); `pick` decides, in order:
+
+1. Leases past their deadline go back to ``ready`` (attempts + 1; ``failed`` after
+   `MAX_ATTEMPTS`).
+2. Jobs a trainer left half-finished (``trained`` / ``exported`` / ``synced`` with no owner)
+   are handed out first: finishing them is cheap and frees their partitions.
+3. Among tenants with a ``ready`` auto job and no job in flight on a trainer, the order is:
+   higher priority first, then the tenant served longest ago (round-robin: no tenant
+   starves however many are ready), then the oldest ready time. Each tenant contributes at most
+   one job per lease, its oldest (FIFO within a tenant), so its updates apply in order.
+4. An RL job whose data came from a policy more than ``staleness_bound`` versions (optimizer
+   steps = micro-batches) behind the tenant's current version is dropped, never trained.
+
+Caps enforced at `check_reserve`: at most ``max_inflight_jobs`` unfinished jobs per
+tenant-task (default 2), and at most ``sft_prefetch_items`` queued SFT micro-batches per
+tenant (default 16) so offline data cannot crowd out online RL.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+from protocol.errors import Busy
+from protocol.messages import JobRecord, TenantConfig
+
+MAX_ATTEMPTS = 3
+# Unfinished = counts against the in-flight cap.
+UNFINISHED = ("reserved", "filling", "ready", "leased")
+# A trainer committed these but has not cleared them yet.
+POST_COMMIT = ("trained", "exported", "synced")
+
+
+@dataclass
+class Scheduler:
+    jobs: dict[tuple[str, str], JobRecord] = field(default_factory=dict)
+    tenants: dict[str, TenantConfig] = field(default_factory=dict)
+    versions: dict[str, int] = field(default_factory=dict)  # tenant -> current policy version
+    dropped_stale: dict[str, int] = field(default_factory=dict)  # tenant -> count
+    _served: dict[str, int] = field(default_factory=dict)  # tenant -> tick of last lease
+    _tick: itertools.count = field(default_factory=lambda: itertools.count(1))
+
+    # -- bookkeeping ---------------------------------------------------------------------
+    def put(self, rec: JobRecord) -> None:
+        self.jobs[(rec.tenant, rec.job)] = rec
+
+    def tenant_jobs(self, tenant: str) -> list[JobRecord]:
+        return [j for (t, _), j in self.jobs.items() if t == tenant]
+
+    def observe_version(self, tenant: str, version: int) -> None:
+        if version > self.versions.get(tenant, -1):
+            self.versions[tenant] = version
+
+    # -- reserve caps --------------------------------------------------------------------
+    def check_reserve(self, tenant: TenantConfig, task: str) -> None:
+        mine = [j for j in self.tenant_jobs(tenant.name) if j.task == task and j.state in UNFINISHED]
+        if len(mine) >= tenant.max_inflight_jobs:
+            raise Busy(
+                f"tenant {tenant.name}: {len(mine)} {task} jobs in flight, the cap is {tenant.max_inflight_jobs}; "
+                "retry when one is trained",
+                details={"retry_after_s": 0.5, "inflight": len(mine)},
+            )
+        if task == "sft":
+            self.check_sft_prefetch(tenant, adding=1)  # a new job brings at least one
+
+    def check_sft_prefetch(self, tenant: TenantConfig, adding: int) -> None:
+        queued = sum(j.items for j in self.tenant_jobs(tenant.name) if j.task == "sft" and j.state in UNFINISHED)
+        if queued + adding > tenant.sft_prefetch_items:
+            raise Busy(
+                f"tenant {tenant.name}: {queued} SFT micro-batches queued, the prefetch cap is "
+                f"{tenant.sft_prefetch_items}; retry when the trainer has caught up",
+                details={"retry_after_s": 0.5, "queued": queued},
+            )
+
+    # -- leasing -------------------------------------------------------------------------
+    def expire_leases(self, now: float) -> list[JobRecord]:
+        """Leased jobs whose lease ran out: back to ready, or failed after MAX_ATTEMPTS."""
+        changed = []
+        for job in self.jobs.values():
+            if (job.lease_owner and job.state in ("leased", *POST_COMMIT)
+                    and job.lease_expires_at and job.lease_expires_at < now):
+                changed.append(self.release(job, now, reason="lease expired"))
+        return changed
+
+    def release(self, job: JobRecord, now: float, reason: str) -> JobRecord:
+        """Take a job away from its trainer (lease expired, trainer died)."""
+        job.lease_owner, job.lease_expires_at, job.updated_at = "", 0.0, now
+        if job.state == "leased":
+            if job.attempts >= MAX_ATTEMPTS:
+                job.state, job.reason = "failed", f"{reason}; gave up after {job.attempts} attempts"
+            else:
+                job.state, job.reason = "ready", reason
+        return job
+
+    def pick(self, trainer: str, max_jobs: int, lease_s: float, now: float) -> tuple[list[JobRecord], list[JobRecord]]:
+        """Lease up to ``max_jobs`` jobs to ``trainer``; return (leased, dropped_stale)."""
+        leased: list[JobRecord] = []
+        stale: list[JobRecord] = []
+        busy_tenants = {j.tenant for j in self.jobs.values() if j.lease_owner and j.state not in ("cleared", "failed", "dropped_stale")}
+        # 2. unfinished post-commit work first
+        for job in sorted(self.jobs.values(), key=lambda j: j.updated_at):
+            if len(leased) >= max_jobs:
+                break
+            if job.state in POST_COMMIT and not job.lease_owner and job.tenant not in busy_tenants:
+                self._lease(job, trainer, lease_s, now)
+                busy_tenants.add(job.tenant)
+                leased.append(job)
+        # 3. one ready job per eligible tenant
+        heads: dict[str, JobRecord] = {}
+        for job in self.jobs.values():
+            if job.state != "ready" or not job.auto or job.tenant in busy_tenants:
+                continue
+            cur = heads.get(job.tenant)
+            if cur is None or (job.ready_at, job.job) < (cur.ready_at, cur.job):
+                heads[job.tenant] = job
+        order = sorted(heads.values(), key=lambda j: (-j.priority, self._served.get(j.tenant, 0), j.ready_at))
+        for job in order:
+            if len(leased) >= max_jobs:
+                break
+            # 4. staleness, checked down the tenant's FIFO until a fresh job is found
+            while job is not None and self.is_stale(job):
+                self._drop_stale(job, now)
+                stale.append(job)
+                job = self._next_ready(job.tenant)
+            if job is None:
+                continue
+            self._lease(job, trainer, lease_s, now)
+            leased.append(job)
+        return leased, stale
+
+    def lease_one(self, job: JobRecord, trainer: str, lease_s: float, now: float) -> None:
+        self._lease(job, trainer, lease_s, now)
+
+    def is_stale(self, job: JobRecord) -> bool:
+        if job.task != "rl" or job.behaviour_version < 0:
+            return False
+        bound = self.tenants[job.tenant].staleness_bound if job.tenant in self.tenants else 128
+        return self.versions.get(job.tenant, 0) - job.behaviour_version > bound
+
+    def _next_ready(self, tenant: str) -> JobRecord | None:
+        ready = [j for j in self.tenant_jobs(tenant) if j.state == "ready" and j.auto]
+        return min(ready, key=lambda j: (j.ready_at, j.job)) if ready else None
+
+    def _drop_stale(self, job: JobRecord, now: float) -> None:
+        version = self.versions.get(job.tenant, 0)
+        job.state = "dropped_stale"
+        job.reason = (f"behaviour version {job.behaviour_version} is {version - job.behaviour_version} "
+                      f"versions behind {version} (bound {self.tenants[job.tenant].staleness_bound if job.tenant in self.tenants else 128})")
+        job.updated_at = now
+        self.dropped_stale[job.tenant] = self.dropped_stale.get(job.tenant, 0) + 1
+
+    def _lease(self, job: JobRecord, trainer: str, lease_s: float, now: float) -> None:
+        if job.state == "ready":
+            job.state = "leased"
+            job.attempts += 1
+        job.lease_owner, job.lease_expires_at, job.updated_at = trainer, now + lease_s, now
+        self._served[job.tenant] = next(self._tick)
