@@ -1,0 +1,206 @@
+"""Optimized encode for Qwen3-VL bases: same math as the transformers forward, less overhead.
+
+Enabled by `BaseConfig(fast=True)`. Where the plain forward spends time besides matmuls (H200
+profile in docs/benchmarks.md): one attention call per image per vision layer, M-RoPE index
+building in a Python loop, boolean-mask scatters that synchronize with the host, and a few
+hundred kernel launches per call. This path:
+
+1. precomputes per (layout, batch size) everything that depends only on shapes: vision
+   position embeddings and rotary tables, the token skeleton, placeholder positions;
+2. runs vision attention for all images in one batched SDPA call (every canonical image has the
+   same size, so the block-diagonal attention is a plain batch);
+3. scatters image features and deepstack features by precomputed flat indices (no host sync);
+4. builds M-RoPE ids with the vectorized `Qwen3VLFamily.position_ids`;
+5. on CUDA, captures the whole encode as a CUDA graph per (layout, batch size) and replays it.
+
+It calls the model's own submodules (patch embed, blocks' norms/MLPs, mergers, decoder
+layers, rotary embeddings), so a checkpoint's weights are used unchanged. Equality with the
+plain path is tested on CPU (tests/models/test_fast.py); graphs are CUDA-only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from models.features import VLABatch
+from models.schema import FeatureLayout
+
+
+@dataclass
+class _Consts:
+    ids_L: torch.Tensor
+    slot_L: torch.Tensor
+    prompt_start: int
+    img_flat_idx: torch.Tensor  # flat (b * L + pos) index of every image placeholder, in order
+    vis_pos: torch.Tensor  # (N * P, Dv) position embeddings of all images
+    vis_cos: torch.Tensor
+    vis_sin: torch.Tensor
+    causal_L_L: torch.Tensor
+    tokens_per_image: int
+
+
+def make_fast_encoder(base, compile: bool = False) -> Callable[[VLABatch], tuple[torch.Tensor, torch.Tensor]]:
+    if base.family.name != "qwen3_vl":
+        raise NotImplementedError(f"fast encode exists for qwen3_vl only, not {base.family.name}")
+    return FastQwen3VLEncoder(base, compile=compile)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def _vision_block(blk, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_img: int, p: int) -> torch.Tensor:
+    """Qwen3VLVisionBlock with all images' attention in one batched SDPA call."""
+    a = blk.attn
+    n_tok = h.shape[0]
+    x = blk.norm1(h)
+    q, k, val = a.qkv(x).reshape(n_tok, 3, a.num_heads, -1).permute(1, 0, 2, 3).unbind(0)
+    q = ((q.float() * cos) + (_rotate_half(q.float()) * sin)).to(x.dtype)
+    k = ((k.float() * cos) + (_rotate_half(k.float()) * sin)).to(x.dtype)
+    # (N*P, H, d) -> (N, H, P, d): block-diagonal attention over equal images is a batch.
+    q, k, val = (y.reshape(n_img, p, a.num_heads, -1).transpose(1, 2) for y in (q, k, val))
+    o = F.scaled_dot_product_attention(q, k, val, scale=a.scaling)
+    h = h + a.proj(o.transpose(1, 2).reshape(n_tok, -1))
+    return h + blk.mlp(blk.norm2(h))
+
+
+def _text_layer(layer, h: torch.Tensor, attn: torch.Tensor, pos_emb: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    out = layer(h, attention_mask=attn, position_embeddings=pos_emb, position_ids=None)
+    return out[0] if isinstance(out, tuple) else out
+
+
+class FastQwen3VLEncoder:
+    def __init__(self, base, compile: bool = False) -> None:
+        self.base = base
+        self._vision_block = _vision_block
+        self._text_layer = _text_layer
+        if compile:
+            # One compiled function per layer kind, shared by all layers (their weights are
+            # graph inputs), so compile time does not grow with depth.
+            torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+            self._vision_block = torch.compile(_vision_block, dynamic=False)
+            self._text_layer = torch.compile(_text_layer, dynamic=False)
+        self.core = base.core
+        self.family = base.family
+        self.use_graphs = base.device.type == "cuda"
+        self._consts: dict[tuple[FeatureLayout, int], _Consts] = {}
+        self._graphs: dict[tuple[FeatureLayout, int], tuple[torch.cuda.CUDAGraph, list, tuple]] = {}
+
+    # ---- constants per (layout, B) ----------------------------------------------------------
+    def consts(self, layout: FeatureLayout, b: int) -> _Consts:
+        key = (layout, b)
+        c = self._consts.get(key)
+        if c is None:
+            c = self._build_consts(layout, b)
+            self._consts[key] = c
+        return c
+
+    def _build_consts(self, layout: FeatureLayout, b: int) -> _Consts:
+        from transformers.vision_utils import get_vision_interpolation_indices_and_weights, get_vision_position_ids
+
+        dev, v = self.base.device, self.core.visual
+        sk = self.family.skeleton(layout, self.base.lead_ids)
+        ids_L = sk.ids_L.to(dev)
+        length = sk.length
+        img_pos = (ids_L == self.family.ids.image).nonzero().squeeze(1)
+        img_flat = (torch.arange(b, device=dev)[:, None] * length + img_pos[None, :]).reshape(-1)
+        gh, gw = self.family.grid(layout)
+        grid = torch.tensor([[1, gh, gw]], device=dev)
+        with torch.no_grad():
+            idx, w = get_vision_interpolation_indices_and_weights(
+                grid, num_grid_per_side=v.num_grid_per_side, mode=v.interpolation_mode,
+                align_corners=v.interpolation_align_corners, spatial_merge_size=v.config.spatial_merge_size)
+            pos = (v.pos_embed(idx) * w[:, :, None]).sum(1)  # float weights promote, as in transformers
+            rot_ids = get_vision_position_ids(grid, v.spatial_merge_size)
+            cos, sin = v.rotary_pos_emb(pos, rot_ids)
+        n_img = b * layout.camera_slots
+        causal = torch.ones(length, length, dtype=torch.bool, device=dev).tril()
+        return _Consts(
+            ids_L=ids_L, slot_L=sk.slot_L.to(dev), prompt_start=sk.prompt_start, img_flat_idx=img_flat,
+            vis_pos=pos.to(self.base.dtype).repeat(n_img, 1), vis_cos=cos.repeat(n_img, 1),
+            vis_sin=sin.repeat(n_img, 1), causal_L_L=causal, tokens_per_image=gh * gw,
+        )
+
+    # ---- the forward ------------------------------------------------------------------------
+    def _forward(self, c: _Consts, layout: FeatureLayout, prompt_ids: torch.Tensor, prompt_len: torch.Tensor,
+                 image_mask: torch.Tensor, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        fam, dtype = self.family, self.base.dtype
+        b, s = image_mask.shape
+        t = prompt_ids.shape[1]
+        # 1. token ids and mask from the skeleton (as Skeleton.fill, without host copies)
+        ids = c.ids_L.expand(b, -1).clone()
+        ids[:, c.prompt_start:c.prompt_start + t] = prompt_ids
+        in_slot = c.slot_L >= 0
+        present = image_mask.gather(1, c.slot_L.clamp(min=0).expand(b, -1))
+        mask = torch.where(in_slot, present, torch.ones_like(present))
+        mask[:, c.prompt_start:c.prompt_start + t] = torch.arange(t, device=ids.device)[None] < prompt_len[:, None]
+        mask_l = mask.long()
+        mm_type = (ids == fam.ids.image).long()
+        pos3 = fam.position_ids(mm_type, mask_l, layout)
+        # 2. vision tower, all images batched
+        pixels = fam.patchify(fam.normalize(images.reshape(b * s, 3, *layout.image_size), dtype))
+        image_embeds, deepstack = self._vision(pixels, c)
+        # 3. language model
+        lm = self.core.language_model
+        h = lm.embed_tokens(ids)
+        d = h.shape[-1]
+        h = h.reshape(-1, d).index_copy(0, c.img_flat_idx, image_embeds.to(h.dtype)).view(b, -1, d)
+        pos_emb = lm.rotary_emb(h, pos3)
+        attn = (c.causal_L_L[None] & mask[:, None, :])[:, None]  # (B, 1, L, L), True = attend
+        for i, layer in enumerate(lm.layers):
+            h = self._text_layer(layer, h, attn, pos_emb)
+            if i < len(deepstack):
+                h = h.reshape(-1, d).index_add(0, c.img_flat_idx, deepstack[i].to(h.dtype)).view(b, -1, d)
+        return lm.norm(h), mask
+
+    def _vision(self, pixels: torch.Tensor, c: _Consts) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        v = self.core.visual
+        h = v.patch_embed(pixels) + c.vis_pos
+        n_tok = h.shape[0]
+        p = c.tokens_per_image
+        n_img = n_tok // p
+        cos = c.vis_cos.unsqueeze(-2).float()
+        sin = c.vis_sin.unsqueeze(-2).float()
+        deepstack = []
+        for layer_num, blk in enumerate(v.blocks):
+            h = self._vision_block(blk, h, cos, sin, n_img, p)
+            if layer_num in v.deepstack_visual_indexes:
+                deepstack.append(v.deepstack_merger_list[v.deepstack_visual_indexes.index(layer_num)](h))
+        return v.merger(h), deepstack
+
+    # ---- entry point --------------------------------------------------------------------------
+    def __call__(self, batch: VLABatch) -> tuple[torch.Tensor, torch.Tensor]:
+        layout, b = batch.key.layout, len(batch)
+        c = self.consts(layout, b)
+        inputs = [batch.prompt_ids_B_T, batch.prompt_len_B, batch.image_mask_B_S, batch.images_B_S_C_H_W]
+        if not self.use_graphs:
+            return self._forward(c, layout, *inputs)
+        with torch.inference_mode(False), torch.no_grad():
+            g = self._graphs.get((layout, b))
+            if g is None:
+                g = self._capture(c, layout, inputs)
+                self._graphs[(layout, b)] = g
+            graph, static_in, static_out = g
+            for dst, src in zip(static_in, inputs):
+                dst.copy_(src)
+            graph.replay()
+            # Outputs live in the graph's pool and are overwritten by the next replay.
+            return static_out[0].clone(), static_out[1].clone()
+
+    def _capture(self, c: _Consts, layout: FeatureLayout, inputs: list[torch.Tensor]):
+        static_in = [x.clone() for x in inputs]
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):  # warm-up: cuBLAS handles and workspaces exist before capture
+                self._forward(c, layout, *static_in)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_out = self._forward(c, layout, *static_in)
+        return graph, static_in, static_out

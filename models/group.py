@@ -1,0 +1,128 @@
+"""Group-batched forward: many tenants' batches through one base forward.
+
+    outs = encode_grouped(base, [vla_a, vla_b, vla_c])        # one forward per distinct key
+    res = train_step(base, [(slot_a, batch_a), (slot_b, batch_b)], grouped=True)
+    acts = predict(base, [(slot_a, vla_a), (slot_b, vla_b)], grouped=True)
+
+Policy for mixed keys: batches are partitioned by `CompatibilityKey`; each partition gets its
+own base forward, in order of first appearance. Batches with different keys are never
+concatenated (`VLABatch.cat` raises `IncompatibleBatchError` if asked). Pass `strict=True` to
+refuse mixed keys instead, for callers that promised a single key.
+
+Training: the base forward runs under no_grad once per partition; each tenant's head then
+computes its loss on its own rows of the features, backward reaches only that head (the
+features are leaves without grad), and each slot takes its own AdamW step. `grouped=False`
+runs the identical math with one base forward per tenant: the reference for correctness
+tests and benchmarks.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+from models.base import BaseModel, BaseOutput
+from models.errors import IncompatibleBatchError, InputError
+from models.features import VLABatch
+from models.heads import TenantBatch
+from models.slot import TenantSlot
+
+
+@dataclass
+class StepResult:
+    tenant_id: str
+    loss: float
+    metrics: dict[str, float] = field(default_factory=dict)
+    policy_version: int = 0
+
+
+def partition_by_key(vlas: Sequence[VLABatch]) -> list[list[int]]:
+    """Indices of `vlas` grouped by key, groups in order of first appearance."""
+    groups: dict[object, list[int]] = {}
+    for i, v in enumerate(vlas):
+        groups.setdefault(v.key, []).append(i)
+    return list(groups.values())
+
+
+def encode_grouped(base: BaseModel, vlas: Sequence[VLABatch], *, strict: bool = False,
+                   inference: bool = False) -> list[BaseOutput]:
+    """Base features for each batch, one base forward per distinct compatibility key."""
+    if not vlas:
+        return []
+    parts = partition_by_key(vlas)
+    if strict and len(parts) > 1:
+        raise IncompatibleBatchError(f"{len(parts)} compatibility keys in a strict group: {[str(vlas[p[0]].key) for p in parts]}")
+    outs: list[BaseOutput | None] = [None] * len(vlas)
+    for idx in parts:
+        packed = VLABatch.cat([vlas[i] for i in idx])
+        feats = base.encode(packed, inference=inference)
+        for i, f in zip(idx, feats.split([len(vlas[i]) for i in idx])):
+            outs[i] = f
+    return outs  # type: ignore[return-value]
+
+
+def encode_serial(base: BaseModel, vlas: Sequence[VLABatch], *, inference: bool = False) -> list[BaseOutput]:
+    return [base.encode(v, inference=inference) for v in vlas]
+
+
+def _check(base: BaseModel, slot: TenantSlot, vla: VLABatch) -> None:
+    if vla.key != slot.key:
+        raise InputError(f"tenant {slot.tenant_id}: batch key {vla.key} is not the slot's key {slot.key}")
+    if slot.device != base.device:
+        raise InputError(f"tenant {slot.tenant_id}: slot is on {slot.device}, base on {base.device}; call slot.to()")
+
+
+def forward_backward(base: BaseModel, items: Sequence[tuple[TenantSlot, TenantBatch]], *, grouped: bool = True,
+                     timings: dict[str, float] | None = None) -> list[StepResult]:
+    """Base forward (grouped or serial), then per tenant: zero_grad, head loss, backward.
+    No optimizer step. `timings` (if given) receives base_s and heads_s wall times."""
+    for slot, batch in items:
+        _check(base, slot, batch.features)
+    t0 = time.perf_counter()
+    vlas = [b.features for _, b in items]
+    feats = encode_grouped(base, vlas) if grouped else encode_serial(base, vlas)
+    _sync(base)
+    t1 = time.perf_counter()
+    results = []
+    for (slot, batch), f in zip(items, feats):
+        slot.zero_grad()
+        out = slot.head.loss(f, batch, slot.generator)
+        out.loss.backward()
+        results.append(StepResult(slot.tenant_id, float(out.loss.detach()), dict(out.metrics)))
+    _sync(base)
+    if timings is not None:
+        timings["base_s"] = t1 - t0
+        timings["heads_s"] = time.perf_counter() - t1
+    return results
+
+
+def train_step(base: BaseModel, items: Sequence[tuple[TenantSlot, TenantBatch]], *, grouped: bool = True
+               ) -> list[StepResult]:
+    """One training step for every (slot, batch): shared base forward, private backward and AdamW step."""
+    ids = [s.tenant_id for s, _ in items]
+    if len(set(ids)) != len(ids):
+        raise InputError(f"train_step: a tenant appears twice in one step: {ids}")
+    results = forward_backward(base, items, grouped=grouped)
+    for (slot, _), r in zip(items, results):
+        r.metrics.update(slot.optimizer_step())
+        r.policy_version = slot.policy_version
+    return results
+
+
+def predict(base: BaseModel, items: Sequence[tuple[TenantSlot, VLABatch]], *, grouped: bool = True
+            ) -> list[torch.Tensor]:
+    """Actions (B, H, A) per tenant from the current heads; base under inference_mode."""
+    for slot, vla in items:
+        _check(base, slot, vla)
+    vlas = [v for _, v in items]
+    with torch.inference_mode():
+        feats = encode_grouped(base, vlas, inference=True) if grouped else encode_serial(base, vlas, inference=True)
+        return [slot.head.predict(f, vla, slot.generator) for (slot, vla), f in zip(items, feats)]
+
+
+def _sync(base: BaseModel) -> None:
+    if base.device.type == "cuda":
+        torch.cuda.synchronize(base.device)

@@ -1,0 +1,166 @@
+"""Action-head contract, tenant batches and the head registry.
+
+A head is a tenant-private `nn.Module` on top of the frozen base's features:
+
+    head.loss(feats, batch, generator) -> LossOutput   # scalar loss + float metrics
+    head.predict(feats, vla, generator) -> actions_B_H_A
+
+`feats` is a `BaseOutput` (hidden states, mask, query positions) computed without grad;
+`vla` is the canonical `VLABatch` (for the padded proprio state). Randomness (noise, flow
+time, action sampling) comes only from the `generator` the slot passes in, so a grouped and a
+serial run draw identical numbers. Noise is drawn on CPU and moved: CPU and CUDA generators
+have different states, and CPU draws keep a slot's stream the same wherever it lives.
+
+Register a new head with `@register_head("name", ConfigClass)`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from models.base import BaseOutput
+from models.errors import InputError, SchemaError, UnknownNameError
+from models.features import VLABatch
+
+
+@dataclass(frozen=True)
+class HeadDims:
+    """Shapes a head is built for: the base's and the tenant's."""
+
+    hidden_size: int  # base text hidden size D
+    num_queries: int  # action-query tokens Q
+    max_state_dim: int  # canonical padded state width
+    state_dim: int  # tenant's real state dims (first ones of the padded state)
+    action_dim: int
+    action_horizon: int
+
+
+@dataclass
+class TenantBatch:
+    """One tenant's training micro-batch. RL fields are set for PPO, absent for SFT."""
+
+    features: VLABatch
+    actions_B_H_A: torch.Tensor
+    old_log_prob_B: torch.Tensor | None = None
+    advantages_B: torch.Tensor | None = None
+    returns_B: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.actions_B_H_A.ndim != 3 or self.actions_B_H_A.shape[0] != len(self.features):
+            raise InputError(
+                f"actions_B_H_A: shape {tuple(self.actions_B_H_A.shape)}, need ({len(self.features)}, horizon, action_dim)"
+            )
+
+    def __len__(self) -> int:
+        return len(self.features)
+
+
+@dataclass
+class LossOutput:
+    loss: torch.Tensor
+    metrics: dict[str, float]
+
+
+class ActionHead(nn.Module):
+    """Base class: subclasses implement `loss` and `predict`."""
+
+    kind: str = ""
+
+    def __init__(self, dims: HeadDims, config: Any) -> None:
+        super().__init__()
+        self.dims = dims
+        self.config = config
+
+    def state(self, vla: VLABatch) -> torch.Tensor:
+        """Tenant's real state dims, float32, on the head's device."""
+        return vla.state_B_D[:, : self.dims.state_dim].to(self._device, torch.float32)
+
+    @property
+    def _device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    def check_actions(self, actions: torch.Tensor) -> torch.Tensor:
+        want = (self.dims.action_horizon, self.dims.action_dim)
+        if tuple(actions.shape[1:]) != want:
+            raise InputError(f"actions_B_H_A: shape {tuple(actions.shape)}, this head needs (B, {want[0]}, {want[1]})")
+        return actions.to(self._device, torch.float32)
+
+    def loss(self, feats: BaseOutput, batch: TenantBatch, generator: torch.Generator) -> LossOutput:
+        raise NotImplementedError
+
+    def predict(self, feats: BaseOutput, vla: VLABatch, generator: torch.Generator) -> torch.Tensor:
+        raise NotImplementedError
+
+
+def randn(shape: tuple[int, ...], generator: torch.Generator, device: torch.device) -> torch.Tensor:
+    return torch.randn(shape, generator=generator).to(device)
+
+
+def rand(shape: tuple[int, ...], generator: torch.Generator, device: torch.device) -> torch.Tensor:
+    return torch.rand(shape, generator=generator).to(device)
+
+
+def mlp(sizes: list[int], act: Callable[[], nn.Module] = nn.GELU) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for i in range(len(sizes) - 1):
+        layers.append(nn.Linear(sizes[i], sizes[i + 1]))
+        if i < len(sizes) - 2:
+            layers.append(act())
+    return nn.Sequential(*layers)
+
+
+# ---- registry -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class HeadEntry:
+    cls: type[ActionHead]
+    config_cls: type
+
+
+HEADS: dict[str, HeadEntry] = {}
+
+
+def register_head(kind: str, config_cls: type) -> Callable[[type[ActionHead]], type[ActionHead]]:
+    def deco(cls: type[ActionHead]) -> type[ActionHead]:
+        if kind in HEADS:
+            raise ValueError(f"head kind {kind!r} registered twice")
+        cls.kind = kind
+        HEADS[kind] = HeadEntry(cls, config_cls)
+        return cls
+
+    return deco
+
+
+def head_config(kind: str, options: dict[str, Any] | None = None) -> Any:
+    """Typed config for a head kind from plain options; unknown option names are an error."""
+    entry = _entry(kind)
+    options = dict(options or {})
+    allowed = {f.name for f in fields(entry.config_cls)}
+    unknown = set(options) - allowed
+    if unknown:
+        raise SchemaError(f"head {kind!r}: unknown options {sorted(unknown)}; allowed: {sorted(allowed)}")
+    return entry.config_cls(**options)
+
+
+def build_head(kind: str, dims: HeadDims, config: Any = None) -> ActionHead:
+    entry = _entry(kind)
+    if config is None:
+        config = entry.config_cls()
+    if not isinstance(config, entry.config_cls):
+        raise SchemaError(f"head {kind!r}: config must be {entry.config_cls.__name__}, got {type(config).__name__}")
+    return entry.cls(dims, config)
+
+
+def _entry(kind: str) -> HeadEntry:
+    try:
+        return HEADS[kind]
+    except KeyError:
+        raise UnknownNameError(f"unknown head kind {kind!r}; registered: {sorted(HEADS)}") from None
+
+
+def positive(name: str, value: float) -> None:
+    if not value > 0:
+        raise SchemaError(f"{name}={value!r}: must be > 0")

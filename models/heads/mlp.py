@@ -1,0 +1,51 @@
+"""`mlp`: OFT-style parallel decoding. L1 regression of the whole action chunk from the
+hidden states at the action-query positions (plus proprio state), in one pass."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models.base import BaseOutput
+from models.features import VLABatch
+from models.heads.base import ActionHead, HeadDims, LossOutput, TenantBatch, mlp, positive, register_head
+
+
+@dataclass(frozen=True)
+class MLPHeadConfig:
+    width: int = 256  # per-query projection and trunk width
+    depth: int = 2  # hidden layers of the trunk
+
+    def __post_init__(self) -> None:
+        positive("mlp.width", self.width)
+        positive("mlp.depth", self.depth)
+
+
+@register_head("mlp", MLPHeadConfig)
+class MLPHead(ActionHead):
+    def __init__(self, dims: HeadDims, config: MLPHeadConfig) -> None:
+        super().__init__(dims, config)
+        w = config.width
+        self.norm = nn.LayerNorm(dims.hidden_size)
+        self.query_proj = nn.Linear(dims.hidden_size, w)
+        self.state_proj = nn.Linear(max(dims.state_dim, 1), w * dims.num_queries)
+        out = dims.action_horizon * dims.action_dim
+        self.trunk = mlp([w * dims.num_queries] + [w] * config.depth + [out])
+
+    def forward(self, feats: BaseOutput, vla: VLABatch) -> torch.Tensor:
+        q = self.query_proj(self.norm(feats.query_B_Q_D.to(self._device, torch.float32)))
+        x = F.gelu(q).flatten(1)
+        if self.dims.state_dim:
+            x = x + self.state_proj(self.state(vla))
+        return self.trunk(x).view(-1, self.dims.action_horizon, self.dims.action_dim)
+
+    def loss(self, feats: BaseOutput, batch: TenantBatch, generator: torch.Generator) -> LossOutput:
+        target = self.check_actions(batch.actions_B_H_A)
+        loss = F.l1_loss(self(feats, batch.features), target)
+        return LossOutput(loss, {"l1": float(loss.detach())})
+
+    def predict(self, feats: BaseOutput, vla: VLABatch, generator: torch.Generator) -> torch.Tensor:
+        return self(feats, vla)

@@ -1,0 +1,237 @@
+"""TenantSlot: one tenant's private trainable state, mounted beside the shared base.
+
+Holds the action head, its AdamW optimizer and LR schedule, step counter, policy version, the
+tenant preprocessor and a seeded RNG. The base is *not* part of a slot: slots are cheap to
+create, export, offload and restore while the base stays resident.
+
+    slot = TenantSlot.create("acme", schema, base, head_kind="flow", seed=1)
+    blob = slot.export_params()          # safetensors bytes of the head only
+    other.load_params(blob)              # bit-exact
+    ckpt = slot.checkpoint()             # + optimizer moments, counters, RNG (no pickle)
+    slot.offload(); slot.to("cuda")      # keep idle slots off the accelerator
+
+policy_version counts optimizer steps; exported params carry it so an inferencer knows which
+version it serves.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from models.errors import CheckpointError, SchemaError
+from models.heads import ActionHead, HeadDims, build_head, head_config
+from models.preprocess import TenantPreprocessor
+from models.schema import TenantSchema
+from models.serialization import FORMAT_CHECKPOINT, FORMAT_PARAMS, dump, load
+
+_MOMENT_KEYS = ("exp_avg", "exp_avg_sq", "step")
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """AdamW + linear warmup + cosine decay to min_lr_ratio * lr at total_steps (constant after).
+    total_steps None = constant LR after warmup. grad_clip None = no clipping."""
+
+    lr: float = 1e-4
+    weight_decay: float = 0.01
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    warmup_steps: int = 0
+    total_steps: int | None = None
+    min_lr_ratio: float = 0.1
+    grad_clip: float | None = 1.0
+
+    def __post_init__(self) -> None:
+        if not self.lr > 0:
+            raise SchemaError(f"optim.lr={self.lr}: must be > 0")
+        if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1):
+            raise SchemaError(f"optim.beta1/beta2=({self.beta1}, {self.beta2}): must be in [0, 1)")
+        if self.warmup_steps < 0 or (self.total_steps is not None and self.total_steps <= 0):
+            raise SchemaError("optim.warmup_steps must be >= 0 and optim.total_steps > 0 or None")
+        if self.grad_clip is not None and not self.grad_clip > 0:
+            raise SchemaError(f"optim.grad_clip={self.grad_clip}: must be > 0 or None")
+
+    def lr_at(self, step: int) -> float:
+        if step < self.warmup_steps:
+            return self.lr * (step + 1) / self.warmup_steps
+        if self.total_steps is None:
+            return self.lr
+        span = max(self.total_steps - self.warmup_steps, 1)
+        progress = min((step - self.warmup_steps) / span, 1.0)
+        cos = 0.5 * (1 + math.cos(math.pi * progress))
+        return self.lr * (self.min_lr_ratio + (1 - self.min_lr_ratio) * cos)
+
+
+class TenantSlot:
+    def __init__(self, tenant_id: str, schema: TenantSchema, preprocessor: TenantPreprocessor, head: ActionHead,
+                 optim: OptimConfig, seed: int) -> None:
+        self.tenant_id = tenant_id
+        self.schema = schema
+        self.preprocessor = preprocessor
+        self.key = preprocessor.key
+        self.head = head
+        self.optim_config = optim
+        self.seed = seed
+        self.step_count = 0
+        self.policy_version = 0
+        # Noise for flow time / actions is drawn from this CPU generator only (see heads.base).
+        self.generator = torch.Generator().manual_seed(seed)
+        self.optimizer = torch.optim.AdamW(
+            self.head.parameters(), lr=optim.lr_at(0), betas=(optim.beta1, optim.beta2), eps=optim.eps,
+            weight_decay=optim.weight_decay, foreach=False,
+        )
+
+    @classmethod
+    def create(cls, tenant_id: str, schema: TenantSchema, base, head_kind: str = "mlp",
+               head_options: dict[str, Any] | None = None, optim: OptimConfig | None = None, seed: int = 0,
+               device: torch.device | str | None = None) -> "TenantSlot":
+        """Slot for `base` (a BaseModel): head sized to the base, init from `seed`, on the base's device."""
+        pre = TenantPreprocessor.for_base(schema, base)
+        lay = pre.key.layout
+        dims = HeadDims(base.hidden_size, lay.num_query_tokens, lay.max_state_dim, schema.state_dim,
+                        schema.action_dim, schema.action_horizon)
+        cfg = head_config(head_kind, head_options)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            head = build_head(head_kind, dims, cfg)
+        head.to(device or base.device)
+        return cls(tenant_id, schema, pre, head, optim or OptimConfig(), seed)
+
+    # ---- identity -----------------------------------------------------------------------
+    @property
+    def head_kind(self) -> str:
+        return self.head.kind
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.head.parameters()).device
+
+    def _meta(self) -> dict[str, Any]:
+        return {
+            "tenant_id": self.tenant_id,
+            "schema": self.schema.to_dict(),
+            "schema_signature": self.schema.signature(),
+            "compat_key": self.key.digest,
+            "head_kind": self.head_kind,
+            "head_config": asdict(self.head.config),
+            "head_dims": asdict(self.head.dims),
+            "policy_version": self.policy_version,
+            "step": self.step_count,
+        }
+
+    # ---- training ---------------------------------------------------------------------
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def optimizer_step(self) -> dict[str, float]:
+        """Clip, set this step's LR, AdamW step; advances step_count and policy_version."""
+        grad_norm = float("nan")
+        if self.optim_config.grad_clip is not None:
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.head.parameters(), self.optim_config.grad_clip))
+        lr = self.optim_config.lr_at(self.step_count)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.step()
+        self.step_count += 1
+        self.policy_version += 1
+        return {"lr": lr, "grad_norm": grad_norm}
+
+    # ---- params export ----------------------------------------------------------------
+    def export_params(self) -> bytes:
+        """safetensors bytes of the head's parameters and buffers (never base weights)."""
+        return dump(dict(self.head.state_dict()), self._meta(), FORMAT_PARAMS)
+
+    def load_params(self, data: bytes, *, strict_schema: bool = True) -> dict[str, Any]:
+        """Load exported params bit-exactly; adopts their policy_version. Returns their metadata."""
+        tensors, meta = load(data, FORMAT_PARAMS)
+        self._check_meta(meta, strict_schema)
+        self._load_head_tensors(tensors)
+        self.policy_version = int(meta.get("policy_version", self.policy_version))
+        return meta
+
+    def _check_meta(self, meta: dict[str, Any], strict_schema: bool) -> None:
+        if meta.get("head_kind") != self.head_kind:
+            raise CheckpointError(f"payload head_kind {meta.get('head_kind')!r}, slot has {self.head_kind!r}")
+        if strict_schema and meta.get("schema_signature") != self.schema.signature():
+            raise CheckpointError("payload schema_signature differs from the slot's schema")
+
+    def _load_head_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
+        own = self.head.state_dict()
+        if set(tensors) != set(own):
+            missing, extra = sorted(set(own) - set(tensors)), sorted(set(tensors) - set(own))
+            raise CheckpointError(f"param keys differ: missing {missing[:5]}, unexpected {extra[:5]}")
+        for k, v in tensors.items():
+            if v.shape != own[k].shape or v.dtype != own[k].dtype:
+                raise CheckpointError(f"param {k}: {tuple(v.shape)}/{v.dtype}, slot has {tuple(own[k].shape)}/{own[k].dtype}")
+        with torch.no_grad():
+            for k, t in own.items():
+                t.copy_(tensors[k])
+
+    # ---- full checkpoint --------------------------------------------------------------
+    def checkpoint(self) -> bytes:
+        """Params + AdamW moments + counters + RNG state, as safetensors bytes."""
+        tensors: dict[str, torch.Tensor] = {f"param.{k}": v for k, v in self.head.state_dict().items()}
+        names = {id(p): n for n, p in self.head.named_parameters()}
+        for p, st in self.optimizer.state.items():
+            for k in _MOMENT_KEYS:
+                if k in st:
+                    v = st[k]
+                    tensors[f"optim.{names[id(p)]}.{k}"] = v if torch.is_tensor(v) else torch.tensor(float(v))
+        tensors["rng.generator"] = self.generator.get_state()
+        meta = self._meta() | {"optim_config": asdict(self.optim_config), "seed": self.seed}
+        return dump(tensors, meta, FORMAT_CHECKPOINT)
+
+    def restore(self, data: bytes) -> None:
+        tensors, meta = load(data, FORMAT_CHECKPOINT)
+        self._check_meta(meta, strict_schema=True)
+        self._load_head_tensors({k[6:]: v for k, v in tensors.items() if k.startswith("param.")})
+        device = self.device
+        state: dict[int, dict[str, torch.Tensor]] = {}
+        for i, (name, p) in enumerate(self.head.named_parameters()):
+            moments = {k: tensors[f"optim.{name}.{k}"] for k in _MOMENT_KEYS if f"optim.{name}.{k}" in tensors}
+            if moments:
+                # AdamW keeps `step` on CPU (capturable=False); moments live with the param.
+                state[i] = {k: (v if k == "step" else v.to(device)) for k, v in moments.items()}
+        sd = self.optimizer.state_dict()
+        sd["state"] = state
+        self.optimizer.load_state_dict(sd)
+        self.generator.set_state(tensors["rng.generator"])
+        self.step_count = int(meta["step"])
+        self.policy_version = int(meta["policy_version"])
+
+    # ---- placement --------------------------------------------------------------------
+    def to(self, device: torch.device | str) -> "TenantSlot":
+        """Move head and optimizer moments (AdamW's scalar `step` stays on CPU)."""
+        self.head.to(device)
+        for st in self.optimizer.state.values():
+            for k, v in st.items():
+                if torch.is_tensor(v) and k != "step":
+                    st[k] = v.to(device)
+        return self
+
+    def offload(self) -> "TenantSlot":
+        return self.to("cpu")
+
+    def memory_bytes(self) -> dict[str, int]:
+        params = sum(p.numel() * p.element_size() for p in self.head.parameters())
+        buffers = sum(b.numel() * b.element_size() for b in self.head.buffers())
+        grads = sum(p.grad.numel() * p.grad.element_size() for p in self.head.parameters() if p.grad is not None)
+        optim = sum(v.numel() * v.element_size() for st in self.optimizer.state.values()
+                    for v in st.values() if torch.is_tensor(v))
+        return {"params": params, "buffers": buffers, "grads": grads, "optimizer": optim,
+                "total": params + buffers + grads + optim}
+
+    def __repr__(self) -> str:
+        return (f"TenantSlot({self.tenant_id!r}, head={self.head_kind}, step={self.step_count}, "
+                f"version={self.policy_version}, key={self.key})")
+
+
+def schema_from_meta(meta: dict[str, Any]) -> TenantSchema:
+    """The schema stored in exported params / checkpoint metadata."""
+    return TenantSchema.from_dict(meta["schema"] if isinstance(meta["schema"], dict) else json.loads(meta["schema"]))
