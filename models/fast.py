@@ -15,7 +15,7 @@ hundred kernel launches per call. This path:
 
 It calls the model's own submodules (patch embed, blocks' norms/MLPs, mergers, decoder
 layers, rotary embeddings), so a checkpoint's weights are used unchanged. Equality with the
-plain path is tested on CPU (tests/models/test_fast.py); graphs are CUDA-only.
+plain path is tested on CPU (tests/models/test_model_fast.py); graphs are CUDA-only.
 """
 
 from __future__ import annotations

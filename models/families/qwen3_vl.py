@@ -9,7 +9,7 @@ We compute the 3-D M-RoPE position ids ourselves, vectorized, from `mm_token_typ
 attention mask (the same values as transformers' `get_rope_index`, which loops in Python per
 sample), and pass them in: cheaper, and identical in grouped and serial forwards. Dropping
 `mm_token_type_ids` would make every token a text token and silently change the hidden states;
-tests/models/test_inputs.py checks both the equality with transformers and that change.
+tests/models/test_model_inputs.py checks both the equality with transformers and that change.
 """
 
 from __future__ import annotations

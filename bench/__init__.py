@@ -1,0 +1,1 @@
+"""Benchmarks (run as scripts or `python -m bench.<name>`); not timed tests."""
