@@ -74,14 +74,16 @@ class TenantPreprocessor:
             self._prompt_cache[instruction] = ids
         return ids
 
-    def __call__(self, observations: Sequence[Observation]) -> VLABatch:
+    def __call__(self, observations: Sequence[Observation], device: torch.device | str | None = None) -> VLABatch:
+        """``device``: where images are resized (a serving process passes its accelerator, so
+        the uint8 frames cross once and the resize runs there); other fields stay on CPU."""
         if isinstance(observations, Observation):
             observations = [observations]
         if not observations:
             raise InputError("observations: empty batch")
         lay = self.key.layout
         b = len(observations)
-        images = torch.zeros(b, lay.camera_slots, 3, *lay.image_size)
+        images = torch.zeros(b, lay.camera_slots, 3, *lay.image_size, device=device)
         image_mask = torch.zeros(b, lay.camera_slots, dtype=torch.bool)
         prompt_ids = torch.zeros(b, lay.max_prompt_tokens, dtype=torch.long)
         prompt_len = torch.zeros(b, dtype=torch.long)
@@ -102,7 +104,7 @@ class TenantPreprocessor:
             if not rows:
                 continue
             frames = np.stack([self._frame(observations[i].images[cam.name], cam) for i in rows])
-            x = torch.from_numpy(frames).permute(0, 3, 1, 2).float().div_(255.0)
+            x = torch.from_numpy(frames).to(images.device).permute(0, 3, 1, 2).float().div_(255.0)
             if tuple(x.shape[-2:]) != lay.image_size:
                 x = F.interpolate(x, size=lay.image_size, mode="bilinear", antialias=True, align_corners=False)
                 x = x.clamp_(0.0, 1.0)

@@ -422,3 +422,31 @@ class LoadWeightsRequest:
 
     tenant: str
     object_name: str
+
+
+# -- inference -----------------------------------------------------------------------
+@message("infer.predict", 1)
+@dataclass
+class PredictRequest:
+    """One observation of a tenant, in its own schema, for ``<prefix>.infer.<pool>``."""
+
+    tenant: str
+    images: dict[str, Array]  # camera -> uint8 [H, W, 3]
+    state: Array  # float32 [state_dim]
+    instruction: str
+    version: int = -1  # pin a policy version (evaluation); -1: the tenant's current one
+    sample: bool = True  # RL heads: sample an action (rollouts) or take the mean
+    timeout_s: float = 10.0  # the caller's own timeout: past it, the request is dropped unworked
+
+
+@message("infer.predict.reply", 1)
+@dataclass
+class PredictReply:
+    tenant: str
+    version: int
+    actions: Array  # float32 [horizon, action_dim]
+    log_prob: float | None = None  # RL heads only
+    value: float | None = None
+    queue_wait_s: float = 0.0  # server side: arrival -> forward start
+    forward_s: float = 0.0  # the group's base forward + heads
+    batch_size: int = 1  # requests that shared the base forward

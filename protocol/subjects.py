@@ -36,6 +36,12 @@ def check_token(what: str, value: str) -> str:
     return value
 
 
+def pool_name(base: str) -> str:
+    """Inference pool of a base: its preset name, or a local directory's last component."""
+    name = base.rstrip("/").rsplit("/", 1)[-1]
+    return re.sub(r"[^A-Za-z0-9_-]", "_", name)[:64] or "base"
+
+
 @dataclass(frozen=True)
 class Names:
     """All names of one deployment. Immutable; cheap to build."""

@@ -38,6 +38,8 @@ from protocol.messages import (
     ListReply,
     ListRequest,
     Ok,
+    PredictReply,
+    PredictRequest,
     QueueGetReply,
     QueueGetRequest,
     QueuePutReply,
@@ -49,7 +51,7 @@ from protocol.messages import (
     TrainBatchReply,
     WeightsRef,
 )
-from protocol.subjects import DEFAULT_PREFIX, Names
+from protocol.subjects import DEFAULT_PREFIX, Names, pool_name
 
 T = TypeVar("T")
 
@@ -75,6 +77,7 @@ class AsyncClient:
         self.names = Names(prefix)
         self.timeout_s = timeout_s
         self._bus: Bus | None = None
+        self._pools: dict[str, str] = {}
 
     async def connect(self) -> AsyncClient:
         if self._bus is None:
@@ -202,6 +205,19 @@ class AsyncClient:
             if time.monotonic() > deadline:
                 raise RequestTimeout(f"job {job} of {tenant} still {rec.state} after {timeout_s:g} s")
             await asyncio.sleep(0.1)
+
+    # -- inference -----------------------------------------------------------------------
+    async def predict(self, tenant: str, images: dict[str, Any], state: Any, instruction: str, *,
+                      version: int = -1, sample: bool = True, timeout_s: float | None = None) -> PredictReply:
+        """Actions for one observation in the tenant's own schema (group-batched server side)."""
+        pool = self._pools.get(tenant)
+        if pool is None:
+            pool = pool_name((await self.tenant(tenant)).base)
+            self._pools[tenant] = pool
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
+        req = PredictRequest(tenant=tenant, images=images, state=state, instruction=instruction,
+                             version=version, sample=sample, timeout_s=timeout_s)
+        return await self.bus.request(self.names.infer(pool), req, PredictReply, timeout_s=timeout_s)
 
     async def latest_weights(self, tenant: str) -> WeightsRef | None:
         from nats.js.errors import KeyNotFoundError

@@ -1,0 +1,189 @@
+"""The inference service for real: group batching over request-reply, bad input, weight sync,
+pinned versions, dropped requests, and elastic instances under load."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+import pytest
+
+from protocol.errors import InvalidField, MissingField, NotFound, RequestTimeout
+from protocol.messages import DrainRequest, InfoRequest, Ok, RoleInfo
+from sdk.client import AsyncClient
+from tests.tq_helpers import CALVIN_SCHEMA, LIBERO_SCHEMA, micro_batch, tenant
+
+THREE_CAMERAS = {
+    "cameras": [{"name": n, "height": 16, "width": 16} for n in ("left", "right", "wrist")],
+    "state_dim": 8, "action_dim": 7, "action_horizon": 4, "instruction_template": "{instruction}",
+}
+
+
+def obs(schema: dict, seed: int = 0) -> tuple[dict, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    images = {c["name"]: rng.integers(0, 256, (c["height"], c["width"], 3), dtype=np.uint8) for c in schema["cameras"]}
+    return images, rng.standard_normal(schema["state_dim"]).astype(np.float32)
+
+
+async def predict(c: AsyncClient, cfg, seed: int = 0, **kw):
+    images, state = obs(cfg.schema, seed)
+    return await c.predict(cfg.name, images, state, "pick up the block", **kw)
+
+
+def test_grouping_keeps_keys_apart_and_isolates_bad_requests(roles):
+    roles.start("master")
+    # A long wait window so concurrent requests certainly meet in one group.
+    roles.start("inferencer", NEXUS_INFER_BATCH_WAIT_TIMEOUT_S="0.3", NEXUS_INFER_MAX_BATCH_SIZE="64")
+    a, b = tenant("ga", seed=1), tenant("gb", schema=CALVIN_SCHEMA, head="gaussian", seed=2)
+    wide = tenant("gwide", schema=THREE_CAMERAS, seed=3)  # 3 camera slots: another compatibility key
+
+    async def go():
+        c = await AsyncClient(roles.nats_url, roles.prefix, timeout_s=30).connect()
+        try:
+            for cfg in (a, b, wide):
+                await c.create_tenant(cfg)
+            bad_images, bad_state = obs(a.schema, 99)
+            bad_images["agentview"] = bad_images["agentview"][:8]
+            calls = [predict(c, a, i) for i in range(4)] + [predict(c, b, i) for i in range(4)]
+            calls += [predict(c, wide, i) for i in range(3)]
+            calls.append(c.predict(a.name, bad_images, bad_state, "pick up the block"))
+            return await asyncio.gather(*calls, return_exceptions=True)
+        finally:
+            await c.close()
+
+    replies = asyncio.run(go())
+    good_a, good_b, good_wide, bad = replies[:4], replies[4:8], replies[8:11], replies[11]
+    assert isinstance(bad, InvalidField) and "images[agentview]" in str(bad) and "shape" in str(bad)
+    for r in good_a + good_b:
+        assert not isinstance(r, Exception), r
+        # a and b share a key (2 camera slots): one forward for their 8 good rows; the bad
+        # request failed alone and took no row.
+        assert r.batch_size == 8 and r.version == 0
+    for r in good_wide:
+        assert r.batch_size == 3  # never merged with the 2-slot key
+    assert good_a[0].actions.shape == (4, 7) and good_a[0].log_prob is None
+    assert good_b[0].log_prob is not None and good_b[0].value is not None  # RL head
+    assert all(r.queue_wait_s >= 0 and r.forward_s > 0 for r in good_a)
+
+
+def test_errors_name_the_problem(roles):
+    roles.start("master")
+    roles.start("inferencer")
+    a = tenant("err-a")
+
+    async def go():
+        c = await AsyncClient(roles.nats_url, roles.prefix, timeout_s=10).connect()
+        try:
+            await c.create_tenant(a)
+            images, state = obs(a.schema)
+            with pytest.raises(NotFound, match="unknown tenant 'ghost'"):
+                c._pools["ghost"] = "tiny-qwen3-vl"
+                await c.predict("ghost", images, state, "x")
+            with pytest.raises(NotFound, match="no version 7"):
+                await c.predict(a.name, images, state, "x", version=7)
+            missing = dict(images)
+            del missing["wrist"]
+            with pytest.raises((MissingField, InvalidField), match="wrist"):
+                await c.predict(a.name, missing, state, "x")
+            with pytest.raises(InvalidField, match="uint8"):
+                await c.predict(a.name, {k: v.astype(np.float32) for k, v in images.items()}, state, "x")
+            with pytest.raises(InvalidField, match="state"):
+                await c.predict(a.name, images, state[:3], "x")
+            # A caller that has already given up: dropped without work, no reply.
+            with pytest.raises(RequestTimeout):
+                await c.predict(a.name, images, state, "x", timeout_s=0.000001)
+            await asyncio.sleep(0.5)
+            info = await c.info("inferencer")
+            ok = await c.predict(a.name, images, state, "x")
+            return info, ok
+        finally:
+            await c.close()
+
+    info, ok = asyncio.run(go())
+    assert info.extra["dropped"] >= 1
+    assert ok.actions.shape == (4, 7)
+
+
+def test_weight_sync_and_pinned_versions(roles):
+    roles.start("master")
+    roles.start("trainer")
+    inf = roles.start("inferencer")
+    cfg = tenant("sync", seed=5)
+
+    async def go():
+        c = await AsyncClient(roles.nats_url, roles.prefix, timeout_s=30).connect()
+        try:
+            await c.create_tenant(cfg)
+            v0 = await predict(c, cfg, 1)
+            job = await c.reserve(cfg.name, "sft")
+            await c.queue_put(micro_batch(cfg, job.job, 0))
+            await c.mark_ready(cfg.name, job.job)
+            await c.wait_job(cfg.name, job.job, timeout_s=120)
+            deadline = time.monotonic() + 20
+            while True:
+                v1 = await predict(c, cfg, 1)
+                if v1.version == 1 or time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.1)
+            pinned = await predict(c, cfg, 1, version=0)
+            info = await c.bus.request(c.names.instance_op("inferencer", inf.instance, "info"), InfoRequest(),
+                                       RoleInfo, timeout_s=10)
+            return v0, v1, pinned, info
+        finally:
+            await c.close()
+
+    v0, v1, pinned, info = asyncio.run(go())
+    assert v0.version == 0 and v1.version == 1
+    assert not np.allclose(v0.actions, v1.actions)  # the new weights are really served
+    assert pinned.version == 0 and np.array_equal(pinned.actions, v0.actions)  # the pin is exact
+    assert info.extra["versions"]["sync"] == 1
+    assert "weights synced" in roles.log(inf.instance) and "export_to_servable_s" in roles.log(inf.instance)
+
+
+def test_add_and_remove_an_instance_under_load_without_failures(roles):
+    roles.start("master")
+    first = roles.start("inferencer")
+    cfgs = [tenant(f"el{i}", seed=i) for i in range(2)]
+    results = {"ok": 0, "failed": []}
+
+    async def load(c: AsyncClient, stop: asyncio.Event, k: int):
+        i = 0
+        while not stop.is_set():
+            try:
+                await predict(c, cfgs[k % 2], i, timeout_s=20)
+                results["ok"] += 1
+            except Exception as exc:  # counted: the assertion is that there are none
+                results["failed"].append(repr(exc))
+            i += 1
+
+    async def go():
+        c = await AsyncClient(roles.nats_url, roles.prefix, timeout_s=30).connect()
+        try:
+            for cfg in cfgs:
+                await c.create_tenant(cfg)
+            stop = asyncio.Event()
+            clients = [asyncio.ensure_future(load(c, stop, k)) for k in range(4)]
+            await asyncio.sleep(1.0)
+            loop = asyncio.get_running_loop()
+            second = await loop.run_in_executor(None, roles.start, "inferencer")  # scale out
+            await asyncio.sleep(1.5)
+            before = results["ok"]
+            reply = await c.bus.request(c.names.instance_op("inferencer", first.instance, "drain"),
+                                        DrainRequest(reason="scale in"), Ok, timeout_s=10)  # scale in
+            assert "draining" in reply.detail
+            await loop.run_in_executor(None, first.wait, 30)
+            await asyncio.sleep(1.5)
+            stop.set()
+            await asyncio.gather(*clients)
+            info = await c.bus.request(c.names.instance_op("inferencer", second.instance, "info"), InfoRequest(),
+                                       RoleInfo, timeout_s=10)
+            return before, info
+        finally:
+            await c.close()
+
+    before, info = asyncio.run(go())
+    assert results["failed"] == []
+    assert first.returncode == 0  # drained cleanly
+    assert results["ok"] > before > 0
+    assert info.extra["served"] > 0  # the new instance took traffic
