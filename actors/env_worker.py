@@ -1,14 +1,203 @@
-"""Env worker (Environment Service): simulator sessions and dataset readers (issue 7).
+"""Env worker (Environment Service): simulator sessions behind a gymnasium-style API over NATS.
 
-Serves ``<prefix>.env.<op>``; today the runtime's ``info`` and ``drain``.
+    create  <prefix>.env.create                      (queue group: any worker)  -> EnvSession
+    reset   <prefix>.svc.env.<worker>.reset           (the session's worker)     -> EnvObs
+    step    <prefix>.svc.env.<worker>.step                                        -> EnvObs
+    close   <prefix>.svc.env.<worker>.close                                       -> Ok
+
+A session is a lease: every call renews it; a session not called for ``lease_s`` (its client
+died) is closed by a sweeper. A simulator that raises fails only its own session (closed,
+error reply naming it); the worker and every other session go on. Simulator calls run in a
+thread, so a slow renderer never stalls the worker's heartbeats. Producers (RL rollouts, SFT
+sampling, evaluation) also run here: see `actors/producers.py`.
 
 Run: ``python -m actors.run env --nats-url nats://127.0.0.1:4222``
 """
 
 from __future__ import annotations
 
-from actors.runtime import Role
+import asyncio
+import os
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from actors.runtime import Role, RoleConfig, op
+from protocol.errors import FailedPrecondition, InvalidField, NexusError, NotFound
+from protocol.messages import (
+    EnvCloseRequest,
+    EnvCreateRequest,
+    EnvObs,
+    EnvResetRequest,
+    EnvSession,
+    EnvStepRequest,
+    Ok,
+    ProducerSpec,
+    WorkloadRef,
+)
+
+SWEEP_EVERY_S = 1.0
+MAX_LEASE_S = 3600.0
+
+
+@dataclass
+class _Session:
+    id: str
+    env_id: str
+    env: Any  # envs.EnvAdapter
+    lease_s: float
+    last_used: float
+    lock: asyncio.Lock
+    steps: int = 0
+    reset_done: bool = False
 
 
 class EnvWorker(Role):
     name = "env"
+
+    def __init__(self, cfg: RoleConfig) -> None:
+        super().__init__(cfg)
+        self.sessions: dict[str, _Session] = {}
+        self.max_sessions = int(os.environ.get("NEXUS_ENV_MAX_SESSIONS", "64"))
+        self.expired = 0
+        self.producers: dict[str, Any] = {}
+
+    async def setup(self) -> None:
+        import importlib
+
+        # Users register their own simulators from modules named here (envs.register(...)).
+        for module in filter(None, os.environ.get("NEXUS_ENV_PLUGINS", "").split(",")):
+            importlib.import_module(module.strip())
+        self.spawn(self._sweep_loop(), "session-sweeper")
+
+    def info_extra(self) -> dict[str, Any]:
+        return {"sessions": len(self.sessions), "expired": self.expired,
+                "producers": {k: p.status() for k, p in self.producers.items()}}
+
+    # -- sessions ------------------------------------------------------------------------
+    def _session(self, sid: str) -> _Session:
+        s = self.sessions.get(sid)
+        if s is None:
+            raise NotFound(f"no session {sid!r} on worker {self.instance} (closed, expired or never opened)",
+                           details={"session": sid})
+        s.last_used = time.monotonic()
+        return s
+
+    @op("create", EnvCreateRequest)
+    async def create(self, req: EnvCreateRequest) -> EnvSession:
+        import envs
+
+        if not 0 < req.lease_s <= MAX_LEASE_S:
+            raise InvalidField("lease_s", f"must be in (0, {MAX_LEASE_S:g}]")
+        if len(self.sessions) >= self.max_sessions:
+            raise FailedPrecondition(f"worker {self.instance} holds {len(self.sessions)} sessions, its maximum")
+        env = await asyncio.to_thread(envs.make, req.env_id, **req.options)
+        sid = uuid.uuid4().hex[:12]
+        self.sessions[sid] = _Session(sid, req.env_id, env, req.lease_s, time.monotonic(), asyncio.Lock())
+        self.log.info("session opened", session=sid, env_id=req.env_id)
+        return EnvSession(session=sid, worker=self.instance, env_id=req.env_id, spec=spec_dict(env.spec))
+
+    @op("reset", EnvResetRequest)
+    async def reset(self, req: EnvResetRequest) -> EnvObs:
+        s = self._session(req.session)
+        async with s.lock:
+            obs, info = await self._call(s, s.env.reset, req.seed, req.task)
+            s.reset_done = True
+        return to_env_obs(s.id, obs, info=info)
+
+    @op("step", EnvStepRequest)
+    async def step(self, req: EnvStepRequest) -> EnvObs:
+        s = self._session(req.session)
+        action = np.asarray(req.action, dtype=np.float32)
+        async with s.lock:
+            obs, reward, terminated, truncated, info = await self._call(s, s.env.step, action)
+            s.steps += 1
+        return to_env_obs(s.id, obs, reward, terminated, truncated, info)
+
+    @op("close", EnvCloseRequest)
+    async def close(self, req: EnvCloseRequest) -> Ok:
+        s = self._session(req.session)
+        await self._drop(s, "closed by its client")
+        return Ok(detail=f"session {s.id} closed")
+
+    # -- producers -----------------------------------------------------------------------
+    @op("start_producer", ProducerSpec)
+    async def start_producer(self, req: ProducerSpec) -> Ok:
+        from actors.producers import Producer
+
+        if req.workload in self.producers:
+            return Ok(detail=f"producer of {req.workload} already running on {self.instance}")
+        producer = Producer(self, req)
+        self.producers[req.workload] = producer
+        producer.start()
+        self.log.info("producer started", workload=req.workload, tenant=req.tenant, kind=req.kind)
+        return Ok(detail=f"{req.kind} producer of {req.workload} running on {self.instance}")
+
+    @op("stop_producer", WorkloadRef)
+    async def stop_producer(self, req: WorkloadRef) -> Ok:
+        producer = self.producers.get(req.workload)
+        if producer is None:
+            raise NotFound(f"no producer of workload {req.workload!r} on {self.instance}")
+        await producer.stop()
+        return Ok(detail=f"producer of {req.workload} stopped")
+
+    async def _call(self, s: _Session, fn, *args) -> Any:
+        try:
+            return await asyncio.to_thread(fn, *args)
+        except NexusError:
+            raise  # the caller's mistake (bad action shape, unknown task): session stays usable
+        except Exception as exc:
+            # The simulator itself broke: this session is gone, every other one goes on.
+            await self._drop(s, f"simulator error: {type(exc).__name__}: {exc}")
+            raise FailedPrecondition(
+                f"session {s.id} ({s.env_id}) crashed and was closed: {type(exc).__name__}: {exc}",
+                details={"session": s.id}) from None
+
+    async def _drop(self, s: _Session, reason: str) -> None:
+        self.sessions.pop(s.id, None)
+        try:
+            await asyncio.to_thread(s.env.close)
+        except Exception as exc:  # closing a broken simulator may fail too; it is gone anyway
+            self.log.warning("env close failed", session=s.id, error=str(exc))
+        self.log.info("session closed", session=s.id, reason=reason, steps=s.steps)
+
+    async def _sweep_loop(self) -> None:
+        while True:
+            await asyncio.sleep(SWEEP_EVERY_S)
+            now = time.monotonic()
+            for s in list(self.sessions.values()):
+                if now - s.last_used > s.lease_s and not s.lock.locked():
+                    self.expired += 1
+                    await self._drop(s, f"lease of {s.lease_s:g} s expired (client gone)")
+
+    async def on_drain(self) -> None:
+        for p in list(self.producers.values()):
+            await p.stop()
+        for s in list(self.sessions.values()):
+            await self._drop(s, "worker draining")
+
+
+def spec_dict(spec: Any) -> dict[str, Any]:
+    d = asdict(spec)
+    # Tuples become lists for msgpack; nested dataclasses are already dicts.
+    return {k: (list(v) if isinstance(v, tuple) else v) for k, v in d.items()}
+
+
+def to_env_obs(sid: str, obs: Any, reward: float = 0.0, terminated: bool = False, truncated: bool = False,
+               info: dict[str, Any] | None = None) -> EnvObs:
+    return EnvObs(session=sid, images={k: np.asarray(v) for k, v in obs.images.items()},
+                  state=np.asarray(obs.state, dtype=np.float32), instruction=obs.instruction,
+                  reward=float(reward), terminated=bool(terminated), truncated=bool(truncated),
+                  info=_plain(info or {}))
+
+
+def _plain(info: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in info.items():
+        if isinstance(v, np.generic):
+            v = v.item()
+        out[str(k)] = v if isinstance(v, str | int | float | bool | type(None)) else str(v)
+    return out

@@ -37,7 +37,7 @@ from nats.js.errors import KeyNotFoundError, NoKeysError, NotFoundError
 from actors.runtime import Role, RoleConfig, op
 from master.scheduler import Scheduler
 from master.validate import validate_put
-from protocol.errors import Conflict, FailedPrecondition, InvalidField, NotFound
+from protocol.errors import Busy, Conflict, FailedPrecondition, InvalidField, NotFound
 from protocol.messages import (
     TERMINAL_JOB_STATES,
     CreateTenantRequest,
@@ -51,6 +51,7 @@ from protocol.messages import (
     LeaseReply,
     LeaseRequest,
     ListReply,
+    Ok,
     ListRequest,
     QueueGetReply,
     QueueGetRequest,
@@ -71,6 +72,10 @@ TRANSITIONS: dict[str, tuple[str, ...]] = {
     "synced": ("cleared",),
 }
 EXPIRE_EVERY_S = 1.0
+# Rollout gate (reference defaults): 1 active rollout per tenant, 3 across the deployment;
+# a slot not released within the TTL (its producer died) is reclaimed.
+MAX_ACTIVE_ROLLOUTS = int(os.environ.get("NEXUS_MAX_ACTIVE_ROLLOUTS", "3"))
+ROLLOUT_TTL_S = 600.0
 
 
 def new_job_id() -> str:
@@ -85,6 +90,7 @@ class Master(Role):
         super().__init__(cfg)
         self.sched = Scheduler()
         self._lock = asyncio.Lock()  # one job-state change at a time: records stay consistent
+        self.rollouts: dict[str, float] = {}  # "<tenant>/<workload>" -> expiry (unix s)
 
     async def setup(self) -> None:
         assert self.bus is not None
@@ -295,6 +301,30 @@ class Master(Role):
         if req.state in TERMINAL_JOB_STATES:
             await self._purge(job)
         return job
+
+    # -- rollout gate: at most 1 active rollout per tenant and 3 in all ---------------------
+    @op("rollout_begin", JobRef)
+    async def rollout_begin(self, req: JobRef) -> Ok:
+        """A producer asks to start collecting a rollout batch (``job`` = its workload id)."""
+        self._tenant(req.tenant)
+        now = time.time()
+        # A producer that died mid-rollout must not hold its slot forever.
+        self.rollouts = {k: v for k, v in self.rollouts.items() if v > now}
+        key = f"{req.tenant}/{req.job}"
+        if key in self.rollouts:
+            self.rollouts[key] = now + ROLLOUT_TTL_S
+            return Ok(detail="already active")
+        active_tenant = [k for k in self.rollouts if k.split("/", 1)[0] == req.tenant]
+        if active_tenant or len(self.rollouts) >= MAX_ACTIVE_ROLLOUTS:
+            raise Busy(f"{len(self.rollouts)} rollouts active (cap {MAX_ACTIVE_ROLLOUTS}, 1 per tenant)",
+                       details={"retry_after_s": 0.2})
+        self.rollouts[key] = now + ROLLOUT_TTL_S
+        return Ok(detail="granted")
+
+    @op("rollout_end", JobRef)
+    async def rollout_end(self, req: JobRef) -> Ok:
+        self.rollouts.pop(f"{req.tenant}/{req.job}", None)
+        return Ok(detail="released")
 
     @op("job", JobRef)
     async def job(self, req: JobRef) -> JobRecord:

@@ -450,3 +450,105 @@ class PredictReply:
     queue_wait_s: float = 0.0  # server side: arrival -> forward start
     forward_s: float = 0.0  # the group's base forward + heads
     batch_size: int = 1  # requests that shared the base forward
+
+
+# -- environment service ---------------------------------------------------------------
+@message("env.create", 1)
+@dataclass
+class EnvCreateRequest:
+    """Open a simulator session on some env worker (queue group)."""
+
+    env_id: str
+    options: dict[str, Any] = field(default_factory=dict)
+    lease_s: float = 30.0  # the session closes if no call renews it within this
+
+
+@message("env.session", 1)
+@dataclass
+class EnvSession:
+    """Where a session lives: later calls go to ``<prefix>.svc.env.<worker>.<op>``."""
+
+    session: str
+    worker: str
+    env_id: str
+    spec: dict[str, Any]  # cameras, state_dim, action_dim, action bounds, tasks, max_episode_steps
+
+
+@message("env.reset", 1)
+@dataclass
+class EnvResetRequest:
+    session: str
+    seed: int | None = None
+    task: str | None = None
+
+
+@message("env.step", 1)
+@dataclass
+class EnvStepRequest:
+    session: str
+    action: Array  # float32 [action_dim]
+
+
+@message("env.close", 1)
+@dataclass
+class EnvCloseRequest:
+    session: str
+
+
+@message("env.obs", 1)
+@dataclass
+class EnvObs:
+    session: str
+    images: dict[str, Array]
+    state: Array
+    instruction: str
+    reward: float = 0.0
+    terminated: bool = False
+    truncated: bool = False
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+# -- producers and workloads -----------------------------------------------------------
+@message("producer.spec", 1)
+@dataclass
+class ProducerSpec:
+    """What an env worker runs for one workload (compiled by the master from its spec)."""
+
+    workload: str
+    tenant: str
+    kind: Literal["rl", "sft", "eval"]
+    env_id: str = ""
+    env_options: dict[str, Any] = field(default_factory=dict)
+    dataset_root: str = ""  # SFT: a LeRobot v3.0 root ("" with demo_episodes > 0: record first)
+    camera_map: dict[str, str] = field(default_factory=dict)  # dataset camera key -> schema camera
+    demo_episodes: int = 0
+    algo: dict[str, Any] = field(default_factory=dict)
+    max_steps: int = 0  # policy versions (optimizer steps) to reach; 0: no limit
+    max_episodes: int = 0
+    max_wall_s: float = 0.0
+    eval_version: int = -1
+    eval_episodes: int = 0
+    seed: int = 0
+
+
+@message("workload.ref", 1)
+@dataclass
+class WorkloadRef:
+    workload: str
+
+
+@message("workload.event", 1)
+@dataclass
+class WorkloadEvent:
+    """On ``<prefix>.workloads.events.<workload>``: lifecycle changes and progress."""
+
+    workload: str
+    tenant: str
+    kind: Literal["accepted", "rejected", "state", "progress", "done"]
+    state: str = ""
+    step: int = 0  # policy version reached
+    episodes: int = 0
+    metrics: dict[str, float] = field(default_factory=dict)
+    message: str = ""
+    errors: list[dict[str, str]] = field(default_factory=list)
+    at: float = 0.0

@@ -27,6 +27,12 @@ from protocol.errors import Busy, PayloadTooLarge
 from protocol.messages import (
     ClusterStatus,
     CreateTenantRequest,
+    EnvCloseRequest,
+    EnvCreateRequest,
+    EnvObs,
+    EnvResetRequest,
+    EnvSession,
+    EnvStepRequest,
     ExportRequest,
     GetTenantRequest,
     InfoRequest,
@@ -218,6 +224,26 @@ class AsyncClient:
         req = PredictRequest(tenant=tenant, images=images, state=state, instruction=instruction,
                              version=version, sample=sample, timeout_s=timeout_s)
         return await self.bus.request(self.names.infer(pool), req, PredictReply, timeout_s=timeout_s)
+
+    # -- environment service --------------------------------------------------------------
+    async def env_create(self, env_id: str, lease_s: float = 30.0, **options: Any) -> EnvSession:
+        return await self.bus.request(self.names.env("create"), EnvCreateRequest(env_id=env_id, options=options,
+                                                                                 lease_s=lease_s),
+                                      EnvSession, timeout_s=self.timeout_s)
+
+    async def env_reset(self, session: EnvSession, seed: int | None = None, task: str | None = None) -> EnvObs:
+        return await self.bus.request(self.names.instance_op("env", session.worker, "reset"),
+                                      EnvResetRequest(session=session.session, seed=seed, task=task), EnvObs,
+                                      timeout_s=self.timeout_s)
+
+    async def env_step(self, session: EnvSession, action: Any) -> EnvObs:
+        return await self.bus.request(self.names.instance_op("env", session.worker, "step"),
+                                      EnvStepRequest(session=session.session, action=action), EnvObs,
+                                      timeout_s=self.timeout_s)
+
+    async def env_close(self, session: EnvSession) -> Ok:
+        return await self.bus.request(self.names.instance_op("env", session.worker, "close"),
+                                      EnvCloseRequest(session=session.session), Ok, timeout_s=self.timeout_s)
 
     async def latest_weights(self, tenant: str) -> WeightsRef | None:
         from nats.js.errors import KeyNotFoundError

@@ -1,0 +1,360 @@
+"""Producers: the data side of the three workflows, run by env workers.
+
+    RL    episodes with the current policy through the inference service -> transitions with
+          behaviour version, log-prob, value, reward, done -> GAE -> reserve / queue_put /
+          mark_ready -> (trainer: PPO) -> new version synced back; asynchronous, bounded by
+          the in-flight cap and the staleness bound; rollouts gated by the master
+          (1 active per tenant, 3 globally).
+    SFT   dataset micro-batches (recorded expert demos or a LeRobot root) reserved, put and
+          marked ready at once; no weight sync between batches.
+    Eval  read-only: the version is pinned once, N episodes with the mean action, success
+          rate and return; no training queue, no optimizer, no version change.
+
+Each producer publishes `WorkloadEvent`s (progress, done) on ``<prefix>.workloads.events.<id>``.
+The environment runs in-process on the worker (it *is* the environment service); the policy
+is always the inference service's, over NATS.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from protocol.errors import Busy, NexusError
+from protocol.messages import ProducerSpec, QueuePutRequest, WorkloadEvent
+
+# Defaults with a reason each; a spec's algo dict overrides them.
+RL_DEFAULTS = {
+    "gamma": 0.99,  # episodes are short (<= 50 steps): little discounting needed
+    "gae_lambda": 0.95,
+    "episodes_per_update": 8,  # one job = the transitions of this many episodes
+    "micro_batch": 64,  # rows per queue item (a trainer step each)
+    "exec_steps": 0,  # env steps per predicted chunk; 0 = the whole chunk
+}
+SFT_DEFAULTS = {"batch_size": 32, "items_per_job": 1}
+EVAL_DEFAULTS = {"exec_steps": 0}
+
+
+def gae(rewards_T: np.ndarray, values_T: np.ndarray, dones_T: np.ndarray, last_value: float,
+        gamma: float, lam: float) -> tuple[np.ndarray, np.ndarray]:
+    """Generalised advantage estimation over one trajectory segment.
+
+    ``dones_T[t]`` is True where the episode *terminated* after step t (no bootstrap); a
+    truncated segment end bootstraps from ``last_value``. Returns (advantages_T, returns_T).
+    """
+    T = len(rewards_T)
+    adv = np.zeros(T, np.float32)
+    last = 0.0
+    for t in reversed(range(T)):
+        next_value = last_value if t == T - 1 else values_T[t + 1]
+        nonterminal = 0.0 if dones_T[t] else 1.0
+        delta = rewards_T[t] + gamma * next_value * nonterminal - values_T[t]
+        last = delta + gamma * lam * nonterminal * last
+        adv[t] = last
+    return adv, (adv + values_T).astype(np.float32)
+
+
+@dataclass
+class Progress:
+    episodes: int = 0
+    successes: int = 0
+    returns: list[float] = field(default_factory=list)
+    jobs: list[str] = field(default_factory=list)
+    version: int = 0
+    items: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+
+class Producer:
+    def __init__(self, worker: Any, spec: ProducerSpec) -> None:
+        from sdk.client import AsyncClient
+
+        self.worker, self.spec = worker, spec
+        self.client = AsyncClient(worker.cfg.nats_url, worker.cfg.prefix, timeout_s=60)
+        self.progress = Progress()
+        self.task: asyncio.Task | None = None
+        self.state = "starting"
+        self.error = ""
+        self.final: dict[str, float] = {}
+
+    def status(self) -> dict[str, Any]:
+        return {"kind": self.spec.kind, "tenant": self.spec.tenant, "state": self.state,
+                "episodes": self.progress.episodes, "version": self.progress.version, "error": self.error}
+
+    def start(self) -> None:
+        self.task = self.worker.spawn(self._main(), f"producer-{self.spec.workload}")
+
+    async def stop(self) -> None:
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+            await asyncio.gather(self.task, return_exceptions=True)
+
+    async def _main(self) -> None:
+        await self.client.connect()
+        try:
+            self.state = "running"
+            if self.spec.kind == "rl":
+                await self._rl()
+            elif self.spec.kind == "sft":
+                await self._sft()
+            else:
+                await self._eval()
+            self.state = "done"
+            await self._event("done", message="budget reached", metrics=self.final)
+        except asyncio.CancelledError:
+            self.state = "cancelled"
+            raise
+        except Exception as exc:
+            self.state, self.error = "failed", f"{type(exc).__name__}: {exc}"
+            self.worker.log.error("producer failed", workload=self.spec.workload, exc_info=exc)
+            await self._event("done", state="failed", message=self.error)
+        finally:
+            self.worker.producers.pop(self.spec.workload, None)
+            await self.client.close()
+
+    async def _event(self, kind: str, state: str = "", message: str = "", metrics: dict[str, float] | None = None) -> None:
+        ev = WorkloadEvent(workload=self.spec.workload, tenant=self.spec.tenant, kind=kind, state=state,  # type: ignore[arg-type]
+                           step=self.progress.version, episodes=self.progress.episodes,
+                           metrics=metrics or {}, message=message, at=time.time())
+        try:
+            await self.client.bus.publish(self.client.names.workload_events(self.spec.workload), ev)
+        except NexusError as exc:
+            self.worker.log.warning("event publish failed", error=str(exc))
+
+    def _budget_left(self) -> bool:
+        s, p = self.spec, self.progress
+        if s.max_steps and p.version >= s.max_steps:
+            return False
+        if s.max_episodes and p.episodes >= s.max_episodes:
+            return False
+        if s.max_wall_s and time.monotonic() - p.started >= s.max_wall_s:
+            return False
+        return True
+
+    async def _refresh_version(self) -> None:
+        ref = await self.client.latest_weights(self.spec.tenant)
+        if ref is not None:
+            self.progress.version = ref.version
+
+    async def _reserve(self, task: str) -> str:
+        while True:
+            try:
+                return (await self.client.reserve(self.spec.tenant, task)).job
+            except Busy as exc:  # back-pressure: the trainer is behind; wait, do not pile up
+                await asyncio.sleep(float(exc.details.get("retry_after_s", 0.5)))
+                await self._refresh_version()
+                if not self._budget_left():
+                    return ""
+
+    async def _wait_jobs(self) -> None:
+        """Wait until every job this producer queued is trained (or dropped / failed)."""
+        for job in self.progress.jobs:
+            await self.client.wait_job(self.spec.tenant, job, timeout_s=3600)
+        await self._refresh_version()
+
+    # -- episodes ------------------------------------------------------------------------
+    async def _episode(self, env: Any, seed: int, sample: bool, version: int, exec_steps: int,
+                       record: list[dict[str, Any]] | None) -> tuple[bool, float]:
+        """One episode with the inference service's policy; transitions go to ``record``."""
+        obs, info = await asyncio.to_thread(env.reset, seed)
+        low, high = np.asarray(env.spec.action_low, np.float32), np.asarray(env.spec.action_high, np.float32)
+        total, success, done = 0.0, False, False
+        while not done:
+            reply = await self.client.predict(self.spec.tenant, obs.images, obs.state, obs.instruction,
+                                              version=version, sample=sample, timeout_s=60)
+            chunk = np.asarray(reply.actions, np.float32)
+            n = len(chunk) if exec_steps <= 0 else min(exec_steps, len(chunk))
+            reward, terminated, truncated = 0.0, False, False
+            next_obs = obs
+            for a in chunk[:n]:
+                next_obs, r, terminated, truncated, info = await asyncio.to_thread(env.step, np.clip(a, low, high))
+                reward += float(r)
+                if terminated or truncated:
+                    break
+            if record is not None:
+                record.append({"obs": obs, "action": chunk, "log_prob": reply.log_prob, "value": reply.value,
+                               "reward": reward, "terminated": terminated, "truncated": truncated,
+                               "version": reply.version})
+            total += reward
+            success = success or bool(info.get("success", False))
+            done = terminated or truncated
+            obs = next_obs
+        return success, total
+
+    def _episode_done(self, success: bool, ret: float) -> None:
+        p = self.progress
+        p.episodes += 1
+        p.successes += int(success)
+        p.returns.append(ret)
+
+    # -- RL ------------------------------------------------------------------------------
+    async def _rl(self) -> None:
+        import envs
+
+        algo = {**RL_DEFAULTS, **self.spec.algo}
+        env = await asyncio.to_thread(envs.make, self.spec.env_id, **self.spec.env_options)
+        seed = self.spec.seed * 1_000_003
+        window: list[tuple[bool, float]] = []
+        try:
+            while self._budget_left():
+                await self._rollout_gate(True)
+                try:
+                    segments: list[list[dict[str, Any]]] = []
+                    for _ in range(int(algo["episodes_per_update"])):
+                        steps: list[dict[str, Any]] = []
+                        success, ret = await self._episode(env, seed, True, -1, int(algo["exec_steps"]), steps)
+                        seed += 1
+                        segments.append(steps)
+                        self._episode_done(success, ret)
+                        window.append((success, ret))
+                finally:
+                    await self._rollout_gate(False)
+                await self._queue_rl(segments, algo)
+                window = window[-50:]
+                await self._refresh_version()
+                await self._event("progress", metrics={
+                    "success_rate": float(np.mean([w[0] for w in window])),
+                    "mean_return": float(np.mean([w[1] for w in window])),
+                })
+            await self._wait_jobs()
+            self.final = {"success_rate": float(np.mean([w[0] for w in window])) if window else 0.0,
+                          "mean_return": float(np.mean([w[1] for w in window])) if window else 0.0}
+        finally:
+            env.close()
+
+    async def _rollout_gate(self, begin: bool) -> None:
+        from protocol.messages import JobRef, Ok
+
+        op = "rollout_begin" if begin else "rollout_end"
+        req = JobRef(tenant=self.spec.tenant, job=self.spec.workload)
+        while True:
+            try:
+                await self.client.bus.request(self.client.names.master(op), req, Ok, timeout_s=30)
+                return
+            except Busy as exc:
+                await asyncio.sleep(float(exc.details.get("retry_after_s", 0.5)))
+
+    async def _queue_rl(self, segments: list[list[dict[str, Any]]], algo: dict[str, Any]) -> None:
+        rows: list[dict[str, Any]] = []
+        for steps in segments:
+            rewards = np.array([s["reward"] for s in steps], np.float32)
+            values = np.array([s["value"] for s in steps], np.float32)
+            dones = np.array([s["terminated"] for s in steps], bool)
+            # A truncated episode bootstraps from its last value estimate (time limit, not failure).
+            last_value = 0.0 if steps[-1]["terminated"] else float(values[-1])
+            adv, ret = gae(rewards, values, dones, last_value, float(algo["gamma"]), float(algo["gae_lambda"]))
+            for s, a, r in zip(steps, adv, ret):
+                rows.append({**s, "adv": a, "ret": r})
+        if not rows:
+            return
+        job = await self._reserve("rl")
+        if not job:
+            return
+        mb = int(algo["micro_batch"])
+        for seq, lo in enumerate(range(0, len(rows), mb)):
+            part = rows[lo: lo + mb]
+            item = QueuePutRequest(
+                tenant=self.spec.tenant, job=job, seq=seq,
+                images={k: np.stack([r["obs"].images[k] for r in part]) for k in part[0]["obs"].images},
+                state=np.stack([r["obs"].state for r in part]).astype(np.float32),
+                instructions=[r["obs"].instruction for r in part],
+                actions=np.stack([r["action"] for r in part]).astype(np.float32),
+                old_log_prob=np.array([r["log_prob"] for r in part], np.float32),
+                advantages=np.array([r["adv"] for r in part], np.float32),
+                returns=np.array([r["ret"] for r in part], np.float32),
+                behaviour_version=min(int(r["version"]) for r in part),
+            )
+            await self.client.queue_put(item)
+            self.progress.items += 1
+        await self.client.mark_ready(self.spec.tenant, job)
+        self.progress.jobs.append(job)
+
+    # -- SFT -----------------------------------------------------------------------------
+    async def _sft(self) -> None:
+        from envs.lerobot import LeRobotReader
+
+        algo = {**SFT_DEFAULTS, **self.spec.algo}
+        root = await self._dataset_root()
+        tenant = await self.client.tenant(self.spec.tenant)
+        horizon = int(tenant.schema["action_horizon"])
+        reader = await asyncio.to_thread(LeRobotReader, root)
+        rng = np.random.default_rng(self.spec.seed)
+        queued_steps = 0
+        try:
+            while self._budget_left() and (not self.spec.max_steps or queued_steps < self.spec.max_steps):
+                job = await self._reserve("sft")
+                if not job:
+                    break
+                for seq in range(int(algo["items_per_job"])):
+                    item = await asyncio.to_thread(self._sft_item, reader, rng, int(algo["batch_size"]), horizon, job, seq)
+                    await self.client.queue_put(item)
+                    queued_steps += 1
+                await self.client.mark_ready(self.spec.tenant, job)
+                self.progress.jobs.append(job)
+                await self._refresh_version()
+                rec = await self.client.job(self.spec.tenant, self.progress.jobs[max(0, len(self.progress.jobs) - 3)])
+                await self._event("progress", metrics={k: v for k, v in rec.metrics.items() if k in ("loss", "l1")})
+            await self._wait_jobs()
+            last = await self.client.job(self.spec.tenant, self.progress.jobs[-1]) if self.progress.jobs else None
+            self.final = {"loss": last.metrics.get("loss", float("nan"))} if last else {}
+        finally:
+            reader.close()
+
+    async def _dataset_root(self) -> Path:
+        if self.spec.dataset_root:
+            return Path(self.spec.dataset_root)
+        from envs.lerobot import record
+        from envs.lerobot.record import RecordConfig
+
+        root = Path(self.worker.cfg.data_dir) / "datasets" / f"{self.spec.tenant}-{self.spec.workload}"
+        if not (root / "meta" / "info.json").exists():
+            await self._event("progress", message=f"recording {self.spec.demo_episodes} expert demonstrations")
+            await asyncio.to_thread(record, RecordConfig(out=root, episodes=self.spec.demo_episodes,
+                                                         env_id=self.spec.env_id, seed=self.spec.seed,
+                                                         env_kwargs=dict(self.spec.env_options), overwrite=True))
+        return root
+
+    def _sft_item(self, reader: Any, rng: np.random.Generator, batch: int, horizon: int, job: str,
+                  seq: int) -> QueuePutRequest:
+        b = reader.sample(batch, rng)
+        # Action chunk: this frame's action and the next horizon-1 of the same episode
+        # (repeating the last one past the episode's end).
+        ends = {e.episode_index: e.dataset_to_index for e in reader.meta.episodes}
+        idx = np.array([[min(i + k, ends[int(e)] - 1) for k in range(horizon)]
+                        for i, e in zip(b.index_B, b.episode_index_B)])
+        actions = reader.get_batch(idx.reshape(-1)).action_B_A.reshape(batch, horizon, -1)
+        cmap = self.spec.camera_map or {k: k.removeprefix("observation.images.") for k in b.images}
+        return QueuePutRequest(
+            tenant=self.spec.tenant, job=job, seq=seq,
+            images={cmap[k]: v for k, v in b.images.items() if k in cmap},
+            state=b.state_B_S.astype(np.float32), instructions=list(b.task_B),
+            actions=actions.astype(np.float32),
+        )
+
+    # -- eval ----------------------------------------------------------------------------
+    async def _eval(self) -> None:
+        import envs
+
+        env = await asyncio.to_thread(envs.make, self.spec.env_id, **self.spec.env_options)
+        version = self.spec.eval_version  # pinned once by the master; never changes here
+        self.progress.version = version
+        exec_steps = int({**EVAL_DEFAULTS, **self.spec.algo}["exec_steps"])
+        try:
+            for ep in range(self.spec.eval_episodes):
+                success, ret = await self._episode(env, self.spec.seed * 1_000_003 + ep, False, version, exec_steps, None)
+                self._episode_done(success, ret)
+                if (ep + 1) % 10 == 0 or ep + 1 == self.spec.eval_episodes:
+                    await self._event("progress", metrics=self._eval_metrics())
+            self.final = self._eval_metrics()
+        finally:
+            env.close()
+
+    def _eval_metrics(self) -> dict[str, float]:
+        p = self.progress
+        return {"success_rate": p.successes / max(1, p.episodes), "mean_return": float(np.mean(p.returns or [0.0])),
+                "episodes": float(p.episodes), "version": float(self.spec.eval_version)}

@@ -1,0 +1,73 @@
+"""The three workflows through the services (not in-process shortcuts), on the built-in task:
+RL rollouts via the inference service into the training queue, SFT from recorded expert demos,
+read-only evaluation of a pinned version."""
+
+from __future__ import annotations
+
+import asyncio
+
+from protocol.messages import Ok, ProducerSpec, TenantConfig, WorkloadEvent
+from protocol.wire import decode
+from sdk.client import AsyncClient
+
+REACH_SCHEMA = {
+    "cameras": [{"name": "top", "height": 64, "width": 64}, {"name": "wrist", "height": 64, "width": 64}],
+    "state_dim": 4, "action_dim": 2, "action_horizon": 1, "instruction_template": "{instruction}",
+}
+
+
+def reach_tenant(name: str, head: str) -> TenantConfig:
+    return TenantConfig(name=name, base="tiny-qwen3-vl-64", schema=REACH_SCHEMA, head=head, optim={"lr": 1e-3})
+
+
+async def run_producer(c: AsyncClient, spec: ProducerSpec, timeout_s: float = 240) -> list[WorkloadEvent]:
+    events: asyncio.Queue = asyncio.Queue()
+
+    async def on_event(msg):
+        await events.put(decode(msg.data, WorkloadEvent))
+
+    await c.bus.nc.subscribe(c.names.workload_events(spec.workload), cb=on_event)
+    await c.bus.request(c.names.env("start_producer"), spec, Ok, timeout_s=30)
+    seen = []
+    while True:
+        ev = await asyncio.wait_for(events.get(), timeout=timeout_s)
+        seen.append(ev)
+        if ev.kind == "done":
+            return seen
+
+
+def test_rl_sft_and_eval_producers(roles):
+    for role in ("master", "trainer", "env"):
+        roles.start(role)
+    roles.start("inferencer", NEXUS_INFER_BASE="tiny-qwen3-vl-64")
+
+    async def go():
+        c = await AsyncClient(roles.nats_url, roles.prefix, timeout_s=30).connect()
+        try:
+            await c.create_tenant(reach_tenant("rl-t", "gaussian"))
+            await c.create_tenant(reach_tenant("sft-t", "mlp"))
+            rl, sft = await asyncio.gather(
+                run_producer(c, ProducerSpec(workload="w-rl", tenant="rl-t", kind="rl", env_id="builtin/reach-v0",
+                                             algo={"episodes_per_update": 2}, max_episodes=4)),
+                run_producer(c, ProducerSpec(workload="w-sft", tenant="sft-t", kind="sft", env_id="builtin/reach-v0",
+                                             demo_episodes=4, algo={"batch_size": 8}, max_steps=3)),
+            )
+            sft_version = (await c.latest_weights("sft-t")).version
+            ev = await run_producer(c, ProducerSpec(workload="w-eval", tenant="sft-t", kind="eval",
+                                                    env_id="builtin/reach-v0", eval_version=sft_version,
+                                                    eval_episodes=5))
+            rl_jobs = await c.jobs("rl-t")
+            after_eval = (await c.latest_weights("sft-t")).version
+            return rl, sft, ev, rl_jobs, sft_version, after_eval
+        finally:
+            await c.close()
+
+    rl, sft, ev, rl_jobs, sft_version, after_eval = asyncio.run(go())
+    for events in (rl, sft, ev):
+        assert events[-1].kind == "done" and events[-1].state != "failed", events[-1]
+    assert rl[-1].episodes == 4 and "success_rate" in rl[-1].metrics
+    assert len(rl_jobs) == 2 and all(j.state == "cleared" and j.behaviour_version >= 0 for j in rl_jobs)
+    assert rl[-1].step == sum(j.items for j in rl_jobs)  # one PPO step per micro-batch
+    assert sft_version == 3 and "loss" in sft[-1].metrics
+    assert ev[-1].metrics["episodes"] == 5 and ev[-1].metrics["version"] == sft_version
+    assert after_eval == sft_version  # evaluation changed nothing
