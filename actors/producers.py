@@ -104,6 +104,11 @@ class Producer:
                 await self._sft()
             else:
                 await self._eval()
+            if self.spec.kind != "eval" and self.spec.eval_episodes:
+                trained = dict(self.final)
+                self.progress = Progress(version=self.progress.version, jobs=self.progress.jobs)
+                await self._eval()  # the closing evaluation of the final version
+                self.final = {**trained, **{f"eval_{k}": v for k, v in self.final.items()}}
             self.state = "done"
             await self._event("done", message="budget reached", metrics=self.final)
         except asyncio.CancelledError:
@@ -165,7 +170,8 @@ class Producer:
         low, high = np.asarray(env.spec.action_low, np.float32), np.asarray(env.spec.action_high, np.float32)
         total, success, done = 0.0, False, False
         while not done:
-            reply = await self.client.predict(self.spec.tenant, obs.images, obs.state, obs.instruction,
+            reply = await self.client.predict(self.spec.policy_tenant or self.spec.tenant, obs.images, obs.state,
+                                              obs.instruction,
                                               version=version, sample=sample, timeout_s=60)
             chunk = np.asarray(reply.actions, np.float32)
             n = len(chunk) if exec_steps <= 0 else min(exec_steps, len(chunk))
@@ -342,11 +348,14 @@ class Producer:
 
         env = await asyncio.to_thread(envs.make, self.spec.env_id, **self.spec.env_options)
         version = self.spec.eval_version  # pinned once by the master; never changes here
+        if version < 0:  # a training workload's closing evaluation: its final version
+            await self._refresh_version()
+            version = self.progress.version
         self.progress.version = version
         exec_steps = int({**EVAL_DEFAULTS, **self.spec.algo}["exec_steps"])
         try:
             for ep in range(self.spec.eval_episodes):
-                success, ret = await self._episode(env, self.spec.seed * 1_000_003 + ep, False, version, exec_steps, None)
+                success, ret = await self._episode(env, self.spec.eval_seed + ep, False, version, exec_steps, None)
                 self._episode_done(success, ret)
                 if (ep + 1) % 10 == 0 or ep + 1 == self.spec.eval_episodes:
                     await self._event("progress", metrics=self._eval_metrics())
@@ -357,4 +366,4 @@ class Producer:
     def _eval_metrics(self) -> dict[str, float]:
         p = self.progress
         return {"success_rate": p.successes / max(1, p.episodes), "mean_return": float(np.mean(p.returns or [0.0])),
-                "episodes": float(p.episodes), "version": float(self.spec.eval_version)}
+                "episodes": float(p.episodes), "version": float(p.version)}

@@ -15,6 +15,8 @@ Serves ``<prefix>.master.<op>``:
 | job, jobs | JobRef, JobsRequest | JobRecord, JobsReply | records |
 | queue_get | QueueGetRequest | QueueGetReply | read a job's micro-batches back |
 | queue_clear | JobRef | JobRecord | purge a job's partition |
+| rollout_begin, rollout_end | JobRef | Ok | the rollout gate: 1 active per tenant, 3 in all |
+| submit, workload, workloads, tenants, cancel | see `master/workloads.py` | | workload specs in, lifecycle out |
 
 The master is the only writer of job records: its in-memory scheduler is authoritative and
 every change is written through to the jobs KV, from which a restarted master rebuilds. Run
@@ -36,6 +38,7 @@ from nats.js.errors import KeyNotFoundError, NoKeysError, NotFoundError
 
 from actors.runtime import Role, RoleConfig, op
 from master.scheduler import Scheduler
+from master.workloads import WorkloadOps
 from master.validate import validate_put
 from protocol.errors import Busy, Conflict, FailedPrecondition, InvalidField, NotFound
 from protocol.messages import (
@@ -83,7 +86,7 @@ def new_job_id() -> str:
     return f"j{int(time.time() * 1000):013d}{uuid.uuid4().hex[:6]}"
 
 
-class Master(Role):
+class Master(WorkloadOps, Role):
     name = "master"
 
     def __init__(self, cfg: RoleConfig) -> None:
@@ -103,6 +106,7 @@ class Master(Role):
         await self.bus.nc.subscribe(self.names.health_events_all, cb=self._on_health_event)
         await self.bus.nc.subscribe(self.names.weights_all, cb=self._on_weights)
         self.spawn(self._expire_loop(), "lease-expiry")
+        await self.setup_workloads()
 
     def info_extra(self) -> dict[str, Any]:
         states: dict[str, int] = {}
@@ -392,7 +396,12 @@ class Master(Role):
         except Exception as exc:
             self.log.warning("bad health event", error=str(exc))
             return
-        if ev.event != "role_down" or ev.role != "trainer":
+        if ev.event != "role_down":
+            return
+        if ev.role == "env":
+            await self.on_env_worker_down(ev.instance)
+            return
+        if ev.role != "trainer":
             return
         async with self._lock:
             now = time.time()

@@ -528,6 +528,8 @@ class ProducerSpec:
     max_wall_s: float = 0.0
     eval_version: int = -1
     eval_episodes: int = 0
+    eval_seed: int = 0
+    policy_tenant: str = ""  # whose policy acts ("" = tenant); an eval may score another tenant's export
     seed: int = 0
 
 
@@ -552,3 +554,55 @@ class WorkloadEvent:
     message: str = ""
     errors: list[dict[str, str]] = field(default_factory=list)
     at: float = 0.0
+
+
+WorkloadState = Literal["pending", "running", "completed", "failed", "cancelled"]
+TERMINAL_WORKLOAD_STATES = ("completed", "failed", "cancelled")
+
+
+@message("workload.record", 1)
+@dataclass
+class WorkloadRecord:
+    """A workload in the workloads KV (key: its id)."""
+
+    workload: str
+    tenant: str
+    task: str
+    state: WorkloadState
+    spec: dict[str, Any]
+    created_at: float
+    updated_at: float
+    worker: str = ""  # env worker running its producer
+    step: int = 0  # policy version reached
+    episodes: int = 0
+    metrics: dict[str, float] = field(default_factory=dict)
+    message: str = ""
+    eval_version: int = -1
+
+
+@message("workload.submit", 1)
+@dataclass
+class SubmitRequest:
+    """A spec as YAML or JSON text (what a file holds), or already parsed."""
+
+    spec_text: str = ""
+    spec: dict[str, Any] = field(default_factory=dict)
+
+
+@message("workloads.list", 1)
+@dataclass
+class WorkloadsRequest:
+    tenant: str = ""
+
+
+@message("workloads.reply", 1)
+@dataclass
+class WorkloadsReply:
+    workloads: list[WorkloadRecord]
+
+
+@message("tenants.reply", 1)
+@dataclass
+class TenantsReply:
+    tenants: list[TenantConfig]
+    versions: dict[str, int]

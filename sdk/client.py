@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 from actors.bus import DEFAULT_REQUEST_TIMEOUT_S, Bus
 from actors.supervisor import ClusterState
 from protocol.errors import Unavailable
-from protocol.errors import Busy, PayloadTooLarge
+from protocol.errors import Busy, NotFound, PayloadTooLarge
 from protocol.messages import (
     ClusterStatus,
     CreateTenantRequest,
@@ -53,9 +53,15 @@ from protocol.messages import (
     ReserveRequest,
     RoleInfo,
     StatusRequest,
+    SubmitRequest,
     TenantConfig,
+    TenantsReply,
     TrainBatchReply,
     WeightsRef,
+    WorkloadRecord,
+    WorkloadRef,
+    WorkloadsReply,
+    WorkloadsRequest,
 )
 from protocol.subjects import DEFAULT_PREFIX, Names, pool_name
 
@@ -225,6 +231,58 @@ class AsyncClient:
                              version=version, sample=sample, timeout_s=timeout_s)
         return await self.bus.request(self.names.infer(pool), req, PredictReply, timeout_s=timeout_s)
 
+    # -- workloads ---------------------------------------------------------------------------
+    async def submit(self, spec: dict[str, Any] | str | bytes | Path) -> AsyncWorkload:
+        """Submit a workload spec (a dict, YAML/JSON text or bytes, or a file path)."""
+        if isinstance(spec, Path) or (isinstance(spec, str) and "\n" not in spec and spec.endswith((".yaml", ".yml", ".json"))):
+            spec = Path(spec).read_text()
+        req = SubmitRequest(spec=spec) if isinstance(spec, dict) else SubmitRequest(
+            spec_text=spec.decode() if isinstance(spec, bytes) else spec)
+        rec = await self._master("submit", req, WorkloadRecord)
+        return AsyncWorkload(self, rec.workload, rec.tenant)
+
+    def workload_handle(self, workload: str, tenant: str = "") -> AsyncWorkload:
+        return AsyncWorkload(self, workload, tenant)
+
+    async def workload(self, workload: str) -> WorkloadRecord:
+        return await self._master("workload", WorkloadRef(workload=workload), WorkloadRecord)
+
+    async def workloads(self, tenant: str = "") -> list[WorkloadRecord]:
+        return (await self._master("workloads", WorkloadsRequest(tenant=tenant), WorkloadsReply)).workloads
+
+    async def tenants(self) -> TenantsReply:
+        return await self._master("tenants", WorkloadsRequest(), TenantsReply)
+
+    async def cancel(self, workload: str) -> WorkloadRecord:
+        return await self._master("cancel", WorkloadRef(workload=workload), WorkloadRecord)
+
+    async def download_policy(self, tenant: str, version: int | None = None, out_dir: str | Path = ".") -> tuple[Path, Path]:
+        """Write ``<tenant>-v<version>.safetensors`` and its manifest JSON; return both paths."""
+        if version is None:
+            ref = await self.latest_weights(tenant)
+            if ref is None:
+                raise NotFound(f"tenant {tenant!r} has no exported version yet")
+        else:
+            from actors.slots import weights_name
+
+            ref = WeightsRef(tenant=tenant, version=version, object_name=weights_name(tenant, version), size=0,
+                             manifest={})
+        try:
+            payload, manifest = await self.download_weights(ref)
+        except Exception as exc:
+            from nats.js.errors import ObjectNotFoundError
+
+            if isinstance(exc, ObjectNotFoundError):
+                raise NotFound(f"tenant {tenant!r} has no version {ref.version}") from None
+            raise
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        weights = out / f"{tenant}-v{ref.version}.safetensors"
+        meta = out / f"{tenant}-v{ref.version}.manifest.json"
+        weights.write_bytes(payload)
+        meta.write_text(json.dumps(manifest, indent=2, sort_keys=True))
+        return weights, meta
+
     # -- environment service --------------------------------------------------------------
     async def env_create(self, env_id: str, lease_s: float = 30.0, **options: Any) -> EnvSession:
         return await self.bus.request(self.names.env("create"), EnvCreateRequest(env_id=env_id, options=options,
@@ -264,6 +322,95 @@ class AsyncClient:
         mbuf = io.BytesIO()
         await store.get(ref.object_name + ".manifest.json", writeinto=mbuf)
         return buf.getvalue(), json.loads(mbuf.getvalue())
+
+
+class AsyncWorkload:
+    """A submitted workload: status, progress, cancel, download."""
+
+    def __init__(self, client: AsyncClient, workload: str, tenant: str = "") -> None:
+        self.client, self.id, self.tenant = client, workload, tenant
+
+    def __repr__(self) -> str:
+        return f"Workload({self.id!r}, tenant={self.tenant!r})"
+
+    async def status(self) -> WorkloadRecord:
+        return await self.client.workload(self.id)
+
+    async def metrics(self) -> dict[str, float]:
+        return dict((await self.status()).metrics)
+
+    async def cancel(self) -> WorkloadRecord:
+        return await self.client.cancel(self.id)
+
+    async def download_policy(self, version: int | None = None, out_dir: str | Path = ".") -> tuple[Path, Path]:
+        return await self.client.download_policy(self.tenant or (await self.status()).tenant, version, out_dir)
+
+    async def wait(self, progress: bool = False, timeout_s: float = 3600.0, poll_s: float = 1.0,
+                   out: Any = None) -> WorkloadRecord:
+        """Until completed / failed / cancelled; with ``progress``, one updating line per change."""
+        import sys
+
+        from protocol.errors import RequestTimeout
+        from protocol.messages import TERMINAL_WORKLOAD_STATES
+
+        out = out or sys.stderr
+        deadline = time.monotonic() + timeout_s
+        last = ""
+        while True:
+            rec = await self.status()
+            if progress:
+                line = format_progress(rec)
+                if line != last:
+                    print(line, file=out, flush=True)
+                    last = line
+            if rec.state in TERMINAL_WORKLOAD_STATES:
+                return rec
+            if time.monotonic() > deadline:
+                raise RequestTimeout(f"workload {self.id} still {rec.state} after {timeout_s:g} s")
+            await asyncio.sleep(poll_s)
+
+
+class Workload:
+    """Blocking twin of `AsyncWorkload` (what `Client.submit` returns)."""
+
+    def __init__(self, client: Client, handle: AsyncWorkload) -> None:
+        self._client, self._h = client, handle
+        self.id, self.tenant = handle.id, handle.tenant
+
+    def __repr__(self) -> str:
+        return repr(self._h)
+
+    def status(self) -> WorkloadRecord:
+        return self._client._run(self._h.status())
+
+    def metrics(self) -> dict[str, float]:
+        return self._client._run(self._h.metrics())
+
+    def cancel(self) -> WorkloadRecord:
+        return self._client._run(self._h.cancel())
+
+    def wait(self, progress: bool = False, timeout_s: float = 3600.0) -> WorkloadRecord:
+        return self._client._run(self._h.wait(progress=progress, timeout_s=timeout_s))
+
+    def download_policy(self, version: int | None = None, out_dir: str | Path = ".") -> tuple[Path, Path]:
+        return self._client._run(self._h.download_policy(version, out_dir))
+
+
+def format_progress(rec: WorkloadRecord) -> str:
+    """One line: id, tenant, task, state, version / budget, episodes, key metrics."""
+    budget = rec.spec.get("schedule", {}).get("budget", {}) or {}
+    algo = rec.spec.get("algorithm") or {}
+    target = budget.get("max_steps") or algo.get("steps") or 0
+    bar = ""
+    if target and rec.task != "eval":
+        done = min(1.0, rec.step / target)
+        bar = "[" + "#" * int(done * 20) + "." * (20 - int(done * 20)) + f"] {rec.step}/{target}"
+    elif rec.task == "eval":
+        total = (rec.spec.get("eval") or {}).get("episodes", 0)
+        bar = f"episodes {rec.episodes}/{total}"
+    shown = {k: v for k, v in rec.metrics.items() if k in ("loss", "success_rate", "mean_return", "eval_success_rate")}
+    metrics = " ".join(f"{k}={v:.3f}" for k, v in sorted(shown.items()))
+    return f"{rec.workload} {rec.tenant:<14} {rec.task:<4} {rec.state:<9} {bar} {metrics}".rstrip()
 
 
 def _slice_item(item: QueuePutRequest, lo: int, hi: int, seq: int) -> QueuePutRequest:
@@ -310,6 +457,12 @@ class Client:
 
     def list(self) -> ListReply:
         return self._run(self._async.list())
+
+    def submit(self, spec: dict[str, Any] | str | bytes | Path) -> Workload:
+        return Workload(self, self._run(self._async.submit(spec)))
+
+    def workload_handle(self, workload: str, tenant: str = "") -> Workload:
+        return Workload(self, self._async.workload_handle(workload, tenant))
 
     def __getattr__(self, name: str) -> Any:
         # Every other AsyncClient coroutine method, run to completion on the client's loop.

@@ -1,0 +1,315 @@
+"""The workload orchestrator half of the master: specs in, producers out, lifecycle events.
+
+Two ways in, one path:
+  * request-reply ``<prefix>.master.submit`` (the SDK, `nexus submit`): the reply is the
+    accepted `WorkloadRecord` or an error listing every invalid field;
+  * the durable intake stream on ``<prefix>.workloads.submit``: any NATS client publishes a
+    spec (YAML or JSON bytes); acceptance or the field errors arrive as `WorkloadEvent`s on
+    ``<prefix>.workloads.events.<workload>``. The workload id is derived from the stream
+    sequence, so a message redelivered after a master crash is recognised, never run twice.
+
+Then, in order: 1. validate (`master.spec.parse_spec`); 2. create the tenant (sft / rl) from
+the compiled config, or check it exists (eval); 3. record the workload ``pending`` in KV;
+4. start its producer on an env worker (``running``); 5. follow the producer's events
+(progress, done) into the record (``completed`` / ``failed``); ``cancel`` stops the producer
+(``cancelled``). Every state change is published as an event. An eval workload pins its
+version once, when it starts, and starts only when no training workload of its tenant is
+running (so "latest" means the trained result). A restarted master reloads every record and
+keeps following; producers live on env workers and are not interrupted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any
+
+from nats.js.api import AckPolicy, ConsumerConfig
+from nats.js.errors import NotFoundError
+
+from actors.runtime import op
+from protocol.errors import Conflict, NexusError, NotFound
+from protocol.messages import (
+    TERMINAL_WORKLOAD_STATES,
+    CreateTenantRequest,
+    Ok,
+    ProducerSpec,
+    SubmitRequest,
+    TenantConfig,
+    TenantsReply,
+    WeightsRef,
+    WorkloadEvent,
+    WorkloadRecord,
+    WorkloadRef,
+    WorkloadsReply,
+    WorkloadsRequest,
+)
+from protocol.wire import decode, encode
+
+INTAKE_DURABLE = "master-intake"
+PENDING_RETRY_S = 1.0
+
+
+def new_workload_id() -> str:
+    return f"w{int(time.time()):010d}{uuid.uuid4().hex[:6]}"
+
+
+def policy_pin(spec: Any) -> tuple[str, int | str]:
+    """(tenant whose policy an eval scores, version pin: an int or 'latest')."""
+    version = spec.eval.version if spec.eval is not None else "latest"
+    if isinstance(version, str) and version.startswith("tenant:"):
+        name, _, pin = version.removeprefix("tenant:").partition("@")
+        return name, int(pin) if pin.isdigit() else "latest"
+    return spec.tenant, version
+
+
+def compile_producer(spec: Any, workload: str, eval_version: int = -1) -> ProducerSpec:
+    """The env worker's part of a workload spec."""
+    from dataclasses import asdict
+
+    budget = spec.schedule.budget
+    algo = asdict(spec.algorithm) if spec.algorithm is not None else {}
+    p = ProducerSpec(workload=workload, tenant=spec.tenant, kind=spec.task, seed=spec.seed,
+                     max_steps=budget.max_steps or 0, max_episodes=budget.max_episodes or 0,
+                     max_wall_s=float(budget.max_wall_s or 0.0))
+    if spec.env is not None:
+        p.env_id, p.env_options = spec.env.id, dict(spec.env.options)
+        if spec.env.demos is not None:
+            p.demo_episodes = spec.env.demos.episodes
+    if spec.dataset is not None:
+        p.dataset_root, p.camera_map = spec.dataset.root, dict(spec.dataset.camera_map)
+    if spec.eval is not None:
+        # eval: the workload itself; sft / rl: a closing evaluation of the final version.
+        p.eval_episodes, p.eval_seed = spec.eval.episodes, spec.eval.seed
+    if spec.task == "sft":
+        p.algo = {"batch_size": algo.get("batch_size", 32)}
+        p.max_steps = p.max_steps or int(algo.get("steps", 0))
+    elif spec.task == "rl":
+        p.algo = {k: algo[k] for k in ("gamma", "gae_lambda", "episodes_per_update", "micro_batch") if algo.get(k)}
+    else:
+        p.policy_tenant, _ = policy_pin(spec)
+        p.eval_version = eval_version
+    return p
+
+
+class WorkloadOps:
+    """Mixed into `master.service.Master`: the workload ops and their background tasks."""
+
+    workloads: dict[str, WorkloadRecord]
+
+    async def setup_workloads(self) -> None:
+        self.workloads = {}
+        for key in await self._all_keys(self.kv_workloads):
+            rec = decode((await self.kv_workloads.get(key)).value, WorkloadRecord)
+            self.workloads[rec.workload] = rec
+        nc = self.bus.nc
+        await nc.subscribe(self.names.workload_events_all, cb=self._on_workload_event)
+        self.spawn(self._intake_loop(), "workload-intake")
+        self.spawn(self._pending_loop(), "workload-pending")
+
+    @staticmethod
+    async def _all_keys(kv) -> list[str]:
+        from nats.js.errors import NoKeysError
+
+        try:
+            return sorted(await kv.keys())
+        except NoKeysError:
+            return []
+
+    # -- submission ----------------------------------------------------------------------
+    @op("submit", SubmitRequest)
+    async def submit(self, req: SubmitRequest) -> WorkloadRecord:
+        data: Any = req.spec if req.spec else req.spec_text
+        return await self._accept(data, new_workload_id())
+
+    async def _accept(self, data: Any, workload: str) -> WorkloadRecord:
+        from master.spec import compile_tenant, parse_spec, spec_to_dict
+
+        if workload in self.workloads:
+            return self.workloads[workload]  # a redelivered intake message: already accepted
+        spec = parse_spec(data)  # SpecError lists every bad field
+        if spec.tenant in self.sched.tenants:
+            raise Conflict(f"tenant {spec.tenant!r} already exists; choose another name",
+                           details={"tenant": spec.tenant})
+        if spec.task == "eval":
+            target, _ = policy_pin(spec)
+            known = set(self.sched.tenants) | {w.tenant for w in self.workloads.values()}
+            if target != spec.tenant and target not in known:
+                raise NotFound(f"eval.version names tenant {target!r}, which does not exist",
+                               details={"field": "eval.version", "tenant": target})
+        await self.tenant_create(CreateTenantRequest(config=compile_tenant(spec)))
+        now = time.time()
+        rec = WorkloadRecord(workload=workload, tenant=spec.tenant, task=spec.task, state="pending",
+                             spec=spec_to_dict(spec), created_at=now, updated_at=now)
+        self.workloads[workload] = rec
+        await self._save_workload(rec)
+        await self._publish_event(rec, "accepted", message=f"{spec.task} workload of tenant {spec.tenant} accepted")
+        await self._try_start(rec)
+        return rec
+
+    async def _intake_loop(self) -> None:
+        """Durable intake: plain NATS clients publish specs on <prefix>.workloads.submit."""
+        js = self.bus.js
+        cfg = ConsumerConfig(durable_name=INTAKE_DURABLE, ack_policy=AckPolicy.EXPLICIT, ack_wait=60, max_deliver=5)
+        sub = await js.pull_subscribe(self.names.workloads_submit, durable=INTAKE_DURABLE,
+                                      stream=self.names.stream_intake, config=cfg)
+        while True:
+            try:
+                msgs = await sub.fetch(8, timeout=1.0)
+            except (asyncio.TimeoutError, TimeoutError):
+                continue
+            except Exception as exc:  # broker hiccup: keep polling
+                self.log.warning("intake fetch failed", error=str(exc))
+                await asyncio.sleep(1.0)
+                continue
+            for msg in msgs:
+                workload = f"i{msg.metadata.sequence.stream:010d}"
+                try:
+                    await self._accept(msg.data, workload)
+                except NexusError as exc:
+                    tenant = _tenant_guess(msg.data)
+                    await self.bus.publish(self.names.workload_events(workload), WorkloadEvent(
+                        workload=workload, tenant=tenant, kind="rejected", state="failed", message=exc.message,
+                        errors=[{k: str(v) for k, v in e.items()} for e in exc.details.get("errors", [])]
+                        or [{"field": str(exc.details.get("field", "")), "message": exc.message}],
+                        at=time.time()))
+                    self.log.info("intake spec rejected", workload=workload, error=exc.message)
+                except Exception as exc:
+                    self.log.error("intake failed", workload=workload, exc_info=exc)
+                    await msg.nak(delay=2)
+                    continue
+                await msg.ack()
+
+    # -- lifecycle -----------------------------------------------------------------------
+    async def _try_start(self, rec: WorkloadRecord) -> None:
+        from master.spec import spec_from_dict
+
+        if rec.state != "pending":
+            return
+        spec = spec_from_dict(rec.spec)
+        eval_version = -1
+        if rec.task == "eval":
+            target, pin = policy_pin(spec)
+            if target not in self.sched.tenants:
+                return  # its tenant's workload has not been accepted yet
+            busy = [w for w in self.workloads.values() if w.tenant == target and w.task != "eval"
+                    and w.state in ("pending", "running")]
+            if busy:
+                return  # evaluate the trained result, not a moving target
+            eval_version = await self._pin_version(target, pin)
+        producer = compile_producer(spec, rec.workload, eval_version)
+        try:
+            reply = await self.bus.request(self.names.env("start_producer"), producer, Ok, timeout_s=30)
+        except NexusError as exc:
+            self.log.warning("producer start failed; will retry", workload=rec.workload, error=exc.message)
+            return
+        rec.worker = reply.detail.rsplit(" on ", 1)[-1]
+        rec.eval_version = eval_version
+        await self._set_state(rec, "running", f"producer running on {rec.worker}")
+
+    async def _pin_version(self, tenant: str, version: Any) -> int:
+        if isinstance(version, int):
+            return version
+        try:
+            ref = decode((await self.kv_versions.get(tenant)).value, WeightsRef)
+            return ref.version
+        except Exception:  # nothing exported yet: the initial weights
+            return 0
+
+    async def _pending_loop(self) -> None:
+        while True:
+            await asyncio.sleep(PENDING_RETRY_S)
+            for rec in list(self.workloads.values()):
+                if rec.state == "pending":
+                    try:
+                        await self._try_start(rec)
+                    except Exception as exc:
+                        self.log.error("starting workload failed", workload=rec.workload, exc_info=exc)
+                        await self._set_state(rec, "failed", f"could not start: {exc}")
+
+    async def _on_workload_event(self, msg: Any) -> None:
+        try:
+            ev = decode(msg.data, WorkloadEvent)
+        except Exception as exc:
+            self.log.warning("bad workload event", error=str(exc))
+            return
+        rec = self.workloads.get(ev.workload)
+        if rec is None or rec.state in TERMINAL_WORKLOAD_STATES or ev.kind not in ("progress", "done"):
+            return
+        rec.step, rec.episodes = max(rec.step, ev.step), max(rec.episodes, ev.episodes)
+        rec.metrics.update(ev.metrics)
+        rec.updated_at = time.time()
+        if ev.kind == "done":
+            await self._set_state(rec, "failed" if ev.state == "failed" else "completed", ev.message)
+        else:
+            await self._save_workload(rec)
+
+    async def _set_state(self, rec: WorkloadRecord, state: str, message: str) -> None:
+        rec.state, rec.message, rec.updated_at = state, message, time.time()  # type: ignore[assignment]
+        await self._save_workload(rec)
+        await self._publish_event(rec, "state", message=message)
+        self.log.info("workload state", workload=rec.workload, tenant=rec.tenant, state=state, detail=message)
+
+    async def _save_workload(self, rec: WorkloadRecord) -> None:
+        await self.kv_workloads.put(rec.workload, encode(rec))
+
+    async def _publish_event(self, rec: WorkloadRecord, kind: str, message: str = "") -> None:
+        await self.bus.publish(self.names.workload_events(rec.workload), WorkloadEvent(
+            workload=rec.workload, tenant=rec.tenant, kind=kind, state=rec.state, step=rec.step,  # type: ignore[arg-type]
+            episodes=rec.episodes, metrics=dict(rec.metrics), message=message, at=time.time()))
+
+    # -- queries and control -------------------------------------------------------------
+    def _workload(self, workload: str) -> WorkloadRecord:
+        rec = self.workloads.get(workload)
+        if rec is None:
+            raise NotFound(f"unknown workload {workload!r}", details={"workload": workload})
+        return rec
+
+    @op("workload", WorkloadRef)
+    async def workload(self, req: WorkloadRef) -> WorkloadRecord:
+        return self._workload(req.workload)
+
+    @op("workloads", WorkloadsRequest)
+    async def list_workloads(self, req: WorkloadsRequest) -> WorkloadsReply:
+        recs = [w for w in self.workloads.values() if not req.tenant or w.tenant == req.tenant]
+        return WorkloadsReply(workloads=sorted(recs, key=lambda w: w.created_at))
+
+    @op("tenants", WorkloadsRequest)
+    async def list_tenants(self, req: WorkloadsRequest) -> TenantsReply:
+        return TenantsReply(tenants=[self.sched.tenants[t] for t in sorted(self.sched.tenants)],
+                            versions=dict(self.sched.versions))
+
+    @op("cancel", WorkloadRef)
+    async def cancel(self, req: WorkloadRef) -> WorkloadRecord:
+        rec = self._workload(req.workload)
+        if rec.state in TERMINAL_WORKLOAD_STATES:
+            return rec
+        if rec.state == "running" and rec.worker:
+            try:
+                await self.bus.request(self.names.instance_op("env", rec.worker, "stop_producer"),
+                                       WorkloadRef(workload=rec.workload), Ok, timeout_s=30)
+            except NexusError as exc:  # the worker may be gone: the workload is cancelled anyway
+                self.log.warning("stop_producer failed", workload=rec.workload, error=exc.message)
+        await self._set_state(rec, "cancelled", "cancelled by request")
+        return rec
+
+    async def on_env_worker_down(self, instance: str) -> None:
+        """Restart the producers of a dead env worker elsewhere (RL and SFT resume from the
+        tenant's state; an eval starts its episodes over)."""
+        for rec in self.workloads.values():
+            if rec.state == "running" and rec.worker == instance:
+                rec.state = "pending"
+                await self._set_state(rec, "pending", f"env worker {instance} died; restarting the producer")
+
+
+def _tenant_guess(data: bytes) -> str:
+    """Best-effort tenant name of a rejected spec, for the event (empty if unreadable)."""
+    try:
+        import yaml
+
+        doc = yaml.safe_load(data)
+        name = doc.get("tenant", "") if isinstance(doc, dict) else ""
+        return name if isinstance(name, str) else ""
+    except Exception:  # an unreadable spec has no tenant to name
+        return ""
