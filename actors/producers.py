@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from protocol.errors import Busy, NexusError
+from protocol.errors import Busy, NexusError, RequestTimeout, Unavailable
 from protocol.messages import ProducerSpec, QueuePutRequest, WorkloadEvent
 
 # Defaults with a reason each; a spec's algo dict overrides them.
@@ -131,6 +131,19 @@ class Producer:
         except NexusError as exc:
             self.worker.log.warning("event publish failed", error=str(exc))
 
+    async def _retry(self, fn, *args, outage_s: float = 120.0, **kwargs) -> Any:
+        """Ride out a master or inferencer restart: retry on no-responder / timeout for up
+        to ``outage_s``. Only for calls that are safe to repeat (puts carry a seq)."""
+        deadline = time.monotonic() + outage_s
+        while True:
+            try:
+                return await fn(*args, **kwargs)
+            except (Unavailable, RequestTimeout) as exc:
+                if time.monotonic() > deadline:
+                    raise
+                self.worker.log.warning("retrying after outage", call=getattr(fn, "__name__", "?"), error=exc.message)
+                await asyncio.sleep(1.0)
+
     def _budget_left(self) -> bool:
         s, p = self.spec, self.progress
         if s.max_steps and p.version >= s.max_steps:
@@ -142,14 +155,15 @@ class Producer:
         return True
 
     async def _refresh_version(self) -> None:
-        ref = await self.client.latest_weights(self.spec.tenant)
+        ref = await self._retry(self.client.latest_weights, self.spec.tenant)
         if ref is not None:
             self.progress.version = ref.version
 
     async def _reserve(self, task: str) -> str:
         while True:
             try:
-                return (await self.client.reserve(self.spec.tenant, task)).job
+                # No responder means the master never saw it: safe to retry.
+                return (await self._retry(self.client.reserve, self.spec.tenant, task)).job
             except Busy as exc:  # back-pressure: the trainer is behind; wait, do not pile up
                 await asyncio.sleep(float(exc.details.get("retry_after_s", 0.5)))
                 await self._refresh_version()
@@ -159,7 +173,7 @@ class Producer:
     async def _wait_jobs(self) -> None:
         """Wait until every job this producer queued is trained (or dropped / failed)."""
         for job in self.progress.jobs:
-            await self.client.wait_job(self.spec.tenant, job, timeout_s=3600)
+            await self._retry(self.client.wait_job, self.spec.tenant, job, timeout_s=3600)
         await self._refresh_version()
 
     # -- episodes ------------------------------------------------------------------------
@@ -240,7 +254,7 @@ class Producer:
         req = JobRef(tenant=self.spec.tenant, job=self.spec.workload)
         while True:
             try:
-                await self.client.bus.request(self.client.names.master(op), req, Ok, timeout_s=30)
+                await self._retry(self.client.bus.request, self.client.names.master(op), req, Ok, timeout_s=30)
                 return
             except Busy as exc:
                 await asyncio.sleep(float(exc.details.get("retry_after_s", 0.5)))
@@ -275,9 +289,9 @@ class Producer:
                 returns=np.array([r["ret"] for r in part], np.float32),
                 behaviour_version=min(int(r["version"]) for r in part),
             )
-            await self.client.queue_put(item)
+            await self._retry(self.client.queue_put, item)
             self.progress.items += 1
-        await self.client.mark_ready(self.spec.tenant, job)
+        await self._retry(self.client.mark_ready, self.spec.tenant, job)
         self.progress.jobs.append(job)
 
     # -- SFT -----------------------------------------------------------------------------
@@ -286,7 +300,7 @@ class Producer:
 
         algo = {**SFT_DEFAULTS, **self.spec.algo}
         root = await self._dataset_root()
-        tenant = await self.client.tenant(self.spec.tenant)
+        tenant = await self._retry(self.client.tenant, self.spec.tenant)
         horizon = int(tenant.schema["action_horizon"])
         reader = await asyncio.to_thread(LeRobotReader, root)
         rng = np.random.default_rng(self.spec.seed)
@@ -298,12 +312,13 @@ class Producer:
                     break
                 for seq in range(int(algo["items_per_job"])):
                     item = await asyncio.to_thread(self._sft_item, reader, rng, int(algo["batch_size"]), horizon, job, seq)
-                    await self.client.queue_put(item)
+                    await self._retry(self.client.queue_put, item)
                     queued_steps += 1
-                await self.client.mark_ready(self.spec.tenant, job)
+                await self._retry(self.client.mark_ready, self.spec.tenant, job)
                 self.progress.jobs.append(job)
                 await self._refresh_version()
-                rec = await self.client.job(self.spec.tenant, self.progress.jobs[max(0, len(self.progress.jobs) - 3)])
+                rec = await self._retry(self.client.job, self.spec.tenant,
+                                        self.progress.jobs[max(0, len(self.progress.jobs) - 3)])
                 await self._event("progress", metrics={k: v for k, v in rec.metrics.items() if k in ("loss", "l1")})
             await self._wait_jobs()
             last = await self.client.job(self.spec.tenant, self.progress.jobs[-1]) if self.progress.jobs else None

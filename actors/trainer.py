@@ -34,7 +34,7 @@ import numpy as np
 from actors.runtime import Role, RoleConfig, op
 from actors.slots import Resident, SlotStore
 from master.service import read_job_items
-from protocol.errors import FailedPrecondition, NexusError, NotFound
+from protocol.errors import FailedPrecondition, NexusError, NotFound, RequestTimeout, Unavailable
 from protocol.messages import (
     ExportRequest,
     GetTenantRequest,
@@ -55,6 +55,8 @@ from protocol.messages import (
 # first job it handles. Points, in lifecycle order:
 FAULT_POINTS = ("after_lease", "after_train", "after_commit", "after_trained", "after_export", "after_synced")
 FAULT_ENV = "NEXUS_TRAINER_FAULT"
+# How long job updates are retried while the master is unreachable (a restart takes seconds).
+MASTER_OUTAGE_S = 120.0
 
 
 @dataclass
@@ -146,8 +148,15 @@ class Trainer(Role):
 
     async def _tenant(self, name: str) -> TenantConfig:
         assert self.bus is not None
-        return await self.bus.request(self.names.master("tenant_get"), GetTenantRequest(tenant=name),
-                                      TenantConfig, timeout_s=10)
+        deadline = time.monotonic() + MASTER_OUTAGE_S
+        while True:
+            try:
+                return await self.bus.request(self.names.master("tenant_get"), GetTenantRequest(tenant=name),
+                                              TenantConfig, timeout_s=10)
+            except (Unavailable, RequestTimeout):
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(1.0)
 
     async def _run(self, jobs: list[JobRecord]) -> list[_Work]:
         """Steps 2-5 for a set of leased jobs (at most one per tenant)."""
@@ -265,11 +274,20 @@ class Trainer(Role):
     async def _update(self, job: JobRecord, state: str, version: int = -1,
                       metrics: dict[str, float] | None = None, reason: str = "") -> JobRecord:
         assert self.bus is not None
-        rec = await self.bus.request(
-            self.names.master("job_update"),
-            JobUpdate(tenant=job.tenant, job=job.job, state=state, trainer=self.instance,  # type: ignore[arg-type]
-                      trained_version=version, reason=reason, metrics=metrics or {}),
-            JobRecord, timeout_s=10)
+        update = JobUpdate(tenant=job.tenant, job=job.job, state=state, trainer=self.instance,  # type: ignore[arg-type]
+                           trained_version=version, reason=reason, metrics=metrics or {})
+        # A master restart must not strand a job we hold: updates are idempotent, so retry
+        # through the outage (bounded) instead of dropping the job until its lease expires.
+        deadline = time.monotonic() + MASTER_OUTAGE_S
+        while True:
+            try:
+                rec = await self.bus.request(self.names.master("job_update"), update, JobRecord, timeout_s=10)
+                break
+            except (Unavailable, RequestTimeout) as exc:
+                if time.monotonic() > deadline:
+                    raise
+                self.log.warning("master unavailable; retrying job update", job=job.job, state=state, error=exc.message)
+                await asyncio.sleep(1.0)
         job.state = rec.state
         return rec
 

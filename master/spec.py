@@ -26,7 +26,7 @@ import functools
 import json
 import re
 import string
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -627,10 +627,6 @@ def write_docs(root: str | Path = ".") -> list[Path]:
     schema_path.write_text(schema_json_text())
     doc_path.write_text(render_fields_doc(doc_path.read_text()))
     return [schema_path, doc_path]
-
-
-def iter_examples(root: str | Path = ".") -> Iterable[Path]:
-    return sorted((Path(root) / "examples").glob("*.yaml"))
 
 
 __all__ = [

@@ -29,7 +29,7 @@ import json
 import re
 import types
 import typing
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any, Union
 
 Errors = list[tuple[str, str]]

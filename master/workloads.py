@@ -105,6 +105,16 @@ class WorkloadOps:
             self.workloads[rec.workload] = rec
         nc = self.bus.nc
         await nc.subscribe(self.names.workload_events_all, cb=self._on_workload_event)
+        # Events that arrived while no master ran (a producer finishing, say) are in the
+        # events stream: apply each unfinished workload's last one.
+        for rec in list(self.workloads.values()):
+            if rec.state not in TERMINAL_WORKLOAD_STATES:
+                try:
+                    last = await self.bus.js.get_last_msg(self.names.stream_events,
+                                                          self.names.workload_events(rec.workload))
+                except NotFoundError:
+                    continue
+                await self._apply_event(decode(last.data, WorkloadEvent))
         self.spawn(self._intake_loop(), "workload-intake")
         self.spawn(self._pending_loop(), "workload-pending")
 
@@ -234,6 +244,9 @@ class WorkloadOps:
         except Exception as exc:
             self.log.warning("bad workload event", error=str(exc))
             return
+        await self._apply_event(ev)
+
+    async def _apply_event(self, ev: WorkloadEvent) -> None:
         rec = self.workloads.get(ev.workload)
         if rec is None or rec.state in TERMINAL_WORKLOAD_STATES or ev.kind not in ("progress", "done"):
             return

@@ -24,7 +24,7 @@ import orjson
 
 from actors.broker import PortTaken, port_is_free
 from actors.supervisor import ClusterState, Supervisor, SupervisorConfig, pid_alive
-from protocol.errors import NexusError
+from protocol.errors import NexusError, Unavailable
 from protocol.subjects import DEFAULT_PREFIX
 from sdk.client import AsyncClient, resolve_cluster
 from sdk.dataset_cli import add_dataset_commands
@@ -145,31 +145,184 @@ def _fmt_age(seconds: float) -> str:
     return f"{seconds / 3600:.1f}h"
 
 
-def cmd_status(args: argparse.Namespace) -> int:
-    url, prefix = resolve_cluster(args.data_dir, args.nats_url, args.prefix)
-
-    async def fetch():
-        async with AsyncClient(url, prefix, timeout_s=args.timeout_s) as client:
-            return await client.status()
-
-    status = asyncio.run(fetch())
-    rows = [dataclasses.asdict(r) for r in status.roles]
-    if args.json:
-        sys.stdout.write(orjson.dumps({"roles": rows, "metrics": status.metrics,
-                                       "generated_at": status.generated_at},
-                                      option=orjson.OPT_INDENT_2).decode() + "\n")
-        return EXIT_OK
-    header = ("ROLE", "INSTANCE", "PID", "STATE", "UPTIME", "LAST HEARTBEAT")
-    table = [header] + [
-        (r["role"], r["instance"], str(r["pid"]), r["state"], _fmt_age(r["uptime_s"]),
-         f"{_fmt_age(r['last_heartbeat_age_s'])} ago")
-        for r in rows
-    ]
+def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
+    table = [header] + rows
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     for row in table:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+
+
+def _client(args: argparse.Namespace) -> AsyncClient:
+    url, prefix = resolve_cluster(args.data_dir, args.nats_url, args.prefix)
+    return AsyncClient(url, prefix, timeout_s=getattr(args, "timeout_s", 10.0))
+
+
+def _workload_rows(workloads, jobs) -> list[dict]:
+    depth: dict[str, int] = {}
+    for j in jobs:
+        if j.state in ("reserved", "filling", "ready", "leased"):
+            depth[j.tenant] = depth.get(j.tenant, 0) + 1
+    out = []
+    for w in workloads:
+        m = w.metrics
+        out.append({"workload": w.workload, "tenant": w.tenant, "task": w.task, "state": w.state,
+                    "version": w.step, "episodes": w.episodes, "loss": m.get("loss"),
+                    "success_rate": m.get("success_rate", m.get("eval_success_rate")),
+                    "queue_depth": depth.get(w.tenant, 0), "message": w.message})
+    return out
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    async def fetch():
+        async with _client(args) as client:
+            try:
+                status = await client.status()
+            except NexusError as exc:  # no monitor: say so, still show the workloads
+                _err(f"roles unknown: {exc.message}")
+                status = None
+            try:
+                workloads, jobs = await client.workloads(), await client.jobs()
+            except NexusError:  # no master yet: roles only
+                workloads, jobs = [], []
+            if status is None and not workloads:
+                raise Unavailable("neither the monitor nor the master answers; is the cluster up?")
+            return status, workloads, jobs
+
+    status, workloads, jobs = asyncio.run(fetch())
+    if status is None:
+        from protocol.messages import ClusterStatus
+
+        status = ClusterStatus(roles=[], metrics={}, generated_at=time.time())
+    rows = [dataclasses.asdict(r) for r in status.roles]
+    wrows = _workload_rows(workloads, jobs)
+    if args.json:
+        sys.stdout.write(orjson.dumps({"roles": rows, "workloads": wrows, "metrics": status.metrics,
+                                       "generated_at": status.generated_at},
+                                      option=orjson.OPT_INDENT_2).decode() + "\n")
+        return EXIT_OK
+    _table(("ROLE", "INSTANCE", "PID", "STATE", "UPTIME", "LAST HEARTBEAT"), [
+        (r["role"], r["instance"], str(r["pid"]), r["state"], _fmt_age(r["uptime_s"]),
+         f"{_fmt_age(r['last_heartbeat_age_s'])} ago") for r in rows])
     alive = sum(r["state"] == "alive" for r in rows)
     print(f"\n{alive} alive, {len(rows) - alive} not alive")
+    if wrows:
+        print()
+        _table(("WORKLOAD", "TENANT", "TASK", "STATE", "VERSION", "LOSS", "SUCCESS", "QUEUE"), [
+            (w["workload"], w["tenant"], w["task"], w["state"], str(w["version"]),
+             "-" if w["loss"] is None else f"{w['loss']:.4f}",
+             "-" if w["success_rate"] is None else f"{w['success_rate']:.0%}", str(w["queue_depth"]))
+            for w in wrows])
+    return EXIT_OK
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    from master.spec import SpecError, load_spec
+
+    try:
+        load_spec(args.spec)  # validate locally first: exit 2 with every field error
+    except SpecError as exc:
+        _print_spec_errors(exc, args.spec)
+        return EXIT_BAD_INPUT
+    except OSError as exc:
+        _err(f"cannot read {args.spec}: {exc.strerror}")
+        return EXIT_BAD_INPUT
+    text = Path(args.spec).read_text()
+
+    async def go() -> int:
+        async with _client(args) as client:
+            handles = [await client.submit(text)]
+            for extra in args.more:
+                handles.append(await client.submit(Path(extra).read_text()))
+            for h in handles:
+                print(f"submitted {h.id} (tenant {h.tenant})")
+            if not args.wait:
+                return EXIT_OK
+            recs = await asyncio.gather(*(h.wait(progress=True, timeout_s=args.wait_timeout_s) for h in handles))
+            bad = [r for r in recs if r.state != "completed"]
+            for r in recs:
+                print(f"{r.workload} {r.tenant}: {r.state} {r.message}")
+            return EXIT_FAILED if bad else EXIT_OK
+
+    return asyncio.run(go())
+
+
+def _print_spec_errors(exc, source: str) -> None:
+    errors = exc.details.get("errors") or [{"field": exc.details.get("field", "?"), "message": exc.message}]
+    _err(f"{source}: invalid workload spec ({len(errors)} error{'s' if len(errors) != 1 else ''}):")
+    for e in errors:
+        print(f"  {e['field']}: {e['message']}", file=sys.stderr)
+
+
+def cmd_tenants(args: argparse.Namespace) -> int:
+    async def go():
+        async with _client(args) as client:
+            return await client.tenants()
+
+    reply = asyncio.run(go())
+    rows = [{"tenant": t.name, "base": t.base, "head": t.head, "signature": t.signature,
+             "version": reply.versions.get(t.name, 0), "priority": t.priority} for t in reply.tenants]
+    if args.json:
+        print(orjson.dumps(rows, option=orjson.OPT_INDENT_2).decode())
+        return EXIT_OK
+    _table(("TENANT", "BASE", "HEAD", "VERSION", "SIGNATURE"),
+           [(r["tenant"], r["base"], r["head"], str(r["version"]), r["signature"][:19]) for r in rows])
+    return EXIT_OK
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    async def go():
+        async with _client(args) as client:
+            return await client.cancel(args.workload)
+
+    rec = asyncio.run(go())
+    print(f"{rec.workload}: {rec.state}")
+    return EXIT_OK
+
+
+def cmd_download(args: argparse.Namespace) -> int:
+    async def go():
+        async with _client(args) as client:
+            return await client.download_policy(args.tenant, args.version, args.out)
+
+    weights, manifest = asyncio.run(go())
+    print(f"{weights}\n{manifest}")
+    return EXIT_OK
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    state = ClusterState.read(args.data_dir.resolve())
+    logs_dir = Path(state.logs_dir) if state else args.data_dir / "logs"
+    path = logs_dir / f"{args.role}.log"
+    if not path.exists():
+        known = sorted(p.stem for p in logs_dir.glob("*.log")) if logs_dir.exists() else []
+        _err(f"no log {path}; logs here: {', '.join(known) or 'none'}")
+        return EXIT_BAD_INPUT
+    lines = path.read_text(errors="replace").splitlines()
+    for line in lines[-args.lines:]:
+        if args.tenant and f'"tenant": "{args.tenant}"' not in line:
+            continue
+        print(line)
+    return EXIT_OK
+
+
+def cmd_spec(args: argparse.Namespace) -> int:
+    from master.spec import SpecError, load_spec, schema_json_text
+
+    if args.action == "schema":
+        print(schema_json_text())
+        return EXIT_OK
+    if not args.file:
+        _err("nexus spec validate needs a FILE")
+        return EXIT_BAD_INPUT
+    try:
+        spec = load_spec(args.file)
+    except SpecError as exc:
+        _print_spec_errors(exc, args.file)
+        return EXIT_BAD_INPUT
+    except OSError as exc:
+        _err(f"cannot read {args.file}: {exc.strerror}")
+        return EXIT_BAD_INPUT
+    print(f"{args.file}: valid {spec.task} workload for tenant {spec.tenant}")
     return EXIT_OK
 
 
@@ -214,6 +367,44 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true", help="print JSON for scripts")
     status.add_argument("--timeout-s", type=float, default=5.0)
     status.set_defaults(func=cmd_status)
+
+    submit = sub.add_parser("submit", help="submit workload spec file(s) (YAML or JSON)")
+    _add_cluster_flags(submit)
+    submit.add_argument("spec", help="workload spec file")
+    submit.add_argument("more", nargs="*", help="more spec files, submitted together")
+    submit.add_argument("--wait", action="store_true", help="show live progress until every workload ends")
+    submit.add_argument("--wait-timeout-s", type=float, default=3600.0)
+    submit.add_argument("--timeout-s", type=float, default=30.0)
+    submit.set_defaults(func=cmd_submit)
+
+    tenants = sub.add_parser("tenants", help="table of tenants")
+    _add_cluster_flags(tenants)
+    tenants.add_argument("--json", action="store_true")
+    tenants.set_defaults(func=cmd_tenants)
+
+    cancel = sub.add_parser("cancel", help="cancel a workload")
+    _add_cluster_flags(cancel)
+    cancel.add_argument("workload")
+    cancel.set_defaults(func=cmd_cancel)
+
+    download = sub.add_parser("download", help="download a tenant's policy (safetensors + manifest)")
+    _add_cluster_flags(download)
+    download.add_argument("tenant")
+    download.add_argument("--version", type=int, help="default: the latest export")
+    download.add_argument("--out", type=Path, default=Path("."))
+    download.set_defaults(func=cmd_download)
+
+    logs = sub.add_parser("logs", help="a role's JSON log lines")
+    logs.add_argument("role", help="health, monitor, master, trainer, inferencer, env or supervisor")
+    logs.add_argument("--data-dir", type=Path, default=Path(".nexus"))
+    logs.add_argument("-n", "--lines", type=int, default=50)
+    logs.add_argument("--tenant", help="only lines about this tenant")
+    logs.set_defaults(func=cmd_logs)
+
+    spec = sub.add_parser("spec", help="the workload spec: print its JSON Schema, or validate a file")
+    spec.add_argument("action", choices=("schema", "validate"))
+    spec.add_argument("file", nargs="?")
+    spec.set_defaults(func=cmd_spec)
 
     layout = sub.add_parser("layout", help="create streams and buckets on an existing NATS server")
     _add_cluster_flags(layout)

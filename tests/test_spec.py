@@ -1,0 +1,371 @@
+"""WorkloadSpec: strict parsing with field paths, JSON Schema agreement, examples, compile, round trip.
+
+Pure functions, no NATS: `pytest tests/test_spec.py` runs in a few seconds (the model-core
+import for the compile checks is the slowest part).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+from master.spec import (
+    PPOAlgorithm,
+    SFTAlgorithm,
+    SpecError,
+    WorkloadSpec,
+    compile_tenant,
+    field_reference_markdown,
+    load_document,
+    load_spec,
+    parse_spec,
+    render_fields_doc,
+    schema_json_text,
+    spec_from_dict,
+    spec_json_schema,
+    spec_to_dict,
+)
+from protocol.errors import ErrorCode, NexusError
+from protocol.messages import TenantConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ["sft_reach.yaml", "rl_reach.yaml", "eval_reach.yaml", "sft_lerobot.yaml"]
+DELETE = object()
+
+
+@pytest.fixture(scope="module")
+def validator() -> jsonschema.protocols.Validator:
+    schema = spec_json_schema()
+    jsonschema.Draft202012Validator.check_schema(schema)
+    return jsonschema.Draft202012Validator(schema)
+
+
+def minimal(task: str = "sft") -> dict[str, Any]:
+    """The smallest valid spec of each task type (everything else defaulted)."""
+    spec: dict[str, Any] = {
+        "tenant": f"t-{task}",
+        "task": task,
+        "base": "tiny-qwen3-vl-64",
+        "action_module": {"kind": "gaussian" if task == "rl" else "mlp"},
+        "observation": {"cameras": [{"name": "top", "height": 64, "width": 64},
+                                    {"name": "wrist", "height": 64, "width": 64}], "state_dim": 4},
+        "action": {"dim": 2},
+        "env": {"id": "builtin/reach-v0"},
+    }
+    if task == "sft":
+        spec["env"]["demos"] = {"episodes": 5}
+    if task == "eval":
+        spec["eval"] = {"version": "tenant:t-sft@latest"}
+    return spec
+
+
+def mutate(doc: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    """Copy of ``doc`` with dotted paths set (or removed with DELETE); ``[i]`` indexes lists."""
+    out = copy.deepcopy(doc)
+    for path, value in changes.items():
+        parts = [int(p) if p.isdigit() else p for p in re.split(r"\.|\[(\d+)\]", path) if p]
+        node = out
+        for part in parts[:-1]:
+            node = node[part]
+        if value is DELETE:
+            del node[parts[-1]]
+        else:
+            node[parts[-1]] = value
+    return out
+
+
+def errors_of(data: Any) -> dict[str, str]:
+    with pytest.raises(SpecError) as info:
+        parse_spec(data)
+    return {e["field"]: e["message"] for e in info.value.details["errors"]}
+
+
+# ---- examples, docs, schema file ------------------------------------------------------
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_examples_valid_for_parse_spec_and_json_schema(name, validator):
+    path = ROOT / "examples" / name
+    spec = load_spec(path)
+    assert isinstance(spec, WorkloadSpec)
+    validator.validate(load_document(path.read_bytes()))
+    validator.validate(spec_to_dict(spec))  # the stored form is valid too
+
+
+def test_examples_say_what_the_brief_asks():
+    sft = load_spec(ROOT / "examples/sft_reach.yaml")
+    assert (sft.task, sft.base, sft.action_module.kind) == ("sft", "tiny-qwen3-vl-64", "mlp")
+    assert sft.env.id == "builtin/reach-v0"
+    assert sft.env.demos.episodes > 0
+    assert [(c.name, c.height, c.width) for c in sft.observation.cameras] == [("top", 64, 64), ("wrist", 64, 64)]
+    assert (sft.observation.state_dim, sft.action.dim) == (4, 2)
+    rl = load_spec(ROOT / "examples/rl_reach.yaml")
+    assert rl.action_module.kind == "gaussian" and isinstance(rl.algorithm, PPOAlgorithm)
+    ev = load_spec(ROOT / "examples/eval_reach.yaml")
+    assert (ev.eval.version, ev.eval.episodes, ev.algorithm) == ("tenant:sft-reach@latest", 50, None)
+    lr = load_spec(ROOT / "examples/sft_lerobot.yaml")
+    assert lr.dataset.root == "../shared/fixtures/lerobot/libero_like"
+    assert (len(lr.observation.cameras), lr.observation.state_dim, lr.action.dim) == (2, 8, 7)
+    # The fixture really has these keys and shapes (when the shared fixtures are present).
+    info_path = ROOT / lr.dataset.root / "meta/info.json"
+    if info_path.exists():
+        features = json.loads(info_path.read_text())["features"]
+        for key in lr.dataset.camera_map:
+            assert features[key]["shape"][:2] == [64, 64]
+        assert features[lr.dataset.state_key]["shape"] == [8]
+        assert features[lr.dataset.action_key]["shape"] == [7]
+
+
+def _doc_blocks() -> list[tuple[str, str]]:
+    text = (ROOT / "docs/workload_spec.md").read_text()
+    examples = text.split("## Examples", 1)[1].split("## Field reference", 1)[0]
+    return re.findall(r"```(yaml|json)\n(.*?)```", examples, flags=re.S)
+
+
+def test_docs_examples_valid_for_both(validator):
+    blocks = _doc_blocks()
+    assert len(blocks) == 4
+    for _, body in blocks:
+        parse_spec(body)
+        validator.validate(load_document(body))
+
+
+def test_generated_docs_are_current():
+    # Regenerate with `python -m master.spec_schema` when this fails.
+    assert (ROOT / "docs/workload_spec.schema.json").read_text() == schema_json_text()
+    doc = (ROOT / "docs/workload_spec.md").read_text()
+    assert render_fields_doc(doc) == doc
+    assert field_reference_markdown() in doc
+
+
+def test_json_schema_shape():
+    schema = spec_json_schema()
+    assert schema["additionalProperties"] is False
+    assert set(schema["required"]) == {"tenant", "task", "base", "action_module", "observation", "action"}
+    for name, body in schema["$defs"].items():
+        assert body["additionalProperties"] is False, name
+        for prop, sub in body["properties"].items():
+            assert sub.get("description"), f"{name}.{prop} has no description"
+    assert schema["$defs"]["ScheduleSpec"]["properties"]["staleness_bound"]["default"] == 128
+    assert schema["$defs"]["ScheduleSpec"]["properties"]["max_inflight_jobs"]["default"] == 2
+    assert schema["$defs"]["ScheduleSpec"]["properties"]["sft_prefetch_items"]["default"] == 16
+
+
+# ---- field-path errors ------------------------------------------------------------------
+def test_unknown_field_names_path_and_allowed_fields():
+    errs = errors_of(mutate(minimal(), {"schedule": {"budget": {"max_stepz": 3}}}))
+    assert list(errs) == ["schedule.budget.max_stepz"]
+    assert "max_steps, max_episodes, max_wall_s" in errs["schedule.budget.max_stepz"]
+    errs = errors_of(mutate(minimal(), {"colour": "red"}))
+    assert "unknown field" in errs["colour"] and "tenant" in errs["colour"]
+
+
+def test_missing_field():
+    errs = errors_of(mutate(minimal(), {"observation.state_dim": DELETE, "tenant": DELETE}))
+    assert set(errs) == {"observation.state_dim", "tenant"}
+    assert errs["tenant"].startswith("required field is missing")
+
+
+def test_wrong_type_in_list_item():
+    errs = errors_of(mutate(minimal(), {"observation.cameras[1].height": "64"}))
+    assert errs == {"observation.cameras[1].height": "expected an integer, got a string ('64')"}
+    errs = errors_of(mutate(minimal(), {"observation.state_dim": True}))
+    assert "expected an integer, got a boolean" in errs["observation.state_dim"]
+
+
+def test_bad_enum_lists_allowed_values():
+    errs = errors_of(mutate(minimal(), {"task": "dpo", "action_module.kind": "diffusion"}))
+    assert errs["task"] == "'dpo' is not allowed; allowed: sft, rl, eval"
+    assert errs["action_module.kind"] == "'diffusion' is not allowed; allowed: mlp, flow, gaussian"
+
+
+def test_several_errors_at_once():
+    bad = mutate(minimal("rl"), {
+        "tenant": "a b", "base": "tiny-qwen3-vl-46", "observation.cameras[0].width": 0,
+        "algorithm": {"lr": -1, "batch_size": 32}, "schedule": {"budget": {"max_steps": 0}},
+        "action_module.kind": "mlp", "env": DELETE,
+    })
+    with pytest.raises(SpecError) as info:
+        parse_spec(bad)
+    err = info.value
+    fields = [e["field"] for e in err.details["errors"]]
+    assert set(fields) == {"tenant", "base", "observation.cameras[0].width", "algorithm.batch_size",
+                           "algorithm.lr", "schedule.budget.max_steps", "env", "action_module.kind"}
+    assert "tiny-qwen3-vl-64" in err.details["errors"][fields.index("base")]["message"]  # lists presets
+    assert isinstance(err, NexusError) and isinstance(err, ValueError)
+    assert err.code is ErrorCode.INVALID_FIELD
+    assert f"({len(fields)} errors)" in err.message and all(f in err.message for f in fields)
+
+
+def test_yaml_json_bytes_str_and_dict_agree():
+    doc = minimal()
+    as_yaml, as_json = yaml.safe_dump(doc), json.dumps(doc)
+    specs = [parse_spec(doc), parse_spec(as_yaml), parse_spec(as_yaml.encode()), parse_spec(as_json),
+             parse_spec(as_json.encode())]
+    assert all(s == specs[0] for s in specs)
+
+
+def test_yaml_details():
+    # 1e-4 is a number (YAML 1.2), not the string PyYAML's default loader makes of it.
+    spec = parse_spec(yaml.safe_dump(minimal()) + "algorithm: {lr: 1e-4}\n")
+    assert spec.algorithm.lr == 1e-4
+    assert "duplicate key 'task'" in errors_of("task: sft\ntask: rl\n")["<root>"]
+    assert "not valid YAML or JSON" in errors_of(b"tenant: [")["<root>"]
+    assert "must be a mapping" in errors_of("- a\n- b\n")["<root>"]
+    assert "not UTF-8" in errors_of(b"\xff\xfe")["<root>"]
+
+
+def test_cross_field_rules():
+    errs = errors_of(mutate(minimal(), {"observation.cameras[1].name": "top"}))
+    assert "duplicate camera name 'top'" in errs["observation.cameras[1].name"]
+    errs = errors_of(mutate(minimal(), {"observation.instruction_template": "do {task}"}))
+    assert "{instruction}" in errs["observation.instruction_template"]
+    errs = errors_of(mutate(minimal(), {"algorithm": {"steps": 10, "warmup_steps": 20}}))
+    assert "must be <= steps" in errs["algorithm.warmup_steps"]
+    errs = errors_of(mutate(minimal("rl"), {"algorithm": {"episodes_per_update": 4, "steps_per_update": 100}}))
+    assert "not both" in errs["algorithm.steps_per_update"]
+    errs = errors_of(mutate(minimal("rl"), {"action_module.params": {"clip_ratio": 0.1}}))
+    assert "under algorithm" in errs["action_module.params"]
+    two_tops = {"root": "/d", "camera_map": {"cam.a": "top", "cam.b": "top"}}
+    lerobot = mutate(minimal(), {"env": DELETE, "dataset": two_tops})
+    errs = errors_of(lerobot)
+    assert "'wrist' is mapped 0 times" in errs["dataset.camera_map"]
+
+
+def test_version_pins():
+    for ok in ("latest", 3, 0, "tenant:sft-reach@latest", "tenant:a_b@12"):
+        assert parse_spec(mutate(minimal("eval"), {"eval.version": ok})).eval.version == ok
+    for bad in ("newest", -1, "tenant:a b@latest", "tenant:x@new", 1.5, True):
+        assert "eval.version" in errors_of(mutate(minimal("eval"), {"eval.version": bad}))
+
+
+def test_defaults_and_normalisation():
+    sft = parse_spec(minimal("sft"))
+    assert sft.algorithm == SFTAlgorithm()
+    sched = sft.schedule
+    assert (sched.max_inflight_jobs, sched.staleness_bound, sched.sft_prefetch_items) == (2, 128, 16)
+    rl = parse_spec(minimal("rl"))
+    assert rl.algorithm.episodes_per_update == 16 and rl.algorithm.steps_per_update is None
+    by_steps = parse_spec(mutate(minimal("rl"), {"algorithm": {"steps_per_update": 256}}))
+    assert by_steps.algorithm.episodes_per_update is None
+    assert parse_spec(minimal("eval")).algorithm is None
+    assert parse_spec(mutate(minimal(), {"base": "./my_base"})).base == "./my_base"
+
+
+# ---- task-type rules and JSON Schema agreement -------------------------------------------
+INVALID = [
+    # (task, changes, field parse_spec must name)
+    ("sft", {"colour": 1}, "colour"),
+    ("sft", {"tenant": DELETE}, "tenant"),
+    ("sft", {"tenant": "x" * 65}, "tenant"),
+    ("sft", {"observation.cameras[1].height": "64"}, "observation.cameras[1].height"),
+    ("sft", {"observation.cameras": []}, "observation.cameras"),
+    ("sft", {"action_module.kind": "diffusion"}, "action_module.kind"),
+    ("sft", {"base": "tiny-qwen3-vl-46"}, "base"),
+    ("sft", {"env.id": "reach"}, "env.id"),
+    ("sft", {"schedule": {"max_inflight_jobs": 0}}, "schedule.max_inflight_jobs"),
+    ("sft", {"algorithm": {"gamma": 0.9}}, "algorithm.gamma"),  # a PPO field on sft
+    ("sft", {"env.demos": DELETE}, "env.demos"),
+    ("sft", {"env": DELETE}, "dataset"),
+    ("sft", {"dataset": {"root": "/d", "camera_map": {"k": "top"}}}, "env"),
+    ("sft", {"spec_version": 2}, "spec_version"),
+    ("rl", {"env": DELETE}, "env"),
+    ("rl", {"action_module.kind": "mlp"}, "action_module.kind"),
+    ("rl", {"env.demos": {"episodes": 3}}, "env.demos"),
+    ("rl", {"dataset": {"root": "/d", "camera_map": {"k": "top"}}}, "dataset"),
+    ("rl", {"algorithm": {"batch_size": 8}}, "algorithm.batch_size"),
+    ("eval", {"eval": DELETE}, "eval"),
+    ("eval", {"algorithm": {"lr": 1e-3}}, "algorithm"),
+    ("eval", {"env": DELETE}, "env"),
+    ("eval", {"eval.episodes": 0}, "eval.episodes"),
+    ("sft", {"eval": {"episodes": 5}, "env": DELETE,
+             "dataset": {"root": "/d", "camera_map": {"a": "top", "b": "wrist"}}}, "eval"),
+]
+
+
+@pytest.mark.parametrize(("task", "changes", "field"), INVALID, ids=[f"{t}-{f}" for t, _, f in INVALID])
+def test_invalid_fails_both(task, changes, field, validator):
+    doc = mutate(minimal(task), changes)
+    assert field in errors_of(doc)
+    assert not validator.is_valid(doc), f"JSON Schema accepted {changes}"
+
+
+VALID = [
+    ("sft", {}),
+    ("rl", {}),
+    ("eval", {}),
+    ("sft", {"env": DELETE, "dataset": {"root": "/d", "camera_map": {"a": "top", "b": "wrist"}}}),
+    ("sft", {"action_module.kind": "flow", "action.horizon": 8, "algorithm": None, "eval": None}),
+    ("rl", {"algorithm": {"steps_per_update": 512, "grad_clip": None}, "schedule": {"budget": {"max_wall_s": 60}}}),
+    ("eval", {"action_module.kind": "gaussian", "eval.version": 7, "dataset": None,
+              "outputs": {"report_path": "r.json"}}),
+]
+
+
+@pytest.mark.parametrize(("task", "changes"), VALID)
+def test_valid_passes_both(task, changes, validator):
+    doc = mutate(minimal(task), changes)
+    spec = parse_spec(doc)
+    validator.validate(doc)
+    validator.validate(spec_to_dict(spec))
+
+
+# ---- compile and round trip ---------------------------------------------------------------
+def test_compile_tenant_sft():
+    spec = load_spec(ROOT / "examples/sft_reach.yaml")
+    cfg = compile_tenant(spec)
+    assert isinstance(cfg, TenantConfig)
+    assert (cfg.name, cfg.base, cfg.head, cfg.seed) == ("sft-reach", "tiny-qwen3-vl-64", "mlp", 0)
+    assert cfg.schema == {
+        "cameras": [{"name": "top", "height": 64, "width": 64}, {"name": "wrist", "height": 64, "width": 64}],
+        "state_dim": 4, "action_dim": 2, "action_horizon": 1, "instruction_template": "{instruction}",
+    }
+    assert cfg.optim == {"lr": 1e-4, "weight_decay": 0.01, "grad_clip": 1.0, "warmup_steps": 10,
+                         "total_steps": 300}
+    assert (cfg.max_inflight_jobs, cfg.sft_prefetch_items, cfg.staleness_bound, cfg.priority) == (2, 16, 128, 0)
+    assert cfg.signature == ""  # the master derives it
+
+
+def test_compile_tenant_rl_moves_ppo_fields_into_the_gaussian_head():
+    spec = parse_spec(mutate(minimal("rl"), {"algorithm": {"clip_ratio": 0.1, "entropy_coef": 0.01},
+                                             "action_module.params": {"width": 64},
+                                             "schedule": {"priority": 3, "staleness_bound": 8}}))
+    cfg = compile_tenant(spec)
+    assert cfg.head == "gaussian"
+    assert cfg.head_params == {"width": 64, "clip_ratio": 0.1, "value_coef": 0.5, "entropy_coef": 0.01}
+    assert cfg.optim == {"lr": 3e-4, "weight_decay": 0.0, "grad_clip": 0.5, "warmup_steps": 0}
+    assert (cfg.priority, cfg.staleness_bound) == (3, 8)
+    assert compile_tenant(parse_spec(minimal("eval"))).optim == {}
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_compiled_configs_are_accepted_by_the_model_core(name):
+    # The same checks the master runs at tenant_create (master/service.py: _check_config).
+    from models.heads import head_config
+    from models.schema import TenantSchema
+    from models.slot import OptimConfig
+
+    cfg = compile_tenant(load_spec(ROOT / "examples" / name))
+    TenantSchema.from_dict(cfg.schema).signature()
+    head_config(cfg.head, cfg.head_params)
+    OptimConfig(**cfg.optim)
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_round_trip_is_json_safe(name):
+    spec = load_spec(ROOT / "examples" / name)
+    stored = json.loads(json.dumps(spec_to_dict(spec)))
+    assert spec_from_dict(stored) == spec
+    assert spec_to_dict(spec_from_dict(stored)) == stored
+
+
+def test_spec_from_dict_is_strict():
+    stored = spec_to_dict(parse_spec(minimal()))
+    stored["schedule"]["surprise"] = 1
+    with pytest.raises(SpecError, match=r"schedule\.surprise"):
+        spec_from_dict(stored)
