@@ -17,7 +17,7 @@ sync: ``<prefix>.weights.<tenant>`` announcements load the new version and swap 
 inferencer loads every live tenant's current version before it joins the queue group; a
 draining one leaves the group first and answers what it already holds.
 
-Run: ``python -m actors.run inferencer`` with NEXUS_INFER_BASE (default tiny-qwen3-vl),
+Run: ``python -m actors.run inferencer`` with NEXUS_INFER_BASE (default tiny-qwen3-vl-64),
 NEXUS_INFER_MAX_BATCH_SIZE (32), NEXUS_INFER_BATCH_WAIT_TIMEOUT_S (0.005).
 """
 
@@ -39,6 +39,9 @@ from protocol.errors import InternalError, NexusError
 from protocol.messages import ErrorReply, PredictReply, PredictRequest, WeightsRef
 from protocol.subjects import pool_name
 from protocol.wire import decode, encode
+
+
+DEFAULT_BASE = "tiny-qwen3-vl-64"
 
 
 @dataclass
@@ -84,7 +87,8 @@ class Inferencer(Role):
     def __init__(self, cfg: RoleConfig, batching: BatchingConfig | None = None, base_source: str | None = None) -> None:
         super().__init__(cfg)
         self.batching = batching or BatchingConfig.from_env()
-        self.base_source = base_source or os.environ.get("NEXUS_INFER_BASE", "tiny-qwen3-vl")
+        # The embedded default serves the built-in task's base; one inferencer serves one pool.
+        self.base_source = base_source or os.environ.get("NEXUS_INFER_BASE", DEFAULT_BASE)
         self.pool = pool_name(self.base_source)
         self.device = os.environ.get("NEXUS_INFER_DEVICE") or None
         # The optimized Qwen3-VL encode with CUDA graphs (models.fast); groups are then padded
@@ -272,7 +276,9 @@ class Inferencer(Role):
             return results
         heads = self.heads
         assert heads is not None
-        with torch.inference_mode():
+        # One span per forward: the inferencer's busy timeline in the traces (examples/report.py).
+        with self.tracer.start_as_current_span("inferencer.forward", attributes={"nexus.group_size": len(live)}), \
+                torch.inference_mode():
             feats = heads.base.encode(packed, inference=True)
             start = 0
             while start < len(live):

@@ -159,7 +159,13 @@ class Trainer(Role):
                 await asyncio.sleep(1.0)
 
     async def _run(self, jobs: list[JobRecord]) -> list[_Work]:
-        """Steps 2-5 for a set of leased jobs (at most one per tenant)."""
+        """Steps 2-5 for a set of leased jobs (at most one per tenant). One span per round:
+        the busy timeline of the trainer in the traces (see examples/report.py)."""
+        with self.tracer.start_as_current_span("trainer.round", attributes={
+                "nexus.tenants": ",".join(sorted(j.tenant for j in jobs)), "nexus.jobs": len(jobs)}):
+            return await self._run_round(jobs)
+
+    async def _run_round(self, jobs: list[JobRecord]) -> list[_Work]:
         assert self.store is not None
         self._maybe_fault("after_lease")
         work: list[_Work] = []

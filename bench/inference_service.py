@@ -188,6 +188,9 @@ def in_process_ceiling(args, batch: int) -> tuple[float, float]:
     fake = Inferencer.__new__(Inferencer)
     fake.heads = _Heads(base)  # only .base (and .fast) are used by the group path
     fake.fast = args.fast
+    from opentelemetry import trace
+
+    fake.tracer = trace.get_tracer("bench")
     def timed(fn) -> float:
         for _ in range(3):
             fn()

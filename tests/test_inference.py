@@ -12,7 +12,7 @@ import pytest
 from protocol.errors import InvalidField, MissingField, NotFound, RequestTimeout
 from protocol.messages import DrainRequest, InfoRequest, Ok, RoleInfo
 from sdk.client import AsyncClient
-from tests.tq_helpers import CALVIN_SCHEMA, LIBERO_SCHEMA, micro_batch, tenant
+from tests.tq_helpers import BASE, CALVIN_SCHEMA, LIBERO_SCHEMA, micro_batch, tenant
 
 THREE_CAMERAS = {
     "cameras": [{"name": n, "height": 16, "width": 16} for n in ("left", "right", "wrist")],
@@ -34,7 +34,7 @@ async def predict(c: AsyncClient, cfg, seed: int = 0, **kw):
 def test_grouping_keeps_keys_apart_and_isolates_bad_requests(roles):
     roles.start("master")
     # A long wait window so concurrent requests certainly meet in one group.
-    roles.start("inferencer", NEXUS_INFER_BATCH_WAIT_TIMEOUT_S="0.3", NEXUS_INFER_MAX_BATCH_SIZE="64")
+    roles.start("inferencer", NEXUS_INFER_BASE=BASE, NEXUS_INFER_BATCH_WAIT_TIMEOUT_S="0.3", NEXUS_INFER_MAX_BATCH_SIZE="64")
     a, b = tenant("ga", seed=1), tenant("gb", schema=CALVIN_SCHEMA, head="gaussian", seed=2)
     wide = tenant("gwide", schema=THREE_CAMERAS, seed=3)  # 3 camera slots: another compatibility key
 
@@ -69,7 +69,7 @@ def test_grouping_keeps_keys_apart_and_isolates_bad_requests(roles):
 
 def test_errors_name_the_problem(roles):
     roles.start("master")
-    roles.start("inferencer")
+    roles.start("inferencer", NEXUS_INFER_BASE=BASE)
     a = tenant("err-a")
 
     async def go():
@@ -108,7 +108,7 @@ def test_errors_name_the_problem(roles):
 def test_weight_sync_and_pinned_versions(roles):
     roles.start("master")
     roles.start("trainer")
-    inf = roles.start("inferencer")
+    inf = roles.start("inferencer", NEXUS_INFER_BASE=BASE)
     cfg = tenant("sync", seed=5)
 
     async def go():
@@ -143,7 +143,7 @@ def test_weight_sync_and_pinned_versions(roles):
 
 def test_add_and_remove_an_instance_under_load_without_failures(roles):
     roles.start("master")
-    first = roles.start("inferencer")
+    first = roles.start("inferencer", NEXUS_INFER_BASE=BASE)
     cfgs = [tenant(f"el{i}", seed=i) for i in range(2)]
     results = {"ok": 0, "failed": []}
 
@@ -166,7 +166,7 @@ def test_add_and_remove_an_instance_under_load_without_failures(roles):
             clients = [asyncio.ensure_future(load(c, stop, k)) for k in range(4)]
             await asyncio.sleep(1.0)
             loop = asyncio.get_running_loop()
-            second = await loop.run_in_executor(None, roles.start, "inferencer")  # scale out
+            second = await loop.run_in_executor(None, lambda: roles.start("inferencer", NEXUS_INFER_BASE=BASE))  # scale out
             await asyncio.sleep(1.5)
             before = results["ok"]
             reply = await c.bus.request(c.names.instance_op("inferencer", first.instance, "drain"),
