@@ -20,6 +20,7 @@ import asyncio
 import os
 import time
 import uuid
+from collections import OrderedDict
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -34,12 +35,16 @@ from protocol.messages import (
     EnvResetRequest,
     EnvSession,
     EnvStepRequest,
+    DatasetBatch,
     Ok,
     ProducerSpec,
+    SampleRequest,
     WorkloadRef,
 )
 
 SWEEP_EVERY_S = 1.0
+MAX_SAMPLE = 256  # frames per sample reply (each must fit the max payload; 64x64 x2 cameras ~ 25 KB)
+MAX_READERS = 8  # open dataset readers kept per worker
 MAX_LEASE_S = 3600.0
 
 
@@ -64,6 +69,7 @@ class EnvWorker(Role):
         self.max_sessions = int(os.environ.get("NEXUS_ENV_MAX_SESSIONS", "64"))
         self.expired = 0
         self.producers: dict[str, Any] = {}
+        self.readers: OrderedDict[str, Any] = OrderedDict()
 
     async def setup(self) -> None:
         import importlib
@@ -122,6 +128,33 @@ class EnvWorker(Role):
         s = self._session(req.session)
         await self._drop(s, "closed by its client")
         return Ok(detail=f"session {s.id} closed")
+
+    # -- datasets -----------------------------------------------------------------------
+    @op("sample", SampleRequest)
+    async def sample(self, req: SampleRequest) -> DatasetBatch:
+        """Frames of a local LeRobot v3.0 dataset; readers stay open (bounded) between calls."""
+        if not 1 <= req.n <= MAX_SAMPLE and not req.indices:
+            raise InvalidField("n", f"must be in 1..{MAX_SAMPLE}")
+        reader = await self._reader(req.root)
+        if req.indices:
+            batch = await asyncio.to_thread(reader.get_batch, np.asarray(req.indices, np.int64))
+        else:
+            batch = await asyncio.to_thread(reader.sample, req.n, req.seed)
+        return DatasetBatch(root=req.root, index=batch.index_B, episode_index=batch.episode_index_B,
+                            frame_index=batch.frame_index_B, timestamp=batch.timestamp_B, tasks=list(batch.task_B),
+                            images=batch.images, state=batch.state_B_S, action=batch.action_B_A)
+
+    async def _reader(self, root: str) -> Any:
+        from envs.lerobot import LeRobotReader
+
+        reader = self.readers.pop(root, None)
+        if reader is None:
+            reader = await asyncio.to_thread(LeRobotReader, root)
+            while len(self.readers) >= MAX_READERS:
+                _, old = self.readers.popitem(last=False)
+                old.close()
+        self.readers[root] = reader  # most recently used last
+        return reader
 
     # -- producers -----------------------------------------------------------------------
     @op("start_producer", ProducerSpec)

@@ -606,3 +606,28 @@ class WorkloadsReply:
 class TenantsReply:
     tenants: list[TenantConfig]
     versions: dict[str, int]
+
+
+@message("dataset.sample", 1)
+@dataclass
+class SampleRequest:
+    """Sample frames of a LeRobot v3.0 dataset readable by the env worker (a path on its host)."""
+
+    root: str
+    n: int
+    seed: int | None = None
+    indices: list[int] = field(default_factory=list)  # exact frames instead of a random sample
+
+
+@message("dataset.batch", 1)
+@dataclass
+class DatasetBatch:
+    root: str
+    index: Array  # int64 [B]
+    episode_index: Array
+    frame_index: Array
+    timestamp: Array
+    tasks: list[str]
+    images: dict[str, Array]  # camera key -> uint8 [B, H, W, 3]
+    state: Array | None = None
+    action: Array | None = None

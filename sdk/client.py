@@ -27,6 +27,8 @@ from protocol.errors import Busy, NotFound, PayloadTooLarge
 from protocol.messages import (
     ClusterStatus,
     CreateTenantRequest,
+    DatasetBatch,
+    SampleRequest,
     EnvCloseRequest,
     EnvCreateRequest,
     EnvObs,
@@ -302,6 +304,13 @@ class AsyncClient:
     async def env_close(self, session: EnvSession) -> Ok:
         return await self.bus.request(self.names.instance_op("env", session.worker, "close"),
                                       EnvCloseRequest(session=session.session), Ok, timeout_s=self.timeout_s)
+
+    async def sample(self, root: str, n: int = 16, seed: int | None = None,
+                     indices: list[int] | None = None) -> DatasetBatch:
+        """Frames of a LeRobot v3.0 dataset read by an env worker (the path is on its host)."""
+        return await self.bus.request(self.names.env("sample"), SampleRequest(root=str(root), n=n, seed=seed,
+                                                                              indices=list(indices or [])),
+                                      DatasetBatch, timeout_s=self.timeout_s)
 
     async def latest_weights(self, tenant: str) -> WeightsRef | None:
         from nats.js.errors import KeyNotFoundError

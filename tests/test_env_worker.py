@@ -59,3 +59,31 @@ def test_sessions_reset_step_close_and_bad_input(roles):
     ok, info = asyncio.run(go())
     assert ok.state.shape == (4,)
     assert info.extra["expired"] >= 1 and info.extra["sessions"] == 1  # only `good` is left
+
+
+def test_dataset_sample_primitive_and_bad_dataset(roles, tmp_path):
+    from tests.conftest import SHARED
+
+    roles.start("env")
+    fixture = SHARED / "fixtures" / "lerobot" / "libero_like"
+
+    async def go():
+        c = await AsyncClient(roles.nats_url, roles.prefix, timeout_s=30).connect()
+        try:
+            batch = await c.sample(str(fixture), n=4, seed=0)
+            exact = await c.sample(str(fixture), indices=[0, 45, 89])
+            from protocol.errors import NexusError
+
+            with pytest.raises(NexusError, match="does not exist"):
+                await c.sample(str(tmp_path / "nowhere"), n=2)
+            with pytest.raises(NexusError, match="89|range|past"):
+                await c.sample(str(fixture), indices=[90])
+            return batch, exact, await c.info("env")
+        finally:
+            await c.close()
+
+    batch, exact, info = asyncio.run(go())
+    assert batch.images["observation.images.image"].shape == (4, 64, 64, 3)
+    assert batch.state.shape == (4, 8) and batch.action.shape == (4, 7) and len(batch.tasks) == 4
+    assert list(exact.index) == [0, 45, 89] and list(exact.episode_index) == [0, 1, 2]
+    assert info.state == "ready"  # bad datasets left the worker serving

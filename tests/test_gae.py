@@ -1,0 +1,43 @@
+"""GAE as the RL producers compute it, against a direct evaluation of its definition."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from actors.producers import gae
+
+
+def reference(rewards, values, dones, last_value, gamma, lam):
+    T = len(rewards)
+    deltas = []
+    for t in range(T):
+        nxt = last_value if t == T - 1 else values[t + 1]
+        deltas.append(rewards[t] + gamma * nxt * (0.0 if dones[t] else 1.0) - values[t])
+    adv = []
+    for t in range(T):
+        total, coef = 0.0, 1.0
+        for k in range(t, T):
+            total += coef * deltas[k]
+            if dones[k]:
+                break
+            coef *= gamma * lam
+        adv.append(total)
+    return np.array(adv, np.float32)
+
+
+def test_gae_matches_its_definition():
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        T = int(rng.integers(1, 30))
+        r, v = rng.standard_normal(T).astype(np.float32), rng.standard_normal(T).astype(np.float32)
+        d = rng.random(T) < 0.1
+        last = float(rng.standard_normal())
+        adv, ret = gae(r, v, d, last, 0.97, 0.9)
+        np.testing.assert_allclose(adv, reference(r, v, d, last, 0.97, 0.9), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(ret, adv + v, rtol=1e-6)
+
+
+def test_terminal_step_does_not_bootstrap():
+    adv, ret = gae(np.array([0.0, 1.0], np.float32), np.array([0.5, 0.5], np.float32),
+                   np.array([False, True]), last_value=100.0, gamma=1.0, lam=1.0)
+    assert ret[-1] == 1.0 and ret[0] == 1.0  # the 100 after the terminal step is ignored
