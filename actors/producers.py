@@ -225,7 +225,10 @@ class Producer:
                 await self._rollout_gate(True)
                 try:
                     segments: list[list[dict[str, Any]]] = []
-                    for _ in range(int(algo["episodes_per_update"])):
+                    # Either so many episodes, or episodes until so many policy steps.
+                    by_steps = int(algo.get("steps_per_update") or 0)
+                    while (sum(len(seg) for seg in segments) < by_steps if by_steps
+                           else len(segments) < int(algo["episodes_per_update"])):
                         steps: list[dict[str, Any]] = []
                         success, ret = await self._episode(env, seed, True, -1, int(algo["exec_steps"]), steps)
                         seed += 1
@@ -272,6 +275,13 @@ class Producer:
                 rows.append({**s, "adv": a, "ret": r})
         if not rows:
             return
+        # PPO epochs: each pass over the rollout, in a fresh order, is more micro-batches of
+        # the same job (the trainer applies them in order, one step each).
+        order_rng = np.random.default_rng(self.progress.episodes)
+        passes = []
+        for _ in range(max(1, int(algo.get("epochs", 1)))):
+            passes.extend(rows[i] for i in order_rng.permutation(len(rows)))
+        rows = passes
         job = await self._reserve("rl")
         if not job:
             return
@@ -370,7 +380,8 @@ class Producer:
         exec_steps = int({**EVAL_DEFAULTS, **self.spec.algo}["exec_steps"])
         try:
             for ep in range(self.spec.eval_episodes):
-                success, ret = await self._episode(env, self.spec.eval_seed + ep, False, version, exec_steps, None)
+                success, ret = await self._episode(env, self.spec.eval_seed + ep, self.spec.eval_sample, version,
+                                                   exec_steps, None)
                 self._episode_done(success, ret)
                 if (ep + 1) % 10 == 0 or ep + 1 == self.spec.eval_episodes:
                     await self._event("progress", metrics=self._eval_metrics())

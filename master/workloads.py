@@ -81,12 +81,13 @@ def compile_producer(spec: Any, workload: str, eval_version: int = -1) -> Produc
         p.dataset_root, p.camera_map = spec.dataset.root, dict(spec.dataset.camera_map)
     if spec.eval is not None:
         # eval: the workload itself; sft / rl: a closing evaluation of the final version.
-        p.eval_episodes, p.eval_seed = spec.eval.episodes, spec.eval.seed
+        p.eval_episodes, p.eval_seed, p.eval_sample = spec.eval.episodes, spec.eval.seed, spec.eval.sample
     if spec.task == "sft":
         p.algo = {"batch_size": algo.get("batch_size", 32)}
         p.max_steps = p.max_steps or int(algo.get("steps", 0))
     elif spec.task == "rl":
-        p.algo = {k: algo[k] for k in ("gamma", "gae_lambda", "episodes_per_update", "micro_batch") if algo.get(k)}
+        p.algo = {k: algo[k] for k in ("gamma", "gae_lambda", "episodes_per_update", "steps_per_update",
+                                       "micro_batch", "epochs") if algo.get(k)}
     else:
         p.policy_tenant, _ = policy_pin(spec)
         p.eval_version = eval_version
@@ -148,6 +149,8 @@ class WorkloadOps:
             if target != spec.tenant and target not in known:
                 raise NotFound(f"eval.version names tenant {target!r}, which does not exist",
                                details={"field": "eval.version", "tenant": target})
+            if target != spec.tenant and target in self.sched.tenants:
+                _check_same_policy(compile_tenant(spec), self.sched.tenants[target])
         await self.tenant_create(CreateTenantRequest(config=compile_tenant(spec)))
         now = time.time()
         rec = WorkloadRecord(workload=workload, tenant=spec.tenant, task=spec.task, state="pending",
@@ -314,6 +317,21 @@ class WorkloadOps:
             if rec.state == "running" and rec.worker == instance:
                 rec.state = "pending"
                 await self._set_state(rec, "pending", f"env worker {instance} died; restarting the producer")
+
+
+def _check_same_policy(mine: TenantConfig, target: TenantConfig) -> None:
+    """An eval scores another tenant's export: its schema and head must be that policy's."""
+    from master.spec import SpecError
+    from models.schema import TenantSchema
+
+    errors: list[tuple[str, str]] = []
+    if TenantSchema.from_dict(mine.schema).signature() != target.signature:
+        errors.append(("observation", f"schema differs from tenant {target.name}'s (cameras, state_dim, "
+                                      "action dim/horizon and template must match the scored policy)"))
+    if mine.head != target.head:
+        errors.append(("action_module.kind", f"{mine.head!r}, but tenant {target.name} uses {target.head!r}"))
+    if errors:
+        raise SpecError(errors)
 
 
 def _tenant_guess(data: bytes) -> str:

@@ -34,11 +34,18 @@ class ErrorReply:
 
 
 def _plain(details: dict[str, Any]) -> dict[str, Any]:
-    # Details must survive msgpack: keep scalars, stringify the rest.
-    out: dict[str, Any] = {}
-    for k, v in details.items():
-        out[str(k)] = v if isinstance(v, str | int | float | bool | type(None)) else str(v)
-    return out
+    # Details must survive msgpack: keep scalars and lists / maps of them (a spec's field
+    # errors travel as a list of {field, message}); stringify anything else.
+    def conv(v: Any) -> Any:
+        if isinstance(v, str | int | float | bool | type(None)):
+            return v
+        if isinstance(v, list | tuple):
+            return [conv(x) for x in v]
+        if isinstance(v, dict):
+            return {str(k): conv(x) for k, x in v.items()}
+        return str(v)
+
+    return {str(k): conv(v) for k, v in details.items()}
 
 
 def ok_or_raise(reply: Any) -> Any:
@@ -529,6 +536,7 @@ class ProducerSpec:
     eval_version: int = -1
     eval_episodes: int = 0
     eval_seed: int = 0
+    eval_sample: bool = False  # sample actions in evaluation instead of taking the mean
     policy_tenant: str = ""  # whose policy acts ("" = tenant); an eval may score another tenant's export
     seed: int = 0
 
