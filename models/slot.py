@@ -95,7 +95,7 @@ class TenantSlot:
         pre = TenantPreprocessor.for_base(schema, base)
         lay = pre.key.layout
         dims = HeadDims(base.hidden_size, lay.num_query_tokens, lay.max_state_dim, schema.state_dim,
-                        schema.action_dim, schema.action_horizon)
+                        schema.action_dim, schema.action_horizon, lay.camera_slots)
         cfg = head_config(head_kind, head_options)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)

@@ -37,6 +37,7 @@ class HeadDims:
     state_dim: int  # tenant's real state dims (first ones of the padded state)
     action_dim: int
     action_horizon: int
+    camera_slots: int = 2  # canonical camera slots (heads that look at the frames themselves)
 
 
 @dataclass

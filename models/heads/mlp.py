@@ -18,10 +18,16 @@ from models.heads.base import ActionHead, HeadDims, LossOutput, TenantBatch, mlp
 class MLPHeadConfig:
     width: int = 256  # per-query projection and trunk width
     depth: int = 2  # hidden layers of the trunk
+    # Channels of a small tenant-private CNN over the canonical camera slots (0: none). A frozen
+    # random base keeps little of *where* things are in a frame (docs/results.md); this gives
+    # the head its own trainable view, still without touching the shared base.
+    image_channels: int = 0
 
     def __post_init__(self) -> None:
         positive("mlp.width", self.width)
         positive("mlp.depth", self.depth)
+        if self.image_channels < 0:
+            raise ValueError(f"mlp.image_channels={self.image_channels}: must be >= 0")
 
 
 @register_head("mlp", MLPHeadConfig)
@@ -34,10 +40,25 @@ class MLPHead(ActionHead):
         self.state_proj = nn.Linear(max(dims.state_dim, 1), w * dims.num_queries)
         out = dims.action_horizon * dims.action_dim
         self.trunk = mlp([w * dims.num_queries] + [w] * config.depth + [out])
+        self.image_encoder = None
+        if config.image_channels:
+            c = config.image_channels
+            # Camera slots stacked as channels; stride-2 convs down to a 4x4 map, flattened
+            # so the position of what it sees survives.
+            self.image_encoder = nn.Sequential(
+                nn.Conv2d(3 * dims.camera_slots, c, 5, stride=2, padding=2), nn.GELU(),
+                nn.Conv2d(c, 2 * c, 3, stride=2, padding=1), nn.GELU(),
+                nn.Conv2d(2 * c, 2 * c, 3, stride=2, padding=1), nn.GELU(),
+                nn.AdaptiveAvgPool2d(4), nn.Flatten(),
+                nn.Linear(2 * c * 16, w * dims.num_queries),
+            )
 
     def forward(self, feats: BaseOutput, vla: VLABatch) -> torch.Tensor:
         q = self.query_proj(self.norm(feats.query_B_Q_D.to(self._device, torch.float32)))
         x = F.gelu(q).flatten(1)
+        if self.image_encoder is not None:
+            img = vla.images_B_S_C_H_W.to(self._device, torch.float32)
+            x = x + self.image_encoder(img.flatten(1, 2))
         if self.dims.state_dim:
             x = x + self.state_proj(self.state(vla))
         return self.trunk(x).view(-1, self.dims.action_horizon, self.dims.action_dim)

@@ -166,3 +166,20 @@ def test_lr_schedule() -> None:
     assert abs(cfg.lr_at(9) - 0.55) < 1e-9 and abs(cfg.lr_at(14) - 0.1) < 1e-9 and cfg.lr_at(100) == cfg.lr_at(14)
     with pytest.raises(SchemaError, match="optim.lr"):
         OptimConfig(lr=0)
+
+
+def test_mlp_image_encoder_trains_only_itself_and_exports(base) -> None:
+    s = TenantSlot.create("t-cnn", libero_schema(), base, head_kind="mlp",
+                          head_options={"width": 32, "image_channels": 8}, optim=OptimConfig(lr=1e-3), seed=0)
+    assert any(k.startswith("image_encoder.") for k in s.head.state_dict())
+    batch = random_batch(s.preprocessor, 3, seed=1)
+    before = s.head.image_encoder[0].weight.detach().clone()
+    train_step(base, [(s, batch)])
+    assert not torch.equal(before, s.head.image_encoder[0].weight)  # the frames reach the loss
+    other = TenantSlot.create("t-cnn", libero_schema(), base, head_kind="mlp",
+                              head_options={"width": 32, "image_channels": 8}, seed=5)
+    other.load_params(s.export_params())
+    for k, v in s.head.state_dict().items():
+        assert torch.equal(v, other.head.state_dict()[k])
+    with pytest.raises(ValueError, match="image_channels"):
+        TenantSlot.create("t-bad", libero_schema(), base, head_kind="mlp", head_options={"image_channels": -1})
