@@ -225,9 +225,15 @@ class Master(WorkloadOps, Role):
             self.names.tq_job(req.tenant, req.job), encode(req),
             headers={"Nats-Msg-Id": f"{req.job}:{req.seq}"},
         )
+        # The partition itself says how many micro-batches the job holds: right even when a
+        # master died between this publish and saving the record, and the client's retry
+        # came back as a duplicate.
+        info = await self.bus.js.stream_info(self.names.tq_stream(req.tenant),
+                                             subjects_filter=self.names.tq_job(req.tenant, req.job))
+        in_stream = (info.state.subjects or {}).get(self.names.tq_job(req.tenant, req.job), 0)
         async with self._lock:
+            job.items = max(job.items, in_stream)
             if not ack.duplicate:
-                job.items += 1
                 job.samples += b
                 if job.task == "rl":
                     # Staleness is judged by the oldest data in the job.
