@@ -22,6 +22,9 @@ class MLPHeadConfig:
     # random base keeps little of *where* things are in a frame (docs/results.md); this gives
     # the head its own trainable view, still without touching the shared base.
     image_channels: int = 0
+    # Feed the proprio state to the head. False drops it: where the state holds the last
+    # commanded velocity, behaviour cloning otherwise learns to copy the previous action.
+    use_state: bool = True
 
     def __post_init__(self) -> None:
         positive("mlp.width", self.width)
@@ -59,7 +62,7 @@ class MLPHead(ActionHead):
         if self.image_encoder is not None:
             img = vla.images_B_S_C_H_W.to(self._device, torch.float32)
             x = x + self.image_encoder(img.flatten(1, 2))
-        if self.dims.state_dim:
+        if self.dims.state_dim and self.config.use_state:
             x = x + self.state_proj(self.state(vla))
         return self.trunk(x).view(-1, self.dims.action_horizon, self.dims.action_dim)
 

@@ -183,3 +183,13 @@ def test_mlp_image_encoder_trains_only_itself_and_exports(base) -> None:
         assert torch.equal(v, other.head.state_dict()[k])
     with pytest.raises(ValueError, match="image_channels"):
         TenantSlot.create("t-bad", libero_schema(), base, head_kind="mlp", head_options={"image_channels": -1})
+
+
+def test_mlp_use_state_false_ignores_the_state(base) -> None:
+    s = TenantSlot.create("t-nostate", libero_schema(), base, head_kind="mlp",
+                          head_options={"width": 32, "use_state": False}, seed=0)
+    batch = random_batch(s.preprocessor, 2, seed=1)
+    feats = base.encode(batch.features)
+    a = s.head.predict(feats, batch.features, s.generator)
+    batch.features.state_B_D.add_(5.0)
+    assert torch.equal(a, s.head.predict(feats, batch.features, s.generator))
