@@ -346,6 +346,7 @@ class Producer:
         if not (root / "meta" / "info.json").exists():
             await self._event("progress", message=f"recording {self.spec.demo_episodes} expert demonstrations")
             await asyncio.to_thread(record, RecordConfig(out=root, episodes=self.spec.demo_episodes,
+                                                         action_noise=self.spec.demo_noise,
                                                          env_id=self.spec.env_id, seed=self.spec.seed,
                                                          env_kwargs=dict(self.spec.env_options), overwrite=True))
         return root

@@ -116,6 +116,7 @@ class ProbeConfig:
     eval_episodes: int = 100
     eval_every: int = 500
     cache_features: bool = True
+    demo_noise: float = 0.0  # DART: noise on the executed expert action (labels stay clean)
     reward: str = "dense"
     # PPO
     envs: int = 16
@@ -204,6 +205,7 @@ def load_demos(cfg: ProbeConfig) -> tuple[list[Observation], np.ndarray, dict[st
             tmp = tempfile.TemporaryDirectory(prefix="probe_demos_")
             root = str(Path(tmp.name) / "ds")
         record(RecordConfig(out=root, episodes=cfg.episodes, seed=cfg.seed * 1_000_000, use_videos=cfg.video,
+                            action_noise=cfg.demo_noise,
                             overwrite=True))
     t_rec = time.perf_counter() - t0
     with LeRobotReader(root) as ds:
@@ -418,6 +420,8 @@ def parse(argv: list[str] | None = None) -> ProbeConfig:
     p.add_argument("--eval-episodes", type=int, default=d.eval_episodes)
     p.add_argument("--eval-every", type=int, default=d.eval_every)
     p.add_argument("--no-cache-features", dest="cache_features", action="store_false")
+    p.add_argument("--demo-noise", type=float, default=d.demo_noise,
+                   help="DART: std of noise added to the executed expert action while recording")
     p.add_argument("--reward", default=d.reward, choices=["dense", "sparse"])
     p.add_argument("--envs", type=int, default=d.envs)
     p.add_argument("--rollout", type=int, default=d.rollout)

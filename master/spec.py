@@ -156,6 +156,11 @@ class DemosSpec:
 
     episodes: int = spec_field(doc="scripted-expert episodes to record", ge=1, le=1_000_000)
     seed: int = spec_field(0, doc="first reset seed of the recording. Default 0: reproducible data", ge=0)
+    noise: float = spec_field(0.0, doc="DART: std of Gaussian noise on the action the env executes while "
+                                       "recording (the recorded label stays the expert's clean action), so "
+                                       "demos show how to recover from small errors. Default 0: plain "
+                                       "demos; 0.5 took the built-in task from 11 % to 68 % success "
+                                       "(docs/results.md)", ge=0, le=10)
 
 
 @dataclass(frozen=True)

@@ -76,7 +76,7 @@ def compile_producer(spec: Any, workload: str, eval_version: int = -1) -> Produc
     if spec.env is not None:
         p.env_id, p.env_options = spec.env.id, dict(spec.env.options)
         if spec.env.demos is not None:
-            p.demo_episodes = spec.env.demos.episodes
+            p.demo_episodes, p.demo_noise = spec.env.demos.episodes, spec.env.demos.noise
     if spec.dataset is not None:
         p.dataset_root, p.camera_map = spec.dataset.root, dict(spec.dataset.camera_map)
     if spec.eval is not None:

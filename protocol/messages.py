@@ -529,6 +529,7 @@ class ProducerSpec:
     dataset_root: str = ""  # SFT: a LeRobot v3.0 root ("" with demo_episodes > 0: record first)
     camera_map: dict[str, str] = field(default_factory=dict)  # dataset camera key -> schema camera
     demo_episodes: int = 0
+    demo_noise: float = 0.0  # DART noise on executed expert actions while recording
     algo: dict[str, Any] = field(default_factory=dict)
     max_steps: int = 0  # policy versions (optimizer steps) to reach; 0: no limit
     max_episodes: int = 0

@@ -38,6 +38,10 @@ class RecordConfig:
     use_videos: bool = True  # False: cameras stored as PNG images in the data parquet
     vcodec: str = DEFAULT_VCODEC
     only_success: bool = True
+    # DART-style noise: the env executes expert action + N(0, action_noise), the dataset
+    # records the expert's clean action. Demos then cover the states a slightly-off policy
+    # visits, with the right correction as label (behaviour cloning's covariate shift).
+    action_noise: float = 0.0
     max_attempts: int | None = None  # default: 2 x episodes + 10
     overwrite: bool = False
     env_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -84,9 +88,10 @@ def features_for(env: EnvAdapter, use_videos: bool) -> dict[str, dict[str, Any]]
     return feats
 
 
-def run_expert_episode(env: EnvAdapter, expert: Callable[[EnvAdapter], np.ndarray], seed: int
-                       ) -> tuple[str, dict[str, np.ndarray], bool]:
+def run_expert_episode(env: EnvAdapter, expert: Callable[[EnvAdapter], np.ndarray], seed: int,
+                       action_noise: float = 0.0) -> tuple[str, dict[str, np.ndarray], bool]:
     obs, info = env.reset(seed=seed)
+    rng = np.random.default_rng(seed)
     instruction = obs.instruction
     images: dict[str, list[np.ndarray]] = {c: [] for c in env.spec.camera_names}
     states, actions = [], []
@@ -97,7 +102,11 @@ def run_expert_episode(env: EnvAdapter, expert: Callable[[EnvAdapter], np.ndarra
             images[c].append(obs.images[c])
         states.append(obs.state)
         actions.append(action)
-        obs, _, terminated, truncated, info = env.step(action)
+        executed = action
+        if action_noise > 0:
+            low, high = np.asarray(env.spec.action_low), np.asarray(env.spec.action_high)
+            executed = np.clip(action + rng.normal(0.0, action_noise, action.shape), low, high).astype(np.float32)
+        obs, _, terminated, truncated, info = env.step(executed)
         done = terminated or truncated
     data = {camera_key(c): np.stack(v) for c, v in images.items()}
     data[C.OBS_STATE] = np.stack(states)
@@ -121,7 +130,7 @@ def record(config: RecordConfig, progress: Callable[[RecordProgress], None] | No
                     f"record: only {writer.num_episodes} of {config.episodes} episodes succeeded "
                     f"in {attempts} attempts with {config.env_id}'s expert"
                 )
-            task, data, success = run_expert_episode(env, expert, config.seed + attempts)
+            task, data, success = run_expert_episode(env, expert, config.seed + attempts, config.action_noise)
             attempts += 1
             successes += success
             if success or not config.only_success:
