@@ -170,3 +170,22 @@ def test_record_refuses_existing_output(tmp_path):
         record(RecordConfig(out=out, episodes=1, use_videos=False))
     record(RecordConfig(out=out, episodes=2, use_videos=False, overwrite=True))
     assert LeRobotReader(out).meta.total_episodes == 2
+
+
+def test_record_with_dart_noise_keeps_clean_labels(tmp_path):
+    """With action_noise the env executes noisy actions (visible in the next state's velocity)
+    while the recorded action is the expert's own."""
+    from envs.lerobot import LeRobotReader
+    from envs.lerobot.record import RecordConfig, record
+
+    for noise, name in ((0.0, "clean"), (0.5, "noisy")):
+        record(RecordConfig(out=tmp_path / name, episodes=3, use_videos=False, action_noise=noise))
+    gaps = {}
+    for name in ("clean", "noisy"):
+        ds = LeRobotReader(tmp_path / name)
+        b = ds.get_batch(np.arange(len(ds)))
+        same_ep = b.episode_index_B[1:] == b.episode_index_B[:-1]
+        # state = [x, y, vx, vy]; vx, vy are the last executed (clipped) action
+        gaps[name] = np.abs(b.state_B_S[1:, 2:][same_ep] - np.clip(b.action_B_A[:-1][same_ep], -1, 1)).max()
+        ds.close()
+    assert gaps["clean"] < 1e-5 and gaps["noisy"] > 0.05
