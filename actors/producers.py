@@ -347,6 +347,9 @@ class Producer:
             await self._event("progress", message=f"recording {self.spec.demo_episodes} expert demonstrations")
             await asyncio.to_thread(record, RecordConfig(out=root, episodes=self.spec.demo_episodes,
                                                          action_noise=self.spec.demo_noise,
+                                                         # PNG, not 4:2:0 video: the task's targets are
+                                                         # small coloured discs whose chroma video smears.
+                                                         use_videos=False,
                                                          env_id=self.spec.env_id, seed=self.spec.seed,
                                                          env_kwargs=dict(self.spec.env_options), overwrite=True))
         return root
