@@ -128,3 +128,21 @@ class Bus:
                 await asyncio.wait_for(self.nc.drain(), timeout=5.0)
             except (asyncio.TimeoutError, nats.errors.ConnectionClosedError):
                 await self.nc.close()
+
+
+async def retry_through_outage(fn, *args, outage_s: float = 120.0, on_retry=None, **kwargs):
+    """Call ``fn`` again while its role is unreachable (no responder / timeout), for up to
+    ``outage_s``: a restarting master or inferencer takes seconds. Only for calls that are
+    safe to repeat (idempotent updates, puts carrying a seq, reads)."""
+    import time
+
+    deadline = time.monotonic() + outage_s
+    while True:
+        try:
+            return await fn(*args, **kwargs)
+        except (Unavailable, RequestTimeout) as exc:
+            if time.monotonic() > deadline:
+                raise
+            if on_retry is not None:
+                on_retry(exc)
+            await asyncio.sleep(1.0)

@@ -25,7 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from protocol.errors import Busy, NexusError, RequestTimeout, Unavailable
+from actors.bus import retry_through_outage
+from protocol.errors import Busy, NexusError
 from protocol.messages import ProducerSpec, QueuePutRequest, WorkloadEvent
 
 # Defaults with a reason each; a spec's algo dict overrides them.
@@ -131,18 +132,11 @@ class Producer:
         except NexusError as exc:
             self.worker.log.warning("event publish failed", error=str(exc))
 
-    async def _retry(self, fn, *args, outage_s: float = 120.0, **kwargs) -> Any:
-        """Ride out a master or inferencer restart: retry on no-responder / timeout for up
-        to ``outage_s``. Only for calls that are safe to repeat (puts carry a seq)."""
-        deadline = time.monotonic() + outage_s
-        while True:
-            try:
-                return await fn(*args, **kwargs)
-            except (Unavailable, RequestTimeout) as exc:
-                if time.monotonic() > deadline:
-                    raise
-                self.worker.log.warning("retrying after outage", call=getattr(fn, "__name__", "?"), error=exc.message)
-                await asyncio.sleep(1.0)
+    async def _retry(self, fn, *args, **kwargs) -> Any:
+        """Ride out a master or inferencer restart (calls safe to repeat only)."""
+        return await retry_through_outage(
+            fn, *args, on_retry=lambda exc: self.worker.log.warning(
+                "retrying after outage", call=getattr(fn, "__name__", "?"), error=exc.message), **kwargs)
 
     def _budget_left(self) -> bool:
         s, p = self.spec, self.progress

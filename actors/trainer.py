@@ -25,16 +25,16 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from actors.bus import retry_through_outage
 from actors.runtime import Role, RoleConfig, op
 from actors.slots import Resident, SlotStore
 from master.service import read_job_items
-from protocol.errors import FailedPrecondition, NexusError, NotFound, RequestTimeout, Unavailable
+from protocol.errors import FailedPrecondition, NexusError, NotFound
 from protocol.messages import (
     ExportRequest,
     GetTenantRequest,
@@ -87,6 +87,13 @@ class _Work:
     metrics: dict[str, list[float]] = field(default_factory=dict)
     skip: bool = False  # already applied before a crash: no compute, just finish
     error: str = ""
+
+    def summary(self) -> dict[str, float]:
+        """Mean of each step metric over the job, plus its mean loss."""
+        out = {k: float(np.nanmean(v)) for k, v in self.metrics.items()}
+        if self.losses:
+            out["loss"] = float(np.mean(self.losses))
+        return out
 
 
 class Trainer(Role):
@@ -148,15 +155,9 @@ class Trainer(Role):
 
     async def _tenant(self, name: str) -> TenantConfig:
         assert self.bus is not None
-        deadline = time.monotonic() + MASTER_OUTAGE_S
-        while True:
-            try:
-                return await self.bus.request(self.names.master("tenant_get"), GetTenantRequest(tenant=name),
-                                              TenantConfig, timeout_s=10)
-            except (Unavailable, RequestTimeout):
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(1.0)
+        return await retry_through_outage(self.bus.request, self.names.master("tenant_get"),
+                                          GetTenantRequest(tenant=name), TenantConfig, timeout_s=10,
+                                          outage_s=MASTER_OUTAGE_S)
 
     async def _run(self, jobs: list[JobRecord]) -> list[_Work]:
         """Steps 2-5 for a set of leased jobs (at most one per tenant). One span per round:
@@ -245,9 +246,7 @@ class Trainer(Role):
         A job handed over half-finished (its trainer died) resumes after its current state."""
         assert self.store is not None and self.bus is not None
         job, tenant = w.job, w.job.tenant
-        metrics = {k: float(np.nanmean(v)) for k, v in w.metrics.items()}
-        if w.losses:
-            metrics["loss"] = float(np.mean(w.losses))
+        metrics = w.summary()
         version = w.res.slot.policy_version
         if not w.skip:
             await self.store.commit(tenant)
@@ -284,16 +283,11 @@ class Trainer(Role):
                            trained_version=version, reason=reason, metrics=metrics or {})
         # A master restart must not strand a job we hold: updates are idempotent, so retry
         # through the outage (bounded) instead of dropping the job until its lease expires.
-        deadline = time.monotonic() + MASTER_OUTAGE_S
-        while True:
-            try:
-                rec = await self.bus.request(self.names.master("job_update"), update, JobRecord, timeout_s=10)
-                break
-            except (Unavailable, RequestTimeout) as exc:
-                if time.monotonic() > deadline:
-                    raise
-                self.log.warning("master unavailable; retrying job update", job=job.job, state=state, error=exc.message)
-                await asyncio.sleep(1.0)
+        rec = await retry_through_outage(
+            self.bus.request, self.names.master("job_update"), update, JobRecord, timeout_s=10,
+            outage_s=MASTER_OUTAGE_S,
+            on_retry=lambda exc: self.log.warning("master unavailable; retrying job update", job=job.job,
+                                                  state=state, error=exc.message))
         job.state = rec.state
         return rec
 
@@ -321,11 +315,8 @@ class Trainer(Role):
             reason = (w.error if w else "") or "see the job record"
             raise FailedPrecondition(f"job {req.job} failed: {reason}")
         slot = w.res.slot
-        metrics = {k: float(np.nanmean(v)) for k, v in w.metrics.items()}
-        if w.losses:
-            metrics["loss"] = float(np.mean(w.losses))
         return TrainBatchReply(tenant=req.tenant, job=req.job, version=slot.policy_version,
-                               step=slot.step_count, metrics=metrics)
+                               step=slot.step_count, metrics=w.summary())
 
     @op("export_params", ExportRequest)
     async def export_params(self, req: ExportRequest) -> WeightsRef:
@@ -352,7 +343,7 @@ class Trainer(Role):
 
     async def on_drain(self) -> None:
         # Every committed job already has its checkpoint; nothing in memory is newer.
-        self.log.info("trainer drained", jobs_done=self.jobs_done, started=time.strftime("%X"))
+        self.log.info("trainer drained", jobs_done=self.jobs_done)
 
 
 _ORDER = ("leased", "trained", "exported", "synced", "cleared")

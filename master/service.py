@@ -117,12 +117,12 @@ class Master(WorkloadOps, Role):
 
     # -- state ---------------------------------------------------------------------------
     async def _load_state(self) -> None:
-        for key in await _keys(self.kv_tenants):
+        for key in await kv_keys(self.kv_tenants):
             cfg = decode((await self.kv_tenants.get(key)).value, TenantConfig)
             self.sched.tenants[cfg.name] = cfg
-        for key in await _keys(self.kv_jobs):
+        for key in await kv_keys(self.kv_jobs):
             self.sched.put(decode((await self.kv_jobs.get(key)).value, JobRecord))
-        for key in await _keys(self.kv_versions):
+        for key in await kv_keys(self.kv_versions):
             ref = decode((await self.kv_versions.get(key)).value, WeightsRef)
             self.sched.observe_version(ref.tenant, ref.version)
         for job in self.sched.jobs.values():
@@ -192,7 +192,7 @@ class Master(WorkloadOps, Role):
 
     @op("list", ListRequest)
     async def list(self, req: ListRequest) -> ListReply:
-        return ListReply(tenants=sorted(self.sched.tenants), workloads=await _keys(self.kv_workloads))
+        return ListReply(tenants=sorted(self.sched.tenants), workloads=await kv_keys(self.kv_workloads))
 
     # -- training queue ------------------------------------------------------------------
     @op("reserve", ReserveRequest)
@@ -475,7 +475,8 @@ def _check_config(cfg: TenantConfig) -> None:
         raise InvalidField("config.base", f"{cfg.base!r} is neither a preset ({sorted(PRESETS)}) nor a local directory")
 
 
-async def _keys(kv) -> list[str]:
+async def kv_keys(kv) -> list[str]:
+    """Sorted keys of a KV bucket (empty bucket: [])."""
     try:
         return sorted(await kv.keys())
     except NoKeysError:

@@ -100,8 +100,10 @@ class WorkloadOps:
     workloads: dict[str, WorkloadRecord]
 
     async def setup_workloads(self) -> None:
+        from master.service import kv_keys
+
         self.workloads = {}
-        for key in await self._all_keys(self.kv_workloads):
+        for key in await kv_keys(self.kv_workloads):
             rec = decode((await self.kv_workloads.get(key)).value, WorkloadRecord)
             self.workloads[rec.workload] = rec
         nc = self.bus.nc
@@ -118,15 +120,6 @@ class WorkloadOps:
                 await self._apply_event(decode(last.data, WorkloadEvent))
         self.spawn(self._intake_loop(), "workload-intake")
         self.spawn(self._pending_loop(), "workload-pending")
-
-    @staticmethod
-    async def _all_keys(kv) -> list[str]:
-        from nats.js.errors import NoKeysError
-
-        try:
-            return sorted(await kv.keys())
-        except NoKeysError:
-            return []
 
     # -- submission ----------------------------------------------------------------------
     @op("submit", SubmitRequest)
