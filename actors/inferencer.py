@@ -6,7 +6,8 @@ hosts). Requests wait in one queue per compatibility key; a group fires when it 
 names; Triton calls them preferred_batch_size and max_queue_delay_microseconds). Then, in
 order:
   1. requests whose caller's timeout has passed are dropped unworked;
-  2. each request is canonicalised alone (a bad one gets its own error reply);
+  2. each slot's requests are canonicalised together (a bad one gets its own error reply,
+     the others go on); on CUDA on a side stream, so group N+1's copies overlap forward N;
   3. one base forward for the whole group;
   4. each (tenant, version) head runs on its rows;
   5. replies carry the actions (+ log-prob and value for RL heads), the version used and the
@@ -24,10 +25,12 @@ NEXUS_INFER_MAX_BATCH_SIZE (32), NEXUS_INFER_BATCH_WAIT_TIMEOUT_S (0.005).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,7 +76,6 @@ class _Pending:
     version: int
     arrived: float  # monotonic
     reply: Any = None
-    vla: Any = None
 
 
 @dataclass
@@ -102,6 +104,8 @@ class Inferencer(Role):
         self.served = 0
         self.groups = 0
         self.dropped = 0
+        # Forwarded requests per group -> groups: benchmarks replay this distribution in-process.
+        self.group_sizes: Counter[int] = Counter()
 
     async def setup(self) -> None:
         assert self.bus is not None
@@ -131,6 +135,7 @@ class Inferencer(Role):
             "batch_wait_timeout_s": self.batching.batch_wait_timeout_s,
             "served": self.served, "groups": self.groups, "dropped": self.dropped,
             "mean_batch": self.served / self.groups if self.groups else 0.0,
+            "group_sizes": {str(k): v for k, v in sorted(self.group_sizes.items())},
             "versions": dict(self.heads.current) if self.heads else {},
             "queued": sum(len(q.items) for q in self.queues.values()),
         }
@@ -239,38 +244,77 @@ class Inferencer(Role):
                     p.reply.set_result(None)
             self.served += live
             self.groups += 1
+            if live:
+                self.group_sizes[live] += 1
         finally:
             in_flight.release()
 
-    def _prepare(self, group: list[_Pending], started: float) -> tuple[list[Any], list[int], Any]:
-        """CPU stage: drop requests whose caller gave up, canonicalise each alone (a bad one
-        gets its own error), order rows by slot and pack one batch."""
-        from models import InputError, Observation, VLABatch
+    def _prepare(self, group: list[_Pending], started: float) -> tuple[list[Any], list[int], Any, Any]:
+        """CPU stage: drop requests whose caller gave up, canonicalise each slot's rows in one
+        call (a bad request gets its own error, never its group's), pack one batch.
+
+        On CUDA this stage runs on its own stream: a host-to-device copy on the forward's
+        stream would queue behind the running forward and stall this thread until it ends,
+        which serialises the pipeline. The forward waits on the returned event instead."""
+        from models import VLABatch
 
         results: list[Any] = [None] * len(group)
-        live: list[int] = []
+        by_slot: dict[int, list[int]] = {}
         for i, p in enumerate(group):
             if started - p.arrived > p.req.timeout_s:
                 continue  # the caller has given up: no work for it
+            by_slot.setdefault(id(p.slot), []).append(i)
+        device = self.heads.base.device
+        stream = _side_stream(device)
+        live: list[int] = []
+        parts: list[Any] = []
+        with _on_stream(stream):
+            # Rows of one slot next to each other, so each head runs once on a contiguous slice.
+            for rows in by_slot.values():
+                ok, vla = self._canonicalise(group, rows, results, device)
+                if ok:
+                    live.extend(ok)
+                    parts.append(vla)
+            packed = VLABatch.cat(parts) if parts else None
+            if packed is not None and self.fast:
+                packed = pad_to_capture_size(packed)
+            ready = None
+            if stream is not None:
+                import torch
+
+                ready = torch.cuda.Event()
+                ready.record(stream)
+        return results, live, packed, ready
+
+    @staticmethod
+    def _canonicalise(group: list[_Pending], rows: list[int], results: list[Any], device: Any
+                      ) -> tuple[list[int], Any]:
+        """One slot's rows in one preprocessor call; if any is bad, one by one to find it."""
+        from models import InputError, Observation, VLABatch
+
+        def obs(p: _Pending) -> Any:
+            return Observation(images={k: np.asarray(v) for k, v in p.req.images.items()},
+                               state=np.asarray(p.req.state), instruction=p.req.instruction)
+
+        pre = group[rows[0]].slot.preprocessor
+        try:
+            return rows, pre([obs(group[i]) for i in rows], device=device)
+        except (InputError, ValueError, TypeError):
+            pass
+        ok, parts = [], []
+        for i in rows:
             try:
-                obs = Observation(images={k: np.asarray(v) for k, v in p.req.images.items()},
-                                  state=np.asarray(p.req.state), instruction=p.req.instruction)
-                p.vla = p.slot.preprocessor([obs], device=self.heads.base.device)
-                live.append(i)
+                parts.append(pre([obs(group[i])], device=device))
+                ok.append(i)
             except (InputError, ValueError, TypeError) as exc:
                 results[i] = ErrorReply.from_exception(_input_error(exc))
-        # Rows of one slot next to each other, so each head runs once on a contiguous slice.
-        live.sort(key=lambda i: id(group[i].slot))
-        packed = VLABatch.cat([group[i].vla for i in live]) if live else None
-        if packed is not None and self.fast:
-            packed = pad_to_capture_size(packed)
-        return results, live, packed
+        return ok, (VLABatch.cat(parts) if parts else None)
 
-    def _forward(self, group: list[_Pending], results: list[Any], live: list[int], packed: Any) -> list[Any]:
-        """Device stage: one base forward for the group, then each (tenant, version) head."""
+    def _forward(self, group: list[_Pending], results: list[Any], live: list[int], packed: Any,
+                 ready: Any = None) -> list[Any]:
+        """Device stage: one base forward for the group, then each (tenant, version) head;
+        one host sync at the end, not one per head."""
         import torch
-
-        from models import VLABatch
 
         if not live:
             return results
@@ -279,24 +323,35 @@ class Inferencer(Role):
         # One span per forward: the inferencer's busy timeline in the traces (examples/report.py).
         with self.tracer.start_as_current_span("inferencer.forward", attributes={"nexus.group_size": len(live)}), \
                 torch.inference_mode():
+            if ready is not None:
+                current = torch.cuda.current_stream(packed.device)
+                current.wait_event(ready)
+                # Made on the side stream, read on this one: keep the allocator from reusing
+                # the memory before this stream is done with it.
+                packed.images_B_S_C_H_W.record_stream(current)
             feats = heads.base.encode(packed, inference=True)
+            outs = []
             start = 0
             while start < len(live):
                 slot = group[live[start]].slot
                 end = start
                 while end < len(live) and group[live[end]].slot is slot:
                     end += 1
-                rows = live[start:end]
                 f = feats.split([start, end - start, len(feats) - end])[1]
-                vla = VLABatch.cat([group[i].vla for i in rows])
+                vla = packed.index(slice(start, end))
                 head = slot.head
                 log_prob = value = None
                 if hasattr(head, "act"):
                     actions, log_prob, value = head.act(f, vla, slot.generator,
-                                                        deterministic=not group[rows[0]].req.sample)
+                                                        deterministic=not group[live[start]].req.sample)
                 else:
                     actions = head.predict(f, vla, slot.generator)
+                outs.append((live[start:end], actions, log_prob, value))
+                start = end
+            for rows, actions, log_prob, value in outs:
                 actions = actions.float().cpu().numpy()
+                log_prob = None if log_prob is None else log_prob.float().cpu().numpy()
+                value = None if value is None else value.float().cpu().numpy()
                 for j, i in enumerate(rows):
                     p = group[i]
                     results[i] = PredictReply(
@@ -304,7 +359,6 @@ class Inferencer(Role):
                         log_prob=None if log_prob is None else float(log_prob[j]),
                         value=None if value is None else float(value[j]),
                         batch_size=len(live))
-                start = end
         return results
 
     def _run_group(self, group: list[_Pending], started: float) -> list[Any]:
@@ -333,6 +387,24 @@ def pad_to_capture_size(packed: Any) -> Any:
         return packed
     last = packed.index(slice(n - 1, n))
     return VLABatch.cat([packed] + [last] * (target - n))
+
+
+@functools.lru_cache(maxsize=None)
+def _side_stream(device: Any) -> Any:
+    """The canonicalise stage's CUDA stream for ``device`` (None off CUDA)."""
+    if getattr(device, "type", None) != "cuda":
+        return None
+    import torch
+
+    return torch.cuda.Stream(device)
+
+
+def _on_stream(stream: Any) -> Any:
+    if stream is None:
+        return contextlib.nullcontext()
+    import torch
+
+    return torch.cuda.stream(stream)
 
 
 def _input_error(exc: Exception) -> NexusError:

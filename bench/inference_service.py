@@ -7,10 +7,10 @@ For each grouping mode it starts a fresh nats-server (embedded), a master and on
 process (grouping off = max_batch_size 1), creates the tenants (alternating LIBERO- and
 CALVIN-like schemas, 2 cameras), and runs tenants x clients closed-loop clients (each sends
 its next request when the last reply came) for --duration-s after a warm-up. It reports
-throughput, p50 / p99 latency as the client sees it, the mean group size the server formed,
-and the in-process ceiling: the same group sizes run through the same code path
-(`Inferencer._run_group`) without NATS or codec, so service / ceiling is the NATS + codec +
-batching overhead as a ratio. Prints a table, writes JSON (one record per mode).
+throughput, p50 / p99 latency as the client sees it, the group sizes the server formed in the
+measured window, and the in-process ceiling: that same distribution of group sizes run through
+the same code path (`Inferencer._run_group`, and `_forward` alone on canonicalised batches)
+without NATS or codec, so service / ceiling is the NATS + codec + batching overhead as a ratio. Prints a table, writes JSON (one record per mode).
 """
 
 from __future__ import annotations
@@ -133,6 +133,8 @@ async def run_mode(args, grouping: bool, data_dir: Path) -> dict:
         groups = after["groups"] - before["groups"]
         served = after["served"] - before["served"]
         mean_batch = served / groups if groups else 0.0
+        sizes = {int(k): v - before["group_sizes"].get(k, 0) for k, v in after["group_sizes"].items()}
+        sizes = {k: v for k, v in sorted(sizes.items()) if v > 0}
         await c.close()
         lat = sorted(latencies)
         return {
@@ -143,6 +145,7 @@ async def run_mode(args, grouping: bool, data_dir: Path) -> dict:
             "requests": len(lat), "duration_s": elapsed, "throughput_rps": len(lat) / elapsed,
             "p50_ms": 1000 * lat[len(lat) // 2], "p99_ms": 1000 * lat[min(len(lat) - 1, int(len(lat) * 0.99))],
             "mean_ms": 1000 * statistics.fmean(lat), "server_mean_batch": mean_batch,
+            "server_group_sizes": sizes,
         }
     except BaseException:
         for log in sorted(data_dir.glob("*.log")):  # say why, then fail
@@ -160,9 +163,12 @@ async def run_mode(args, grouping: bool, data_dir: Path) -> dict:
         broker.stop()
 
 
-def in_process_ceiling(args, batch: int) -> tuple[float, float]:
-    """Requests/s of the inferencer's own group path, in-process, at group size ``batch``:
-    (canonicalise + forward, forward alone)."""
+def in_process_ceiling(args, sizes: dict[int, int]) -> tuple[float, float, dict[int, dict[str, float]]]:
+    """Requests/s of the inferencer's own group path, in-process, over the same distribution of
+    group sizes the service formed (``sizes``: group size -> groups in the measured window):
+    (canonicalise + forward, forward alone, per-size seconds per group). Replaying the
+    distribution, not its mean, matters with CUDA graphs: groups are padded to capture sizes,
+    so a mean of 10.7 costs what 16 does while a real mix of 8s and 16s costs less."""
     import torch
 
     from actors.inferencer import Inferencer, _Pending
@@ -174,7 +180,7 @@ def in_process_ceiling(args, batch: int) -> tuple[float, float]:
     slots = [TenantSlot.create(c.name, TenantSchema.from_dict(c.schema), base, head_kind=c.head, seed=c.seed) for c in cfgs]
     rng = np.random.default_rng(0)
     group = []
-    for k in range(batch):
+    for k in range(max(sizes)):
         cfg, slot = cfgs[k % len(cfgs)], slots[k % len(cfgs)]
         images, state = observation(cfg, rng)
         req = PredictRequest(tenant=cfg.name, images=images, state=state,
@@ -191,23 +197,34 @@ def in_process_ceiling(args, batch: int) -> tuple[float, float]:
     from opentelemetry import trace
 
     fake.tracer = trace.get_tracer("bench")
-    def timed(fn) -> float:
+
+    def timed(fn, batch: int) -> float:
+        """Seconds per call."""
         for _ in range(3):
             fn()
-        reps = max(5, int(40 / max(1, batch)))
+        reps = max(4, int(40 / batch))
+        if base.device.type == "cuda":
+            torch.cuda.synchronize()
         t0 = time.perf_counter()
         for _ in range(reps):
             fn()
         if base.device.type == "cuda":
             torch.cuda.synchronize()
-        return reps * batch / (time.perf_counter() - t0)
+        return (time.perf_counter() - t0) / reps
 
     # Full: canonicalise + forward in series. Forward: the grouped forward (base + heads) on
     # batches already canonicalised: the issue's "in-process grouped forward throughput".
-    full = timed(lambda: Inferencer._run_group(fake, group, time.monotonic()))
-    prepared = Inferencer._prepare(fake, group, time.monotonic())
-    forward = timed(lambda: Inferencer._forward(fake, group, *prepared))
-    return full, forward
+    per: dict[int, dict[str, float]] = {}
+    for size in sizes:
+        g = group[:size]
+        full = timed(lambda: Inferencer._run_group(fake, g, time.monotonic()), size)
+        prepared = Inferencer._prepare(fake, g, time.monotonic())
+        forward = timed(lambda: Inferencer._forward(fake, g, *prepared), size)
+        per[size] = {"full_s": full, "forward_s": forward}
+    requests = sum(s * n for s, n in sizes.items())
+    full_rps = requests / sum(n * per[s]["full_s"] for s, n in sizes.items())
+    forward_rps = requests / sum(n * per[s]["forward_s"] for s, n in sizes.items())
+    return full_rps, forward_rps, per
 
 
 def main() -> None:
@@ -237,9 +254,8 @@ def main() -> None:
             d = Path(tmp) / m
             d.mkdir()
             rec = asyncio.run(run_mode(args, m == "on", d))
-            batch = max(1, round(rec["server_mean_batch"]))
-            rec["ceiling_batch"] = batch
-            rec["ceiling_full_rps"], rec["ceiling_forward_rps"] = in_process_ceiling(args, batch)
+            rec["ceiling_full_rps"], rec["ceiling_forward_rps"], rec["ceiling_per_size"] = \
+                in_process_ceiling(args, rec["server_group_sizes"] or {1: 1})
             rec["service_over_full"] = rec["throughput_rps"] / rec["ceiling_full_rps"]
             rec["service_over_forward"] = rec["throughput_rps"] / rec["ceiling_forward_rps"]
             records.append(rec)

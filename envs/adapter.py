@@ -16,6 +16,7 @@ An adapter is a gymnasium-like env with a typed spec, a language task and render
 from __future__ import annotations
 
 import abc
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -155,3 +156,19 @@ def check_action(spec: EnvSpec, action: Any) -> np.ndarray:
     if not np.all(np.isfinite(arr)):
         raise ActionError(f"action for {spec.env_id} has non-finite values: {arr.tolist()}")
     return np.clip(arr, np.asarray(spec.action_low, np.float32), np.asarray(spec.action_high, np.float32))
+
+
+def config_from_options(cls: type, env_id: str, options: dict[str, Any],
+                        image_size: int | tuple[int, int] | None = None, **fixed: Any) -> Any:
+    """Build an adapter's config dataclass from registry options; unknown ones raise, naming
+    them and the known ones. ``image_size`` (int or (H, W)) sets image_height / image_width;
+    ``fixed`` are fields the factory sets itself (callers may not)."""
+    known = {f.name for f in dataclasses.fields(cls)} - set(fixed)
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ConfigError(f"{env_id}: unknown option(s) {unknown}; known: {sorted(known | {'image_size'})}")
+    options = dict(options)
+    if image_size is not None:
+        h, w = (image_size, image_size) if isinstance(image_size, int) else image_size
+        options.update(image_height=h, image_width=w)
+    return cls(**options, **fixed)

@@ -70,3 +70,8 @@ def make_expert(env_id: str) -> Callable[[EnvAdapter], Any]:
 
 
 register("builtin/reach-v0", "envs.builtin.reach:make_reach", expert="envs.builtin.expert:ReachExpert")
+for _suite in ("libero_spatial", "libero_object", "libero_goal", "libero_10", "libero_90"):  # envs/libero.py
+    register(f"libero/{_suite}", "envs.libero:make_libero")
+for _task in ("PickCube-v1", "PushCube-v1", "StackCube-v1", "PegInsertionSide-v1"):  # envs/maniskill.py
+    register(f"maniskill/{_task}", "envs.maniskill:make_maniskill",
+             expert="envs.maniskill:PickCubeExpert" if _task == "PickCube-v1" else None)

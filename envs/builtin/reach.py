@@ -22,12 +22,13 @@ with different instructions gives the same image and different correct actions.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from envs.adapter import (
+    config_from_options,
     INFO_SUCCESS,
     INFO_TASK,
     INFO_TASK_INDEX,
@@ -242,11 +243,4 @@ def make_reach(
     env_id: str = "builtin/reach-v0", image_size: int | tuple[int, int] | None = None, **kwargs: Any
 ) -> ReachEnv:
     """Registry factory: kwargs are ReachConfig fields; `image_size` sets height and width."""
-    known = {f.name for f in fields(ReachConfig)}
-    unknown = sorted(set(kwargs) - known)
-    if unknown:
-        raise ConfigError(f"{env_id}: unknown option(s) {unknown}; known: {sorted(known | {'image_size'})}")
-    if image_size is not None:
-        h, w = (image_size, image_size) if isinstance(image_size, int) else image_size
-        kwargs.update(image_height=h, image_width=w)
-    return ReachEnv(ReachConfig(**kwargs), env_id=env_id)
+    return ReachEnv(config_from_options(ReachConfig, env_id, kwargs, image_size), env_id=env_id)

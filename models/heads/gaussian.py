@@ -19,6 +19,7 @@ from models.base import BaseOutput
 from models.errors import InputError
 from models.features import VLABatch
 from models.heads.base import ActionHead, HeadDims, LossOutput, TenantBatch, mlp, positive, randn, register_head
+from models.heads.vision import POOLINGS, ImageEncoder, InstructionEncoder
 
 _LOG_2PI = math.log(2 * math.pi)
 
@@ -30,10 +31,19 @@ class GaussianHeadConfig:
     clip_ratio: float = 0.2  # PPO
     value_coef: float = 0.5
     entropy_coef: float = 0.0
+    # A tenant-private CNN over the camera slots, as in the `mlp` head (0: none); see
+    # models/heads/vision.py for the poolings.
+    image_channels: int = 0
+    image_pool: str = "keypoints"
+    instruction_encoder: bool = False  # as in the `mlp` head
 
     def __post_init__(self) -> None:
         positive("gaussian.width", self.width)
         positive("gaussian.clip_ratio", self.clip_ratio)
+        if self.image_channels < 0:
+            raise ValueError(f"gaussian.image_channels={self.image_channels}: must be >= 0")
+        if self.image_pool not in POOLINGS:
+            raise ValueError(f"gaussian.image_pool={self.image_pool!r}: must be one of {POOLINGS}")
 
 
 @register_head("gaussian", GaussianHeadConfig)
@@ -47,11 +57,27 @@ class GaussianHead(ActionHead):
         self.mean = mlp([w, w, n])
         self.value = mlp([w, w, 1])
         self.log_std = nn.Parameter(torch.full((n,), float(config.init_log_std)))
+        self.instruction_encoder = self.instruction_proj = None
+        if config.instruction_encoder:
+            self.instruction_encoder = InstructionEncoder()
+            self.instruction_proj = nn.Linear(self.instruction_encoder.dim, w)
+        cond = self.instruction_encoder.dim if self.instruction_encoder is not None else 0
+        self.image_encoder = (
+            ImageEncoder(dims.camera_slots, config.image_channels, w, config.image_pool, cond)
+            if config.image_channels else None
+        )
 
     def trunk(self, feats: BaseOutput, vla: VLABatch) -> torch.Tensor:
         pooled = self.norm(feats.query_B_Q_D.to(self._device, torch.float32)).mean(dim=1)
         x = torch.cat([pooled, self.state(vla)], dim=-1) if self.dims.state_dim else pooled
-        return F.gelu(self.in_proj(x))
+        h = self.in_proj(x)
+        text = None
+        if self.instruction_encoder is not None:
+            text = self.instruction_encoder(vla.prompt_ids_B_T.to(self._device), vla.prompt_len_B)
+            h = h + self.instruction_proj(text)
+        if self.image_encoder is not None:
+            h = h + self.image_encoder(vla.images_B_S_C_H_W.to(self._device, torch.float32), text)
+        return F.gelu(h)
 
     def _mean_value(self, feats: BaseOutput, vla: VLABatch) -> tuple[torch.Tensor, torch.Tensor]:
         h = self.trunk(feats, vla)

@@ -12,6 +12,7 @@ from torch import nn
 from models.base import BaseOutput
 from models.features import VLABatch
 from models.heads.base import ActionHead, HeadDims, LossOutput, TenantBatch, mlp, positive, register_head
+from models.heads.vision import POOLINGS, ImageEncoder, InstructionEncoder
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,12 @@ class MLPHeadConfig:
     # random base keeps little of *where* things are in a frame (docs/results.md); this gives
     # the head its own trainable view, still without touching the shared base.
     image_channels: int = 0
+    # How the CNN pools its map: "flatten" (a coarse 4x4 grid) or "keypoints" (a spatial
+    # softmax: one expected (x, y) per channel; see models/heads/vision.py).
+    image_pool: str = "flatten"
+    # A tenant-private bag of hashed instruction n-grams (models/heads/vision.py): a direct
+    # path for *which* task was asked, which the frozen base's query states blur.
+    instruction_encoder: bool = False
     # Feed the proprio state to the head. False drops it: where the state holds the last
     # commanded velocity, behaviour cloning otherwise learns to copy the previous action.
     use_state: bool = True
@@ -31,6 +38,8 @@ class MLPHeadConfig:
         positive("mlp.depth", self.depth)
         if self.image_channels < 0:
             raise ValueError(f"mlp.image_channels={self.image_channels}: must be >= 0")
+        if self.image_pool not in POOLINGS:
+            raise ValueError(f"mlp.image_pool={self.image_pool!r}: must be one of {POOLINGS}")
 
 
 @register_head("mlp", MLPHeadConfig)
@@ -43,25 +52,27 @@ class MLPHead(ActionHead):
         self.state_proj = nn.Linear(max(dims.state_dim, 1), w * dims.num_queries)
         out = dims.action_horizon * dims.action_dim
         self.trunk = mlp([w * dims.num_queries] + [w] * config.depth + [out])
+        self.instruction_encoder = self.instruction_proj = None
+        if config.instruction_encoder:
+            self.instruction_encoder = InstructionEncoder()
+            self.instruction_proj = nn.Linear(self.instruction_encoder.dim, w * dims.num_queries)
         self.image_encoder = None
         if config.image_channels:
-            c = config.image_channels
-            # Camera slots stacked as channels; stride-2 convs down to a 4x4 map, flattened
-            # so the position of what it sees survives.
-            self.image_encoder = nn.Sequential(
-                nn.Conv2d(3 * dims.camera_slots, c, 5, stride=2, padding=2), nn.GELU(),
-                nn.Conv2d(c, 2 * c, 3, stride=2, padding=1), nn.GELU(),
-                nn.Conv2d(2 * c, 2 * c, 3, stride=2, padding=1), nn.GELU(),
-                nn.AdaptiveAvgPool2d(4), nn.Flatten(),
-                nn.Linear(2 * c * 16, w * dims.num_queries),
+            # FiLM-conditioned on the instruction when the head has its own instruction encoder.
+            cond = self.instruction_encoder.dim if self.instruction_encoder is not None else 0
+            self.image_encoder = ImageEncoder(
+                dims.camera_slots, config.image_channels, w * dims.num_queries, config.image_pool, cond
             )
 
     def forward(self, feats: BaseOutput, vla: VLABatch) -> torch.Tensor:
         q = self.query_proj(self.norm(feats.query_B_Q_D.to(self._device, torch.float32)))
         x = F.gelu(q).flatten(1)
+        text = None
+        if self.instruction_encoder is not None:
+            text = self.instruction_encoder(vla.prompt_ids_B_T.to(self._device), vla.prompt_len_B)
+            x = x + self.instruction_proj(text)
         if self.image_encoder is not None:
-            img = vla.images_B_S_C_H_W.to(self._device, torch.float32)
-            x = x + self.image_encoder(img.flatten(1, 2))
+            x = x + self.image_encoder(vla.images_B_S_C_H_W.to(self._device, torch.float32), text)
         if self.dims.state_dim and self.config.use_state:
             x = x + self.state_proj(self.state(vla))
         return self.trunk(x).view(-1, self.dims.action_horizon, self.dims.action_dim)

@@ -21,7 +21,9 @@ from models import (
     predict,
     train_step,
 )
-from models.testing import calvin_schema, libero_schema, random_batch
+import numpy as np
+
+from models.testing import calvin_schema, libero_schema, random_batch, random_observations
 
 torch.set_num_threads(1)
 SMALL = {"mlp": {"width": 32}, "flow": {"width": 32, "depth": 1, "euler_steps": 3}, "gaussian": {"width": 32}}
@@ -168,21 +170,39 @@ def test_lr_schedule() -> None:
         OptimConfig(lr=0)
 
 
-def test_mlp_image_encoder_trains_only_itself_and_exports(base) -> None:
-    s = TenantSlot.create("t-cnn", libero_schema(), base, head_kind="mlp",
-                          head_options={"width": 32, "image_channels": 8}, optim=OptimConfig(lr=1e-3), seed=0)
+@pytest.mark.parametrize("kind,options", [
+    ("mlp", {"width": 32, "image_channels": 8}),
+    ("mlp", {"width": 32, "image_channels": 4, "image_pool": "keypoints", "instruction_encoder": True}),
+    ("gaussian", {"width": 32, "image_channels": 4, "image_pool": "keypoints", "instruction_encoder": True}),
+])
+def test_head_image_and_instruction_encoders_train_and_export(base, kind, options) -> None:
+    s = TenantSlot.create("t-cnn", libero_schema(), base, head_kind=kind, head_options=options,
+                          optim=OptimConfig(lr=1e-3), seed=0)
     assert any(k.startswith("image_encoder.") for k in s.head.state_dict())
     batch = random_batch(s.preprocessor, 3, seed=1)
-    before = s.head.image_encoder[0].weight.detach().clone()
+    watched = {k: v.detach().clone() for k, v in s.head.named_parameters()
+               if k.startswith(("image_encoder.convs.0.", "instruction_encoder.", "image_encoder.film."))}
     train_step(base, [(s, batch)])
-    assert not torch.equal(before, s.head.image_encoder[0].weight)  # the frames reach the loss
-    other = TenantSlot.create("t-cnn", libero_schema(), base, head_kind="mlp",
-                              head_options={"width": 32, "image_channels": 8}, seed=5)
+    params = dict(s.head.named_parameters())
+    for k, before in watched.items():
+        # The frames, and the instruction (directly and through FiLM), reach the loss.
+        assert not torch.equal(before, params[k]), k
+    if options.get("instruction_encoder"):
+        assert any(k.startswith("image_encoder.film.") for k in watched)
+        # Same frames and state, another instruction: another action.
+        obs = random_observations(s.schema, 1, np.random.default_rng(3))[0]
+        a = predict(base, [(s, s.preprocessor([obs]))])[0]
+        obs.instruction = "zzz" if obs.instruction != "zzz" else "yyy"
+        b = predict(base, [(s, s.preprocessor([obs]))])[0]
+        assert not torch.allclose(a, b)
+    other = TenantSlot.create("t-cnn", libero_schema(), base, head_kind=kind, head_options=options, seed=5)
     other.load_params(s.export_params())
     for k, v in s.head.state_dict().items():
         assert torch.equal(v, other.head.state_dict()[k])
     with pytest.raises(ValueError, match="image_channels"):
-        TenantSlot.create("t-bad", libero_schema(), base, head_kind="mlp", head_options={"image_channels": -1})
+        TenantSlot.create("t-bad", libero_schema(), base, head_kind=kind, head_options={"image_channels": -1})
+    with pytest.raises(ValueError, match="image_pool"):
+        TenantSlot.create("t-bad", libero_schema(), base, head_kind=kind, head_options={"image_pool": "max"})
 
 
 def test_mlp_use_state_false_ignores_the_state(base) -> None:
