@@ -28,12 +28,15 @@ from protocol.wire import decode, encode
 T = TypeVar("T")
 
 DEFAULT_REQUEST_TIMEOUT_S = 10.0
+# JetStream API calls (stream / KV / consumer management). nats.py's default is 5 s, which a
+# 2-core machine starting six roles at once has been seen to exceed (a master's KV listing).
+JS_API_TIMEOUT_S = 15.0
 
 
 class Bus:
     def __init__(self, nc: NATS, tracer: trace.Tracer | None = None) -> None:
         self.nc = nc
-        self.js = nc.jetstream()
+        self.js = nc.jetstream(timeout=JS_API_TIMEOUT_S)
         self.tracer = tracer or trace.get_tracer("vla-nexus")
 
     @classmethod

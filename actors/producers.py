@@ -35,6 +35,8 @@ RL_DEFAULTS = {
     "gae_lambda": 0.95,
     "episodes_per_update": 8,  # one job = the transitions of this many episodes
     "micro_batch": 64,  # rows per queue item (a trainer step each)
+    "normalize_advantages": True,  # standardise over each rollout (master/spec.py)
+    "parallel_envs": 1,  # episodes rolled out at once (their requests share inferencer groups)
     "exec_steps": 0,  # env steps per predicted chunk; 0 = the whole chunk
 }
 SFT_DEFAULTS = {"batch_size": 32, "items_per_job": 1}
@@ -211,7 +213,10 @@ class Producer:
         import envs
 
         algo = {**RL_DEFAULTS, **self.spec.algo}
-        env = await asyncio.to_thread(envs.make, self.spec.env_id, **self.spec.env_options)
+        # Several episodes at once: their predict requests meet in the inferencer's groups
+        # (one base forward for all of them) instead of queueing one round trip at a time.
+        n_envs = max(1, int(algo.get("parallel_envs", 1)))
+        pool = [await asyncio.to_thread(envs.make, self.spec.env_id, **self.spec.env_options) for _ in range(n_envs)]
         seed = self.spec.seed * 1_000_003
         window: list[tuple[bool, float]] = []
         try:
@@ -223,12 +228,16 @@ class Producer:
                     by_steps = int(algo.get("steps_per_update") or 0)
                     while (sum(len(seg) for seg in segments) < by_steps if by_steps
                            else len(segments) < int(algo["episodes_per_update"])):
-                        steps: list[dict[str, Any]] = []
-                        success, ret = await self._episode(env, seed, True, -1, int(algo["exec_steps"]), steps)
-                        seed += 1
-                        segments.append(steps)
-                        self._episode_done(success, ret)
-                        window.append((success, ret))
+                        k = n_envs if by_steps else min(n_envs, int(algo["episodes_per_update"]) - len(segments))
+                        records: list[list[dict[str, Any]]] = [[] for _ in range(k)]
+                        results = await asyncio.gather(*(
+                            self._episode(pool[j], seed + j, True, -1, int(algo["exec_steps"]), records[j])
+                            for j in range(k)))
+                        seed += k
+                        for steps, (success, ret) in zip(records, results):
+                            segments.append(steps)
+                            self._episode_done(success, ret)
+                            window.append((success, ret))
                 finally:
                     await self._rollout_gate(False)
                 await self._queue_rl(segments, algo)
@@ -242,7 +251,8 @@ class Producer:
             self.final = {"success_rate": float(np.mean([w[0] for w in window])) if window else 0.0,
                           "mean_return": float(np.mean([w[1] for w in window])) if window else 0.0}
         finally:
-            env.close()
+            for env in pool:
+                env.close()
 
     async def _rollout_gate(self, begin: bool) -> None:
         from protocol.messages import JobRef, Ok
@@ -269,6 +279,10 @@ class Producer:
                 rows.append({**s, "adv": a, "ret": r})
         if not rows:
             return
+        if algo.get("normalize_advantages", True) and len(rows) > 1:
+            adv_all = np.array([r["adv"] for r in rows], np.float32)
+            mean, std = float(adv_all.mean()), float(adv_all.std())
+            rows = [{**r, "adv": (r["adv"] - mean) / (std + 1e-8)} for r in rows]
         # PPO epochs: each pass over the rollout, in a fresh order, is more micro-batches of
         # the same job (the trainer applies them in order, one step each).
         order_rng = np.random.default_rng(self.progress.episodes)
@@ -314,7 +328,10 @@ class Producer:
                 job = await self._reserve("sft")
                 if not job:
                     break
-                for seq in range(int(algo["items_per_job"])):
+                n_items = int(algo["items_per_job"])
+                if self.spec.max_steps:  # the last job takes only what is left
+                    n_items = min(n_items, self.spec.max_steps - queued_steps)
+                for seq in range(n_items):
                     item = await asyncio.to_thread(self._sft_item, reader, rng, int(algo["batch_size"]), horizon, job, seq)
                     await self._retry(self.client.queue_put, item)
                     queued_steps += 1

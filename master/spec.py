@@ -202,6 +202,10 @@ class SFTAlgorithm:
                                          "fits one queue message for 2 cameras at 64x64", ge=1, le=1024)
     steps: int = spec_field(1000, doc="optimizer steps to train; also the length of the cosine LR decay. "
                                       "Default 1000: a few minutes for the tiny bases on CPU", ge=1)
+    items_per_job: int = spec_field(1, doc="micro-batches per training-queue job. The trainer commits, "
+                                           "exports and announces once per job, so more items per job "
+                                           "mean less overhead per step and fewer, larger version jumps. "
+                                           "Default 1: a new version after every step", ge=1, le=256)
     weight_decay: float = spec_field(0.01, doc="AdamW weight decay. Default 0.01: the model core's default",
                                      ge=0)
     grad_clip: float | None = spec_field(1.0, doc="global gradient-norm clip (null: none). Default 1.0: "
@@ -228,6 +232,10 @@ class PPOAlgorithm:
                                    ge=0)
     entropy_coef: float = spec_field(0.0, doc="entropy bonus. Default 0: the learnt log-std explores "
                                               "enough on continuous control", ge=0)
+    normalize_advantages: bool = spec_field(True, doc="standardise advantages over each rollout "
+                                                      "(zero mean, unit std) before queueing. Default true: "
+                                                      "the usual PPO practice; rewards of any scale then "
+                                                      "give steps of one size")
     epochs: int = spec_field(1, doc="passes over each rollout. Default 1: async RL trains each queued "
                                     "job once; more passes reuse data beyond what staleness allows",
                              ge=1, le=64)
@@ -237,6 +245,9 @@ class PPOAlgorithm:
     steps_per_update: int | None = spec_field(
         None, doc="env steps rolled out per update instead of whole episodes. Default null: count "
                   "episodes", ge=1)
+    parallel_envs: int = spec_field(1, doc="episodes rolled out at once, each in its own env session; "
+                                           "their predict requests share the inferencer's group forwards. "
+                                           "Default 1: one episode at a time", ge=1, le=256)
     micro_batch: int = spec_field(64, doc="samples per queued micro-batch (one optimizer step each). "
                                           "Default 64: a few steps per update", ge=1, le=1024)
     weight_decay: float = spec_field(0.0, doc="AdamW weight decay. Default 0: the usual choice for RL, "

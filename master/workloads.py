@@ -83,11 +83,12 @@ def compile_producer(spec: Any, workload: str, eval_version: int = -1) -> Produc
         # eval: the workload itself; sft / rl: a closing evaluation of the final version.
         p.eval_episodes, p.eval_seed, p.eval_sample = spec.eval.episodes, spec.eval.seed, spec.eval.sample
     if spec.task == "sft":
-        p.algo = {"batch_size": algo.get("batch_size", 32)}
+        p.algo = {"batch_size": algo.get("batch_size", 32), "items_per_job": algo.get("items_per_job", 1)}
         p.max_steps = p.max_steps or int(algo.get("steps", 0))
     elif spec.task == "rl":
         p.algo = {k: algo[k] for k in ("gamma", "gae_lambda", "episodes_per_update", "steps_per_update",
-                                       "micro_batch", "epochs") if algo.get(k)}
+                                       "micro_batch", "epochs", "parallel_envs") if algo.get(k)}
+        p.algo["normalize_advantages"] = bool(algo.get("normalize_advantages", True))
     else:
         p.policy_tenant, _ = policy_pin(spec)
         p.eval_version = eval_version

@@ -142,12 +142,26 @@ def cmd_record(args: argparse.Namespace) -> int:
 
     result = record(
         RecordConfig(out=args.out, episodes=args.episodes, env_id=args.env, seed=args.seed,
-                     use_videos=args.storage == "video", overwrite=args.overwrite),
+                     use_videos=args.storage == "video", overwrite=args.overwrite,
+                     action_noise=args.noise, env_kwargs=dict(args.env_option)),
         progress=progress,
     )
     print(f"wrote {result.episodes} episodes, {result.frames} frames to {result.root} "
           f"({result.successes}/{result.attempts} expert attempts succeeded)")
     return EXIT_OK
+
+
+def _env_option(text: str) -> tuple[str, Any]:
+    """KEY=VALUE, the value read as YAML (so 128, true, [top, wrist] and rgb all work)."""
+    import yaml
+
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    try:
+        return key, yaml.safe_load(value)
+    except yaml.YAMLError as exc:
+        raise argparse.ArgumentTypeError(f"{key}: value {value!r} is not valid YAML: {exc}") from None
 
 
 def _positive_int(text: str) -> int:
@@ -177,6 +191,11 @@ def add_dataset_commands(subparsers: argparse._SubParsersAction) -> argparse.Arg
     p.add_argument("--episodes", type=_positive_int, required=True)
     p.add_argument("--env", default="builtin/reach-v0", help="registered env id (default: builtin/reach-v0)")
     p.add_argument("--seed", type=int, default=0, help="episode i resets with seed+i")
+    p.add_argument("--env-option", type=_env_option, action="append", default=[], metavar="KEY=VALUE",
+                   help="an env option, value read as YAML (repeatable), e.g. obs_mode=rgb image_size=128")
+    p.add_argument("--noise", type=float, default=0.0,
+                   help="DART noise: std of the Gaussian added to the executed expert action "
+                        "(the recorded label stays clean)")
     storage = p.add_mutually_exclusive_group()
     storage.add_argument("--video", dest="storage", action="store_const", const="video",
                          help="cameras as AV1 mp4 (default)")

@@ -48,26 +48,29 @@ def test_rl_sft_and_eval_producers(roles):
             await c.create_tenant(reach_tenant("sft-t", "mlp"))
             rl, sft = await asyncio.gather(
                 run_producer(c, ProducerSpec(workload="w-rl", tenant="rl-t", kind="rl", env_id="builtin/reach-v0",
-                                             algo={"episodes_per_update": 2}, max_episodes=4)),
+                                             algo={"episodes_per_update": 2, "parallel_envs": 2}, max_episodes=4)),
                 run_producer(c, ProducerSpec(workload="w-sft", tenant="sft-t", kind="sft", env_id="builtin/reach-v0",
-                                             demo_episodes=4, algo={"batch_size": 8}, max_steps=3)),
+                                             demo_episodes=4, algo={"batch_size": 8, "items_per_job": 2},
+                                             max_steps=3)),
             )
             sft_version = (await c.latest_weights("sft-t")).version
             ev = await run_producer(c, ProducerSpec(workload="w-eval", tenant="sft-t", kind="eval",
                                                     env_id="builtin/reach-v0", eval_version=sft_version,
                                                     eval_episodes=5))
-            rl_jobs = await c.jobs("rl-t")
+            rl_jobs, sft_jobs = await c.jobs("rl-t"), await c.jobs("sft-t")
             after_eval = (await c.latest_weights("sft-t")).version
-            return rl, sft, ev, rl_jobs, sft_version, after_eval
+            return rl, sft, ev, rl_jobs, sft_jobs, sft_version, after_eval
         finally:
             await c.close()
 
-    rl, sft, ev, rl_jobs, sft_version, after_eval = asyncio.run(go())
+    rl, sft, ev, rl_jobs, sft_jobs, sft_version, after_eval = asyncio.run(go())
     for events in (rl, sft, ev):
         assert events[-1].kind == "done" and events[-1].state != "failed", events[-1]
     assert rl[-1].episodes == 4 and "success_rate" in rl[-1].metrics
     assert len(rl_jobs) == 2 and all(j.state == "cleared" and j.behaviour_version >= 0 for j in rl_jobs)
     assert rl[-1].step == sum(j.items for j in rl_jobs)  # one PPO step per micro-batch
     assert sft_version == 3 and "loss" in sft[-1].metrics
+    # items_per_job 2 with 3 steps: a job of 2 micro-batches, then one of the 1 left.
+    assert sorted(j.items for j in sft_jobs) == [1, 2]
     assert ev[-1].metrics["episodes"] == 5 and ev[-1].metrics["version"] == sft_version
     assert after_eval == sft_version  # evaluation changed nothing

@@ -326,8 +326,9 @@ def test_compile_tenant_sft():
         "state_dim": 4, "action_dim": 2, "action_horizon": 1, "instruction_template": "{instruction}",
     }
     assert cfg.optim == {"lr": 1e-3, "weight_decay": 0.01, "grad_clip": 1.0, "warmup_steps": 50,
-                         "total_steps": 1200}
-    assert cfg.head_params == {"width": 256, "depth": 2, "image_channels": 16}
+                         "total_steps": 600}
+    assert cfg.head_params == {"width": 256, "depth": 2, "image_channels": 16, "image_pool": "keypoints",
+                               "instruction_encoder": True}
     assert (cfg.max_inflight_jobs, cfg.sft_prefetch_items, cfg.staleness_bound, cfg.priority) == (2, 16, 128, 0)
     assert cfg.signature == ""  # the master derives it
 

@@ -71,6 +71,24 @@ def test_record_then_info(tmp_path, capsys):
     assert info["features"]["observation.images.top"]["dtype"] == "image" and info["total_episodes"] == 3
 
 
+def test_record_with_env_options_and_noise(tmp_path, capsys):
+    out = tmp_path / "demos"
+    argv = ["record", "--out", str(out), "--episodes", "2", "--images", "--noise", "0.3",
+            "--env-option", "image_size=32", "--env-option", "cameras=[top]"]
+    assert run_cli(argv) == EXIT_OK
+    capsys.readouterr()
+    assert run_cli(["info", str(out), "--json"]) == EXIT_OK
+    info = json.loads(capsys.readouterr().out)
+    assert info["features"]["observation.images.top"]["shape"][:2] == [32, 32]
+    assert "observation.images.wrist" not in info["features"]
+    # An option the env does not know: a usage error naming it, nothing written.
+    bad = ["record", "--out", str(tmp_path / "bad"), "--episodes", "1", "--env-option", "colour=red"]
+    assert run_cli(bad) == EXIT_USAGE
+    assert "colour" in capsys.readouterr().err and not (tmp_path / "bad").exists()
+    with pytest.raises(SystemExit):
+        run_cli(["record", "--out", str(tmp_path / "x"), "--episodes", "1", "--env-option", "novalue"])
+
+
 def test_record_unknown_env(tmp_path, capsys):
     assert run_cli(["record", "--out", str(tmp_path / "x"), "--episodes", "1", "--env", "nope/v0"]) == EXIT_USAGE
     assert "known env ids" in capsys.readouterr().err
