@@ -29,6 +29,7 @@ HEAD = {"kind": "mlp", "params": {"width": 256, "depth": 2, "image_channels": 16
                                   "instruction_encoder": True}}
 
 
+@pytest.mark.timeout(900)
 def test_sft_in_process_reaches_80_percent_and_export_reproduces_it(tmp_path):
     from bench.learning_probe import main
 
@@ -41,6 +42,7 @@ def test_sft_in_process_reaches_80_percent_and_export_reproduces_it(tmp_path):
     assert res["reloaded"]["success_rate"] == res["final"]["success_rate"]
 
 
+@pytest.mark.timeout(1800)
 def test_sft_then_pinned_eval_through_the_services(roles):
     for role in ("health", "master", "trainer", "env"):
         roles.start(role)
@@ -73,17 +75,17 @@ RL_HEAD = {"kind": "gaussian", "params": {"width": 256, "init_log_std": -1.0, "i
                                           "image_pool": "keypoints", "instruction_encoder": True}}
 
 
+@pytest.mark.timeout(1800)
 def test_ppo_from_scratch_through_the_services_gains_40_points(roles):
     """examples/rl_reach.yaml's settings with the trainer to itself: the closing eval (mean
     action, 40 episodes) must beat the untrained policy by >= 40 points."""
-    import yaml
-
     from bench.learning_probe import ProbeConfig, evaluate_slot, load_base, make_slot
+    from master.spec import load_document
 
     for role in ("health", "master", "trainer", "env"):
         roles.start(role)
     roles.start("inferencer", NEXUS_INFER_BASE="tiny-qwen3-vl-64")
-    spec = yaml.safe_load((ROOT / "examples" / "rl_reach.yaml").read_text())
+    spec = load_document((ROOT / "examples" / "rl_reach.yaml").read_text())  # the master's YAML reading (5e-4 a float)
     spec["tenant"] = "learn-rl"
     spec["schedule"]["budget"] = {"max_wall_s": 600}
     spec["eval"] = {"version": "latest", "episodes": 40, "seed": 40000}
