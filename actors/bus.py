@@ -28,8 +28,9 @@ from protocol.wire import decode, encode
 T = TypeVar("T")
 
 DEFAULT_REQUEST_TIMEOUT_S = 10.0
-# JetStream API calls (stream / KV / consumer management). nats.py's default is 5 s, which a
-# 2-core machine starting six roles at once has been seen to exceed (a master's KV listing).
+# JetStream API calls (stream / KV / consumer management) of every role. nats.py's default is
+# 5 s, which a 2-core machine starting six roles at once has been seen to exceed (a master's
+# start-up KV listing timed out and the master exited).
 JS_API_TIMEOUT_S = 15.0
 
 

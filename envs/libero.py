@@ -30,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-import subprocess
 import sys
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -52,6 +51,7 @@ from envs.adapter import (
     check_action,
 )
 from envs.errors import ConfigError, EnvError, EnvStateError, UnknownEnvError
+from envs.probe import probe_in_child
 
 ENV_ID_PREFIX = "libero/"
 # suite -> default max_episode_steps: the horizons of the openvla / openpi LIBERO evals (the
@@ -401,15 +401,8 @@ def rendering_problem(timeout_s: float = 60.0) -> str | None:
     """None if robosuite can render offscreen here (tried in a child, so a broken GL driver
     cannot take this process down); otherwise what went wrong."""
     env = dict(os.environ, MUJOCO_GL=os.environ.get("MUJOCO_GL", "egl"))
-    try:
-        proc = subprocess.run([sys.executable, "-c", _RENDER_PROBE], env=env, capture_output=True, text=True,
-                              timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        return f"offscreen render probe (MUJOCO_GL={env['MUJOCO_GL']}) timed out after {timeout_s:.0f} s"
-    if proc.returncode != 0:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-        return f"offscreen render probe (MUJOCO_GL={env['MUJOCO_GL']}) failed: {' | '.join(tail)}"
-    return None
+    return probe_in_child(_RENDER_PROBE, f"offscreen render probe (MUJOCO_GL={env['MUJOCO_GL']})",
+                          timeout_s=timeout_s, env=env, tail_lines=3)
 
 
 def _measure(env_id: str = "libero/libero_spatial", steps: int = 50) -> None:

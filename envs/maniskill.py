@@ -30,7 +30,6 @@ needs CUDA); several adapters in one process take turns through a process-wide l
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -54,6 +53,7 @@ from envs.adapter import (
     check_action,
 )
 from envs.errors import ConfigError, EnvError, EnvStateError, UnknownEnvError
+from envs.probe import probe_in_child
 from protocol.errors import ErrorCode
 
 ENV_ID_PREFIX = "maniskill/"
@@ -137,15 +137,8 @@ def vulkan_problem(timeout_s: float = 120.0) -> str | None:
     """None if a ManiSkill env builds and resets here (tried in a child process, so a crashing
     Vulkan driver cannot take this one down); otherwise what went wrong."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")])))
-    try:
-        proc = subprocess.run([sys.executable, "-c", _PROBE], env=env, cwd=PROJECT_ROOT, capture_output=True,
-                              text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        return f"ManiSkill probe (PickCube-v1, state) timed out after {timeout_s:.0f} s"
-    if proc.returncode != 0:
-        lines = (proc.stderr or proc.stdout).strip().splitlines() or [f"exit status {proc.returncode}"]
-        return f"ManiSkill probe (PickCube-v1, state) failed: {lines[-1]}"
-    return None
+    return probe_in_child(_PROBE, "ManiSkill probe (PickCube-v1, state)", timeout_s=timeout_s, env=env,
+                          cwd=PROJECT_ROOT)
 
 
 @dataclass(frozen=True)

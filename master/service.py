@@ -33,7 +33,6 @@ import time
 import uuid
 from typing import Any
 
-import nats.errors
 from nats.js.api import RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import KeyNotFoundError, NoKeysError, NotFoundError
 
@@ -476,17 +475,9 @@ def _check_config(cfg: TenantConfig) -> None:
         raise InvalidField("config.base", f"{cfg.base!r} is neither a preset ({sorted(PRESETS)}) nor a local directory")
 
 
-async def kv_keys(kv, attempts: int = 3) -> list[str]:
-    """Sorted keys of a KV bucket (empty bucket: []). Listing creates a consumer and reads it to
-    the end, several JetStream API calls; on a loaded machine one can time out, so a timed-out
-    listing is retried (it only reads) before the error propagates."""
-    for attempt in range(1, attempts + 1):
-        try:
-            return sorted(await kv.keys())
-        except NoKeysError:
-            return []
-        except nats.errors.TimeoutError:
-            if attempt == attempts:
-                raise
-            await asyncio.sleep(0.5 * attempt)
-    return []
+async def kv_keys(kv) -> list[str]:
+    """Sorted keys of a KV bucket (empty bucket: [])."""
+    try:
+        return sorted(await kv.keys())
+    except NoKeysError:
+        return []
