@@ -11,6 +11,7 @@ Every request has a timeout; none waits forever::
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any, TypeVar
 
 import nats
@@ -23,6 +24,7 @@ from opentelemetry.trace import SpanKind
 from actors.tracing import inject
 from protocol.errors import PayloadTooLarge, RequestTimeout, Unavailable
 from protocol.messages import ErrorReply, ok_or_raise
+from protocol.policy import MASTER_OUTAGE, RetryPolicy
 from protocol.wire import decode, encode
 
 T = TypeVar("T")
@@ -134,19 +136,31 @@ class Bus:
                 await self.nc.close()
 
 
-async def retry_through_outage(fn, *args, outage_s: float = 120.0, on_retry=None, **kwargs):
-    """Call ``fn`` again while its role is unreachable (no responder / timeout), for up to
-    ``outage_s``: a restarting master or inferencer takes seconds. Only for calls that are
-    safe to repeat (idempotent updates, puts carrying a seq, reads)."""
-    import time
+async def retry(fn, *args, policy: RetryPolicy, on_retry=None,
+                retry_on: tuple[type[BaseException], ...] = (Unavailable, RequestTimeout), **kwargs):
+    """Call ``fn`` until it stops failing with one of ``retry_on``, under ``policy``.
 
-    deadline = time.monotonic() + outage_s
+    Only for calls that are safe to repeat (idempotent updates, puts carrying a seq or an
+    idempotency key, reads). A server's ``retry_after_s`` hint is honoured. The last error is
+    raised once the policy's deadline or attempts are spent.
+    """
+    deadline = time.monotonic() + policy.deadline_s if policy.deadline_s else float("inf")
+    attempt = 0
     while True:
         try:
             return await fn(*args, **kwargs)
-        except (Unavailable, RequestTimeout) as exc:
-            if time.monotonic() > deadline:
+        except retry_on as exc:
+            attempt += 1
+            hint = float(getattr(exc, "details", {}).get("retry_after_s", 0.0) or 0.0)
+            wait = policy.delay(attempt, hint)
+            if (policy.attempts and attempt >= policy.attempts) or time.monotonic() + wait > deadline:
                 raise
             if on_retry is not None:
                 on_retry(exc)
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(wait)
+
+
+async def retry_through_outage(fn, *args, policy: RetryPolicy = MASTER_OUTAGE, on_retry=None, **kwargs):
+    """Call ``fn`` again while its role is unreachable (no responder / timeout): a restarting
+    master or inferencer takes seconds. Only for calls that are safe to repeat."""
+    return await retry(fn, *args, policy=policy, on_retry=on_retry, **kwargs)

@@ -55,8 +55,6 @@ from protocol.messages import (
 # first job it handles. Points, in lifecycle order:
 FAULT_POINTS = ("after_lease", "after_train", "after_commit", "after_trained", "after_export", "after_synced")
 FAULT_ENV = "NEXUS_TRAINER_FAULT"
-# How long job updates are retried while the master is unreachable (a restart takes seconds).
-MASTER_OUTAGE_S = 120.0
 
 
 @dataclass
@@ -156,8 +154,7 @@ class Trainer(Role):
     async def _tenant(self, name: str) -> TenantConfig:
         assert self.bus is not None
         return await retry_through_outage(self.bus.request, self.names.master("tenant_get"),
-                                          GetTenantRequest(tenant=name), TenantConfig, timeout_s=10,
-                                          outage_s=MASTER_OUTAGE_S)
+                                          GetTenantRequest(tenant=name), TenantConfig, timeout_s=10)
 
     async def _run(self, jobs: list[JobRecord]) -> list[_Work]:
         """Steps 2-5 for a set of leased jobs (at most one per tenant). One span per round:
@@ -285,7 +282,6 @@ class Trainer(Role):
         # through the outage (bounded) instead of dropping the job until its lease expires.
         rec = await retry_through_outage(
             self.bus.request, self.names.master("job_update"), update, JobRecord, timeout_s=10,
-            outage_s=MASTER_OUTAGE_S,
             on_retry=lambda exc: self.log.warning("master unavailable; retrying job update", job=job.job,
                                                   state=state, error=exc.message))
         job.state = rec.state

@@ -138,6 +138,21 @@ class HealthEvent:
     reason: str
 
 
+@message("supervisor.restart", 1)
+@dataclass
+class RestartRequest:
+    """Ask the supervisor to restart one role instance in place (health manager, operator).
+
+    ``mode``: ``kill`` (SIGKILL, then start a new instance: a dead or hung role) or ``drain``
+    (SIGTERM, wait for the drain, then start a new instance); ``global`` restarts every role.
+    """
+
+    role: str
+    instance: str = ""
+    mode: Literal["kill", "drain", "global"] = "kill"
+    reason: str = ""
+
+
 @message("health.report.request", 1)
 @dataclass
 class HealthReportRequest:

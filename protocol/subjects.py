@@ -120,6 +120,11 @@ class Names:
     def env(self, op: str) -> str:
         return self.role_op("env", op)
 
+    # -- supervisor (the process behind `nexus up`) -------------------------------------
+    def supervisor(self, op: str) -> str:
+        """Requests to the local supervisor: restart one role in place (health manager)."""
+        return f"{self.prefix}.supervisor.{check_token('op', op)}"
+
     # -- health and metrics ------------------------------------------------------------
     def heartbeat(self, role: str, instance: str) -> str:
         return (

@@ -1,0 +1,55 @@
+"""Every timeout, retry and back-off of the system, as data in one place.
+
+A caller that retries names one of these policies instead of spelling its own sleeps, so the
+retry horizon of the whole system can be read (and tested) here::
+
+    from protocol.policy import MASTER_OUTAGE
+    await retry(fn, policy=MASTER_OUTAGE)
+
+The numbers are defaults with a reason each; the dedup window of the training-queue streams
+is derived from the longest horizon below, so a retried put is always recognised.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Retry a call that failed with a retryable error (no responder, timeout, busy, draining).
+
+    ``deadline_s`` bounds the whole effort (0 = attempts only); ``attempts`` bounds the tries
+    (0 = until the deadline). The wait grows from ``backoff_s`` by ``multiplier`` up to
+    ``max_backoff_s``; a server's own retry hint (``retry_after_s``) wins when larger.
+    """
+
+    name: str
+    deadline_s: float = 0.0
+    attempts: int = 0
+    backoff_s: float = 0.5
+    multiplier: float = 2.0
+    max_backoff_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.deadline_s < 0 or self.attempts < 0:
+            raise ValueError(f"{self.name}: deadline_s and attempts must be >= 0")
+        if self.deadline_s == 0 and self.attempts == 0:
+            raise ValueError(f"{self.name}: a retry needs a deadline_s or a number of attempts")
+        if self.backoff_s <= 0 or self.multiplier < 1 or self.max_backoff_s < self.backoff_s:
+            raise ValueError(f"{self.name}: need backoff_s > 0, multiplier >= 1, max_backoff_s >= backoff_s")
+
+    def delay(self, attempt: int, hint_s: float = 0.0) -> float:
+        """Wait before retry number ``attempt`` (1-based)."""
+        return max(hint_s, min(self.max_backoff_s, self.backoff_s * self.multiplier ** (attempt - 1)))
+
+
+# A restarting master or inferencer takes seconds (a global restart, tens of seconds): calls
+# that are safe to repeat ride it out for this long before the caller gives up.
+MASTER_OUTAGE = RetryPolicy("master_outage", deadline_s=120.0, backoff_s=0.5, max_backoff_s=2.0)
+INFERENCE_OUTAGE = RetryPolicy("inference_outage", deadline_s=120.0, backoff_s=0.2, max_backoff_s=2.0)
+
+# The longest horizon over which any client repeats one queue_put (or intake publish): the
+# JetStream duplicate window must cover it, or a late retry is stored twice.
+LONGEST_RETRY_HORIZON_S = max(MASTER_OUTAGE.deadline_s, INFERENCE_OUTAGE.deadline_s)
+DEDUP_WINDOW_S = LONGEST_RETRY_HORIZON_S + 60.0
