@@ -55,6 +55,8 @@ def kv_buckets(names: Names) -> dict[str, int]:
         names.kv_jobs: 5,
         names.kv_versions: 1,
         names.kv_services: 1,
+        # The tenants' checkpoint pointers (moved by the master at every commit).
+        names.kv_ckpt_refs: 1,
     }
 
 

@@ -295,6 +295,11 @@ class JobRecord:
     trained_version: int = -1
     reason: str = ""
     metrics: dict[str, float] = field(default_factory=dict)
+    # Incremented at every lease: a trainer's commit must name the epoch it was leased, so a
+    # trainer whose lease ran out (and was handed to another) can no longer commit.
+    lease_epoch: int = 0
+    key: str = ""  # the producer's idempotency key (a retried reserve returns this job)
+    workload: str = ""  # the workload whose producer made it ("" for a custom loop)
 
 
 @message("tq.reserve", 1)
@@ -304,6 +309,10 @@ class ReserveRequest:
     task: TaskKind
     auto: bool = True
     priority: int | None = None  # None: the tenant's default
+    # Idempotency key: a reserve retried after a lost reply (same tenant and key) returns the
+    # job the first call made instead of an orphan that counts against the in-flight cap.
+    key: str = ""
+    workload: str = ""
 
 
 @message("tq.put", 1)
@@ -392,6 +401,89 @@ class JobUpdate:
     trained_version: int = -1
     reason: str = ""
     metrics: dict[str, float] = field(default_factory=dict)
+    lease_epoch: int = 0  # the epoch the trainer was leased the job under (the fence)
+    # On ``trained``: the checkpoint object holding the state after this job ("" when the
+    # job was already applied before a crash), and the one that state was built on. The
+    # master moves the tenant's checkpoint pointer only if it still names ``base_checkpoint``.
+    checkpoint: str = ""
+    base_checkpoint: str = ""
+
+
+@message("tq.lease.renew", 1)
+@dataclass
+class LeaseRenewRequest:
+    """A trainer extends the leases of the jobs it is training (once per step, bounded)."""
+
+    trainer: str
+    jobs: list[JobRef]
+    epochs: list[int]  # lease epoch of each job, in the same order
+    lease_s: float = 300.0
+
+
+@message("tq.lease.renew.reply", 1)
+@dataclass
+class LeaseRenewReply:
+    held: list[str]  # job ids still leased to the trainer (extended)
+    lost: list[str]  # job ids it no longer holds: stop training them, never commit them
+
+
+@message("tq.lease.release", 1)
+@dataclass
+class LeaseReleaseRequest:
+    """A draining trainer hands back jobs it will not finish: leased ones go back to ready
+    (the attempt is not counted), post-commit ones wait for the next trainer to finish."""
+
+    trainer: str
+    jobs: list[JobRef]
+    epochs: list[int]
+    reason: str = "trainer draining"
+
+
+@message("ckpt.ref", 1)
+@dataclass
+class CheckpointRef:
+    """The tenant's checkpoint pointer, kept by the master in the checkpoint-refs KV.
+
+    The checkpoint object itself is immutable and uniquely named; moving this pointer is the
+    commit point of a training job (or of ``load_weights``)."""
+
+    tenant: str
+    object_name: str  # in the checkpoints object bucket; "" = no checkpoint yet
+    job: str = ""
+    step: int = 0
+    version: int = 0
+    updated_at: float = 0.0
+
+
+@message("ckpt.get", 1)
+@dataclass
+class CheckpointGetRequest:
+    tenant: str
+
+
+@message("ckpt.commit", 1)
+@dataclass
+class CheckpointCommitRequest:
+    """Move a tenant's checkpoint pointer outside a job (``load_weights``): compare-and-set on
+    the object the caller's state was built on."""
+
+    tenant: str
+    object_name: str
+    base_checkpoint: str
+    trainer: str
+    step: int = 0
+    version: int = 0
+
+
+@message("workload.handback", 1)
+@dataclass
+class HandbackRequest:
+    """A draining env worker hands its running workloads back: the master re-pends them so
+    another worker resumes them (producers resume from the tenant's state)."""
+
+    worker: str
+    workloads: list[str]
+    reason: str = "env worker draining"
 
 
 @message("tq.jobs", 1)

@@ -53,3 +53,32 @@ INFERENCE_OUTAGE = RetryPolicy("inference_outage", deadline_s=120.0, backoff_s=0
 # JetStream duplicate window must cover it, or a late retry is stored twice.
 LONGEST_RETRY_HORIZON_S = max(MASTER_OUTAGE.deadline_s, INFERENCE_OUTAGE.deadline_s)
 DEDUP_WINDOW_S = LONGEST_RETRY_HORIZON_S + 60.0
+
+
+@dataclass(frozen=True)
+class Leases:
+    """Training-job leases and what counts as abandoned work."""
+
+    # A trainer renews its round's leases at most this often while it trains (every step
+    # otherwise): a round longer than its lease is never re-leased under it.
+    renew_every_s: float = 2.0
+    # A draining trainer keeps training its round this long, then releases what is left.
+    drain_finish_s: float = 30.0
+    # A job idle this long while reserved or filling has lost its producer: failed, purged,
+    # and off the tenant's in-flight cap.
+    orphan_ttl_s: float = 300.0
+
+
+@dataclass(frozen=True)
+class Retention:
+    """What the master compacts, and when."""
+
+    every_s: float = 60.0
+    # Finished job records (cleared / dropped_stale / failed) are deleted after this long.
+    job_records_s: float = 3600.0
+    # Policy versions kept per tenant besides the pinned ones (a running eval's version).
+    versions_kept: int = 8
+
+
+LEASES = Leases()
+RETENTION = Retention()

@@ -187,6 +187,11 @@ class Names:
     def kv_services(self) -> str:
         return f"{self.prefix}_services"
 
+    @property
+    def kv_ckpt_refs(self) -> str:
+        """Tenant -> `CheckpointRef`: which immutable checkpoint object is the committed state."""
+        return f"{self.prefix}_ckpt_refs"
+
     # -- object store buckets ----------------------------------------------------------
     @property
     def obj_weights(self) -> str:
