@@ -26,7 +26,9 @@ from typing import Any
 
 import numpy as np
 
+from actors.bus import retry
 from actors.runtime import Role, RoleConfig, op
+from protocol.policy import DRAIN_RELEASE
 from protocol.errors import FailedPrecondition, InvalidField, NexusError, NotFound
 from protocol.messages import (
     EnvCloseRequest,
@@ -36,6 +38,7 @@ from protocol.messages import (
     EnvSession,
     EnvStepRequest,
     DatasetBatch,
+    HandbackRequest,
     Ok,
     ProducerSpec,
     SampleRequest,
@@ -207,8 +210,21 @@ class EnvWorker(Role):
                     await self._drop(s, f"lease of {s.lease_s:g} s expired (client gone)")
 
     async def on_drain(self) -> None:
+        # 1. stop the producers (their half-filled jobs are failed by the master), 2. hand
+        # their workloads back so another worker resumes them, 3. close the sessions.
+        workloads = list(self.producers)
         for p in list(self.producers.values()):
             await p.stop()
+        if workloads:
+            assert self.bus is not None
+            try:
+                await retry(self.bus.request, self.names.master("handback"),
+                            HandbackRequest(worker=self.instance, workloads=workloads), Ok, timeout_s=10,
+                            policy=DRAIN_RELEASE)
+                self.log.info("workloads handed back", workloads=workloads)
+            except NexusError as exc:
+                # The master is gone too: at its start it re-pends workloads of workers that are gone.
+                self.log.warning("handback failed", error=exc.message, workloads=workloads)
         for s in list(self.sessions.values()):
             await self._drop(s, "worker draining")
 

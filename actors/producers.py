@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from actors.bus import retry_through_outage
-from protocol.errors import Busy, NexusError
+from protocol.errors import Busy, NexusError, NotFound
 from protocol.messages import ProducerSpec, QueuePutRequest, WorkloadEvent
 
 # Defaults with a reason each; a spec's algo dict overrides them.
@@ -84,6 +85,8 @@ class Producer:
         self.state = "starting"
         self.error = ""
         self.final: dict[str, float] = {}
+        self._life = uuid.uuid4().hex[:8]  # this incarnation (a resumed workload gets a new one)
+        self._reserves = 0
 
     def status(self) -> dict[str, Any]:
         return {"kind": self.spec.kind, "tenant": self.spec.tenant, "state": self.state,
@@ -156,10 +159,14 @@ class Producer:
             self.progress.version = ref.version
 
     async def _reserve(self, task: str) -> str:
+        # One key per reserve of this producer's life: a retry after a lost reply (timeout)
+        # gets the same job back instead of leaving an orphan on the tenant's in-flight cap.
+        self._reserves += 1
+        key = f"{self.spec.workload}.{self._life}.{self._reserves}"
         while True:
             try:
-                # No responder means the master never saw it: safe to retry.
-                return (await self._retry(self.client.reserve, self.spec.tenant, task)).job
+                return (await self._retry(self.client.reserve, self.spec.tenant, task, key=key,
+                                          workload=self.spec.workload)).job
             except Busy as exc:  # back-pressure: the trainer is behind; wait, do not pile up
                 await asyncio.sleep(float(exc.details.get("retry_after_s", 0.5)))
                 await self._refresh_version()
@@ -169,7 +176,10 @@ class Producer:
     async def _wait_jobs(self) -> None:
         """Wait until every job this producer queued is trained (or dropped / failed)."""
         for job in self.progress.jobs:
-            await self._retry(self.client.wait_job, self.spec.tenant, job, timeout_s=3600)
+            try:
+                await self._retry(self.client.wait_job, self.spec.tenant, job, timeout_s=3600)
+            except NotFound:
+                pass  # compacted: the master deletes only finished records
         await self._refresh_version()
 
     # -- episodes ------------------------------------------------------------------------
@@ -322,7 +332,9 @@ class Producer:
         horizon = int(tenant.schema["action_horizon"])
         reader = await asyncio.to_thread(LeRobotReader, root)
         rng = np.random.default_rng(self.spec.seed)
-        queued_steps = 0
+        # A workload resumed on another worker counts the steps its tenant already has.
+        await self._refresh_version()
+        queued_steps = self.progress.version
         try:
             while self._budget_left() and (not self.spec.max_steps or queued_steps < self.spec.max_steps):
                 job = await self._reserve("sft")

@@ -5,11 +5,13 @@
     await store.commit(tenant, applied_job_ids)   # checkpoint = the commit point of a job
     ref = await store.export(tenant, metrics)     # payload + manifest, announced
 
-A checkpoint is one object ``<tenant>/checkpoint`` in the checkpoints bucket: msgpack of the
-slot's own checkpoint bytes (head, AdamW moments, counters, RNG) together with the ids of the
-jobs already applied. One object put is atomic, so "this job's step is applied" and "the
-state after it" can never be written apart: that is what makes a job's step apply at most
-once across trainer crashes (see docs/architecture.md, exactly-once).
+A checkpoint is one immutable object ``<tenant>/ckpt/<name>`` in the checkpoints bucket:
+msgpack of the slot's own checkpoint bytes (head, AdamW moments, counters, RNG) together with
+the ids of the jobs already applied, so "this job's step is applied" and "the state after it"
+can never be written apart. Which object is the tenant's committed state is the master's
+checkpoint pointer (`CheckpointRef`, moved by compare-and-set when the master accepts the
+job's ``trained`` report under a live lease epoch): a trainer that lost its lease writes an
+object nobody points at, and can never overwrite a newer checkpoint (docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -24,9 +26,10 @@ from typing import Any
 
 from nats.js.errors import ObjectNotFoundError
 
+from actors.bus import retry_through_outage
 from protocol.codec import packb, unpackb
 from protocol.errors import InternalError
-from protocol.messages import TenantConfig, WeightsRef
+from protocol.messages import CheckpointGetRequest, CheckpointRef, TenantConfig, WeightsRef
 from protocol.subjects import Names
 from protocol.wire import encode
 
@@ -35,8 +38,9 @@ APPLIED_KEEP = 4096
 CHECKPOINT_FORMAT = "vla-nexus/slot-checkpoint/1"
 
 
-def checkpoint_name(tenant: str) -> str:
-    return f"{tenant}/checkpoint"
+def checkpoint_name(tenant: str, tag: str) -> str:
+    """A new, never reused checkpoint object name (``tag``: job id and lease epoch)."""
+    return f"{tenant}/ckpt/{tag}"
 
 
 def weights_name(tenant: str, version: int) -> str:
@@ -55,7 +59,7 @@ class Resident:
     config: TenantConfig
     slot: Any  # models.TenantSlot
     applied: OrderedDict[str, None] = field(default_factory=OrderedDict)
-    checkpoint_nuid: str = ""  # of the checkpoint object this state matches
+    checkpoint_name: str = ""  # the committed checkpoint object this state was built on
     last_used: float = 0.0
 
 
@@ -87,18 +91,20 @@ class SlotStore:
             self.bases[source] = base
         return base
 
+    async def committed(self, tenant: str) -> CheckpointRef:
+        """The master's checkpoint pointer for ``tenant`` (authoritative; rides out a restart)."""
+        return await retry_through_outage(self.bus.request, self.names.master("checkpoint_get"),
+                                          CheckpointGetRequest(tenant=tenant), CheckpointRef, timeout_s=10)
+
     async def slot(self, cfg: TenantConfig) -> Resident:
-        """The tenant's slot, created or brought up to its latest checkpoint."""
+        """The tenant's slot, created or brought up to its committed checkpoint."""
         ckpt_store, _ = await self._stores()
         res = self.resident.get(cfg.name)
-        try:
-            info = await ckpt_store.get_info(checkpoint_name(cfg.name))
-        except ObjectNotFoundError:
-            info = None
-        if res is None or (info is not None and info.nuid != res.checkpoint_nuid):
+        ref = await self.committed(cfg.name)
+        if res is None or ref.object_name != res.checkpoint_name:
             res = await self._build(cfg)
-            if info is not None:
-                await self._restore(res, await get_object(ckpt_store, checkpoint_name(cfg.name)), info.nuid)
+            if ref.object_name:
+                await self._restore(res, await get_object(ckpt_store, ref.object_name), ref.object_name)
             self.resident[cfg.name] = res
         res.last_used = time.monotonic()
         base = await self.base(cfg.base)
@@ -115,13 +121,13 @@ class SlotStore:
                                  optim=OptimConfig(**cfg.optim), seed=cfg.seed)
         return Resident(config=cfg, slot=slot)
 
-    async def _restore(self, res: Resident, blob: bytes, nuid: str) -> None:
+    async def _restore(self, res: Resident, blob: bytes, name: str) -> None:
         data = unpackb(blob)
         if not isinstance(data, dict) or data.get("format") != CHECKPOINT_FORMAT:
             raise InternalError(f"checkpoint of {res.config.name} has an unknown format")
         await asyncio.to_thread(res.slot.restore, data["slot"])
         res.applied = OrderedDict((j, None) for j in data["applied"])
-        res.checkpoint_nuid = nuid
+        res.checkpoint_name = name
 
     async def reload(self, tenant: str) -> None:
         """Drop in-memory state (after a failed job): the next `slot()` restores the checkpoint."""
@@ -138,8 +144,9 @@ class SlotStore:
                 res.slot.offload()
 
     # -- commit and export ---------------------------------------------------------------
-    async def commit(self, tenant: str) -> str:
-        """Write the checkpoint (slot state + applied job ids) atomically; return its nuid."""
+    async def write_checkpoint(self, tenant: str, tag: str) -> str:
+        """Write the slot's state (+ applied job ids) as a new checkpoint object; return its
+        name. Nothing points at it until the master accepts the commit."""
         ckpt_store, _ = await self._stores()
         res = self.resident[tenant]
         while len(res.applied) > APPLIED_KEEP:
@@ -147,9 +154,26 @@ class SlotStore:
         slot_bytes = await asyncio.to_thread(res.slot.checkpoint)
         blob = packb({"format": CHECKPOINT_FORMAT, "slot": slot_bytes, "applied": list(res.applied),
                       "step": res.slot.step_count, "version": res.slot.policy_version})
-        info = await ckpt_store.put(checkpoint_name(tenant), blob)
-        res.checkpoint_nuid = info.nuid
-        return info.nuid
+        name = checkpoint_name(tenant, tag)
+        await ckpt_store.put(name, blob)
+        return name
+
+    async def committed_as(self, tenant: str, name: str) -> None:
+        """The master accepted ``name``: it is the slot's base now; the old object goes."""
+        res = self.resident.get(tenant)
+        if res is None:
+            return
+        old, res.checkpoint_name = res.checkpoint_name, name
+        if old and old != name:
+            await self.delete_checkpoint(old)
+
+    async def delete_checkpoint(self, name: str) -> None:
+        """Best effort: an uncommitted or superseded checkpoint object."""
+        ckpt_store, _ = await self._stores()
+        try:
+            await ckpt_store.delete(name)
+        except ObjectNotFoundError:
+            pass
 
     async def export(self, tenant: str, metrics: dict[str, float]) -> WeightsRef:
         """Put the tenant module's params and manifest in the weights bucket; record and announce."""

@@ -36,6 +36,8 @@ from protocol.subjects import DEFAULT_PREFIX, ROLES, Names
 from protocol.wire import decode
 
 STATE_FILE = "cluster.json"
+# `nexus down` drains the roles in these stages (any role not named goes in the last one).
+STOP_STAGES: tuple[tuple[str, ...], ...] = (("env", "inferencer", "trainer"), ("master",), ("monitor", "health"))
 
 
 @dataclass
@@ -335,19 +337,24 @@ class Supervisor:
 
     # -- stop ----------------------------------------------------------------------------
     async def stop(self) -> None:
-        # Reverse start order: workers drain first, health and monitor last so they record it.
-        for role in reversed(self.cfg.roles):
-            child = self.children.get(role)
-            if child and child.proc.poll() is None:
-                child.proc.send_signal(signal.SIGTERM)
+        # In stages, so each drain can still talk to the roles it reports to: the workers
+        # first (a trainer releases its round, an env worker hands its workloads back to the
+        # master), then the master, then health and monitor, which record it all.
         deadline = time.monotonic() + self.cfg.drain_timeout_s
-        for child in self.children.values():
-            while child.proc.poll() is None and time.monotonic() < deadline:
-                await asyncio.sleep(0.05)
-            if child.proc.poll() is None:
-                self.say(f"role {child.role} did not drain in {self.cfg.drain_timeout_s:g} s; killing it")
-                child.proc.kill()
-                child.proc.wait()
+        named = {r for stage in STOP_STAGES for r in stage}
+        stages = (*STOP_STAGES, tuple(r for r in self.children if r not in named))
+        for stage in stages:
+            children = [c for c in self.children.values() if c.role in stage]
+            for child in children:
+                if child.proc.poll() is None:
+                    child.proc.send_signal(signal.SIGTERM)
+            for child in children:
+                while child.proc.poll() is None and time.monotonic() < deadline:
+                    await asyncio.sleep(0.05)
+                if child.proc.poll() is None:
+                    self.say(f"role {child.role} did not drain in {self.cfg.drain_timeout_s:g} s; killing it")
+                    child.proc.kill()
+                    child.proc.wait()
         self.children.clear()
         if self.broker is not None:
             self.broker.stop()

@@ -3,14 +3,17 @@
 The loop, in order (one round):
   1. lease up to ``group_max`` jobs from the master's scheduler (one per tenant); when none is
      ready, wait for ``<prefix>.sched.ready`` or ``idle_poll_s``;
-  2. bring each tenant's slot up to its latest checkpoint (idle slots live in CPU memory);
+  2. bring each tenant's slot up to its committed checkpoint (idle slots live in CPU memory);
   3. read each job's micro-batches from its partition and canonicalise them; a job whose
      data cannot be used fails alone;
   4. train: step i takes micro-batch i of every job, compatible tenants share one base forward
      (`models.train_step(grouped=True)`); a job already in the slot's applied ids is not
-     trained again (a redelivery after a crash);
-  5. per tenant: commit (checkpoint with the applied job ids, one atomic object put) -> job
-     ``trained`` -> export payload + manifest -> ``exported`` -> announce the version on
+     trained again (a redelivery after a crash). Between steps the round's leases are renewed
+     (a job whose lease was lost is dropped from the round, never committed) and a drain is
+     noticed (past ``Leases.drain_finish_s`` the round stops and its jobs are released);
+  5. per tenant: commit (a new checkpoint object with the applied job ids; the master moves
+     the tenant's checkpoint pointer when it accepts ``trained`` under the job's lease epoch)
+     -> export payload + manifest -> ``exported`` -> announce the version on
      ``<prefix>.weights.<tenant>`` -> ``synced`` -> purge the partition -> ``cleared``.
 
 An exception in one tenant's job restores that tenant's slot from its checkpoint and fails
@@ -25,17 +28,23 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from actors.bus import retry_through_outage
+from actors.bus import retry, retry_through_outage
 from actors.runtime import Role, RoleConfig, op
 from actors.slots import Resident, SlotStore
 from master.service import read_job_items
-from protocol.errors import FailedPrecondition, NexusError, NotFound
+from protocol.errors import Conflict, FailedPrecondition, NexusError, NotFound
 from protocol.messages import (
+    CheckpointCommitRequest,
+    CheckpointRef,
+    LeaseReleaseRequest,
+    LeaseRenewReply,
+    LeaseRenewRequest,
     ExportRequest,
     GetTenantRequest,
     JobRecord,
@@ -50,6 +59,7 @@ from protocol.messages import (
     TrainBatchReply,
     WeightsRef,
 )
+from protocol.policy import DRAIN_RELEASE, leases_from_env
 
 # Fault injection for the exactly-once tests: SIGKILL this process at the named point of the
 # first job it handles. Points, in lifecycle order:
@@ -60,7 +70,9 @@ FAULT_ENV = "NEXUS_TRAINER_FAULT"
 @dataclass
 class TrainerConfig:
     group_max: int = 4  # jobs (tenants) per round: the width of one grouped base forward
-    lease_s: float = 300.0  # a job not reported within this goes back to the queue
+    # A job whose lease is not renewed within this goes back to the queue. Leases are renewed
+    # while a round trains, so this bounds how long a hung trainer holds work, not a round.
+    lease_s: float = 60.0
     idle_poll_s: float = 1.0
     max_on_device: int = 16  # slots kept on the accelerator; the rest wait in CPU memory
     device: str | None = None  # None: cuda if available, else cpu
@@ -85,6 +97,7 @@ class _Work:
     metrics: dict[str, list[float]] = field(default_factory=dict)
     skip: bool = False  # already applied before a crash: no compute, just finish
     error: str = ""
+    lost: bool = False  # the lease went to another trainer: drop the work, commit nothing
 
     def summary(self) -> dict[str, float]:
         """Mean of each step metric over the job, plus its mean loss."""
@@ -103,10 +116,17 @@ class Trainer(Role):
         self.fault = os.environ.get(FAULT_ENV, "")
         if self.fault and self.fault not in FAULT_POINTS:
             raise ValueError(f"{FAULT_ENV}={self.fault!r}: allowed {FAULT_POINTS}")
+        self.leases = leases_from_env()
         self.store: SlotStore | None = None
         self._compute = asyncio.Lock()  # one round at a time on the accelerator
         self._wake = asyncio.Event()
+        self._loop_done = asyncio.Event()
+        self._drain_started: float | None = None
+        self._round: dict[str, JobRecord] = {}  # job id -> record: the leases being renewed
+        self._lost: set[str] = set()
         self.jobs_done = 0
+        self.leases_lost = 0
+        self.released = 0
 
     async def setup(self) -> None:
         assert self.bus is not None
@@ -119,7 +139,9 @@ class Trainer(Role):
         self.spawn(self._loop(), "train-loop")
 
     def info_extra(self) -> dict[str, Any]:
-        return {"jobs_done": self.jobs_done, "slots": self.store.memory_report() if self.store else {},
+        return {"jobs_done": self.jobs_done, "leases_lost": self.leases_lost, "released": self.released,
+                "round": sorted(self._round),
+                "slots": self.store.memory_report() if self.store else {},
                 "bases": sorted(self.store.bases) if self.store else []}
 
     async def _on_ready(self, msg: Any) -> None:
@@ -133,6 +155,14 @@ class Trainer(Role):
     # -- the loop ------------------------------------------------------------------------
     async def _loop(self) -> None:
         assert self.bus is not None
+        try:
+            await self._lease_loop()
+        finally:
+            self._loop_done.set()
+
+    async def _lease_loop(self) -> None:
+        assert self.bus is not None
+        # A drain stops leasing at once; the round in progress finishes or is released.
         while not self._stop.is_set():
             try:
                 async with self._compute:
@@ -164,6 +194,19 @@ class Trainer(Role):
             return await self._run_round(jobs)
 
     async def _run_round(self, jobs: list[JobRecord]) -> list[_Work]:
+        # The round's leases are renewed in the background from lease to clear: slot loads,
+        # canonicalisation, every step and the commit all stay inside a live lease.
+        self._round = {j.job: j for j in jobs}
+        self._lost = set()
+        renewer = asyncio.ensure_future(self._renew_loop())
+        try:
+            return await self._round_body(jobs)
+        finally:
+            renewer.cancel()
+            await asyncio.gather(renewer, return_exceptions=True)
+            self._round = {}
+
+    async def _round_body(self, jobs: list[JobRecord]) -> list[_Work]:
         assert self.store is not None
         self._maybe_fault("after_lease")
         work: list[_Work] = []
@@ -180,20 +223,43 @@ class Trainer(Role):
                 work.append(w)
             except Exception as exc:
                 await self._fail(job, f"{type(exc).__name__}: {exc}")
-        # 4. grouped training
+        # 4. grouped training, a step at a time: leases renewed, drains noticed in between
         todo = [w for w in work if not w.skip]
         if todo:
-            await asyncio.to_thread(self._train, todo)
+            base_by_tenant = {w.job.tenant: self.store.bases[w.res.config.base] for w in todo}
+            for i in range(max(len(w.batches) for w in todo)):
+                if self._drain_overdue():
+                    await self._release(work, "trainer draining: the round did not finish in time")
+                    return work
+                self._mark_lost(work)
+                await asyncio.to_thread(self._train_step, todo, i, base_by_tenant)
+            self._mark_lost(work)
+            for w in todo:
+                if not w.error and not w.lost:
+                    w.res.applied[w.job.job] = None
         self._maybe_fault("after_train")
         # 5. commit, export, announce, clear
         for w in work:
+            self._mark_lost([w])
+            if w.lost:
+                # Another trainer holds the job now: our in-memory state is not committed.
+                await self.store.reload(w.job.tenant)
+                continue
             if w.error:
                 await self.store.reload(w.job.tenant)
                 await self._fail(w.job, w.error)
                 continue
             try:
                 await self._finish(w)
+                self._round.pop(w.job.job, None)
                 self.jobs_done += 1
+            except Conflict as exc:
+                # The fence: the lease was lost (or the checkpoint moved) before the commit.
+                self._round.pop(w.job.job, None)
+                self.leases_lost += 1
+                self.log.warning("commit refused; job left to its current owner", tenant=w.job.tenant,
+                                 job=w.job.job, error=exc.message)
+                await self.store.reload(w.job.tenant)
             except Exception as exc:
                 self.log.error("finishing job failed", tenant=w.job.tenant, job=w.job.job, exc_info=exc)
                 await self.store.reload(w.job.tenant)
@@ -203,39 +269,90 @@ class Trainer(Role):
     def _canonicalise(self, res: Resident, job: JobRecord, items: list[QueuePutRequest]) -> list[Any]:
         return [item_to_batch(res.slot, item) for item in items]
 
-    def _train(self, todo: list[_Work]) -> None:
+    def _drain_overdue(self) -> bool:
+        if not self._stop.is_set():
+            return False
+        if self._drain_started is None:
+            self._drain_started = time.monotonic()
+            self.log.info("draining: finishing the round", finish_s=self.leases.drain_finish_s)
+        return time.monotonic() - self._drain_started > self.leases.drain_finish_s
+
+    def _mark_lost(self, work: list[_Work]) -> None:
+        for w in work:
+            if w.job.job in self._lost:
+                w.lost = True
+
+    async def _renew_loop(self) -> None:
+        """Extend the leases of the round's unfinished jobs every ``renew_every_s`` (at most a
+        quarter of the lease); a job the master says is lost is dropped, never committed."""
+        assert self.bus is not None
+        every = min(self.leases.renew_every_s, self.tcfg.lease_s / 4)
+        while True:
+            await asyncio.sleep(every)
+            held = list(self._round.values())
+            if not held:
+                continue
+            req = LeaseRenewRequest(trainer=self.instance, jobs=[JobRef(tenant=j.tenant, job=j.job) for j in held],
+                                    epochs=[j.lease_epoch for j in held], lease_s=self.tcfg.lease_s)
+            try:
+                reply = await self.bus.request(self.names.master("lease_renew"), req, LeaseRenewReply, timeout_s=10)
+            except NexusError as exc:
+                # The master is restarting: keep training; the commit fence decides in the end.
+                self.log.warning("lease renewal failed", error=exc.message)
+                continue
+            for job in held:
+                if job.job in reply.lost and self._round.pop(job.job, None) is not None:
+                    self._lost.add(job.job)
+                    self.leases_lost += 1
+                    self.log.warning("lease lost mid-round; dropping the job", tenant=job.tenant, job=job.job)
+
+    async def _release(self, work: list[_Work], reason: str) -> None:
+        """Hand the round's jobs back (drain): nothing of them is committed by this trainer."""
+        assert self.bus is not None and self.store is not None
+        mine = [w for w in work if not w.lost]
+        for w in mine:
+            self._round.pop(w.job.job, None)
+            await self.store.reload(w.job.tenant)
+        if not mine:
+            return
+        req = LeaseReleaseRequest(trainer=self.instance, jobs=[JobRef(tenant=w.job.tenant, job=w.job.job) for w in mine],
+                                  epochs=[w.job.lease_epoch for w in mine], reason=reason)
+        try:
+            await retry(self.bus.request, self.names.master("lease_release"), req, Ok, timeout_s=5,
+                        policy=DRAIN_RELEASE)
+            self.released += len(mine)
+            self.log.info("released the round's jobs", jobs=[w.job.job for w in mine], reason=reason)
+        except NexusError as exc:
+            # The master is gone too: its successor releases a gone trainer's jobs at start.
+            self.log.warning("could not release jobs", error=exc.message, jobs=[w.job.job for w in mine])
+
+    def _train_step(self, todo: list[_Work], i: int, base_by_tenant: dict[str, Any]) -> None:
         """Micro-batch i of every job in one grouped step; a failing tenant is isolated."""
         from models import train_step
 
-        base_by_tenant = {w.job.tenant: self.store.bases[w.res.config.base] for w in todo}  # type: ignore[union-attr]
-        steps = max(len(w.batches) for w in todo)
-        for i in range(steps):
-            live = [w for w in todo if i < len(w.batches) and not w.error]
-            by_base: dict[int, list[_Work]] = {}
-            for w in live:
-                by_base.setdefault(id(base_by_tenant[w.job.tenant]), []).append(w)
-            for group in by_base.values():
-                base = base_by_tenant[group[0].job.tenant]
-                try:
-                    results = train_step(base, [(w.res.slot, w.batches[i]) for w in group], grouped=True)
-                except Exception:
-                    # Find the culprit: run the tenants one by one; only the failing one fails.
-                    results = []
-                    for w in group:
-                        try:
-                            results.extend(train_step(base, [(w.res.slot, w.batches[i])], grouped=False))
-                        except Exception as exc:  # noqa: BLE001 - reported as the job's failure reason
-                            w.error = f"training step {i} failed: {type(exc).__name__}: {exc}"
-                            results.append(None)
-                for w, r in zip(group, results):
-                    if r is None:
-                        continue
-                    w.losses.append(r.loss)
-                    for k, v in r.metrics.items():
-                        w.metrics.setdefault(k, []).append(float(v))
-        for w in todo:
-            if not w.error:
-                w.res.applied[w.job.job] = None
+        live = [w for w in todo if i < len(w.batches) and not w.error and not w.lost]
+        by_base: dict[int, list[_Work]] = {}
+        for w in live:
+            by_base.setdefault(id(base_by_tenant[w.job.tenant]), []).append(w)
+        for group in by_base.values():
+            base = base_by_tenant[group[0].job.tenant]
+            try:
+                results = train_step(base, [(w.res.slot, w.batches[i]) for w in group], grouped=True)
+            except Exception:
+                # Find the culprit: run the tenants one by one; only the failing one fails.
+                results = []
+                for w in group:
+                    try:
+                        results.extend(train_step(base, [(w.res.slot, w.batches[i])], grouped=False))
+                    except Exception as exc:  # noqa: BLE001 - reported as the job's failure reason
+                        w.error = f"training step {i} failed: {type(exc).__name__}: {exc}"
+                        results.append(None)
+            for w, r in zip(group, results):
+                if r is None:
+                    continue
+                w.losses.append(r.loss)
+                for k, v in r.metrics.items():
+                    w.metrics.setdefault(k, []).append(float(v))
 
     async def _finish(self, w: _Work) -> None:
         """Commit -> trained -> export -> exported -> announce -> synced -> cleared.
@@ -245,10 +362,20 @@ class Trainer(Role):
         job, tenant = w.job, w.job.tenant
         metrics = w.summary()
         version = w.res.slot.policy_version
-        if not w.skip:
-            await self.store.commit(tenant)
-            self._maybe_fault("after_commit")
-        await self._advance(job, "trained", version, metrics)
+        if _before(job.state, "trained"):
+            if not w.skip:
+                # A new object nobody points at yet; the master's acceptance below is the commit.
+                name = await self.store.write_checkpoint(tenant, f"{job.job}-e{job.lease_epoch}")
+                self._maybe_fault("after_commit")
+                try:
+                    await self._update(job, "trained", version, metrics, checkpoint=name,
+                                       base_checkpoint=w.res.checkpoint_name)
+                except Conflict:
+                    await self.store.delete_checkpoint(name)
+                    raise
+                await self.store.committed_as(tenant, name)
+            else:
+                await self._update(job, "trained", version, metrics)
         self._maybe_fault("after_trained")
         if _before(job.state, "exported"):
             ref = await self.store.export(tenant, metrics)
@@ -274,10 +401,12 @@ class Trainer(Role):
             await self._update(job, state, version, metrics)
 
     async def _update(self, job: JobRecord, state: str, version: int = -1,
-                      metrics: dict[str, float] | None = None, reason: str = "") -> JobRecord:
+                      metrics: dict[str, float] | None = None, reason: str = "", checkpoint: str = "",
+                      base_checkpoint: str = "") -> JobRecord:
         assert self.bus is not None
         update = JobUpdate(tenant=job.tenant, job=job.job, state=state, trainer=self.instance,  # type: ignore[arg-type]
-                           trained_version=version, reason=reason, metrics=metrics or {})
+                           trained_version=version, reason=reason, metrics=metrics or {},
+                           lease_epoch=job.lease_epoch, checkpoint=checkpoint, base_checkpoint=base_checkpoint)
         # A master restart must not strand a job we hold: updates are idempotent, so retry
         # through the outage (bounded) instead of dropping the job until its lease expires.
         rec = await retry_through_outage(
@@ -288,6 +417,7 @@ class Trainer(Role):
         return rec
 
     async def _fail(self, job: JobRecord, reason: str) -> None:
+        self._round.pop(job.job, None)
         self.log.error("job failed", tenant=job.tenant, job=job.job, reason=reason)
         try:
             await self._update(job, "failed", reason=reason)
@@ -334,12 +464,27 @@ class Trainer(Role):
                 if isinstance(exc, ObjectNotFoundError):
                     raise NotFound(f"no weights object {req.object_name!r}") from None
                 raise
-            await self.store.commit(req.tenant)
+            res = self.store.resident[req.tenant]
+            name = await self.store.write_checkpoint(req.tenant, f"w{time.time_ns()}")
+            try:
+                await self.bus.request(self.names.master("checkpoint_commit"), CheckpointCommitRequest(
+                    tenant=req.tenant, object_name=name, base_checkpoint=res.checkpoint_name, trainer=self.instance,
+                    step=res.slot.step_count, version=res.slot.policy_version), CheckpointRef, timeout_s=10)
+            except NexusError:
+                await self.store.delete_checkpoint(name)
+                await self.store.reload(req.tenant)
+                raise
+            await self.store.committed_as(req.tenant, name)
         return Ok(detail=f"{req.tenant} loaded {req.object_name} (version {meta.get('policy_version')})")
 
     async def on_drain(self) -> None:
-        # Every committed job already has its checkpoint; nothing in memory is newer.
-        self.log.info("trainer drained", jobs_done=self.jobs_done)
+        # The loop stopped leasing when the drain began; wait for its round to finish or be
+        # released (bounded: drain_finish_s of training, then commit/export or release).
+        try:
+            await asyncio.wait_for(self._loop_done.wait(), timeout=self.leases.drain_finish_s + 60.0)
+        except asyncio.TimeoutError:
+            self.log.error("train loop did not stop in time; its jobs go back when the master sees this trainer gone")
+        self.log.info("trainer drained", jobs_done=self.jobs_done, released=self.released)
 
 
 _ORDER = ("leased", "trained", "exported", "synced", "cleared")

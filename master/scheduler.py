@@ -84,11 +84,16 @@ class Scheduler:
                 changed.append(self.release(job, now, reason="lease expired"))
         return changed
 
-    def release(self, job: JobRecord, now: float, reason: str) -> JobRecord:
-        """Take a job away from its trainer (lease expired, trainer died)."""
+    def release(self, job: JobRecord, now: float, reason: str, count_attempt: bool = True) -> JobRecord:
+        """Take a job away from its trainer (lease expired, trainer died, trainer drained).
+
+        A drained trainer hands its jobs back on purpose: that attempt does not count."""
         job.lease_owner, job.lease_expires_at, job.updated_at = "", 0.0, now
         if job.state == "leased":
-            if job.attempts >= MAX_ATTEMPTS:
+            if not count_attempt:
+                job.attempts = max(0, job.attempts - 1)
+                job.state, job.reason = "ready", reason
+            elif job.attempts >= MAX_ATTEMPTS:
                 job.state, job.reason = "failed", f"{reason}; gave up after {job.attempts} attempts"
             else:
                 job.state, job.reason = "ready", reason
@@ -133,6 +138,26 @@ class Scheduler:
     def lease_one(self, job: JobRecord, trainer: str, lease_s: float, now: float) -> None:
         self._lease(job, trainer, lease_s, now)
 
+    def holds(self, job: JobRecord, trainer: str, epoch: int) -> bool:
+        """Is ``job`` still leased to ``trainer`` under lease ``epoch``? (the commit fence)"""
+        return (job.lease_owner == trainer and job.lease_epoch == epoch
+                and job.state in ("leased", *POST_COMMIT))
+
+    def renew(self, job: JobRecord, trainer: str, epoch: int, lease_s: float, now: float) -> bool:
+        if not self.holds(job, trainer, epoch):
+            return False
+        job.lease_expires_at = now + lease_s
+        return True
+
+    def orphans(self, now: float, ttl_s: float) -> list[JobRecord]:
+        """Jobs idle past ``ttl_s`` while reserved or filling: their producer is gone."""
+        return [j for j in self.jobs.values() if j.state in ("reserved", "filling") and now - j.updated_at > ttl_s]
+
+    def compactable(self, now: float, keep_s: float) -> list[JobRecord]:
+        """Finished records older than ``keep_s``: nothing reads them any more."""
+        return [j for j in self.jobs.values() if j.state in ("cleared", "dropped_stale", "failed")
+                and now - j.updated_at > keep_s]
+
     def is_stale(self, job: JobRecord) -> bool:
         if job.task != "rl" or job.behaviour_version < 0:
             return False
@@ -155,5 +180,6 @@ class Scheduler:
         if job.state == "ready":
             job.state = "leased"
             job.attempts += 1
+        job.lease_epoch += 1  # whoever held it before can no longer commit or report
         job.lease_owner, job.lease_expires_at, job.updated_at = trainer, now + lease_s, now
         self._served[job.tenant] = next(self._tick)

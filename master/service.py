@@ -11,7 +11,10 @@ Serves ``<prefix>.master.<op>``:
 | queue_put | QueuePutRequest | QueuePutReply | validate one micro-batch against the schema, append to the job's partition |
 | mark_ready | JobRef | JobRecord | the job may be leased |
 | lease | LeaseRequest | LeaseReply | the scheduler hands ready jobs to a trainer |
-| job_update | JobUpdate | JobRecord | a trainer reports trained / exported / synced / cleared / failed |
+| job_update | JobUpdate | JobRecord | a trainer reports trained / exported / synced / cleared / failed; fenced by the lease epoch; ``trained`` moves the tenant's checkpoint pointer (compare-and-set) |
+| lease_renew | LeaseRenewRequest | LeaseRenewReply | a training trainer extends its leases; lost ones are named |
+| lease_release | LeaseReleaseRequest | Ok | a draining trainer hands its jobs back |
+| checkpoint_get, checkpoint_commit | CheckpointGetRequest, CheckpointCommitRequest | CheckpointRef | the tenant's committed checkpoint; move it outside a job (load_weights) |
 | job, jobs | JobRef, JobsRequest | JobRecord, JobsReply | records |
 | queue_get | QueueGetRequest | QueueGetReply | read a job's micro-batches back |
 | queue_clear | JobRef | JobRecord | purge a job's partition |
@@ -34,15 +37,24 @@ import uuid
 from typing import Any
 
 from nats.js.api import RetentionPolicy, StorageType, StreamConfig
-from nats.js.errors import KeyNotFoundError, NoKeysError, NotFoundError
+from nats.js.errors import KeyNotFoundError, NoKeysError, NotFoundError, ObjectNotFoundError
 
 from actors.runtime import Role, RoleConfig, op
 from master.scheduler import Scheduler
 from master.workloads import WorkloadOps
 from master.validate import validate_put
-from protocol.errors import Busy, Conflict, FailedPrecondition, InvalidField, NotFound
+from protocol.errors import Unavailable
+from protocol.errors import Busy, Conflict, FailedPrecondition, InvalidField, NexusError, NotFound
 from protocol.messages import (
     TERMINAL_JOB_STATES,
+    CheckpointCommitRequest,
+    CheckpointGetRequest,
+    CheckpointRef,
+    InfoRequest,
+    LeaseReleaseRequest,
+    LeaseRenewReply,
+    LeaseRenewRequest,
+    RoleInfo,
     CreateTenantRequest,
     GetTenantRequest,
     HealthEvent,
@@ -64,6 +76,7 @@ from protocol.messages import (
     TenantConfig,
     WeightsRef,
 )
+from protocol.policy import leases_from_env, retention_from_env
 from protocol.subjects import Names, check_token
 from protocol.wire import decode, encode
 
@@ -94,6 +107,8 @@ class Master(WorkloadOps, Role):
         self.sched = Scheduler()
         self._lock = asyncio.Lock()  # one job-state change at a time: records stay consistent
         self.rollouts: dict[str, float] = {}  # "<tenant>/<workload>" -> expiry (unix s)
+        self.leases = leases_from_env()
+        self.retention = retention_from_env()
 
     async def setup(self) -> None:
         assert self.bus is not None
@@ -102,11 +117,16 @@ class Master(WorkloadOps, Role):
         self.kv_workloads = await js.key_value(self.names.kv_workloads)
         self.kv_jobs = await js.key_value(self.names.kv_jobs)
         self.kv_versions = await js.key_value(self.names.kv_versions)
+        self.kv_ckpt = await js.key_value(self.names.kv_ckpt_refs)
+        self.ckpt_refs: dict[str, CheckpointRef] = {}
+        self._keys: dict[tuple[str, str], str] = {}  # (tenant, idempotency key) -> job id
         await self._load_state()
         await self.bus.nc.subscribe(self.names.health_events_all, cb=self._on_health_event)
         await self.bus.nc.subscribe(self.names.weights_all, cb=self._on_weights)
         self.spawn(self._expire_loop(), "lease-expiry")
+        self.spawn(self._compact_loop(), "compaction")
         await self.setup_workloads()
+        await self._release_dead_owners()
 
     def info_extra(self) -> dict[str, Any]:
         states: dict[str, int] = {}
@@ -128,7 +148,34 @@ class Master(WorkloadOps, Role):
         for job in self.sched.jobs.values():
             if job.state == "leased" or job.trained_version >= 0:
                 self.sched.observe_version(job.tenant, job.trained_version)
+            if job.key:
+                self._keys[(job.tenant, job.key)] = job.job
+        for key in await kv_keys(self.kv_ckpt):
+            ref = decode((await self.kv_ckpt.get(key)).value, CheckpointRef)
+            self.ckpt_refs[ref.tenant] = ref
         self.log.info("state loaded", tenants=len(self.sched.tenants), jobs=len(self.sched.jobs))
+
+    async def alive(self, role: str, instance: str) -> bool:
+        """Does this role instance answer? No responder: gone. A timeout counts as alive
+        (busy or hung: the health manager's watch decides that)."""
+        assert self.bus is not None
+        try:
+            await self.bus.request(self.names.instance_op(role, instance, "info"), InfoRequest(), RoleInfo,
+                                   timeout_s=3)
+            return True
+        except NexusError as exc:
+            return not isinstance(exc, Unavailable)
+
+    async def _release_dead_owners(self) -> None:
+        """At start: jobs leased by trainers that are gone (a `nexus down` that stopped the
+        master before its trainer, a crash while no master ran) go back at once, not after
+        their lease runs out."""
+        owners = {j.lease_owner for j in self.sched.jobs.values()
+                  if j.lease_owner and j.state not in TERMINAL_JOB_STATES}
+        for owner in owners:
+            if await self.alive("trainer", owner):
+                continue
+            await self._release_trainer(owner, f"trainer {owner} is gone (found at master start)")
 
     async def _save(self, job: JobRecord) -> JobRecord:
         await self.kv_jobs.put(f"{job.tenant}.{job.job}", encode(job))
@@ -199,14 +246,21 @@ class Master(WorkloadOps, Role):
     async def reserve(self, req: ReserveRequest) -> JobRecord:
         async with self._lock:
             tenant = self._tenant(req.tenant)
+            if req.key:
+                known = self._keys.get((tenant.name, req.key))
+                if known is not None and (tenant.name, known) in self.sched.jobs:
+                    return self.sched.jobs[(tenant.name, known)]  # a retried reserve: the same job
             self.sched.check_reserve(tenant, req.task)
             now = time.time()
             job = JobRecord(
                 tenant=tenant.name, job=new_job_id(), task=req.task, state="reserved",
                 created_at=now, updated_at=now, auto=req.auto,
                 priority=tenant.priority if req.priority is None else req.priority,
+                key=req.key, workload=req.workload,
             )
             self.sched.put(job)
+            if req.key:
+                self._keys[(tenant.name, req.key)] = job.job
             return await self._save(job)
 
     @op("queue_put", QueuePutRequest)
@@ -291,13 +345,22 @@ class Master(WorkloadOps, Role):
     async def job_update(self, req: JobUpdate) -> JobRecord:
         async with self._lock:
             job = self._job(req.tenant, req.job)
-            if job.state == req.state:
+            if job.state == req.state and (job.lease_owner in ("", req.trainer)):
                 return job  # a retried report
-            if job.lease_owner != req.trainer:
-                raise Conflict(f"job {job.job} is held by {job.lease_owner or 'nobody'}, not {req.trainer}")
+            if not self.sched.holds(job, req.trainer, req.lease_epoch):
+                raise Conflict(
+                    f"job {job.job} is held by {job.lease_owner or 'nobody'} (lease epoch {job.lease_epoch}), "
+                    f"not {req.trainer} (epoch {req.lease_epoch}): its lease was lost; nothing was recorded",
+                    details={"job": job.job, "lease_owner": job.lease_owner, "lease_epoch": job.lease_epoch})
             allowed = TRANSITIONS.get(job.state, ())
             if req.state not in allowed:
                 raise FailedPrecondition(f"job {job.job}: {job.state} -> {req.state} is not allowed; allowed: {list(allowed)}")
+            if req.state == "trained" and req.checkpoint:
+                # The commit point: the tenant's checkpoint pointer moves to the state after
+                # this job, only if it still names the state the trainer started from.
+                await self._move_checkpoint(job.tenant, req.base_checkpoint, CheckpointRef(
+                    tenant=job.tenant, object_name=req.checkpoint, job=job.job,
+                    version=max(req.trained_version, 0), updated_at=time.time()))
             job.state, job.updated_at = req.state, time.time()
             if req.trained_version >= 0:
                 job.trained_version = req.trained_version
@@ -311,6 +374,72 @@ class Master(WorkloadOps, Role):
         if req.state in TERMINAL_JOB_STATES:
             await self._purge(job)
         return job
+
+    @op("lease_renew", LeaseRenewRequest)
+    async def lease_renew(self, req: LeaseRenewRequest) -> LeaseRenewReply:
+        check_token("trainer", req.trainer)
+        if len(req.jobs) != len(req.epochs):
+            raise InvalidField("epochs", f"has {len(req.epochs)} entries for {len(req.jobs)} jobs")
+        if not 0 < req.lease_s <= 3600:
+            raise InvalidField("lease_s", "must be in (0, 3600]")
+        held, lost = [], []
+        async with self._lock:
+            now = time.time()
+            for ref, epoch in zip(req.jobs, req.epochs):
+                job = self.sched.jobs.get((ref.tenant, ref.job))
+                if job is not None and self.sched.renew(job, req.trainer, epoch, req.lease_s, now):
+                    await self._save(job)  # a restarted master must not expire a renewed lease
+                    held.append(ref.job)
+                else:
+                    lost.append(ref.job)
+        return LeaseRenewReply(held=held, lost=lost)
+
+    @op("lease_release", LeaseReleaseRequest)
+    async def lease_release(self, req: LeaseReleaseRequest) -> Ok:
+        check_token("trainer", req.trainer)
+        if len(req.jobs) != len(req.epochs):
+            raise InvalidField("epochs", f"has {len(req.epochs)} entries for {len(req.jobs)} jobs")
+        released = 0
+        async with self._lock:
+            now = time.time()
+            for ref, epoch in zip(req.jobs, req.epochs):
+                job = self.sched.jobs.get((ref.tenant, ref.job))
+                if job is not None and self.sched.holds(job, req.trainer, epoch):
+                    self.sched.release(job, now, reason=f"released by {req.trainer}: {req.reason}",
+                                       count_attempt=False)
+                    await self._save(job)
+                    released += 1
+        if released and self.bus is not None:
+            await self.bus.nc.publish(self.names.sched_ready, b"")
+        return Ok(detail=f"released {released} of {len(req.jobs)} jobs")
+
+    @op("checkpoint_get", CheckpointGetRequest)
+    async def checkpoint_get(self, req: CheckpointGetRequest) -> CheckpointRef:
+        self._tenant(req.tenant)
+        return self.ckpt_refs.get(req.tenant) or CheckpointRef(tenant=req.tenant, object_name="")
+
+    @op("checkpoint_commit", CheckpointCommitRequest)
+    async def checkpoint_commit(self, req: CheckpointCommitRequest) -> CheckpointRef:
+        self._tenant(req.tenant)
+        check_token("trainer", req.trainer)
+        async with self._lock:
+            ref = CheckpointRef(tenant=req.tenant, object_name=req.object_name, step=req.step,
+                                version=req.version, updated_at=time.time())
+            await self._move_checkpoint(req.tenant, req.base_checkpoint, ref)
+        return ref
+
+    async def _move_checkpoint(self, tenant: str, base: str, ref: CheckpointRef) -> None:
+        """Compare-and-set of the tenant's checkpoint pointer (under the master's lock)."""
+        current = self.ckpt_refs.get(tenant)
+        current_name = current.object_name if current else ""
+        if current_name == ref.object_name:
+            return  # a retried commit
+        if current_name != base:
+            raise Conflict(
+                f"tenant {tenant}'s checkpoint moved to {current_name or 'none'} while this state was built on "
+                f"{base or 'none'}: reload and retry", details={"tenant": tenant, "checkpoint": current_name})
+        await self.kv_ckpt.put(tenant, encode(ref))
+        self.ckpt_refs[tenant] = ref
 
     # -- rollout gate: at most 1 active rollout per tenant and 3 in all ---------------------
     @op("rollout_begin", JobRef)
@@ -391,10 +520,90 @@ class Master(WorkloadOps, Role):
     async def _expire_loop(self) -> None:
         while True:
             await asyncio.sleep(EXPIRE_EVERY_S)
+            orphans: list[JobRecord] = []
             async with self._lock:
-                for job in self.sched.expire_leases(time.time()):
+                now = time.time()
+                for job in self.sched.expire_leases(now):
                     self.log.warning("lease expired", tenant=job.tenant, job=job.job, state=job.state)
                     await self._save(job)
+                for job in self.sched.orphans(now, self.leases.orphan_ttl_s):
+                    job.reason = (f"idle for {self.leases.orphan_ttl_s:g} s while {job.state}: its producer is gone; "
+                                  "the partition was purged")
+                    job.state, job.updated_at = "failed", now
+                    self.log.warning("orphan job expired", tenant=job.tenant, job=job.job)
+                    await self._save(job)
+                    orphans.append(job)
+            for job in orphans:
+                await self._purge(job)
+
+    async def fail_unready_jobs(self, workload: str, reason: str, states: tuple[str, ...] = ("reserved", "filling")) -> int:
+        """A workload's producer stopped (cancel, crash, handback): its jobs that can never be
+        completed (reserved / filling) fail at once and leave the in-flight cap."""
+        done: list[JobRecord] = []
+        async with self._lock:
+            now = time.time()
+            for job in self.sched.jobs.values():
+                if job.workload == workload and job.state in states:
+                    job.state, job.reason, job.updated_at = "failed", reason, now
+                    await self._save(job)
+                    done.append(job)
+        for job in done:
+            await self._purge(job)
+        return len(done)
+
+    async def _compact_loop(self) -> None:
+        """Finished job records and old policy versions go after their retention, so neither
+        the scheduler's scans nor the object store grow with history."""
+        while True:
+            await asyncio.sleep(self.retention.every_s)
+            await self.compact()
+
+    async def compact(self, now: float | None = None) -> dict[str, int]:
+        now = time.time() if now is None else now
+        removed = 0
+        async with self._lock:
+            for job in self.sched.compactable(now, self.retention.job_records_s):
+                del self.sched.jobs[(job.tenant, job.job)]
+                if job.key:
+                    self._keys.pop((job.tenant, job.key), None)
+                try:
+                    await self.kv_jobs.purge(f"{job.tenant}.{job.job}")
+                except NexusError as exc:
+                    self.log.warning("job record purge failed", job=job.job, error=str(exc))
+                removed += 1
+        versions = await self._compact_versions()
+        if removed or versions:
+            self.log.info("compacted", job_records=removed, versions=versions)
+        return {"job_records": removed, "versions": versions}
+
+    async def _compact_versions(self) -> int:
+        """Delete policy versions older than the newest `self.retention.versions_kept` of each
+        tenant, except versions a live workload pins (an eval)."""
+        assert self.bus is not None
+        store = await self.bus.js.object_store(self.names.obj_weights)
+        try:
+            infos = await store.list(ignore_deletes=True)
+        except NotFoundError:
+            return 0
+        by_tenant: dict[str, list[tuple[int, str]]] = {}
+        for info in infos:
+            tenant, _, rest = info.name.partition("/v")
+            digits = rest.removesuffix(".manifest.json")
+            if digits.isdigit():
+                by_tenant.setdefault(tenant, []).append((int(digits), info.name))
+        pinned = self.pinned_versions()
+        deleted = 0
+        for tenant, objs in by_tenant.items():
+            versions = sorted({v for v, _ in objs})
+            keep = set(versions[-self.retention.versions_kept:]) | pinned.get(tenant, set())
+            for version, name in objs:
+                if version not in keep:
+                    try:
+                        await store.delete(name)
+                        deleted += 1
+                    except ObjectNotFoundError:
+                        pass
+        return deleted
 
     async def _on_health_event(self, msg: Any) -> None:
         try:
@@ -402,21 +611,27 @@ class Master(WorkloadOps, Role):
         except Exception as exc:
             self.log.warning("bad health event", error=str(exc))
             return
-        if ev.event != "role_down":
+        # A role that drained is gone just as a dead one is: what it held goes back at once.
+        if ev.event not in ("role_down", "role_stopped"):
             return
+        how = "died" if ev.event == "role_down" else "stopped"
         if ev.role == "env":
-            await self.on_env_worker_down(ev.instance)
+            await self.on_env_worker_down(ev.instance, how)
             return
-        if ev.role != "trainer":
-            return
+        if ev.role == "trainer":
+            await self._release_trainer(ev.instance, f"trainer {ev.instance} {how}")
+
+    async def _release_trainer(self, instance: str, reason: str) -> None:
+        released = 0
         async with self._lock:
             now = time.time()
             for job in self.sched.jobs.values():
-                if job.lease_owner == ev.instance and job.state not in TERMINAL_JOB_STATES:
-                    self.sched.release(job, now, reason=f"trainer {ev.instance} died")
-                    self.log.warning("released job of dead trainer", tenant=job.tenant, job=job.job, state=job.state)
+                if job.lease_owner == instance and job.state not in TERMINAL_JOB_STATES:
+                    self.sched.release(job, now, reason=reason)
+                    self.log.warning("released job", tenant=job.tenant, job=job.job, state=job.state, reason=reason)
                     await self._save(job)
-        if self.bus is not None:
+                    released += 1
+        if released and self.bus is not None:
             await self.bus.nc.publish(self.names.sched_ready, b"")
 
     async def _on_weights(self, msg: Any) -> None:

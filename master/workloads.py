@@ -33,6 +33,7 @@ from protocol.errors import Conflict, NexusError, NotFound
 from protocol.messages import (
     TERMINAL_WORKLOAD_STATES,
     CreateTenantRequest,
+    HandbackRequest,
     Ok,
     ProducerSpec,
     SubmitRequest,
@@ -119,6 +120,11 @@ class WorkloadOps:
                 except NotFoundError:
                     continue
                 await self._apply_event(decode(last.data, WorkloadEvent))
+        # Workloads whose producer's worker is gone (it stopped or died while no master ran)
+        # are handed to another worker now, not left running on nobody.
+        for rec in list(self.workloads.values()):
+            if rec.state == "running" and rec.worker and not await self.alive("env", rec.worker):
+                await self._repend(rec, f"env worker {rec.worker} is gone (found at master start)")
         self.spawn(self._intake_loop(), "workload-intake")
         self.spawn(self._pending_loop(), "workload-pending")
 
@@ -302,15 +308,58 @@ class WorkloadOps:
             except NexusError as exc:  # the worker may be gone: the workload is cancelled anyway
                 self.log.warning("stop_producer failed", workload=rec.workload, error=exc.message)
         await self._set_state(rec, "cancelled", "cancelled by request")
+        # Nothing of a cancelled workload trains any more, and it holds no cap or rollout.
+        await self.fail_unready_jobs(rec.workload, "its workload was cancelled", ("reserved", "filling", "ready"))
+        self._release_rollouts(rec.workload)
         return rec
 
-    async def on_env_worker_down(self, instance: str) -> None:
-        """Restart the producers of a dead env worker elsewhere (RL and SFT resume from the
-        tenant's state; an eval starts its episodes over)."""
+    def pinned_versions(self) -> dict[str, set[int]]:
+        """Policy versions a live workload reads (an eval's pinned version): never compacted."""
+        out: dict[str, set[int]] = {}
         for rec in self.workloads.values():
+            if rec.state not in TERMINAL_WORKLOAD_STATES and rec.eval_version >= 0:
+                target = policy_pin_tenant(rec)
+                out.setdefault(target, set()).add(rec.eval_version)
+        return out
+
+    @op("handback", HandbackRequest)
+    async def handback(self, req: HandbackRequest) -> Ok:
+        """A draining env worker's producers stopped: resume their workloads elsewhere."""
+        n = 0
+        for workload in req.workloads:
+            rec = self.workloads.get(workload)
+            if rec is not None and rec.state == "running" and rec.worker == req.worker:
+                await self._repend(rec, f"handed back by env worker {req.worker}: {req.reason}")
+                n += 1
+        return Ok(detail=f"{n} workloads pending again")
+
+    async def on_env_worker_down(self, instance: str, how: str = "died") -> None:
+        """Restart the producers of a dead (or stopped) env worker elsewhere (RL and SFT resume
+        from the tenant's state; an eval starts its episodes over)."""
+        for rec in list(self.workloads.values()):
             if rec.state == "running" and rec.worker == instance:
-                rec.state = "pending"
-                await self._set_state(rec, "pending", f"env worker {instance} died; restarting the producer")
+                await self._repend(rec, f"env worker {instance} {how}; restarting the producer")
+
+    async def _repend(self, rec: WorkloadRecord, message: str) -> None:
+        # The producer is gone: its half-filled jobs can never be marked ready and its rollout
+        # slot is free; ready jobs stay and are trained (their data is whole).
+        await self.fail_unready_jobs(rec.workload, f"its producer stopped: {message}")
+        self._release_rollouts(rec.workload)
+        rec.worker = ""
+        await self._set_state(rec, "pending", message)
+        await self._try_start(rec)
+
+    def _release_rollouts(self, workload: str) -> None:
+        for key in [k for k in self.rollouts if k.split("/", 1)[1] == workload]:
+            del self.rollouts[key]
+
+
+def policy_pin_tenant(rec: WorkloadRecord) -> str:
+    """The tenant whose policy a workload reads (an eval may score another tenant)."""
+    version = (rec.spec.get("eval") or {}).get("version", "latest")
+    if isinstance(version, str) and version.startswith("tenant:"):
+        return version.removeprefix("tenant:").partition("@")[0]
+    return rec.tenant
 
 
 def _check_same_policy(mine: TenantConfig, target: TenantConfig) -> None:

@@ -140,13 +140,17 @@ class AsyncClient:
         return await self._master("tenant_get", GetTenantRequest(tenant=name), TenantConfig)
 
     async def reserve(self, tenant: str, task: str, *, auto: bool = True, wait_s: float = 0.0,
-                      priority: int | None = None) -> JobRecord:
-        """A new job id. With ``wait_s`` > 0, waits out back-pressure (busy) up to that long."""
+                      priority: int | None = None, key: str = "", workload: str = "") -> JobRecord:
+        """A new job id. With ``wait_s`` > 0, waits out back-pressure (busy) up to that long.
+
+        ``key``: an idempotency key; calling again with the same key (a retry after a timeout)
+        returns the job the first call made."""
         deadline = time.monotonic() + wait_s
         while True:
             try:
                 return await self._master("reserve", ReserveRequest(tenant=tenant, task=task, auto=auto,
-                                                                    priority=priority), JobRecord)
+                                                                    priority=priority, key=key,
+                                                                    workload=workload), JobRecord)
             except Busy as exc:
                 if time.monotonic() >= deadline:
                     raise

@@ -12,6 +12,8 @@ import asyncio
 import numpy as np
 import pytest
 
+from protocol.messages import CheckpointCommitRequest, CheckpointRef
+
 from protocol.errors import FailedPrecondition, InvalidField, MissingField, NotFound, PayloadTooLarge
 from sdk.client import AsyncClient
 from tests.tq_helpers import CALVIN_SCHEMA, Reference, micro_batch, tenant, tensors_equal
@@ -182,7 +184,10 @@ def test_failure_in_one_tenant_fails_only_its_job(roles):
             for cfg in cfgs:
                 await c.create_tenant(cfg)
             store = await c.bus.js.object_store(c.names.obj_checkpoints)
-            await store.put("iso-1/checkpoint", b"\x00 not a checkpoint")
+            await store.put("iso-1/ckpt/corrupt", b"\x00 not a checkpoint")
+            # Commit it as iso-1's state, as a trainer would (compare-and-set on "no checkpoint").
+            await c.bus.request(c.names.master("checkpoint_commit"), CheckpointCommitRequest(
+                tenant="iso-1", object_name="iso-1/ckpt/corrupt", base_checkpoint="", trainer="test"), CheckpointRef)
             jobs = [(await _submit_job(c, cfg, 1, seed=i))[0] for i, cfg in enumerate(cfgs)]
             return [await c.wait_job(cfg.name, j.job, timeout_s=120) for cfg, j in zip(cfgs, jobs)]
         finally:
