@@ -33,9 +33,9 @@ import time
 import uuid
 from typing import Any
 
-from nats.js.api import RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import KeyNotFoundError, NoKeysError, NotFoundError
 
+from actors.layout import ensure_tq_stream, publish_tq, read_deployment_settings
 from actors.runtime import Role, RoleConfig, op
 from master.scheduler import Scheduler
 from master.workloads import WorkloadOps
@@ -102,6 +102,7 @@ class Master(WorkloadOps, Role):
         self.kv_workloads = await js.key_value(self.names.kv_workloads)
         self.kv_jobs = await js.key_value(self.names.kv_jobs)
         self.kv_versions = await js.key_value(self.names.kv_versions)
+        self.deployment = await read_deployment_settings(js, self.names)
         await self._load_state()
         await self.bus.nc.subscribe(self.names.health_events_all, cb=self._on_health_event)
         await self.bus.nc.subscribe(self.names.weights_all, cb=self._on_weights)
@@ -172,19 +173,8 @@ class Master(WorkloadOps, Role):
 
     async def _ensure_queue_stream(self, tenant: str) -> None:
         assert self.bus is not None
-        stream = StreamConfig(
-            name=self.names.tq_stream(tenant),
-            subjects=[self.names.tq_tenant_all(tenant)],
-            # WorkQueue: the tenant's partition of the training queue. Data is read by
-            # sequence (no consumers) and purged per job subject once trained.
-            retention=RetentionPolicy.WORK_QUEUE,
-            storage=StorageType.FILE,
-            duplicate_window=120.0,  # Nats-Msg-Id dedup makes a retried queue_put harmless
-        )
-        try:
-            await self.bus.js.stream_info(stream.name)
-        except NotFoundError:
-            await self.bus.js.add_stream(stream)
+        # Replicas, byte limit and dedup window come from the deployment (actors/layout.py).
+        await ensure_tq_stream(self.bus.js, self.names, tenant, self.deployment)
 
     @op("tenant_get", GetTenantRequest)
     async def tenant_get(self, req: GetTenantRequest) -> TenantConfig:
@@ -221,9 +211,9 @@ class Master(WorkloadOps, Role):
         b = validate_put(req, tenant.schema, job.task)
         if job.task == "sft":
             self.sched.check_sft_prefetch(tenant, adding=1)
-        ack = await self.bus.js.publish(
-            self.names.tq_job(req.tenant, req.job), encode(req),
-            headers={"Nats-Msg-Id": f"{req.job}:{req.seq}"},
+        ack = await publish_tq(
+            self.bus.js, self.names, req.tenant, self.names.tq_job(req.tenant, req.job), encode(req),
+            headers={"Nats-Msg-Id": f"{req.job}:{req.seq}"}, settings=self.deployment,
         )
         # The partition itself says how many micro-batches the job holds: right even when a
         # master died between this publish and saving the record, and the client's retry
