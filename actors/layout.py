@@ -32,7 +32,8 @@ WEEK_S = 7 * 24 * 3600
 # JetStream's error codes (server/errors.json) that a training-queue put or create can meet.
 JS_ERR_MAX_BYTES = 10077  # "maximum bytes exceeded": the stream is at max_bytes, discard=new
 JS_ERR_INSUFFICIENT_RESOURCES = 10023  # no node can reserve the stream's max_bytes
-JS_ERR_STORAGE_RESOURCES = 10047  # "insufficient storage resources available"
+JS_ERR_STORAGE_RESOURCES = 10047  # "insufficient storage resources available" (one server)
+JS_ERR_NO_PEERS = 10005  # "no suitable peers for placement, <why>" (a cluster)
 # After a replica change (R1 -> R3), how long the layout waits for the new peers, and how
 # often it asks (a move took ~1.3 s on an idle machine).
 REPLICA_CHANGE_TIMEOUT_S = 30.0
@@ -221,7 +222,9 @@ async def ensure_tq_stream(js: JetStreamContext, names: Names, tenant: str,
             if have.num_replicas != want.num_replicas:
                 await wait_placed(js, want.name, want.num_replicas)
     except APIError as exc:
-        if exc.err_code in (JS_ERR_INSUFFICIENT_RESOURCES, JS_ERR_STORAGE_RESOURCES):
+        no_room = exc.err_code in (JS_ERR_INSUFFICIENT_RESOURCES, JS_ERR_STORAGE_RESOURCES) or (
+            exc.err_code == JS_ERR_NO_PEERS and "insufficient" in (exc.description or ""))
+        if no_room:
             raise FailedPrecondition(
                 f"cannot create the training-queue stream of tenant {tenant!r}: JetStream has no "
                 f"room to reserve its {settings.tq_max_bytes} byte limit ({exc.description}); "

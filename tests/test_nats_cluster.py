@@ -36,7 +36,7 @@ from actors.layout import (
     stream_configs,
 )
 from actors.supervisor import ClusterState, pid_alive
-from protocol.errors import Busy
+from protocol.errors import Busy, FailedPrecondition
 from protocol.messages import DeploymentSettings
 from protocol.policy import DEDUP_WINDOW_S
 from protocol.subjects import ROLES, Names
@@ -270,6 +270,10 @@ def test_tenant_over_its_byte_limit_gets_a_clear_error(healed):
                 await publish_tq(js, names, "other", names.tq_job("other", "j1"), chunk,
                                  {"Nats-Expected-Stream": "nope"}, settings)
             assert not isinstance(raw.value, Busy)
+            # A limit no node can reserve is refused when the tenant's stream is made.
+            with pytest.raises(FailedPrecondition) as full:
+                await ensure_tq_stream(js, names, "huge", DeploymentSettings(replicas=3, tq_max_bytes=1 << 50))
+            assert "'huge'" in full.value.message and str(1 << 50) in full.value.message
         finally:
             await bus.close()
 
