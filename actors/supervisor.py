@@ -1,9 +1,11 @@
 """Supervisor behind `nexus up`: embedded broker, layout, and every role as a child process.
 
     python -m actors.supervisor --data-dir .nexus --nats-port 4222     # what --detach runs
+    python -m actors.supervisor --data-dir .nexus --nats-cluster 3     # 3 nats-servers, R3
 
-In order it: 1. starts nats-server (unless given --nats-url); 2. creates streams and
-buckets; 3. starts the roles (health and monitor first, so they see everyone's first beat);
+In order it: 1. starts nats-server, or a cluster of them (unless given --nats-url);
+2. creates streams and buckets (replicated on a cluster) and records the deployment
+settings; 3. starts the roles (health and monitor first, so they see everyone's first beat);
 4. writes ``<data-dir>/cluster.json`` so client commands find the cluster; 5. waits until
 every role has registered ready; 6. restarts a role that dies (restart policy below) until
 SIGTERM/SIGINT; 7. stops: roles drain in reverse start order, then the broker stops and
@@ -28,10 +30,16 @@ from pathlib import Path
 import orjson
 
 from actors.bus import Bus
-from actors.broker import EmbeddedBroker
-from actors.layout import ensure_layout
+from actors.broker import EmbeddedBroker, EmbeddedCluster
+from actors.layout import ensure_layout, read_deployment_settings
 from protocol.errors import NexusError, Unavailable
-from protocol.messages import ClusterStatus, ServiceRecord, StatusRequest
+from protocol.messages import (
+    DEFAULT_TQ_MAX_BYTES,
+    ClusterStatus,
+    DeploymentSettings,
+    ServiceRecord,
+    StatusRequest,
+)
 from protocol.subjects import DEFAULT_PREFIX, ROLES, Names
 from protocol.wire import decode
 
@@ -61,16 +69,17 @@ class ChildRecord:
 class ClusterState:
     """What client commands read from ``<data-dir>/cluster.json``."""
 
-    nats_url: str
+    nats_url: str  # comma-separated on a NATS cluster (every node's URL)
     prefix: str
     data_dir: str
     supervisor_pid: int
-    broker_pid: int | None
+    broker_pid: int | None  # the (first) embedded nats-server; kept for older readers
     logs_dir: str
     traces_dir: str
     started_at: float
     ready: bool = False
     roles: list[ChildRecord] = field(default_factory=list)
+    broker_pids: list[int] = field(default_factory=list)  # every embedded nats-server
 
     def write(self, data_dir: Path) -> None:
         tmp = data_dir / (STATE_FILE + ".tmp")
@@ -112,6 +121,11 @@ class SupervisorConfig:
     data_dir: Path = Path(".nexus")
     nats_port: int = 4222
     nats_url: str | None = None  # use an existing server instead of starting one
+    # nats-server processes to start: 1 (one server, R1) or 3 / 5 (a JetStream cluster on
+    # this machine, streams and buckets replicated on 3 / 5 nodes). Node 1 listens on
+    # nats_port, the others on free ports (all listed in cluster.json).
+    nats_cluster: int = 1
+    tq_max_bytes: int = DEFAULT_TQ_MAX_BYTES  # byte limit of each tenant's training-queue stream
     prefix: str = DEFAULT_PREFIX
     roles: tuple[str, ...] = ROLES
     ready_timeout_s: float = 60.0
@@ -126,6 +140,11 @@ class SupervisorConfig:
             raise ValueError(f"roles: unknown {unknown}; allowed: {list(ROLES)}")
         if not 0 < self.nats_port < 65536:
             raise ValueError(f"nats_port: {self.nats_port} is not a TCP port (1-65535)")
+        if self.nats_cluster not in (1, 3, 5):
+            raise ValueError(f"nats_cluster: {self.nats_cluster} nodes; use 1, 3 or 5")
+        if self.nats_cluster > 1 and self.nats_url:
+            raise ValueError("nats_cluster: cannot start a cluster and use nats_url at once; pick one")
+        DeploymentSettings(replicas=self.nats_cluster, tq_max_bytes=self.tq_max_bytes)  # checks tq_max_bytes
 
 
 @dataclass
@@ -142,7 +161,7 @@ class Supervisor:
         self.cfg = cfg
         self.names = Names(cfg.prefix)
         self.out = out
-        self.broker: EmbeddedBroker | None = None
+        self.broker: EmbeddedBroker | EmbeddedCluster | None = None
         self.nats_url = cfg.nats_url or ""
         self.children: dict[str, _Child] = {}
         self.state: ClusterState | None = None
@@ -165,15 +184,28 @@ class Supervisor:
         self.logs_dir.mkdir(exist_ok=True)
         self.traces_dir.mkdir(exist_ok=True)
         # 1. broker
-        if not self.cfg.nats_url:
+        if self.cfg.nats_cluster > 1:
+            self.broker = EmbeddedCluster(data_dir=self.cfg.data_dir, size=self.cfg.nats_cluster,
+                                          client_ports=[self.cfg.nats_port])
+            self.broker.start()
+            self.nats_url = self.broker.url
+            self.say(f"nats-server  {self.cfg.nats_cluster}-node JetStream cluster {self.nats_url} "
+                     f"(stores {self.cfg.data_dir / 'jetstream'}/n<i>, logs {self.logs_dir}/nats-n<i>.log)")
+        elif not self.cfg.nats_url:
             self.broker = EmbeddedBroker(data_dir=self.cfg.data_dir, port=self.cfg.nats_port)
             self.broker.start()
             self.nats_url = self.broker.url
             self.say(f"nats-server  {self.nats_url} (JetStream store {self.cfg.data_dir / 'jetstream'})")
-        # 2. layout
+        # 2. layout, at the replica count of the servers we started; on a server we did not
+        # start, at the count its layout already records (so `up` never shrinks an R3 layout).
         bus = await Bus.connect(self.nats_url, name="supervisor", reconnect_forever=False)
         try:
-            await ensure_layout(bus.js, self.names)
+            if self.broker is None:
+                replicas = (await read_deployment_settings(bus.js, self.names)).replicas
+            else:
+                replicas = self.cfg.nats_cluster
+            settings = DeploymentSettings(replicas=replicas, tq_max_bytes=self.cfg.tq_max_bytes)
+            await ensure_layout(bus.js, self.names, replicas=replicas, settings=settings)
         finally:
             await bus.close()
         # 3. roles
@@ -185,7 +217,8 @@ class Supervisor:
             prefix=self.cfg.prefix,
             data_dir=str(self.cfg.data_dir),
             supervisor_pid=os.getpid(),
-            broker_pid=self.broker.proc.pid if self.broker and self.broker.proc else None,
+            broker_pid=self._broker_pids()[0] if self._broker_pids() else None,
+            broker_pids=self._broker_pids(),
             logs_dir=str(self.logs_dir),
             traces_dir=str(self.traces_dir),
             started_at=time.time(),
@@ -201,6 +234,13 @@ class Supervisor:
         self.state.ready = True
         self._write_state()
         self.say(f"ready        {len(self.children)} roles live: {', '.join(self.cfg.roles)}")
+
+    def _broker_pids(self) -> list[int]:
+        if isinstance(self.broker, EmbeddedCluster):
+            return self.broker.pids
+        if self.broker is not None and self.broker.proc is not None:
+            return [self.broker.proc.pid]
+        return []
 
     def _spawn(self, role: str) -> _Child:
         instance = f"{role}-{uuid.uuid4().hex[:6]}"
@@ -369,10 +409,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data-dir", type=Path, default=Path(".nexus"))
     p.add_argument("--nats-port", type=int, default=4222)
     p.add_argument("--nats-url")
+    p.add_argument("--nats-cluster", type=int, default=1, choices=(1, 3, 5))
+    p.add_argument("--tq-max-bytes", type=int, default=DEFAULT_TQ_MAX_BYTES)
     p.add_argument("--prefix", default=DEFAULT_PREFIX)
     args = p.parse_args(argv)
     cfg = SupervisorConfig(data_dir=args.data_dir, nats_port=args.nats_port,
-                           nats_url=args.nats_url, prefix=args.prefix)
+                           nats_url=args.nats_url, prefix=args.prefix,
+                           nats_cluster=args.nats_cluster, tq_max_bytes=args.tq_max_bytes)
     return asyncio.run(Supervisor(cfg).run())
 
 

@@ -36,9 +36,9 @@ import time
 import uuid
 from typing import Any
 
-from nats.js.api import RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import KeyNotFoundError, NoKeysError, NotFoundError, ObjectNotFoundError
 
+from actors.layout import ensure_tq_stream, publish_tq, read_deployment_settings
 from actors.runtime import Role, RoleConfig, op
 from master.scheduler import Scheduler
 from master.workloads import WorkloadOps
@@ -120,6 +120,7 @@ class Master(WorkloadOps, Role):
         self.kv_ckpt = await js.key_value(self.names.kv_ckpt_refs)
         self.ckpt_refs: dict[str, CheckpointRef] = {}
         self._keys: dict[tuple[str, str], str] = {}  # (tenant, idempotency key) -> job id
+        self.deployment = await read_deployment_settings(js, self.names)
         await self._load_state()
         await self.bus.nc.subscribe(self.names.health_events_all, cb=self._on_health_event)
         await self.bus.nc.subscribe(self.names.weights_all, cb=self._on_weights)
@@ -219,19 +220,8 @@ class Master(WorkloadOps, Role):
 
     async def _ensure_queue_stream(self, tenant: str) -> None:
         assert self.bus is not None
-        stream = StreamConfig(
-            name=self.names.tq_stream(tenant),
-            subjects=[self.names.tq_tenant_all(tenant)],
-            # WorkQueue: the tenant's partition of the training queue. Data is read by
-            # sequence (no consumers) and purged per job subject once trained.
-            retention=RetentionPolicy.WORK_QUEUE,
-            storage=StorageType.FILE,
-            duplicate_window=120.0,  # Nats-Msg-Id dedup makes a retried queue_put harmless
-        )
-        try:
-            await self.bus.js.stream_info(stream.name)
-        except NotFoundError:
-            await self.bus.js.add_stream(stream)
+        # Replicas, byte limit and dedup window come from the deployment (actors/layout.py).
+        await ensure_tq_stream(self.bus.js, self.names, tenant, self.deployment)
 
     @op("tenant_get", GetTenantRequest)
     async def tenant_get(self, req: GetTenantRequest) -> TenantConfig:
@@ -275,9 +265,9 @@ class Master(WorkloadOps, Role):
         b = validate_put(req, tenant.schema, job.task)
         if job.task == "sft":
             self.sched.check_sft_prefetch(tenant, adding=1)
-        ack = await self.bus.js.publish(
-            self.names.tq_job(req.tenant, req.job), encode(req),
-            headers={"Nats-Msg-Id": f"{req.job}:{req.seq}"},
+        ack = await publish_tq(
+            self.bus.js, self.names, req.tenant, self.names.tq_job(req.tenant, req.job), encode(req),
+            headers={"Nats-Msg-Id": f"{req.job}:{req.seq}"}, settings=self.deployment,
         )
         # The partition itself says how many micro-batches the job holds: right even when a
         # master died between this publish and saving the record, and the client's retry

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from protocol.errors import NexusError, error_from_code
+from protocol.errors import InvalidField, NexusError, error_from_code
 from protocol.wire import Array, message
 
 RoleState = Literal["starting", "ready", "draining", "stopped"]
@@ -120,6 +120,29 @@ class ServiceRecord:
     state: RoleState
     version: str
     updated_at: float
+
+
+# Default byte limit of one tenant's training-queue stream. JetStream reserves every
+# stream's limit on the node's store (75% of the free disk unless configured), so the limit
+# times the number of tenants must fit there: 256 MiB is ~256 full micro-batches, over ten
+# times what the reference defaults keep queued (2 in-flight jobs x 16 micro-batches <= 1 MB).
+DEFAULT_TQ_MAX_BYTES = 256 * 1024 * 1024
+
+
+@message("deployment.settings", 1)
+@dataclass
+class DeploymentSettings:
+    """What `ensure_layout` records under `Names.deployment_settings_key` in the services
+    bucket, so roles that create streams later (the master, per tenant) match the layout."""
+
+    replicas: int = 1  # stream / bucket replicas: 3 on a 3-node NATS cluster
+    tq_max_bytes: int = DEFAULT_TQ_MAX_BYTES  # per tenant's training-queue stream
+
+    def __post_init__(self) -> None:
+        if self.replicas not in (1, 3, 5):
+            raise InvalidField("replicas", f"{self.replicas}: use 1, or 3 / 5 on a NATS cluster of that many nodes")
+        if self.tq_max_bytes < 1024 * 1024:
+            raise InvalidField("tq_max_bytes", f"{self.tq_max_bytes}: use at least 1 MiB (one max-size micro-batch)")
 
 
 # -- health --------------------------------------------------------------------------

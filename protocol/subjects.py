@@ -166,6 +166,15 @@ class Names:
     def stream_health_events(self) -> str:
         return f"{self.prefix}_health_events"
 
+    @property
+    def stream_cluster_probe(self) -> str:
+        """Placed and removed by `EmbeddedCluster.start` to prove R3 streams can be created."""
+        return f"{self.prefix}_cluster_probe"
+
+    @property
+    def cluster_probe(self) -> str:
+        return f"{self.prefix}.cluster.probe"
+
     # -- KV buckets --------------------------------------------------------------------
     @property
     def kv_tenants(self) -> str:
@@ -200,6 +209,10 @@ class Names:
     @property
     def obj_checkpoints(self) -> str:
         return f"{self.prefix}_checkpoints"
+
+    # Key of the deployment's settings (`DeploymentSettings`) in the services bucket. It
+    # has no dot, so it can never be a role instance's key (``<role>.<instance>``).
+    deployment_settings_key = "deployment"
 
     @staticmethod
     def service_key(role: str, instance: str) -> str:

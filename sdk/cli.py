@@ -1,6 +1,6 @@
 """The `nexus` command.
 
-    nexus up [--data-dir DIR] [--nats-port PORT | --nats-url URL] [--detach]
+    nexus up [--data-dir DIR] [--nats-port PORT | --nats-url URL] [--nats-cluster 3] [--detach]
     nexus status [--json]
     nexus down [--data-dir DIR]
 
@@ -43,6 +43,14 @@ def _add_cluster_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefix", help=f"subject prefix of the deployment (default {DEFAULT_PREFIX})")
 
 
+def _add_tq_max_bytes(p: argparse.ArgumentParser) -> None:
+    from protocol.messages import DEFAULT_TQ_MAX_BYTES
+
+    p.add_argument("--tq-max-bytes", type=int, default=DEFAULT_TQ_MAX_BYTES, metavar="BYTES",
+                   help="byte limit of each tenant's training-queue stream; a put past it is refused "
+                        f"with a busy error naming the tenant (default {DEFAULT_TQ_MAX_BYTES >> 20} MiB)")
+
+
 # -- up / down -------------------------------------------------------------------------
 def cmd_up(args: argparse.Namespace) -> int:
     data_dir = args.data_dir.resolve()
@@ -58,7 +66,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
     try:
         cfg = SupervisorConfig(data_dir=data_dir, nats_port=args.nats_port, nats_url=args.nats_url,
-                               prefix=args.prefix or DEFAULT_PREFIX, ready_timeout_s=args.ready_timeout_s)
+                               prefix=args.prefix or DEFAULT_PREFIX, ready_timeout_s=args.ready_timeout_s,
+                               nats_cluster=args.nats_cluster, tq_max_bytes=args.tq_max_bytes)
     except (ValueError, NexusError) as exc:
         _err(str(exc))
         return EXIT_BAD_INPUT
@@ -72,7 +81,8 @@ def _up_detached(args: argparse.Namespace, cfg: SupervisorConfig) -> int:
     (cfg.data_dir / "logs").mkdir(exist_ok=True)
     log_path = cfg.data_dir / "logs" / "supervisor.log"
     cmd = [sys.executable, "-m", "actors.supervisor", "--data-dir", str(cfg.data_dir),
-           "--nats-port", str(cfg.nats_port), "--prefix", cfg.prefix]
+           "--nats-port", str(cfg.nats_port), "--prefix", cfg.prefix,
+           "--nats-cluster", str(cfg.nats_cluster), "--tq-max-bytes", str(cfg.tq_max_bytes)]
     if cfg.nats_url:
         cmd += ["--nats-url", cfg.nats_url]
     with open(log_path, "ab") as log:
@@ -123,7 +133,8 @@ def cmd_down(args: argparse.Namespace) -> int:
         _err(f"supervisor did not stop within {args.timeout_s:g} s; killing what is left")
         os.kill(state.supervisor_pid, signal.SIGKILL)
     # Stale state (supervisor gone): stop what it left behind, then forget it.
-    leftovers = [r.pid for r in state.roles] + ([state.broker_pid] if state.broker_pid else [])
+    brokers = state.broker_pids or ([state.broker_pid] if state.broker_pid else [])
+    leftovers = [r.pid for r in state.roles] + brokers
     for pid in leftovers:
         if pid_alive(pid):
             os.kill(pid, signal.SIGTERM)
@@ -329,6 +340,7 @@ def cmd_spec(args: argparse.Namespace) -> int:
 def cmd_layout(args: argparse.Namespace) -> int:
     from actors.bus import Bus
     from actors.layout import ensure_layout
+    from protocol.messages import DeploymentSettings
     from protocol.subjects import Names
 
     url, prefix = resolve_cluster(args.data_dir, args.nats_url, args.prefix)
@@ -336,7 +348,8 @@ def cmd_layout(args: argparse.Namespace) -> int:
     async def go() -> None:
         bus = await Bus.connect(url, name="nexus-layout", reconnect_forever=False)
         try:
-            await ensure_layout(bus.js, Names(prefix), replicas=args.replicas)
+            settings = DeploymentSettings(replicas=args.replicas, tq_max_bytes=args.tq_max_bytes)
+            await ensure_layout(bus.js, Names(prefix), replicas=args.replicas, settings=settings)
         finally:
             await bus.close()
 
@@ -353,6 +366,10 @@ def build_parser() -> argparse.ArgumentParser:
     up = sub.add_parser("up", help="start nats-server and every role under a supervisor")
     _add_cluster_flags(up)
     up.add_argument("--nats-port", type=int, default=4222, help="port of the embedded nats-server (default 4222)")
+    up.add_argument("--nats-cluster", type=int, default=1, choices=(1, 3, 5), metavar="N",
+                    help="start N nats-servers as one JetStream cluster (3: streams and buckets R3, "
+                         "a node can be lost); node 1 on --nats-port, the rest on free ports (default 1)")
+    _add_tq_max_bytes(up)
     up.add_argument("--detach", action="store_true", help="return once every role is live")
     up.add_argument("--ready-timeout-s", type=float, default=60.0)
     up.set_defaults(func=cmd_up)
@@ -410,6 +427,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_cluster_flags(layout)
     layout.add_argument("--replicas", type=int, default=1, choices=(1, 3, 5),
                         help="stream replicas: 3 on a 3-node NATS cluster")
+    _add_tq_max_bytes(layout)
     layout.set_defaults(func=cmd_layout)
 
     add_dataset_commands(sub)
