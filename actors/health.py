@@ -6,7 +6,9 @@ stalled (quiet past the loop's own limit). Then, in order:
   1. a `HealthEvent` ``role_down`` goes to ``<prefix>.health.events.<role>.<instance>``
      (captured by a stream, so late readers see it too); the reason names the silence or the
      loop; the master releases that role's leases and rollouts on it;
-  2. a `RestartRequest(mode="kill")` goes to the local supervisor (``<prefix>.supervisor.restart``),
+  2. a role that went silent is probed once (its ``info`` op, `HUNG_PROBE_TIMEOUT_S`): one that
+     answers was only slow to beat (a loaded host) and is not killed;
+  3. a `RestartRequest(mode="kill")` goes to the local supervisor (``<prefix>.supervisor.restart``),
      at most `HEALTH_RESTART` times a minute per role. No supervisor (compose, a test) is
      logged: there the container's restart policy restarts the process.
 A role that drains announces ``stopped`` in its last beat and gets ``role_stopped`` (no
@@ -17,7 +19,6 @@ Run: ``python -m actors.run health --nats-url nats://127.0.0.1:4222``
 
 from __future__ import annotations
 
-import asyncio
 import os
 import time
 from collections import deque
@@ -26,8 +27,17 @@ from typing import Any
 from actors.liveness import Entry, LivenessTable
 from actors.runtime import Role, RoleConfig, op
 from protocol.errors import NexusError, Unavailable
-from protocol.messages import HealthEvent, HealthReport, HealthReportRequest, Heartbeat, Ok, RestartRequest
-from protocol.policy import HEALTH_RESTART, RESTART_REQUEST_TIMEOUT_S
+from protocol.messages import (
+    HealthEvent,
+    HealthReport,
+    HealthReportRequest,
+    Heartbeat,
+    InfoRequest,
+    Ok,
+    RestartRequest,
+    RoleInfo,
+)
+from protocol.policy import HEALTH_RESTART, HUNG_PROBE_TIMEOUT_S, RESTART_REQUEST_TIMEOUT_S
 from protocol.wire import decode
 
 # Checks run 4x a second: detection latency is timeout + at most 0.25 s.
@@ -65,7 +75,7 @@ class HealthManager(Role):
             return
         entry, previous = self.table.observe(hb)
         if entry.state == "dead" and previous != "dead" and hb.stalled:
-            await self._down(entry, LivenessTable.stall_reason(hb))
+            await self._down(entry, LivenessTable.stall_reason(hb), probe=False)
         elif previous == "dead" and entry.state == "alive":
             await self._announce("role_recovered", entry, "heartbeats resumed")
         elif entry.state == "stopped" and previous != "stopped":
@@ -79,16 +89,30 @@ class HealthManager(Role):
             self.table.forget_older_than(RETAIN_S)
             await self.idle("health-check", CHECK_INTERVAL_S)
 
-    async def _down(self, entry: Entry, reason: str) -> None:
+    async def _down(self, entry: Entry, reason: str, *, probe: bool = True) -> None:
         try:
             await self._announce("role_down", entry, reason)
         except Exception as exc:  # broker hiccup: log it; the restart request still goes out
             self.log.error("health event publish failed", error=str(exc))
         # Its own task: the supervisor's reply (a kill, a wait) must not hold up the checks.
-        self.spawn(self._request_restart(entry.last, reason), f"restart-{entry.last.instance}")
+        self.spawn(self._request_restart(entry.last, reason, probe), f"restart-{entry.last.instance}")
 
-    async def _request_restart(self, hb: Heartbeat, reason: str) -> None:
+    async def _answers(self, hb: Heartbeat) -> bool:
+        """Whether a silent instance still answers ``info`` (slow beats, not a hung process)."""
         assert self.bus is not None
+        try:
+            await self.bus.request(self.names.instance_op(hb.role, hb.instance, "info"), InfoRequest(),
+                                   RoleInfo, timeout_s=HUNG_PROBE_TIMEOUT_S)
+        except NexusError:  # no responder (gone) or no answer in time (hung)
+            return False
+        return True
+
+    async def _request_restart(self, hb: Heartbeat, reason: str, probe: bool) -> None:
+        assert self.bus is not None
+        if probe and await self._answers(hb):
+            self.log.warning("silent role still answers info: not restarting it", target_role=hb.role,
+                             target_instance=hb.instance)
+            return
         history = self.restarts.setdefault(hb.role, deque())
         if not HEALTH_RESTART.spend(history, time.monotonic()):
             self.log.error("restart budget spent: not asking for another restart", target_role=hb.role,

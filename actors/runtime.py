@@ -306,8 +306,9 @@ class Role:
                                of=policy.attempts, restart_in_s=round(delay, 3), exc_info=exc)
                 await asyncio.sleep(delay)
                 continue
-            # A critical loop runs until cancelled; one that returns is over, and says so.
-            log = self.log.warning if self.state == "ready" else self.log.info
+            # A critical loop runs until cancelled or the role stops; one that returns before is
+            # over, and says so loudly.
+            log = self.log.warning if self.state == "ready" and not self._stop.is_set() else self.log.info
             log("critical loop returned; not restarted", task=state.name)
             self._loops.pop(state.name, None)
             return

@@ -126,5 +126,8 @@ HEALTH_RESTART = RestartBudget("health_restart", max_restarts=3, window_s=60.0, 
 # When the master cannot come back within ROLE_RESTART, every role is restarted once (tenants
 # resume from their checkpoints); a second global restart within 10 minutes is not tried.
 GLOBAL_RESTART = RestartBudget("global_restart", max_restarts=1, window_s=600.0, backoff_s=2.0)
+# A role whose beats stopped is asked for ``info`` once before it is killed: one that answers
+# within this was only slow to beat (a loaded host), not hung.
+HUNG_PROBE_TIMEOUT_S = 2.0
 # A restart request waits this long for a drained role to exit before it is killed anyway.
 RESTART_REQUEST_TIMEOUT_S = 10.0

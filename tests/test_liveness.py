@@ -24,7 +24,7 @@ from actors.broker import free_port
 from actors.bus import Bus
 from actors.runtime import EXIT_LOOP_FAILED
 from actors.supervisor import ClusterState, pid_alive
-from protocol.errors import NexusError, NotFound, Unavailable
+from protocol.errors import NexusError, NotFound
 from protocol.messages import HealthEvent, Heartbeat, InfoRequest, Ok, RestartRequest, RoleInfo
 from protocol.subjects import Names
 from protocol.wire import decode
@@ -248,3 +248,71 @@ def test_restart_request_for_unknown_instance_or_role_is_a_clear_error(cluster):
     assert "unknown instance 'monitor-nope'" in unknown.message and live.instance in unknown.message
     assert "'nosuchrole' is not supervised" in no_role.message
     assert pid_alive(live.pid)  # nothing was restarted
+
+
+def test_global_restart_replaces_every_role(cluster):
+    # Last on the module's cluster: every role comes back under a new instance, all ready.
+    data_dir, state = cluster
+    names = Names(state.prefix)
+    before = {r.role: r for r in ClusterState.read(data_dir).roles}
+
+    async def fresh() -> dict[str, str] | None:
+        now = {r.role: r.instance for r in ClusterState.read(data_dir).roles}
+        return now if set(now) == set(before) and all(now[k] != before[k].instance for k in now) else None
+
+    async def go():
+        bus = await _connect(state.nats_url)
+        try:
+            ok = await bus.request(names.supervisor("restart"), RestartRequest(role="master", mode="global",
+                                                                              reason="test"), Ok, timeout_s=10)
+            started = time.monotonic()
+            now = await _until(fresh, 120, "every role replaced")
+            for role, inst in now.items():
+                await _until(lambda: _ready(bus, names, role, inst), 120, f"{inst} ready")
+            return ok, time.monotonic() - started
+        finally:
+            await bus.close()
+
+    ok, took = asyncio.run(go())
+    print(f"\nglobal restart: every role ready again after {took:.2f} s")
+    assert ok.detail == "global restart started"
+    assert not any(pid_alive(r.pid) for r in before.values())
+
+
+# -- small pieces, in process ------------------------------------------------------------------
+def test_restart_budget_counts_within_its_window():
+    from collections import deque
+
+    from protocol.policy import RestartBudget
+
+    budget, history = RestartBudget("t", max_restarts=2, window_s=10.0), deque()
+    assert budget.spend(history, 0.0) and budget.spend(history, 1.0)
+    assert not budget.spend(history, 2.0)  # spent: 2 in 10 s
+    assert budget.spend(history, 11.5)  # the first one left the window
+
+
+def test_heartbeat_from_an_older_sender_decodes_with_no_loops():
+    from protocol.codec import packb
+
+    body = {"role": "x", "instance": "i", "pid": 1, "host": "h", "started_at": 0.0, "sent_at": 0.0, "seq": 1,
+            "state": "ready", "in_flight": 0, "interval_s": 1.0}
+    hb = decode(packb({"kind": "heartbeat", "v": 1, "body": body}), Heartbeat)
+    assert hb.loops == {} and hb.stalled == [] and hb.loop_limits_s == {}
+
+
+def test_critical_spawn_needs_a_factory(tmp_path):
+    from actors.runtime import RoleConfig
+    from tests.loopy_role import LoopyRole
+
+    async def go():
+        role = LoopyRole(RoleConfig(data_dir=tmp_path, instance="u1"))
+        coro = role._loop()
+        try:
+            with pytest.raises(TypeError, match="needs a factory"):
+                role.spawn(coro, "x", critical=True)
+        finally:
+            coro.close()
+        with pytest.raises(KeyError, match="no critical loop"):
+            role.tick("nope")
+
+    asyncio.run(go())
