@@ -6,7 +6,7 @@ heartbeats and the health manager declares the role down, naming the loop; (c) u
 `nexus up`, a SIGSTOPped (hung) role is killed and replaced through the health manager's
 restart request, and the new instance registers ready (recovery time printed); (d) a
 ``drain`` restart request replaces an instance cleanly; (e) an unknown instance is refused
-with an error naming it.
+with an error naming it; (f) a master out of restarts brings one global restart.
 """
 
 from __future__ import annotations
@@ -316,3 +316,38 @@ def test_critical_spawn_needs_a_factory(tmp_path):
             role.tick("nope")
 
     asyncio.run(go())
+
+
+def test_master_out_of_restarts_triggers_one_global_restart(nats_url, prefix, tmp_path):
+    # In process, on the session's nats-server: a supervisor whose master may not be restarted
+    # at all (budget 0), so its first crash means "the master cannot come back".
+    import io
+
+    from actors.supervisor import Supervisor, SupervisorConfig
+    from protocol.policy import RestartBudget
+
+    out = io.StringIO()
+    cfg = SupervisorConfig(data_dir=tmp_path, nats_url=nats_url, prefix=prefix, roles=("health", "monitor", "master"),
+                           restart=RestartBudget("test_none", max_restarts=0, window_s=60.0),
+                           global_restart=RestartBudget("test_global", max_restarts=1, window_s=600.0, backoff_s=0.1))
+    sup = Supervisor(cfg, out=out)
+
+    async def go():
+        run = asyncio.ensure_future(sup.run())
+        try:
+            await _until(lambda: _ok_if(asyncio.sleep(0, sup.state), lambda s: s is not None and s.ready),
+                         90, "the supervisor ready")
+            before = {r: c.instance for r, c in sup.children.items()}
+            os.kill(sup.children["master"].proc.pid, signal.SIGKILL)
+            await _until(lambda: _ok_if(asyncio.sleep(0, out.getvalue()), lambda t: "global restart done" in t),
+                         120, "the global restart")
+            after = {r: c.instance for r, c in sup.children.items()}
+            return before, after
+        finally:
+            sup._stopping.set()
+            await asyncio.wait_for(run, timeout=90)
+
+    before, after = asyncio.run(go())
+    text = out.getvalue()
+    assert "global restart: master cannot come back" in text, text
+    assert set(after) == set(before) and all(after[r] != before[r] for r in before), (before, after)
