@@ -1,28 +1,49 @@
-"""Health manager: notices a role that stopped beating and says so on the bus.
+"""Health manager: notices a dead, hung or stalled role, says so on the bus, and has it restarted.
 
-Watches ``<prefix>.health.heartbeat.>``. A role silent for ``timeout_s`` (default 3 beats)
-is declared dead: a `HealthEvent` ``role_down`` goes to ``<prefix>.health.events.<role>.<instance>``
-(captured by a stream, so late readers see it too). A role that drains announces
-``stopped`` in its last beat and gets ``role_stopped`` instead; one that beats again after
-being declared dead gets ``role_recovered``.
+Watches ``<prefix>.health.heartbeat.>``. A role is declared dead when it is silent for
+``timeout_s`` (default 3 beats: gone or hung) or when its beat lists a critical loop as
+stalled (quiet past the loop's own limit). Then, in order:
+  1. a `HealthEvent` ``role_down`` goes to ``<prefix>.health.events.<role>.<instance>``
+     (captured by a stream, so late readers see it too); the reason names the silence or the
+     loop; the master releases that role's leases and rollouts on it;
+  2. a role that went silent is probed once (its ``info`` op, `HUNG_PROBE_TIMEOUT_S`): one that
+     answers was only slow to beat (a loaded host) and is not killed;
+  3. a `RestartRequest(mode="kill")` goes to the local supervisor (``<prefix>.supervisor.restart``),
+     at most `HEALTH_RESTART` times a minute per role. No supervisor (compose, a test) is
+     logged: there the container's restart policy restarts the process.
+A role that drains announces ``stopped`` in its last beat and gets ``role_stopped`` (no
+restart); one that beats again after being declared dead gets ``role_recovered``.
 
 Run: ``python -m actors.run health --nats-url nats://127.0.0.1:4222``
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
 import time
+from collections import deque
 from typing import Any
 
 from actors.liveness import Entry, LivenessTable
 from actors.runtime import Role, RoleConfig, op
-from protocol.messages import HealthEvent, HealthReport, HealthReportRequest, Heartbeat
+from protocol.errors import NexusError, Unavailable
+from protocol.messages import (
+    HealthEvent,
+    HealthReport,
+    HealthReportRequest,
+    Heartbeat,
+    InfoRequest,
+    Ok,
+    RestartRequest,
+    RoleInfo,
+)
+from protocol.policy import HEALTH_RESTART, HUNG_PROBE_TIMEOUT_S, RESTART_REQUEST_TIMEOUT_S
 from protocol.wire import decode
 
 # Checks run 4x a second: detection latency is timeout + at most 0.25 s.
 CHECK_INTERVAL_S = 0.25
+# The check loop ticks every CHECK_INTERVAL_S; quiet for this long, it is stalled.
+CHECK_MAX_QUIET_S = 10.0
 # Dead and stopped entries are forgotten after this long.
 RETAIN_S = 600.0
 
@@ -34,14 +55,17 @@ class HealthManager(Role):
         super().__init__(cfg)
         timeout = float(os.environ.get("NEXUS_HEALTH_TIMEOUT_S", 3 * cfg.heartbeat_interval_s))
         self.table = LivenessTable(timeout_s=timeout)
+        self.restarts: dict[str, deque] = {}  # role -> monotonic times of restart requests
+        self.restart_requests = 0
 
     async def setup(self) -> None:
         assert self.bus is not None
         await self.bus.nc.subscribe(self.names.heartbeat_all, cb=self._on_heartbeat)
-        self.spawn(self._check_loop(), "health-check")
+        self.spawn(self._check_loop, "health-check", critical=True, max_quiet_s=CHECK_MAX_QUIET_S)
 
     def info_extra(self) -> dict[str, Any]:
-        return {"timeout_s": self.table.timeout_s, "tracked": len(self.table.entries)}
+        return {"timeout_s": self.table.timeout_s, "tracked": len(self.table.entries),
+                "restart_requests": self.restart_requests}
 
     async def _on_heartbeat(self, msg: Any) -> None:
         try:
@@ -50,7 +74,9 @@ class HealthManager(Role):
             self.log.warning("bad heartbeat", subject=msg.subject, error=str(exc))
             return
         entry, previous = self.table.observe(hb)
-        if previous == "dead" and entry.state == "alive":
+        if entry.state == "dead" and previous != "dead" and hb.stalled:
+            await self._down(entry, LivenessTable.stall_reason(hb), probe=False)
+        elif previous == "dead" and entry.state == "alive":
             await self._announce("role_recovered", entry, "heartbeats resumed")
         elif entry.state == "stopped" and previous != "stopped":
             await self._announce("role_stopped", entry, "drained and stopped")
@@ -58,16 +84,55 @@ class HealthManager(Role):
     async def _check_loop(self) -> None:
         while True:
             for entry in self.table.expire():
-                try:
-                    await self._announce(
-                        "role_down",
-                        entry,
-                        f"no heartbeat for {self.table.timeout_s:g} s (beats every {entry.last.interval_s:g} s)",
-                    )
-                except Exception as exc:  # broker hiccup: log it; the loop must keep watching
-                    self.log.error("health event publish failed", error=str(exc))
+                await self._down(
+                    entry, f"no heartbeat for {self.table.timeout_s:g} s (beats every {entry.last.interval_s:g} s)")
             self.table.forget_older_than(RETAIN_S)
-            await asyncio.sleep(CHECK_INTERVAL_S)
+            await self.idle("health-check", CHECK_INTERVAL_S)
+
+    async def _down(self, entry: Entry, reason: str, *, probe: bool = True) -> None:
+        try:
+            await self._announce("role_down", entry, reason)
+        except Exception as exc:  # broker hiccup: log it; the restart request still goes out
+            self.log.error("health event publish failed", error=str(exc))
+        # Its own task: the supervisor's reply (a kill, a wait) must not hold up the checks.
+        self.spawn(self._request_restart(entry.last, reason, probe), f"restart-{entry.last.instance}")
+
+    async def _answers(self, hb: Heartbeat) -> bool:
+        """Whether a silent instance still answers ``info`` (slow beats, not a hung process)."""
+        assert self.bus is not None
+        try:
+            await self.bus.request(self.names.instance_op(hb.role, hb.instance, "info"), InfoRequest(),
+                                   RoleInfo, timeout_s=HUNG_PROBE_TIMEOUT_S)
+        except NexusError:  # no responder (gone) or no answer in time (hung)
+            return False
+        return True
+
+    async def _request_restart(self, hb: Heartbeat, reason: str, probe: bool) -> None:
+        assert self.bus is not None
+        if probe and await self._answers(hb):
+            self.log.warning("silent role still answers info: not restarting it", target_role=hb.role,
+                             target_instance=hb.instance)
+            return
+        history = self.restarts.setdefault(hb.role, deque())
+        if not HEALTH_RESTART.spend(history, time.monotonic()):
+            self.log.error("restart budget spent: not asking for another restart", target_role=hb.role,
+                           target_instance=hb.instance, budget=HEALTH_RESTART.name,
+                           max_restarts=HEALTH_RESTART.max_restarts, window_s=HEALTH_RESTART.window_s)
+            return
+        self.restart_requests += 1
+        req = RestartRequest(role=hb.role, instance=hb.instance, mode="kill", reason=reason)
+        try:
+            ok = await self.bus.request(self.names.supervisor("restart"), req, Ok,
+                                        timeout_s=RESTART_REQUEST_TIMEOUT_S)
+        except Unavailable:
+            self.log.info("no supervisor answers restart requests; the process's own restart policy "
+                          "must restart it", target_role=hb.role, target_instance=hb.instance)
+            return
+        except NexusError as exc:
+            self.log.warning("restart refused", target_role=hb.role, target_instance=hb.instance,
+                             code=exc.code.value, error=exc.message)
+            return
+        self.log.info("restart done", target_role=hb.role, target_instance=hb.instance, detail=ok.detail)
 
     async def _announce(self, event: str, entry: Entry, reason: str) -> None:
         assert self.bus is not None

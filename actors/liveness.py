@@ -2,6 +2,9 @@
 
 Ages are measured on the receiver's monotonic clock, never from the sender's wall-clock
 ``sent_at``, so clock skew between hosts cannot make a live role look dead.
+
+A role is dead when its beats stop (hung or gone) *or* when a beat lists a critical loop as
+stalled (the process is up but part of it stopped working): both are `role_down`.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ class LivenessTable:
         now = time.monotonic()
         key = self.key(hb.role, hb.instance)
         entry = self.entries.get(key)
-        new_state: Liveness = "stopped" if hb.state == "stopped" else "alive"
+        new_state: Liveness = "stopped" if hb.state == "stopped" else "dead" if hb.stalled else "alive"
         if entry is None:
             entry = Entry(last=hb, seen_mono=now, seen_wall=time.time(), state=new_state, changed_mono=now)
             self.entries[key] = entry
@@ -59,6 +62,13 @@ class LivenessTable:
                 entry.state, entry.changed_mono = "dead", now
                 died.append(entry)
         return died
+
+    @staticmethod
+    def stall_reason(hb: Heartbeat) -> str:
+        """Name each stalled loop with how long it has been quiet and its limit."""
+        parts = [f"critical loop {name!r} quiet for {hb.loops.get(name, 0.0):.1f} s "
+                 f"(limit {hb.loop_limits_s.get(name, 0.0):g} s)" for name in hb.stalled]
+        return "; ".join(parts)
 
     def mark_dead(self, role: str, instance: str) -> None:
         entry = self.entries.get(self.key(role, instance))

@@ -22,6 +22,14 @@ The runtime then, in order:
 
 Every role answers ``info``; every instance answers ``info`` and ``drain`` on its own
 subject. Heavy compute must go through ``asyncio.to_thread`` so heartbeats keep flowing.
+
+Background loops: ``self.spawn(self._loop, "name", critical=True, max_quiet_s=30)`` runs
+the loop from its factory and starts it again (``LOOP_RESTART`` back-off) when it raises;
+past that budget the process drains and exits with `EXIT_LOOP_FAILED`, so its supervisor
+starts a clean one. A loop with ``max_quiet_s`` calls ``self.tick("name")`` (or
+``await self.idle("name", seconds)``) each iteration; each heartbeat carries the seconds since
+every such loop's last tick, and names the loops quiet past their limit as ``stalled``, which
+the health manager treats as a dead role.
 """
 
 from __future__ import annotations
@@ -57,11 +65,16 @@ from protocol.messages import (
     RoleState,
     ServiceRecord,
 )
+from protocol.policy import LOOP_HEALTHY_S, LOOP_RESTART, RetryPolicy
 from protocol.subjects import DEFAULT_PREFIX, Names, check_token
 from protocol.wire import decode, encode
 
 VERSION = "0.1.0"
 EXIT_NOW_STATUS = 143  # 128 + SIGTERM, as a shell reports a process killed by SIGTERM
+EXIT_LOOP_FAILED = 70  # EX_SOFTWARE: a critical loop spent its restart budget
+# After a fatal loop failure the drain gets drain_timeout_s plus this; then the process exits
+# anyway, so a drain stuck on the same fault cannot keep a broken process alive.
+FATAL_EXIT_GRACE_S = 5.0
 
 
 @dataclass
@@ -108,6 +121,19 @@ class RoleConfig:
 
 
 Handler = Callable[[Any, Any], Awaitable[Any]]
+LoopFactory = Callable[[], Awaitable[Any]]
+
+
+@dataclass
+class LoopState:
+    """A critical background loop: how to start it again, and when it last showed progress."""
+
+    name: str
+    factory: LoopFactory
+    max_quiet_s: float | None
+    last_tick: float = field(default_factory=time.monotonic)
+    failures: int = 0  # in a row; reset once the loop ran LOOP_HEALTHY_S without failing
+    starts: int = 0
 
 
 @dataclass(frozen=True)
@@ -129,6 +155,8 @@ def op(name: str, request: type) -> Callable[[Callable], Callable]:
 
 class Role:
     name: ClassVar[str] = ""
+    # How a failed critical loop is started again; a role (or a test role) may name another.
+    loop_restart: ClassVar[RetryPolicy] = LOOP_RESTART
 
     def __init__(self, cfg: RoleConfig) -> None:
         if not self.name:
@@ -151,6 +179,8 @@ class Role:
         self._stop = asyncio.Event()
         self._signals = 0
         self._seq = 0
+        self._loops: dict[str, LoopState] = {}
+        self._exit_status = 0
 
     # -- hooks for subclasses ------------------------------------------------------------
     async def setup(self) -> None:
@@ -186,8 +216,34 @@ class Role:
         return Ok(detail=f"{self.name}.{self.instance} draining")
 
     # -- helpers for subclasses ----------------------------------------------------------
-    def spawn(self, coro: Awaitable[Any], name: str) -> asyncio.Task:
-        """Start a background task that is recorded, logged on failure and cancelled on exit."""
+    def spawn(
+        self,
+        coro_or_factory: Awaitable[Any] | LoopFactory,
+        name: str,
+        *,
+        critical: bool = False,
+        max_quiet_s: float | None = None,
+    ) -> asyncio.Task:
+        """Start a background task that is recorded, never fails in silence, and is cancelled on exit.
+
+        One-shot (``critical=False``): a coroutine or a zero-argument factory; a failure is
+        logged. Critical: a factory (``self._loop``, not ``self._loop()``), started again
+        with back-off when it raises; past `loop_restart` the process exits non-zero. With
+        ``max_quiet_s`` the loop must `tick` at least that often or heartbeats call it stalled.
+        """
+        if critical:
+            if not callable(coro_or_factory):
+                raise TypeError(f"spawn({name!r}, critical=True) needs a factory that returns a new "
+                                "coroutine on each call (pass self._loop, not self._loop())")
+            if max_quiet_s is not None and max_quiet_s <= 0:
+                raise ValueError(f"spawn({name!r}): max_quiet_s must be > 0 or None")
+            if name in self._loops:
+                raise ValueError(f"spawn({name!r}): a critical loop of that name already runs")
+            state = LoopState(name, coro_or_factory, max_quiet_s)
+            self._loops[name] = state
+            coro: Awaitable[Any] = self._supervise(state)
+        else:
+            coro = coro_or_factory() if callable(coro_or_factory) else coro_or_factory
         task = asyncio.ensure_future(coro)
         task.set_name(name)
         self._background.add(task)
@@ -199,6 +255,76 @@ class Role:
 
         task.add_done_callback(done)
         return task
+
+    def tick(self, name: str) -> None:
+        """A critical loop says it made progress (call once per iteration)."""
+        state = self._loops.get(name)
+        if state is None:
+            raise KeyError(f"tick({name!r}): no critical loop of that name; loops: {sorted(self._loops)}")
+        state.last_tick = time.monotonic()
+
+    async def idle(self, name: str, seconds: float) -> None:
+        """Tick, then sleep: the wait between iterations of a loop counts as progress."""
+        self.tick(name)
+        await asyncio.sleep(seconds)
+
+    def loop_ages(self) -> dict[str, float]:
+        """Seconds since each watched critical loop's last tick."""
+        now = time.monotonic()
+        return {n: round(now - s.last_tick, 3) for n, s in self._loops.items() if s.max_quiet_s is not None}
+
+    def stalled_loops(self) -> list[str]:
+        """Watched loops quiet past their limit; none while not ready (loops wind down in a drain)."""
+        if self.state != "ready":
+            return []
+        now = time.monotonic()
+        return sorted(n for n, s in self._loops.items()
+                      if s.max_quiet_s is not None and now - s.last_tick > s.max_quiet_s)
+
+    async def _supervise(self, state: LoopState) -> None:
+        policy = self.loop_restart
+        while True:
+            started = time.monotonic()
+            state.last_tick, state.starts = started, state.starts + 1
+            try:
+                await state.factory()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if time.monotonic() - started >= LOOP_HEALTHY_S:
+                    state.failures = 0
+                state.failures += 1
+                if state.failures > policy.attempts:
+                    reason = (f"critical loop {state.name!r} failed {state.failures} times in a row "
+                              f"(budget {policy.name}: {policy.attempts} restarts): {type(exc).__name__}: {exc}")
+                    self.log.error("critical loop out of restarts: exiting", task=state.name,
+                                   exit_status=EXIT_LOOP_FAILED, reason=reason, exc_info=exc)
+                    self.fail(reason)
+                    return
+                delay = policy.delay(state.failures)
+                self.log.error("critical loop failed: restarting", task=state.name, attempt=state.failures,
+                               of=policy.attempts, restart_in_s=round(delay, 3), exc_info=exc)
+                await asyncio.sleep(delay)
+                continue
+            # A critical loop runs until cancelled or the role stops; one that returns before is
+            # over, and says so loudly.
+            log = self.log.warning if self.state == "ready" and not self._stop.is_set() else self.log.info
+            log("critical loop returned; not restarted", task=state.name)
+            self._loops.pop(state.name, None)
+            return
+
+    def fail(self, reason: str) -> None:
+        """Stop this process with `EXIT_LOOP_FAILED`: drain (bounded), then exit non-zero."""
+        self._exit_status = EXIT_LOOP_FAILED
+        self.request_stop()
+        # The drain may hang on the same fault; the process still exits, and says why.
+        loop = asyncio.get_running_loop()
+        loop.call_later(self.cfg.drain_timeout_s + FATAL_EXIT_GRACE_S, self._exit_hard, reason)
+
+    def _exit_hard(self, reason: str) -> None:
+        self.log.error("drain after a fatal failure did not finish: exiting now", reason=reason,
+                       exit_status=EXIT_LOOP_FAILED)
+        os._exit(EXIT_LOOP_FAILED)
 
     async def metric(self, signal_name: str, scope: str, value: float, **labels: str) -> None:
         assert self.bus is not None
@@ -243,13 +369,13 @@ class Role:
             # 4. register and beat
             self.state = "ready"
             await self._register()
-            self.spawn(self._heartbeat_loop(), "heartbeat")
+            self.spawn(self._heartbeat_loop, "heartbeat", critical=True)
             self.log.info("role ready", pid=self.pid, nats_url=self.cfg.nats_url, ops=sorted(self._ops))
             # 5. serve until asked to stop
             await self._stop.wait()
             # 6. drain
             await self._drain()
-            return 0
+            return self._exit_status
         finally:
             for task in list(self._background):
                 task.cancel()
@@ -326,6 +452,9 @@ class Role:
             state=self.state,
             in_flight=len(self._inflight),
             interval_s=self.cfg.heartbeat_interval_s,
+            loops=self.loop_ages(),
+            loop_limits_s={n: s.max_quiet_s for n, s in self._loops.items() if s.max_quiet_s is not None},
+            stalled=self.stalled_loops(),
         )
         # Heartbeats are plain publishes without spans: one a second per role would bury
         # the traces worth reading.

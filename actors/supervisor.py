@@ -7,9 +7,16 @@ In order it: 1. starts nats-server, or a cluster of them (unless given --nats-ur
 2. creates streams and buckets (replicated on a cluster) and records the deployment
 settings; 3. starts the roles (health and monitor first, so they see everyone's first beat);
 4. writes ``<data-dir>/cluster.json`` so client commands find the cluster; 5. waits until
-every role has registered ready; 6. restarts a role that dies (restart policy below) until
+every role has registered ready; 6. restarts a role that dies (`ROLE_RESTART` budget) until
 SIGTERM/SIGINT; 7. stops: roles drain in reverse start order, then the broker stops and
 cluster.json is removed.
+
+It also answers `RestartRequest`s on ``<prefix>.supervisor.restart`` (the health manager sends
+them for a dead, hung or stalled role): ``kill`` SIGKILLs the named instance and starts a new
+one, ``drain`` SIGTERMs it, waits for its drain, then starts a new one, ``global`` restarts
+every role. Each role has one lock, so a crash the supervisor noticed itself and a restart
+request for the same instance give one restart, not two. When the master's budget is spent,
+the supervisor restarts every role once (`GLOBAL_RESTART`); tenants resume from checkpoints.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -32,29 +39,33 @@ import orjson
 from actors.bus import Bus
 from actors.broker import EmbeddedBroker, EmbeddedCluster
 from actors.layout import ensure_layout, read_deployment_settings
-from protocol.errors import NexusError, Unavailable
+from protocol.errors import Draining, FailedPrecondition, InternalError, NexusError, NotFound, Unavailable
 from protocol.messages import (
     DEFAULT_TQ_MAX_BYTES,
     ClusterStatus,
     DeploymentSettings,
+    ErrorReply,
+    Ok,
+    RestartRequest,
     ServiceRecord,
     StatusRequest,
 )
+from protocol.policy import GLOBAL_RESTART, ROLE_RESTART, RestartBudget
 from protocol.subjects import DEFAULT_PREFIX, ROLES, Names
-from protocol.wire import decode
+from protocol.wire import decode, encode
 
 STATE_FILE = "cluster.json"
 # `nexus down` drains the roles in these stages (any role not named goes in the last one).
 STOP_STAGES: tuple[tuple[str, ...], ...] = (("env", "inferencer", "trainer"), ("master",), ("monitor", "health"))
+# Roles every tenant depends on: when one of them cannot come back, every role is restarted.
+COORDINATORS: tuple[str, ...] = ("master",)
+# A SIGKILLed child is gone within milliseconds; past this the kill is reported as failed.
+KILL_WAIT_S = 10.0
+# Old instance ids remembered as "already replaced" (a late restart request for one is Ok).
+REPLACED_KEPT = 256
 
-
-@dataclass
-class RestartPolicy:
-    """When a role process dies unexpectedly (non-zero exit or a signal)."""
-
-    max_restarts: int = 5  # within window_s; past it the role stays down and it is logged
-    window_s: float = 60.0
-    backoff_s: float = 1.0  # wait before the restart, so a crash loop does not spin
+# When a role process dies unexpectedly (non-zero exit or a signal), or a restart is asked for.
+RestartPolicy = RestartBudget
 
 
 @dataclass
@@ -130,7 +141,8 @@ class SupervisorConfig:
     roles: tuple[str, ...] = ROLES
     ready_timeout_s: float = 60.0
     drain_timeout_s: float = 60.0
-    restart: RestartPolicy = field(default_factory=RestartPolicy)
+    restart: RestartBudget = ROLE_RESTART
+    global_restart: RestartBudget = GLOBAL_RESTART
 
     def __post_init__(self) -> None:
         self.data_dir = Path(self.data_dir).resolve()
@@ -166,6 +178,12 @@ class Supervisor:
         self.children: dict[str, _Child] = {}
         self.state: ClusterState | None = None
         self._stopping = asyncio.Event()
+        self._control: Bus | None = None  # serves restart requests
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._replaced: OrderedDict[str, str] = OrderedDict()  # old instance -> its successor
+        self._requests: set[asyncio.Task] = set()
+        self._global: asyncio.Task | None = None
+        self._global_history: deque = deque()
 
     @property
     def logs_dir(self) -> Path:
@@ -208,6 +226,8 @@ class Supervisor:
             await ensure_layout(bus.js, self.names, replicas=replicas, settings=settings)
         finally:
             await bus.close()
+        # 2b. restart requests: served before the roles start, so health can reach us at once
+        await self._serve_restarts()
         # 3. roles
         for role in self.cfg.roles:
             self._spawn(role)
@@ -346,37 +366,184 @@ class Supervisor:
             await self.stop()
 
     async def _reap(self) -> None:
+        if self._global is not None and not self._global.done():
+            return  # the global restart owns every child until it is done
         for role, child in list(self.children.items()):
-            code = child.proc.poll()
-            if code is None:
+            if child.proc.poll() is None:
                 continue
-            if code == 0:
-                # A clean exit means someone drained it on purpose (elastic scale-in).
-                self.say(f"role {role} ({child.instance}) drained and exited")
-                del self.children[role]
-                self._write_state()
-                continue
-            now = time.monotonic()
-            policy = self.cfg.restart
-            while child.restarts and now - child.restarts[0] > policy.window_s:
-                child.restarts.popleft()
-            if len(child.restarts) >= policy.max_restarts:
-                self.say(
-                    f"role {role} died (status {code}) {policy.max_restarts} times in "
-                    f"{policy.window_s:g} s; not restarting. See {child.log_path}"
-                )
-                del self.children[role]
-                self._write_state()
-                continue
-            self.say(f"role {role} ({child.instance}) died with status {code}; restarting in {policy.backoff_s:g} s")
-            child.restarts.append(now)
-            await asyncio.sleep(policy.backoff_s)
-            new = self._spawn(role)
-            self.say(f"role {role} restarted as {new.instance} (pid {new.proc.pid})")
+            lock = self._lock(role)
+            if lock.locked():
+                continue  # a restart request is replacing this child right now
+            async with lock:
+                if self.children.get(role) is child:
+                    await self._after_exit(child)
+
+    async def _after_exit(self, child: _Child) -> None:
+        role, code = child.role, child.proc.returncode
+        if code == 0:
+            # A clean exit means someone drained it on purpose (elastic scale-in, `nexus down`).
+            self.say(f"role {role} ({child.instance}) drained and exited")
+            del self.children[role]
             self._write_state()
+            return
+        policy = self.cfg.restart
+        if not policy.spend(child.restarts, time.monotonic()):
+            self.say(
+                f"role {role} died (status {code}) {policy.max_restarts} times in "
+                f"{policy.window_s:g} s; not restarting. See {child.log_path}"
+            )
+            if role in COORDINATORS and self._start_global(f"{role} cannot come back"):
+                return
+            del self.children[role]
+            self._write_state()
+            return
+        self.say(f"role {role} ({child.instance}) died with status {code}; restarting in {policy.backoff_s:g} s")
+        await asyncio.sleep(policy.backoff_s)
+        self._replace(child, f"role {role} restarted")
+
+    def _lock(self, role: str) -> asyncio.Lock:
+        return self._locks.setdefault(role, asyncio.Lock())
+
+    def _replace(self, old: _Child, why: str) -> _Child:
+        new = self._spawn(old.role)  # keeps old.restarts: the budget spans instances
+        self._replaced[old.instance] = new.instance
+        while len(self._replaced) > REPLACED_KEPT:
+            self._replaced.popitem(last=False)
+        self.say(f"{why} as {new.instance} (pid {new.proc.pid})")
+        self._write_state()
+        return new
+
+    async def _stop_child(self, child: _Child, mode: str, *, signalled: bool = False) -> int:
+        """SIGKILL (``kill``) or SIGTERM and wait for the drain (``drain``); return the exit status.
+
+        ``signalled``: the SIGTERM went out already (a second one would skip the drain).
+        """
+        if child.proc.poll() is None and not signalled:
+            child.proc.send_signal(signal.SIGKILL if mode == "kill" else signal.SIGTERM)
+        deadline = time.monotonic() + (self.cfg.drain_timeout_s if mode == "drain" else KILL_WAIT_S)
+        while child.proc.poll() is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if child.proc.poll() is None:
+            self.say(f"role {child.role} ({child.instance}) did not exit after {mode}; killing it")
+            child.proc.kill()
+            await asyncio.to_thread(child.proc.wait, KILL_WAIT_S)
+        return child.proc.returncode
+
+    # -- restart requests ----------------------------------------------------------------
+    async def _serve_restarts(self) -> None:
+        self._control = await Bus.connect(self.nats_url, name="supervisor-control")
+        await self._control.nc.subscribe(self.names.supervisor("restart"), cb=self._on_restart)
+
+    async def _close_control(self) -> None:
+        for task in [*self._requests, *([self._global] if self._global else [])]:
+            task.cancel()
+        await asyncio.gather(*self._requests, *([self._global] if self._global else []), return_exceptions=True)
+        if self._control is not None:
+            await self._control.close()
+            self._control = None
+
+    async def _on_restart(self, msg) -> None:
+        # Its own task: a drain takes seconds, and the next request must not wait behind it.
+        task = asyncio.ensure_future(self._answer_restart(msg))
+        self._requests.add(task)
+        task.add_done_callback(self._requests.discard)
+
+    async def _answer_restart(self, msg) -> None:
+        try:
+            reply = await self.restart(decode(msg.data, RestartRequest))
+        except NexusError as exc:
+            reply = ErrorReply.from_exception(exc)
+        except Exception as exc:  # a bug here must still answer the caller, and be seen
+            self.say(f"restart request failed: {type(exc).__name__}: {exc}")
+            reply = ErrorReply.from_exception(InternalError(f"supervisor failed on restart: {exc}"))
+        if msg.reply:
+            try:
+                await msg.respond(encode(reply))
+            except Exception as exc:  # the requester may be gone (a global restart took it)
+                self.say(f"restart reply failed: {exc}")
+
+    async def restart(self, req: RestartRequest) -> Ok:
+        """Restart one instance in place (``kill`` / ``drain``) or every role (``global``)."""
+        if self._stopping.is_set():
+            raise Draining("the supervisor is stopping; no restarts now")
+        if self._global is not None and not self._global.done():
+            raise Unavailable("a global restart is in progress; every role is being restarted")
+        why = f": {req.reason}" if req.reason else ""
+        if req.mode == "global":
+            if not self._start_global(f"requested for {req.role or 'all'}{why}"):
+                raise FailedPrecondition(self._global_spent())
+            return Ok(detail="global restart started")
+        if req.role not in self.cfg.roles:
+            raise NotFound(f"role {req.role!r} is not supervised here; roles: {list(self.cfg.roles)}",
+                           details={"role": req.role})
+        async with self._lock(req.role):
+            child = self.children.get(req.role)
+            if req.instance and (child is None or child.instance != req.instance):
+                if req.instance in self._replaced:
+                    return Ok(detail=f"{req.instance} was already replaced by {self._replaced[req.instance]}")
+                current = child.instance if child else "none"
+                raise NotFound(f"unknown instance {req.instance!r} of role {req.role}; the live one is {current}",
+                               details={"role": req.role, "instance": req.instance, "current": current})
+            if child is None:
+                raise NotFound(f"role {req.role} is not running (drained, or out of restart budget)",
+                               details={"role": req.role})
+            policy = self.cfg.restart
+            if not policy.spend(child.restarts, time.monotonic()):
+                if req.role in COORDINATORS and self._start_global(f"{req.role} cannot come back{why}"):
+                    return Ok(detail=f"{req.role} restart budget spent; global restart started")
+                raise FailedPrecondition(
+                    f"restart budget of role {req.role} spent: {policy.max_restarts} restarts in "
+                    f"{policy.window_s:g} s", details={"role": req.role, "budget": policy.name})
+            self.say(f"restart request: {req.mode} {req.role} ({child.instance}){why}")
+            code = await self._stop_child(child, req.mode)
+            new = self._replace(child, f"role {req.role} restarted ({req.mode}, old exit {code})")
+            return Ok(detail=f"{req.role} {child.instance} stopped by {req.mode} (exit {code}); "
+                             f"new instance {new.instance} (pid {new.proc.pid})")
+
+    def _global_spent(self) -> str:
+        b = self.cfg.global_restart
+        return f"global restart budget spent: {b.max_restarts} in {b.window_s:g} s"
+
+    def _start_global(self, reason: str) -> bool:
+        if not self.cfg.global_restart.spend(self._global_history, time.monotonic()):
+            self.say(f"{self._global_spent()}; not restarting ({reason})")
+            return False
+        self._global = asyncio.ensure_future(self._global_restart(reason))
+        return True
+
+    async def _global_restart(self, reason: str) -> None:
+        """Stop every role (reverse start order, each drains), then start all in ROLES order."""
+        self.say(f"global restart: {reason}")
+        await asyncio.sleep(self.cfg.global_restart.backoff_s)
+        locks = [self._lock(r) for r in self.cfg.roles]
+        for lock in locks:  # always in ROLES order: no deadlock with one-role restarts
+            await lock.acquire()
+        try:
+            for role in reversed(self.cfg.roles):
+                child = self.children.get(role)
+                if child and child.proc.poll() is None:
+                    child.proc.send_signal(signal.SIGTERM)
+            for role in reversed(self.cfg.roles):
+                child = self.children.get(role)
+                if child:
+                    await self._stop_child(child, "drain", signalled=True)
+            for role in self.cfg.roles:
+                old = self.children.pop(role, None)
+                new = self._spawn(role)  # a fresh restart budget: the past ones are spent
+                if old:
+                    self._replaced[old.instance] = new.instance
+            self._write_state()
+            await self._wait_ready()
+            self.say(f"global restart done: {len(self.children)} roles live")
+        except NexusError as exc:
+            self.say(f"global restart failed: {exc.message}")
+        finally:
+            for lock in locks:
+                lock.release()
 
     # -- stop ----------------------------------------------------------------------------
     async def stop(self) -> None:
+        await self._close_control()  # no restarts while the roles are stopped on purpose
         # In stages, so each drain can still talk to the roles it reports to: the workers
         # first (a trainer releases its round, an env worker hands its workloads back to the
         # master), then the master, then health and monitor, which record it all.

@@ -105,6 +105,11 @@ class Heartbeat:
     state: RoleState
     in_flight: int
     interval_s: float
+    # Loop liveness (defaults, so beats from older senders still decode): seconds since each
+    # watched critical loop last ticked, each one's quiet limit, and those quiet past it.
+    loops: dict[str, float] = field(default_factory=dict)
+    loop_limits_s: dict[str, float] = field(default_factory=dict)
+    stalled: list[str] = field(default_factory=list)
 
 
 @message("service.record", 1)

@@ -12,6 +12,7 @@ is derived from the longest horizon below, so a retried put is always recognised
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
 
@@ -115,3 +116,51 @@ def retention_from_env() -> Retention:
 # A draining trainer hands its jobs back; if the master is gone too (`nexus down` stops
 # everything), the next master releases them at its start, so this stays short.
 DRAIN_RELEASE = RetryPolicy("drain_release", deadline_s=10.0, backoff_s=0.5, max_backoff_s=2.0)
+
+
+# -- background loops and role restarts ------------------------------------------------------
+# A critical background loop (lease expiry, intake, train loop, health check) that raises is
+# started again after policy.delay(n); past ``attempts`` failures in a row its process exits
+# non-zero so that its supervisor (or the container's restart policy) starts a clean one.
+LOOP_RESTART = RetryPolicy("loop_restart", attempts=5, backoff_s=0.5, max_backoff_s=8.0)
+# A loop that ran this long before failing starts a fresh budget: one failure a day is a
+# restart each time, not a countdown to an exit.
+LOOP_HEALTHY_S = 60.0
+
+
+@dataclass(frozen=True)
+class RestartBudget:
+    """At most ``max_restarts`` restarts of one thing within ``window_s``, ``backoff_s`` apart."""
+
+    name: str
+    max_restarts: int
+    window_s: float
+    backoff_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.max_restarts < 0 or self.window_s <= 0 or self.backoff_s < 0:
+            raise ValueError(f"{self.name}: need max_restarts >= 0, window_s > 0, backoff_s >= 0")
+
+    def spend(self, history: deque, now: float) -> bool:
+        """Forget restarts older than the window; record one at ``now`` if the budget allows."""
+        while history and now - history[0] > self.window_s:
+            history.popleft()
+        if len(history) >= self.max_restarts:
+            return False
+        history.append(now)
+        return True
+
+
+# The supervisor restarts a crashed or killed role process at most 5 times a minute.
+ROLE_RESTART = RestartBudget("role_restart", max_restarts=5, window_s=60.0, backoff_s=1.0)
+# The health manager asks for the in-place restart of one role at most 3 times a minute; past
+# that a role that keeps dying is left to the supervisor's own budget (and to an operator).
+HEALTH_RESTART = RestartBudget("health_restart", max_restarts=3, window_s=60.0, backoff_s=0.0)
+# When the master cannot come back within ROLE_RESTART, every role is restarted once (tenants
+# resume from their checkpoints); a second global restart within 10 minutes is not tried.
+GLOBAL_RESTART = RestartBudget("global_restart", max_restarts=1, window_s=600.0, backoff_s=2.0)
+# A role whose beats stopped is asked for ``info`` once before it is killed: one that answers
+# within this was only slow to beat (a loaded host), not hung.
+HUNG_PROBE_TIMEOUT_S = 2.0
+# A restart request waits this long for a drained role to exit before it is killed anyway.
+RESTART_REQUEST_TIMEOUT_S = 10.0
