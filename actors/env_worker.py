@@ -80,7 +80,7 @@ class EnvWorker(Role):
         # Users register their own simulators from modules named here (envs.register(...)).
         for module in filter(None, os.environ.get("NEXUS_ENV_PLUGINS", "").split(",")):
             importlib.import_module(module.strip())
-        self.spawn(self._sweep_loop(), "session-sweeper")
+        self.spawn(self._sweep_loop, "session-sweeper", critical=True, max_quiet_s=30.0)
 
     def info_extra(self) -> dict[str, Any]:
         return {"sessions": len(self.sessions), "expired": self.expired,
@@ -202,7 +202,7 @@ class EnvWorker(Role):
 
     async def _sweep_loop(self) -> None:
         while True:
-            await asyncio.sleep(SWEEP_EVERY_S)
+            await self.idle("session-sweeper", SWEEP_EVERY_S)
             now = time.monotonic()
             for s in list(self.sessions.values()):
                 if now - s.last_used > s.lease_s and not s.lock.locked():

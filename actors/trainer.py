@@ -136,7 +136,7 @@ class Trainer(Role):
         self.store = SlotStore(self.bus, self.names, device=self.tcfg.device,
                                max_on_device=self.tcfg.max_on_device)
         await self.bus.nc.subscribe(self.names.sched_ready, cb=self._on_ready)
-        self.spawn(self._loop(), "train-loop")
+        self.spawn(self._loop, "train-loop", critical=True)
 
     def info_extra(self) -> dict[str, Any]:
         return {"jobs_done": self.jobs_done, "leases_lost": self.leases_lost, "released": self.released,
@@ -155,6 +155,7 @@ class Trainer(Role):
     # -- the loop ------------------------------------------------------------------------
     async def _loop(self) -> None:
         assert self.bus is not None
+        self._loop_done.clear()  # a restarted loop (critical: restarted after a failure)
         try:
             await self._lease_loop()
         finally:

@@ -124,8 +124,8 @@ class Master(WorkloadOps, Role):
         await self._load_state()
         await self.bus.nc.subscribe(self.names.health_events_all, cb=self._on_health_event)
         await self.bus.nc.subscribe(self.names.weights_all, cb=self._on_weights)
-        self.spawn(self._expire_loop(), "lease-expiry")
-        self.spawn(self._compact_loop(), "compaction")
+        self.spawn(self._expire_loop, "lease-expiry", critical=True, max_quiet_s=30.0)
+        self.spawn(self._compact_loop, "compaction", critical=True)
         await self.setup_workloads()
         await self._release_dead_owners()
 
@@ -509,7 +509,7 @@ class Master(WorkloadOps, Role):
     # -- background ----------------------------------------------------------------------
     async def _expire_loop(self) -> None:
         while True:
-            await asyncio.sleep(EXPIRE_EVERY_S)
+            await self.idle("lease-expiry", EXPIRE_EVERY_S)
             orphans: list[JobRecord] = []
             async with self._lock:
                 now = time.time()

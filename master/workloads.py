@@ -125,8 +125,8 @@ class WorkloadOps:
         for rec in list(self.workloads.values()):
             if rec.state == "running" and rec.worker and not await self.alive("env", rec.worker):
                 await self._repend(rec, f"env worker {rec.worker} is gone (found at master start)")
-        self.spawn(self._intake_loop(), "workload-intake")
-        self.spawn(self._pending_loop(), "workload-pending")
+        self.spawn(self._intake_loop, "workload-intake", critical=True, max_quiet_s=60.0)
+        self.spawn(self._pending_loop, "workload-pending", critical=True, max_quiet_s=60.0)
 
     # -- submission ----------------------------------------------------------------------
     @op("submit", SubmitRequest)
@@ -168,6 +168,7 @@ class WorkloadOps:
         sub = await js.pull_subscribe(self.names.workloads_submit, durable=INTAKE_DURABLE,
                                       stream=self.names.stream_intake, config=cfg)
         while True:
+            self.tick("workload-intake")
             try:
                 msgs = await sub.fetch(8, timeout=1.0)
             except (asyncio.TimeoutError, TimeoutError):
@@ -232,7 +233,7 @@ class WorkloadOps:
 
     async def _pending_loop(self) -> None:
         while True:
-            await asyncio.sleep(PENDING_RETRY_S)
+            await self.idle("workload-pending", PENDING_RETRY_S)
             for rec in list(self.workloads.values()):
                 if rec.state == "pending":
                     try:

@@ -286,7 +286,7 @@ def test_workload_resumes_on_another_env_worker(services, how):
         c = await _client(roles)
         try:
             wl = await c.submit(spec)
-            rec = await _wait_workload(c, wl.workload, lambda r: r.state == "running" and r.step >= 4)
+            rec = await _wait_workload(c, wl.id, lambda r: r.state == "running" and r.step >= 4)
             assert rec.worker == first.instance
             if how == "drain":
                 second = await asyncio.get_running_loop().run_in_executor(None, roles.start, "env")
@@ -326,7 +326,7 @@ def test_cancel_fails_the_workloads_unfinished_jobs(services):
         c = await _client(roles)
         try:
             wl = await c.submit(spec)
-            await _wait_workload(c, wl.workload, lambda r: r.state == "running" and r.step >= 2)
+            await _wait_workload(c, wl.id, lambda r: r.state == "running" and r.step >= 2)
             await wl.cancel()
             await asyncio.sleep(1.0)
             return await c.jobs(spec["tenant"])
