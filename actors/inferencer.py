@@ -112,6 +112,9 @@ class AdmissionConfig:
     # so a retry the SDK can still send always finds its first reply.
     reply_cache_size: int = 4096
     reply_cache_ttl_s: float = INFERENCE_OUTAGE.deadline_s
+    # Copies of one request held at once: the SDK has one attempt out at a time, so a few
+    # cover retries racing a slow reply; more is a flood, answered Busy.
+    max_joined_per_request: int = 16
 
     def __post_init__(self) -> None:
         if self.max_queue_per_key < 1:
@@ -125,6 +128,8 @@ class AdmissionConfig:
             raise ValueError(f"reply_cache_size={self.reply_cache_size}: must be >= 1")
         if self.reply_cache_ttl_s <= 0:
             raise ValueError(f"reply_cache_ttl_s={self.reply_cache_ttl_s}: must be > 0")
+        if self.max_joined_per_request < 1:
+            raise ValueError(f"max_joined_per_request={self.max_joined_per_request}: must be >= 1")
 
     @classmethod
     def from_env(cls) -> AdmissionConfig:
@@ -135,6 +140,7 @@ class AdmissionConfig:
             busy_max_retry_after_s=_env(cls, "busy_max_retry_after_s", "NEXUS_INFER_BUSY_MAX_RETRY_AFTER_S", float),
             reply_cache_size=_env(cls, "reply_cache_size", "NEXUS_INFER_REPLY_CACHE_SIZE", int),
             reply_cache_ttl_s=_env(cls, "reply_cache_ttl_s", "NEXUS_INFER_REPLY_CACHE_TTL_S", float),
+            max_joined_per_request=_env(cls, "max_joined_per_request", "NEXUS_INFER_MAX_JOINED_PER_REQUEST", int),
         )
 
 
@@ -282,6 +288,10 @@ class Inferencer(Role):
                 return
             first = self._by_id.get(key)
             if first is not None:
+                if len(first.joined) >= self.admission.max_joined_per_request:
+                    await self._refuse_busy(msg, f"request {req.request_id!r} is already held with "
+                                                 f"{len(first.joined)} copies", self.held)
+                    return
                 self.joined += 1
                 first.joined.append(msg)
                 first.expires = max(first.expires, now + req.timeout_s)

@@ -272,12 +272,17 @@ class AsyncClient:
             policy = dataclasses.replace(policy, deadline_s=timeout_s)
         deadline = time.monotonic() + timeout_s
         subject = self.names.infer(pool)
+        sent = 0
 
         async def attempt() -> PredictReply:
-            left = deadline - time.monotonic()
+            nonlocal sent
+            # The first attempt always goes out with the caller's whole timeout (capped): the
+            # server drops it unworked if it waited longer than that.
+            left = timeout_s if not sent else deadline - time.monotonic()
             if left <= 0:
                 raise RequestTimeout(f"predict for {tenant!r} found no answer within {timeout_s:g} s",
                                      details={"subject": subject, "timeout_s": timeout_s})
+            sent += 1
             t = min(left, failover.attempt_timeout_s)
             req = PredictRequest(tenant=tenant, images=images, state=state, instruction=instruction,
                                  version=version, sample=sample, timeout_s=t, request_id=request_id)

@@ -355,3 +355,17 @@ def test_an_eval_workload_survives_an_inferencer_kill_and_restart(roles):
     assert rec.state == "completed", (rec.state, rec.message)
     assert killed_at.state == "running" and rec.metrics["episodes"] == 6
     assert info.extra["served"] > 0  # the episodes after the kill ran on the new instance
+
+
+def test_reply_cache_is_bounded_by_count_and_age():
+    from actors.reply_cache import ReplyCache
+
+    cache = ReplyCache(max_entries=3, ttl_s=10.0)
+    for i in range(5):
+        cache.put(("t", f"r{i}"), b"%d" % i, now=float(i))
+    assert len(cache) == 3 and cache.get(("t", "r0"), 5.0) is None  # least recently stored went first
+    assert cache.get(("t", "r4"), 5.0) == b"4"
+    assert cache.get(("other", "r4"), 5.0) is None  # ids are per tenant
+    assert cache.get(("t", "r2"), 12.5) is None  # older than the TTL: never replayed
+    cache.put(("t", "r9"), b"9", now=100.0)  # storing expires the stale ones
+    assert len(cache) == 1
