@@ -27,6 +27,7 @@ subject. Heavy compute must go through ``asyncio.to_thread`` so heartbeats keep 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
@@ -405,7 +406,9 @@ class Role:
     async def _handle(self, msg: Msg) -> None:
         op_name = msg.subject.rsplit(".", 1)[-1]
         parent = extract(msg.headers)
-        async with self._sem:
+        # Control ops skip the concurrency slots: an operator can inspect or drain a role
+        # whose every slot is held by slow requests (their count is bounded in _on_request).
+        async with (contextlib.nullcontext() if op_name in CONTROL_OPS else self._sem):
             with self.tracer.start_as_current_span(
                 f"{self.name}.{op_name}",
                 context=parent,

@@ -236,11 +236,13 @@ def test_runtime_max_pending_answers_busy_before_making_a_task(nats_url, layout,
                 except NexusError:
                     assert time.monotonic() < deadline, "slow role never came up"
                     await asyncio.sleep(0.1)
-            sleeps = [asyncio.ensure_future(bus.request(layout.role_op("slow", "sleep"), SleepRequest(1.5), Ok,
+            sleeps = [asyncio.ensure_future(bus.request(layout.role_op("slow", "sleep"), SleepRequest(2.5), Ok,
                                                         timeout_s=20)) for _ in range(6)]
             await asyncio.sleep(0.3)
-            # Saturated, yet an operator can still look at it (control ops have headroom).
+            # Saturated, yet an operator can still look at it at once (control ops have
+            # headroom and skip the concurrency slot), before the first sleep ends.
             info = await bus.request(layout.role_op("slow", "info"), InfoRequest(), RoleInfo, timeout_s=5)
+            assert not any(s.done() for s in sleeps[:2])
             results = await asyncio.gather(*sleeps, return_exceptions=True)
             after = await bus.request(layout.role_op("slow", "sleep"), SleepRequest(0.01), Ok, timeout_s=10)
             return info, results, after
@@ -257,7 +259,7 @@ def test_runtime_max_pending_answers_busy_before_making_a_task(nats_url, layout,
     # One running, one waiting for the concurrency slot; the other four refused at once.
     assert len(ok) == 2 and len(busy) == 4, results
     assert all(r.details["retry_after_s"] > 0 and r.details["max_pending"] == 2 for r in busy)
-    assert info.in_flight == 2 and info.state == "ready"
+    assert info.in_flight == 3 and info.state == "ready"  # the two sleeps and the info itself
     assert after.detail == "slept 0.01"  # the bound released: serving again
 
 
