@@ -16,10 +16,21 @@ order:
 Incompatible requests never share a forward: different keys are different queues. Weight
 sync: ``<prefix>.weights.<tenant>`` announcements load the new version and swap it in; a new
 inferencer loads every live tenant's current version before it joins the queue group; a
-draining one leaves the group first and answers what it already holds.
+draining one leaves the group first, answers what it already holds, and answers `Draining`
+to what reaches it after (the caller retries on another instance).
+
+Bounded work and failover: a request is refused with `Busy` (``details.retry_after_s``) at
+once when the instance already holds ``max_queued`` requests or its key's queue holds
+``max_queue_per_key``; nothing is queued past those bounds. A request carrying a
+``request_id`` is worked once per instance: a retry of one still in flight joins it (both
+callers get the one reply), and a retry of one already answered gets the same reply again
+from a bounded cache (``reply_cache_size`` entries for ``reply_cache_ttl_s``).
 
 Run: ``python -m actors.run inferencer`` with NEXUS_INFER_BASE (default tiny-qwen3-vl-64),
-NEXUS_INFER_MAX_BATCH_SIZE (32), NEXUS_INFER_BATCH_WAIT_TIMEOUT_S (0.005).
+NEXUS_INFER_MAX_BATCH_SIZE (32), NEXUS_INFER_BATCH_WAIT_TIMEOUT_S (0.005),
+NEXUS_INFER_MAX_QUEUE_PER_KEY (256), NEXUS_INFER_MAX_QUEUED (4096),
+NEXUS_INFER_BUSY_RETRY_AFTER_S (0.05), NEXUS_INFER_REPLY_CACHE_SIZE (4096),
+NEXUS_INFER_REPLY_CACHE_TTL_S (120).
 """
 
 from __future__ import annotations
@@ -36,10 +47,12 @@ from typing import Any
 
 import numpy as np
 
+from actors.reply_cache import ReplyCache
 from actors.runtime import Role, RoleConfig
 from actors.serving import ServingHeads
-from protocol.errors import InternalError, NexusError
+from protocol.errors import Busy, Draining, InternalError, NexusError
 from protocol.messages import ErrorReply, PredictReply, PredictRequest, WeightsRef
+from protocol.policy import INFERENCE_OUTAGE
 from protocol.subjects import pool_name
 from protocol.wire import decode, encode
 
@@ -68,14 +81,88 @@ class BatchingConfig:
                    batch_wait_timeout_s=float(env.get("NEXUS_INFER_BATCH_WAIT_TIMEOUT_S", cls.batch_wait_timeout_s)))
 
 
+def _env(cls: type, field_name: str, var: str, cast: type) -> Any:
+    raw = os.environ.get(var)
+    if raw is None:
+        return getattr(cls, field_name)
+    try:
+        return cast(raw)
+    except ValueError:
+        raise ValueError(f"{field_name} ({var}={raw!r}): must be {cast.__name__}") from None
+
+
+@dataclass
+class AdmissionConfig:
+    """What one inferencer holds at once, and how long it remembers replies.
+
+    Past either queue bound a request is answered `Busy` at once with a retry hint: a caller
+    retrying elsewhere (or a moment later) is served sooner than one waiting behind a queue
+    that cannot drain before its timeout, and the process never holds unbounded memory."""
+
+    # 8 full default groups per key: a request admitted waits at most ~8 forwards.
+    max_queue_per_key: int = 256
+    # Every request held (being admitted + queued, all keys). A 2-camera 64x64 request is
+    # ~25 KB decoded: 4096 is ~100 MB at most.
+    max_queued: int = 4096
+    # The smallest Busy hint; the hint grows with the groups queued ahead of the caller.
+    busy_retry_after_s: float = 0.05
+    # The largest Busy hint, the SDK's longest back-off (INFERENCE_OUTAGE.max_backoff_s).
+    busy_max_retry_after_s: float = INFERENCE_OUTAGE.max_backoff_s
+    # Replies kept for replay: ~4096 x a few KB; the TTL covers the SDK's whole retry horizon,
+    # so a retry the SDK can still send always finds its first reply.
+    reply_cache_size: int = 4096
+    reply_cache_ttl_s: float = INFERENCE_OUTAGE.deadline_s
+    # Copies of one request held at once: the SDK has one attempt out at a time, so a few
+    # cover retries racing a slow reply; more is a flood, answered Busy.
+    max_joined_per_request: int = 16
+
+    def __post_init__(self) -> None:
+        if self.max_queue_per_key < 1:
+            raise ValueError(f"max_queue_per_key={self.max_queue_per_key}: must be >= 1")
+        if self.max_queued < self.max_queue_per_key:
+            raise ValueError(f"max_queued={self.max_queued}: must be >= max_queue_per_key ({self.max_queue_per_key})")
+        if not 0 < self.busy_retry_after_s <= self.busy_max_retry_after_s <= 60:
+            raise ValueError(f"busy_retry_after_s={self.busy_retry_after_s}, busy_max_retry_after_s="
+                             f"{self.busy_max_retry_after_s}: need 0 < busy_retry_after_s <= busy_max_retry_after_s <= 60")
+        if self.reply_cache_size < 1:
+            raise ValueError(f"reply_cache_size={self.reply_cache_size}: must be >= 1")
+        if self.reply_cache_ttl_s <= 0:
+            raise ValueError(f"reply_cache_ttl_s={self.reply_cache_ttl_s}: must be > 0")
+        if self.max_joined_per_request < 1:
+            raise ValueError(f"max_joined_per_request={self.max_joined_per_request}: must be >= 1")
+
+    @classmethod
+    def from_env(cls) -> AdmissionConfig:
+        return cls(
+            max_queue_per_key=_env(cls, "max_queue_per_key", "NEXUS_INFER_MAX_QUEUE_PER_KEY", int),
+            max_queued=_env(cls, "max_queued", "NEXUS_INFER_MAX_QUEUED", int),
+            busy_retry_after_s=_env(cls, "busy_retry_after_s", "NEXUS_INFER_BUSY_RETRY_AFTER_S", float),
+            busy_max_retry_after_s=_env(cls, "busy_max_retry_after_s", "NEXUS_INFER_BUSY_MAX_RETRY_AFTER_S", float),
+            reply_cache_size=_env(cls, "reply_cache_size", "NEXUS_INFER_REPLY_CACHE_SIZE", int),
+            reply_cache_ttl_s=_env(cls, "reply_cache_ttl_s", "NEXUS_INFER_REPLY_CACHE_TTL_S", float),
+            max_joined_per_request=_env(cls, "max_joined_per_request", "NEXUS_INFER_MAX_JOINED_PER_REQUEST", int),
+        )
+
+
 @dataclass
 class _Pending:
+    """One logical request: the first message and any retries of it (same request id) that
+    arrived while it was held. One forward, one reply, sent to all of them."""
+
     req: PredictRequest
     msg: Any
-    slot: Any
-    version: int
-    arrived: float  # monotonic
+    slot: Any = None
+    version: int = 0
+    arrived: float = 0.0  # monotonic
+    # Monotonic: past it no caller waits any more (a retry that joins extends it).
+    expires: float | None = None
+    key: tuple[str, str] | None = None  # (tenant, request_id); None: no dedup
     reply: Any = None
+    joined: list[Any] = field(default_factory=list)  # retries' messages
+
+    def __post_init__(self) -> None:
+        if self.expires is None:
+            self.expires = self.arrived + self.req.timeout_s
 
 
 @dataclass
@@ -86,9 +173,11 @@ class _Queue:
 class Inferencer(Role):
     name = "inferencer"
 
-    def __init__(self, cfg: RoleConfig, batching: BatchingConfig | None = None, base_source: str | None = None) -> None:
+    def __init__(self, cfg: RoleConfig, batching: BatchingConfig | None = None, base_source: str | None = None,
+                 admission: AdmissionConfig | None = None) -> None:
         super().__init__(cfg)
         self.batching = batching or BatchingConfig.from_env()
+        self.admission = admission or AdmissionConfig.from_env()
         # The embedded default serves the built-in task's base; one inferencer serves one pool.
         self.base_source = base_source or os.environ.get("NEXUS_INFER_BASE", DEFAULT_BASE)
         self.pool = pool_name(self.base_source)
@@ -104,6 +193,16 @@ class Inferencer(Role):
         self.served = 0
         self.groups = 0
         self.dropped = 0
+        # Bounded work and dedup (see the module docstring).
+        self.held = 0  # requests admitted and not yet answered
+        self.busy = 0  # requests refused Busy
+        self.replayed = 0  # retries answered from the reply cache
+        self.joined = 0  # retries that joined their request in flight
+        self.draining_refused = 0
+        self.replies = ReplyCache(self.admission.reply_cache_size, self.admission.reply_cache_ttl_s)
+        self._by_id: dict[tuple[str, str], _Pending] = {}
+        self._forward_ewma_s = 0.0  # recent group forward time: the Busy hint's unit
+        self._predict_sub: Any = None
         # Forwarded requests per group -> groups: benchmarks replay this distribution in-process.
         self.group_sizes: Counter[int] = Counter()
 
@@ -121,9 +220,13 @@ class Inferencer(Role):
         # Elastic join: every live tenant's weights first, then take requests.
         synced = await self.heads.sync_all()
         self.spawn(self._batch_loop(), "batcher")
-        self._subs.append(await self.bus.nc.subscribe(
+        # Kept out of self._subs: the runtime's drain unsubscribes those, which discards
+        # messages already delivered but not yet read. This one is drained instead (every
+        # delivered message is read and answered: worked before the drain, Draining after).
+        self._predict_sub = await self.bus.nc.subscribe(
             self.names.infer(self.pool), queue=f"{self.names.prefix}-infer-{self.pool}", cb=self._on_predict,
-            pending_msgs_limit=65536))
+            pending_msgs_limit=65536)
+        self.spawn(self._leave_group_on_stop(), "predict-drain")
         self.log.info("serving", pool=self.pool, base=self.base_source, tenants_synced=synced,
                       max_batch_size=self.batching.max_batch_size,
                       batch_wait_timeout_s=self.batching.batch_wait_timeout_s)
@@ -138,7 +241,19 @@ class Inferencer(Role):
             "group_sizes": {str(k): v for k, v in sorted(self.group_sizes.items())},
             "versions": dict(self.heads.current) if self.heads else {},
             "queued": sum(len(q.items) for q in self.queues.values()),
+            "held": self.held, "busy": self.busy, "replayed": self.replayed, "joined": self.joined,
+            "draining_refused": self.draining_refused, "reply_cache": len(self.replies),
+            "max_queue_per_key": self.admission.max_queue_per_key, "max_queued": self.admission.max_queued,
         }
+
+    async def _leave_group_on_stop(self) -> None:
+        """On a drain, leave the queue group at once (new requests go to the other instances)
+        but read what was already delivered: each such message gets an answer."""
+        await self._stop.wait()
+        try:
+            await self._predict_sub.drain()
+        except Exception as exc:  # connection gone: nothing more will be delivered anyway
+            self.log.warning("predict subscription drain failed", error=str(exc))
 
     # -- weight sync ---------------------------------------------------------------------
     async def _on_weights(self, msg: Any) -> None:
@@ -155,30 +270,106 @@ class Inferencer(Role):
 
     # -- intake --------------------------------------------------------------------------
     async def _on_predict(self, msg: Any) -> None:
-        # Tracked like any request, so a drain waits for it.
-        task = asyncio.ensure_future(self._admit(msg))
-        self._inflight.add(task)
-        task.add_done_callback(self._inflight.discard)
-
-    async def _admit(self, msg: Any) -> None:
-        assert self.heads is not None
-        arrived = time.monotonic()
+        """Intake, in order, all before any task is made: decode; a retry of an answered
+        request gets its reply again, one of a request still held joins it; a draining
+        instance refuses; past ``max_queued`` the caller hears Busy. Only then a task."""
+        now = time.monotonic()
         try:
             req = decode(msg.data, PredictRequest)
-            slot, version = await self.heads.get(req.tenant, req.version)
         except NexusError as exc:
             await self._reply(msg, ErrorReply.from_exception(exc))
             return
+        key = (req.tenant, req.request_id) if req.request_id else None
+        if key is not None:
+            cached = self.replies.get(key, now)
+            if cached is not None:
+                self.replayed += 1
+                await self._send(msg, cached)
+                return
+            first = self._by_id.get(key)
+            if first is not None:
+                if len(first.joined) >= self.admission.max_joined_per_request:
+                    await self._refuse_busy(msg, f"request {req.request_id!r} is already held with "
+                                                 f"{len(first.joined)} copies", self.held)
+                    return
+                self.joined += 1
+                first.joined.append(msg)
+                first.expires = max(first.expires, now + req.timeout_s)
+                return
+        if self.state in ("draining", "stopped"):
+            # Tasks made now would outlive the drain's wait: refuse, the caller retries elsewhere.
+            self.draining_refused += 1
+            await self._reply(msg, ErrorReply.from_exception(Draining(
+                f"inferencer {self.instance} is draining; retry on another instance")))
+            return
+        if self.held >= self.admission.max_queued:
+            await self._refuse_busy(msg, f"inferencer {self.instance} holds {self.held} requests "
+                                         f"(max_queued={self.admission.max_queued})", self.held)
+            return
+        p = _Pending(req=req, msg=msg, arrived=now, expires=now + req.timeout_s, key=key)
+        p.reply = asyncio.get_running_loop().create_future()
+        self.held += 1
+        if key is not None:
+            self._by_id[key] = p
+        # Tracked like any request, so a drain waits for it.
+        task = asyncio.ensure_future(self._admit(p))
+        self._inflight.add(task)
+        task.add_done_callback(self._inflight.discard)
+
+    def _busy_hint_s(self, queued: int) -> float:
+        """Roughly when the queue ahead will have drained: its groups x a recent forward."""
+        cfg = self.admission
+        groups = -(-queued // self.batching.max_batch_size)
+        return round(min(cfg.busy_max_retry_after_s, max(cfg.busy_retry_after_s, groups * self._forward_ewma_s)), 3)
+
+    async def _refuse_busy(self, msg: Any, why: str, queued: int) -> None:
+        self.busy += 1
+        hint = self._busy_hint_s(queued)
+        await self._reply(msg, ErrorReply.from_exception(Busy(
+            f"{why}; retry in {hint:g} s or on another instance", details={"retry_after_s": hint})))
+
+    async def _admit(self, p: _Pending) -> None:
+        assert self.heads is not None
+        try:
+            p.slot, p.version = await self.heads.get(p.req.tenant, p.req.version)
+        except NexusError as exc:
+            await self._finish(p, ErrorReply.from_exception(exc))
+            return
         except Exception as exc:
             self.log.error("predict admission failed", exc_info=exc)
-            await self._reply(msg, ErrorReply.from_exception(InternalError(f"{type(exc).__name__}: {exc}")))
+            await self._finish(p, ErrorReply.from_exception(InternalError(f"{type(exc).__name__}: {exc}")))
             return
-        p = _Pending(req=req, msg=msg, slot=slot, version=version, arrived=arrived)
-        self.queues.setdefault(slot.key, _Queue()).items.append(p)
+        q = self.queues.setdefault(p.slot.key, _Queue())
+        if len(q.items) >= self.admission.max_queue_per_key:
+            self.busy += 1
+            hint = self._busy_hint_s(len(q.items))
+            await self._finish(p, ErrorReply.from_exception(Busy(
+                f"inferencer {self.instance}: the queue of this request's key holds {len(q.items)} "
+                f"(max_queue_per_key={self.admission.max_queue_per_key}); retry in {hint:g} s or on another instance",
+                details={"retry_after_s": hint})))
+            return
+        q.items.append(p)
         self._arrival.set()
-        done = asyncio.get_running_loop().create_future()
-        p.reply = done
-        await done  # the batcher resolves it; keeps this task (and the drain) waiting
+        await p.reply  # the batcher resolves it; keeps this task (and the drain) waiting
+
+    async def _finish(self, p: _Pending, result: Any) -> None:
+        """Answer every caller of ``p`` (None: all gave up, no answer), remember a good reply
+        for retries, and release ``p``'s place in the bounds."""
+        try:
+            if result is not None:
+                data = encode(result)
+                if p.key is not None and isinstance(result, PredictReply):
+                    # Only successes replay: an error (busy, not found, a failed forward) may
+                    # not hold on a retry, which is then worked afresh.
+                    self.replies.put(p.key, data, time.monotonic())
+                for m in [p.msg, *p.joined]:
+                    await self._send(m, data)
+        finally:
+            if p.key is not None and self._by_id.get(p.key) is p:
+                del self._by_id[p.key]
+            self.held -= 1
+            if not p.reply.done():
+                p.reply.set_result(None)
 
     # -- batching ------------------------------------------------------------------------
     def _next_group(self, now: float) -> tuple[list[_Pending] | None, float | None]:
@@ -230,18 +421,17 @@ class Inferencer(Role):
                 results = [ErrorReply.from_exception(InternalError(f"forward failed: {type(exc).__name__}: {exc}"))
                            for _ in group]
             forward_s = time.monotonic() - started
+            # The Busy hint's unit: a smoothed group time (this includes the pipeline wait).
+            self._forward_ewma_s = forward_s if not self._forward_ewma_s else 0.8 * self._forward_ewma_s + 0.2 * forward_s
             live = 0
             for p, result in zip(group, results):
                 if result is None:
                     self.dropped += 1
-                else:
-                    if isinstance(result, PredictReply):
-                        result.queue_wait_s = started - p.arrived
-                        result.forward_s = forward_s
-                        live += 1
-                    await self._reply(p.msg, result)
-                if not p.reply.done():
-                    p.reply.set_result(None)
+                elif isinstance(result, PredictReply):
+                    result.queue_wait_s = started - p.arrived
+                    result.forward_s = forward_s
+                    live += 1
+                await self._finish(p, result)
             self.served += live
             self.groups += 1
             if live:
@@ -261,8 +451,8 @@ class Inferencer(Role):
         results: list[Any] = [None] * len(group)
         by_slot: dict[int, list[int]] = {}
         for i, p in enumerate(group):
-            if started - p.arrived > p.req.timeout_s:
-                continue  # the caller has given up: no work for it
+            if started > p.expires:
+                continue  # every caller (the first and any retry) has given up: no work for it
             by_slot.setdefault(id(p.slot), []).append(i)
         device = self.heads.base.device
         stream = _side_stream(device)
@@ -358,7 +548,7 @@ class Inferencer(Role):
                         tenant=p.req.tenant, version=p.version, actions=actions[j],
                         log_prob=None if log_prob is None else float(log_prob[j]),
                         value=None if value is None else float(value[j]),
-                        batch_size=len(live))
+                        batch_size=len(live), request_id=p.req.request_id)
         return results
 
     def _run_group(self, group: list[_Pending], started: float) -> list[Any]:
@@ -366,10 +556,13 @@ class Inferencer(Role):
         return self._forward(group, *self._prepare(group, started))
 
     async def _reply(self, msg: Any, reply: Any) -> None:
+        await self._send(msg, encode(reply))
+
+    async def _send(self, msg: Any, data: bytes) -> None:
         if not msg.reply:
             return
         try:
-            await msg.respond(encode(reply))
+            await msg.respond(data)
         except Exception as exc:  # the caller's connection is gone
             self.log.warning("predict reply failed", error=str(exc))
 

@@ -35,6 +35,7 @@ the health manager treats as a dead role.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
@@ -53,7 +54,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from actors.bus import Bus
 from actors.logs import bound_request, configure_logging
 from actors.tracing import extract, setup_tracing, shutdown_tracing, trace_id_hex
-from protocol.errors import Draining, InternalError, NexusError, PayloadTooLarge, UnknownOp
+from protocol.errors import Busy, Draining, InternalError, NexusError, PayloadTooLarge, UnknownOp
 from protocol.messages import (
     DrainRequest,
     ErrorReply,
@@ -91,6 +92,13 @@ class RoleConfig:
     drain_timeout_s: float = 60.0
     # Requests handled at once; more wait in NATS (bounded by the subscription's pending limit).
     max_concurrency: int = 64
+    # Requests held at once (running + waiting for a concurrency slot); past it a request is
+    # answered `Busy` at once, before any task is made for it. 0 = 4 x max_concurrency: enough
+    # queue to keep every slot busy through a burst, short enough that a waiter is served
+    # within a few handler times rather than piling up memory and timing out.
+    max_pending: int = 0
+    # The retry hint a `Busy` reply carries when the bound above is hit.
+    busy_retry_after_s: float = 0.25
     log_level: str = "INFO"
 
     def __post_init__(self) -> None:
@@ -103,6 +111,12 @@ class RoleConfig:
             raise ValueError("drain_timeout_s: must be > 0")
         if self.max_concurrency < 1:
             raise ValueError("max_concurrency: must be >= 1")
+        if self.max_pending == 0:
+            self.max_pending = 4 * self.max_concurrency
+        if self.max_pending < 1:
+            raise ValueError(f"max_pending={self.max_pending}: must be >= 1 (0 = 4 x max_concurrency)")
+        if not 0 < self.busy_retry_after_s <= 60:
+            raise ValueError(f"busy_retry_after_s={self.busy_retry_after_s}: must be in (0, 60]")
 
     @classmethod
     def from_env(cls, **overrides: Any) -> RoleConfig:
@@ -116,8 +130,19 @@ class RoleConfig:
             kwargs["data_dir"] = Path(env["NEXUS_DATA_DIR"])
         if "NEXUS_HEARTBEAT_INTERVAL_S" in env:
             kwargs["heartbeat_interval_s"] = float(env["NEXUS_HEARTBEAT_INTERVAL_S"])
+        if "NEXUS_MAX_CONCURRENCY" in env:
+            kwargs["max_concurrency"] = _env_int(env, "NEXUS_MAX_CONCURRENCY", "max_concurrency")
+        if "NEXUS_MAX_PENDING" in env:
+            kwargs["max_pending"] = _env_int(env, "NEXUS_MAX_PENDING", "max_pending")
         kwargs.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**kwargs)
+
+
+def _env_int(env: Any, var: str, field_name: str) -> int:
+    try:
+        return int(env[var])
+    except ValueError:
+        raise ValueError(f"{field_name} ({var}={env[var]!r}): must be an integer") from None
 
 
 Handler = Callable[[Any, Any], Awaitable[Any]]
@@ -134,6 +159,9 @@ class LoopState:
     last_tick: float = field(default_factory=time.monotonic)
     failures: int = 0  # in a row; reset once the loop ran LOOP_HEALTHY_S without failing
     starts: int = 0
+# Ops an operator needs on a saturated role (inspect it, drain it): admitted up to twice
+# max_pending, so a flood of ordinary requests cannot lock them out.
+CONTROL_OPS = frozenset({"info", "drain"})
 
 
 @dataclass(frozen=True)
@@ -176,6 +204,8 @@ class Role:
         self._inflight: set[asyncio.Task] = set()
         self._background: set[asyncio.Task] = set()
         self._sem = asyncio.Semaphore(cfg.max_concurrency)
+        self._pending = 0  # requests admitted by _on_request and not yet finished
+        self.busy_refused = 0  # requests answered Busy by that bound
         self._stop = asyncio.Event()
         self._signals = 0
         self._seq = 0
@@ -480,15 +510,34 @@ class Role:
 
     async def _on_request(self, msg: Msg) -> None:
         # The subscription calls us one message at a time; hand each request to its own
-        # task so a slow op never delays the next one.
+        # task so a slow op never delays the next one. The bound comes first: past it the
+        # caller hears Busy now (and retries later or elsewhere) and no task is made, so a
+        # flood costs one small reply per message, never memory.
+        op_name = msg.subject.rsplit(".", 1)[-1]
+        limit = self.cfg.max_pending * (2 if op_name in CONTROL_OPS else 1)
+        if self._pending >= limit:
+            self.busy_refused += 1
+            if msg.reply:
+                await self._respond(msg, ErrorReply.from_exception(Busy(
+                    f"{self.name}.{self.instance} holds {self._pending} requests (max_pending={self.cfg.max_pending}); "
+                    "retry later or on another instance",
+                    details={"retry_after_s": self.cfg.busy_retry_after_s, "max_pending": self.cfg.max_pending})))
+            return
+        self._pending += 1
         task = asyncio.ensure_future(self._handle(msg))
         self._inflight.add(task)
-        task.add_done_callback(self._inflight.discard)
+        task.add_done_callback(self._request_done)
+
+    def _request_done(self, task: asyncio.Task) -> None:
+        self._inflight.discard(task)
+        self._pending -= 1
 
     async def _handle(self, msg: Msg) -> None:
         op_name = msg.subject.rsplit(".", 1)[-1]
         parent = extract(msg.headers)
-        async with self._sem:
+        # Control ops skip the concurrency slots: an operator can inspect or drain a role
+        # whose every slot is held by slow requests (their count is bounded in _on_request).
+        async with (contextlib.nullcontext() if op_name in CONTROL_OPS else self._sem):
             with self.tracer.start_as_current_span(
                 f"{self.name}.{op_name}",
                 context=parent,

@@ -343,6 +343,33 @@ class ReserveRequest:
     workload: str = ""
 
 
+# A job's micro-batch sequence numbers. Producers number their items 0..MAX_ITEM_SEQ; an item
+# the SDK splits to fit the max payload becomes parts numbered by `chunk_seq`, which sets bit 62
+# and packs (seq, log2 of the part count, part index) into disjoint bit fields below it:
+#   bits 0-15 index (< 2**16), bits 16-20 log2 parts (<= 16), bits 21-51 seq (< 2**31).
+# So a part's seq is > MAX_ITEM_SEQ (never an ordinary seq), and two parts share a seq only if
+# they are the same part of the same split of the same item (the map is injective). The
+# master's dedup id is "<job>:<seq>", so neither a retry nor a later item can collide.
+MAX_ITEM_SEQ = 2**31 - 1
+CHUNK_SEQ_FLAG = 1 << 62
+MAX_CHUNK_PARTS_LOG2 = 16
+
+
+def chunk_seq(seq: int, parts_log2: int, index: int) -> int:
+    """The seq of part ``index`` of item ``seq`` split into ``2**parts_log2`` parts."""
+    if not 0 <= seq <= MAX_ITEM_SEQ:
+        raise ValueError(f"seq={seq}: an item's seq must be in 0..{MAX_ITEM_SEQ}")
+    if not 0 <= parts_log2 <= MAX_CHUNK_PARTS_LOG2:
+        raise ValueError(f"parts_log2={parts_log2}: must be in 0..{MAX_CHUNK_PARTS_LOG2}")
+    if not 0 <= index < 1 << parts_log2:
+        raise ValueError(f"index={index}: must be in 0..{(1 << parts_log2) - 1}")
+    return CHUNK_SEQ_FLAG | seq << 21 | parts_log2 << 16 | index
+
+
+def is_chunk_seq(seq: int) -> bool:
+    return bool(seq & CHUNK_SEQ_FLAG)
+
+
 @message("tq.put", 1)
 @dataclass
 class QueuePutRequest:
@@ -579,6 +606,10 @@ class PredictRequest:
     version: int = -1  # pin a policy version (evaluation); -1: the tenant's current one
     sample: bool = True  # RL heads: sample an action (rollouts) or take the mean
     timeout_s: float = 10.0  # the caller's own timeout: past it, the request is dropped unworked
+    # The caller's id for this logical call; a retry (on any instance) carries the same one, so
+    # an instance that answered it replays that reply and one still working on it answers
+    # both. Empty: no dedup (every request is worked).
+    request_id: str = ""
 
 
 @message("infer.predict.reply", 1)
@@ -592,6 +623,7 @@ class PredictReply:
     queue_wait_s: float = 0.0  # server side: arrival -> forward start
     forward_s: float = 0.0  # the group's base forward + heads
     batch_size: int = 1  # requests that shared the base forward
+    request_id: str = ""  # the request's id, echoed
 
 
 # -- environment service ---------------------------------------------------------------

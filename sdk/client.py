@@ -12,18 +12,22 @@ against the embedded cluster and a remote one.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import io
 import json
 import threading
 import time
+import uuid
 from collections.abc import Coroutine
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from actors.bus import DEFAULT_REQUEST_TIMEOUT_S, Bus
+from actors.bus import DEFAULT_REQUEST_TIMEOUT_S, Bus, retry
 from actors.supervisor import ClusterState
-from protocol.errors import Unavailable
-from protocol.errors import Busy, NotFound, PayloadTooLarge
+from protocol.errors import Busy, InvalidField, NotFound, PayloadTooLarge, RequestTimeout, Unavailable
+from protocol.policy import INFERENCE_OUTAGE, RetryPolicy
+from protocol.wire import encode
 from protocol.messages import (
     ClusterStatus,
     CreateTenantRequest,
@@ -64,10 +68,37 @@ from protocol.messages import (
     WorkloadRef,
     WorkloadsReply,
     WorkloadsRequest,
+    MAX_CHUNK_PARTS_LOG2,
+    MAX_ITEM_SEQ,
+    chunk_seq,
 )
 from protocol.subjects import DEFAULT_PREFIX, Names, pool_name
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class PredictFailover:
+    """How `predict` rides out an inferencer restart, a drain and back-pressure.
+
+    (To fold into protocol/policy.py.) Every attempt of one call carries the same request id,
+    so a retry that reaches an instance still working on the request joins it, and one that
+    reaches an instance that answered it gets that reply again: a retry never costs a second
+    forward on that instance, which is what makes a short attempt timeout safe."""
+
+    policy: RetryPolicy = INFERENCE_OUTAGE
+    # One attempt's wait. A request lost with a killed instance is re-sent after this rather
+    # than after the caller's whole timeout; 10 s covers a cold tenant-slot load on a busy
+    # 2-core machine, and a retry of a request still being worked just joins it.
+    attempt_timeout_s: float = 10.0
+    # No responder (restarting), lost reply (killed mid-request), draining, back-pressure.
+    retry_on: tuple[type[BaseException], ...] = (Unavailable, RequestTimeout, Busy)
+
+
+PREDICT_FAILOVER = PredictFailover()
+# queue_put splits an item until each part's encoding is this far under the max payload: the
+# request's trace headers and the master's own publish headers must fit beside it.
+CHUNK_HEADROOM_BYTES = 8192
 
 
 def resolve_cluster(data_dir: str | Path | None, nats_url: str | None, prefix: str | None) -> tuple[str, str]:
@@ -158,28 +189,27 @@ class AsyncClient:
 
     async def queue_put(self, item: QueuePutRequest) -> QueuePutReply:
         """Append one micro-batch; one over the server's max payload is split along the batch
-        (each part its own item, seq * 1000 + part keeps retries idempotent)."""
+        into parts, each its own item. A part's seq is `protocol.messages.chunk_seq` (seq,
+        log2 parts, index): never an ordinary seq (0..MAX_ITEM_SEQ) nor another part's, so a
+        retried put (whole or split) is recognised as a duplicate and nothing else is."""
+        if not 0 <= item.seq <= MAX_ITEM_SEQ:
+            raise InvalidField("seq", f"{item.seq}: an item's seq must be in 0..{MAX_ITEM_SEQ} "
+                                      "(larger seqs are reserved for the parts of a split item)")
         try:
             return await self._master("queue_put", item, QueuePutReply)
         except PayloadTooLarge:
-            b = len(item.instructions)
-            if b < 2:
+            if len(item.instructions) < 2:
                 raise
-        parts = 2
-        while True:
-            size = -(-b // parts)
-            chunks = [_slice_item(item, lo, min(lo + size, b), item.seq * 1000 + k)
-                      for k, lo in enumerate(range(0, b, size))]
-            try:
-                reply = None
-                for chunk in chunks:
-                    reply = await self._master("queue_put", chunk, QueuePutReply)
-                assert reply is not None
-                return reply
-            except PayloadTooLarge:
-                if size <= 1:
-                    raise
-                parts *= 2
+        # Nothing of the item was stored (the size check refuses before any publish). The
+        # split is decided here, from the encoded sizes, before any part is sent: the layout
+        # is a function of the item and the max payload alone, so a retry of this call sends
+        # the very same parts under the very same seqs.
+        chunks = _split_item(item, self.bus.max_payload - CHUNK_HEADROOM_BYTES)
+        reply = None
+        for chunk in chunks:
+            reply = await self._master("queue_put", chunk, QueuePutReply)
+        assert reply is not None
+        return reply
 
     async def mark_ready(self, tenant: str, job: str) -> JobRecord:
         return await self._master("mark_ready", JobRef(tenant=tenant, job=job), JobRecord)
@@ -226,16 +256,43 @@ class AsyncClient:
 
     # -- inference -----------------------------------------------------------------------
     async def predict(self, tenant: str, images: dict[str, Any], state: Any, instruction: str, *,
-                      version: int = -1, sample: bool = True, timeout_s: float | None = None) -> PredictReply:
-        """Actions for one observation in the tenant's own schema (group-batched server side)."""
+                      version: int = -1, sample: bool = True, timeout_s: float | None = None,
+                      request_id: str = "", failover: PredictFailover = PREDICT_FAILOVER) -> PredictReply:
+        """Actions for one observation in the tenant's own schema (group-batched server side).
+
+        Fails over within ``timeout_s`` (the whole call's deadline): no instance (restarting),
+        a lost reply (an instance killed), Draining and Busy are retried on whichever instance
+        of the pool the queue group picks, every attempt with the same request id (generated
+        here unless given), so the request is worked once per instance."""
         pool = self._pools.get(tenant)
         if pool is None:
             pool = pool_name((await self.tenant(tenant)).base)
             self._pools[tenant] = pool
         timeout_s = self.timeout_s if timeout_s is None else timeout_s
-        req = PredictRequest(tenant=tenant, images=images, state=state, instruction=instruction,
-                             version=version, sample=sample, timeout_s=timeout_s)
-        return await self.bus.request(self.names.infer(pool), req, PredictReply, timeout_s=timeout_s)
+        request_id = request_id or uuid.uuid4().hex
+        # The caller's deadline wins over the policy's when it is shorter.
+        policy = failover.policy
+        if timeout_s > 0 and (policy.deadline_s == 0 or timeout_s < policy.deadline_s):
+            policy = dataclasses.replace(policy, deadline_s=timeout_s)
+        deadline = time.monotonic() + timeout_s
+        subject = self.names.infer(pool)
+        sent = 0
+
+        async def attempt() -> PredictReply:
+            nonlocal sent
+            # The first attempt always goes out with the caller's whole timeout (capped): the
+            # server drops it unworked if it waited longer than that.
+            left = timeout_s if not sent else deadline - time.monotonic()
+            if left <= 0:
+                raise RequestTimeout(f"predict for {tenant!r} found no answer within {timeout_s:g} s",
+                                     details={"subject": subject, "timeout_s": timeout_s})
+            sent += 1
+            t = min(left, failover.attempt_timeout_s)
+            req = PredictRequest(tenant=tenant, images=images, state=state, instruction=instruction,
+                                 version=version, sample=sample, timeout_s=t, request_id=request_id)
+            return await self.bus.request(subject, req, PredictReply, timeout_s=t)
+
+        return await retry(attempt, policy=policy, retry_on=failover.retry_on)
 
     # -- workloads ---------------------------------------------------------------------------
     async def submit(self, spec: dict[str, Any] | str | bytes | Path) -> AsyncWorkload:
@@ -425,6 +482,25 @@ def format_progress(rec: WorkloadRecord) -> str:
     metrics = " ".join(f"{k}={v:.3f}" for k, v in sorted(shown.items()))
     tail = f" ({rec.message})" if rec.state in ("failed", "cancelled") and rec.message else ""
     return f"{rec.workload} {rec.tenant:<14} {rec.task:<4} {rec.state:<9} {bar} {metrics}{tail}".rstrip()
+
+
+def _split_item(item: QueuePutRequest, max_bytes: int) -> list[QueuePutRequest]:
+    """The fewest power-of-two parts of ``item`` whose every encoding fits ``max_bytes``."""
+    b = len(item.instructions)
+    for log2 in range(1, MAX_CHUNK_PARTS_LOG2 + 1):
+        parts = 1 << log2
+        size = -(-b // parts)
+        # Always exactly ``parts`` slices (the last ones may be empty when b < parts: skipped).
+        bounds = [(k * size, min((k + 1) * size, b)) for k in range(parts)]
+        chunks = [_slice_item(item, lo, hi, chunk_seq(item.seq, log2, k)) for k, (lo, hi) in enumerate(bounds)
+                  if lo < hi]
+        if all(len(encode(c)) <= max_bytes for c in chunks):
+            return chunks
+        if size <= 1:
+            break
+    raise PayloadTooLarge(f"one row of item seq={item.seq} of job {item.job} is over the max payload "
+                          f"({max_bytes} bytes with headroom); shrink the images or send fewer cameras",
+                          details={"max_bytes": max_bytes})
 
 
 def _slice_item(item: QueuePutRequest, lo: int, hi: int, seq: int) -> QueuePutRequest:

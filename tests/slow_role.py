@@ -1,6 +1,6 @@
 """A real role process with one slow op, for drain and shutdown tests.
 
-    python -m tests.slow_role --nats-url URL --prefix P --instance I
+    python -m tests.slow_role --nats-url URL --prefix P --instance I [--max-concurrency N --max-pending M]
 """
 
 from __future__ import annotations
@@ -40,6 +40,9 @@ if __name__ == "__main__":
     p.add_argument("--prefix", required=True)
     p.add_argument("--instance", required=True)
     p.add_argument("--data-dir", required=True)
+    p.add_argument("--max-concurrency", type=int, default=64)
+    p.add_argument("--max-pending", type=int, default=0)
     a = p.parse_args()
     sys.exit(run_role(SlowRole, RoleConfig(nats_url=a.nats_url, prefix=a.prefix, instance=a.instance,
-                                           data_dir=a.data_dir, heartbeat_interval_s=0.2)))
+                                           data_dir=a.data_dir, heartbeat_interval_s=0.2,
+                                           max_concurrency=a.max_concurrency, max_pending=a.max_pending)))
