@@ -219,7 +219,7 @@ class Inferencer(Role):
         await self.bus.nc.subscribe(self.names.weights_all, cb=self._on_weights)
         # Elastic join: every live tenant's weights first, then take requests.
         synced = await self.heads.sync_all()
-        self.spawn(self._batch_loop(), "batcher")
+        self.spawn(self._batch_loop, "batcher", critical=True)
         # Kept out of self._subs: the runtime's drain unsubscribes those, which discards
         # messages already delivered but not yet read. This one is drained instead (every
         # delivered message is read and answered: worked before the drain, Draining after).

@@ -430,10 +430,12 @@ class Role:
         self.log.info("draining", in_flight=len(self._inflight))
         await self._register()
         await self._beat()
-        # Stop taking new requests first; requests already delivered still get handled.
+        # Stop taking new requests first; requests already delivered still get handled
+        # (drain, not unsubscribe: the latter would drop delivered-but-unread requests, whose
+        # callers would see only a timeout instead of a `draining` answer).
         for sub in self._subs:
             try:
-                await sub.unsubscribe()
+                await sub.drain()
             except Exception as exc:  # connection may be gone; nothing to unsubscribe then
                 self.log.warning("unsubscribe failed", error=str(exc))
         if self._inflight:
