@@ -136,6 +136,7 @@ class Trainer(Role):
         self.store = SlotStore(self.bus, self.names, device=self.tcfg.device,
                                max_on_device=self.tcfg.max_on_device)
         await self.bus.nc.subscribe(self.names.sched_ready, cb=self._on_ready)
+        await self.bus.nc.subscribe(self.names.tenant_deleted_all, cb=self._on_tenant_deleted)
         self.spawn(self._loop, "train-loop", critical=True)
 
     def info_extra(self) -> dict[str, Any]:
@@ -146,6 +147,11 @@ class Trainer(Role):
 
     async def _on_ready(self, msg: Any) -> None:
         self._wake.set()
+
+    async def _on_tenant_deleted(self, msg: Any) -> None:
+        tenant = msg.subject.rsplit(".", 1)[-1]
+        if self.store is not None and self.store.resident.pop(tenant, None) is not None:
+            self.log.info("tenant slot dropped (tenant deleted)", tenant=tenant)
 
     def _maybe_fault(self, point: str) -> None:
         if self.fault == point:

@@ -26,10 +26,10 @@ import uuid
 from typing import Any
 
 from nats.js.api import AckPolicy, ConsumerConfig
-from nats.js.errors import NotFoundError
+from nats.js.errors import KeyNotFoundError, NotFoundError, ObjectNotFoundError
 
 from actors.runtime import op
-from protocol.errors import Conflict, NexusError, NotFound
+from protocol.errors import Conflict, FailedPrecondition, NexusError, NotFound
 from protocol.messages import (
     TERMINAL_WORKLOAD_STATES,
     CreateTenantRequest,
@@ -140,18 +140,31 @@ class WorkloadOps:
         if workload in self.workloads:
             return self.workloads[workload]  # a redelivered intake message: already accepted
         spec = parse_spec(data)  # SpecError lists every bad field
-        if spec.tenant in self.sched.tenants:
-            raise Conflict(f"tenant {spec.tenant!r} already exists; choose another name",
-                           details={"tenant": spec.tenant})
+        cfg = compile_tenant(spec)
+        existing = self.sched.tenants.get(spec.tenant)
+        if existing is not None:
+            # A tenant outlives its workloads: the next one (SFT, then RL from that policy,
+            # then an eval) keeps the slot, versions and history, one workload at a time.
+            active = [w.workload for w in self.workloads.values()
+                      if w.tenant == spec.tenant and w.state in ("pending", "running")]
+            if active:
+                raise Conflict(f"tenant {spec.tenant!r} is running workload {active[0]}; a tenant runs one workload "
+                               "at a time: wait for it to end or cancel it", details={"tenant": spec.tenant,
+                                                                                       "workload": active[0]})
+            _check_same_policy(cfg, existing, same_tenant=True)
         if spec.task == "eval":
-            target, _ = policy_pin(spec)
+            target, pin = policy_pin(spec)
             known = set(self.sched.tenants) | {w.tenant for w in self.workloads.values()}
             if target != spec.tenant and target not in known:
                 raise NotFound(f"eval.version names tenant {target!r}, which does not exist",
                                details={"field": "eval.version", "tenant": target})
             if target != spec.tenant and target in self.sched.tenants:
-                _check_same_policy(compile_tenant(spec), self.sched.tenants[target])
-        await self.tenant_create(CreateTenantRequest(config=compile_tenant(spec)))
+                _check_same_policy(cfg, self.sched.tenants[target])
+            await self._check_pin_exists(target, pin, spec.tenant)
+        if existing is None:
+            await self.tenant_create(CreateTenantRequest(config=cfg))
+        else:
+            await self._update_scheduling(existing, cfg)
         now = time.time()
         rec = WorkloadRecord(workload=workload, tenant=spec.tenant, task=spec.task, state="pending",
                              spec=spec_to_dict(spec), created_at=now, updated_at=now)
@@ -223,13 +236,45 @@ class WorkloadOps:
         await self._set_state(rec, "running", f"producer running on {rec.worker}")
 
     async def _pin_version(self, tenant: str, version: Any) -> int:
+        """The version an eval scores: a number (checked at submit) or the latest export.
+        Never a silent version 0: no export is an error that fails the workload."""
         if isinstance(version, int):
             return version
         try:
-            ref = decode((await self.kv_versions.get(tenant)).value, WeightsRef)
-            return ref.version
-        except Exception:  # nothing exported yet: the initial weights
-            return 0
+            return decode((await self.kv_versions.get(tenant)).value, WeightsRef).version
+        except KeyNotFoundError:
+            raise NotFound(f"tenant {tenant!r} has no exported policy version to evaluate",
+                           details={"tenant": tenant}) from None
+
+    async def _check_pin_exists(self, target: str, pin: Any, evaluator: str) -> None:
+        """At submit: a numbered version must exist; ``latest`` needs an export already, or a
+        training workload of that tenant that will make one."""
+        training = [w for w in self.workloads.values() if w.tenant == target and w.task != "eval"
+                    and w.state in ("pending", "running")]
+        if isinstance(pin, int):
+            store = await self.bus.js.object_store(self.names.obj_weights)
+            try:
+                await store.get_info(f"{target}/v{pin:08d}.manifest.json")
+            except ObjectNotFoundError:
+                latest = self.sched.versions.get(target)
+                raise NotFound(f"tenant {target!r} has no policy version {pin}"
+                               + (f" (its latest is {latest})" if latest is not None else " (it has none yet)"),
+                               details={"field": "eval.version", "tenant": target, "version": pin}) from None
+            return
+        if not training and target not in self.sched.versions:
+            raise FailedPrecondition(
+                f"tenant {target!r} has no exported policy version and no training workload that would make one; "
+                "evaluate after it trained", details={"field": "eval.version", "tenant": target})
+
+    async def _update_scheduling(self, existing: TenantConfig, cfg: TenantConfig) -> None:
+        """A later workload may change how the tenant is scheduled and optimised (not what it is)."""
+        changed = {k: getattr(cfg, k) for k in MUTABLE_FIELDS if getattr(cfg, k) != getattr(existing, k)}
+        if not changed:
+            return
+        for k, v in changed.items():
+            setattr(existing, k, v)
+        await self.kv_tenants.put(existing.name, encode(existing))
+        self.log.info("tenant scheduling updated", tenant=existing.name, **changed)
 
     async def _pending_loop(self) -> None:
         while True:
@@ -294,8 +339,11 @@ class WorkloadOps:
 
     @op("tenants", WorkloadsRequest)
     async def list_tenants(self, req: WorkloadsRequest) -> TenantsReply:
+        history: dict[str, list[str]] = {}
+        for rec in sorted(self.workloads.values(), key=lambda w: w.created_at):
+            history.setdefault(rec.tenant, []).append(rec.workload)
         return TenantsReply(tenants=[self.sched.tenants[t] for t in sorted(self.sched.tenants)],
-                            versions=dict(self.sched.versions))
+                            versions=dict(self.sched.versions), history=history)
 
     @op("cancel", WorkloadRef)
     async def cancel(self, req: WorkloadRef) -> WorkloadRecord:
@@ -318,9 +366,13 @@ class WorkloadOps:
         """Policy versions a live workload reads (an eval's pinned version): never compacted."""
         out: dict[str, set[int]] = {}
         for rec in self.workloads.values():
-            if rec.state not in TERMINAL_WORKLOAD_STATES and rec.eval_version >= 0:
-                target = policy_pin_tenant(rec)
-                out.setdefault(target, set()).add(rec.eval_version)
+            if rec.state in TERMINAL_WORKLOAD_STATES or rec.task != "eval":
+                continue
+            pin = (rec.spec.get("eval") or {}).get("version", "latest")
+            digits = str(pin).rpartition("@")[2]
+            version = rec.eval_version if rec.eval_version >= 0 else int(digits) if digits.isdigit() else -1
+            if version >= 0:
+                out.setdefault(policy_pin_tenant(rec), set()).add(version)
         return out
 
     @op("handback", HandbackRequest)
@@ -363,17 +415,37 @@ def policy_pin_tenant(rec: WorkloadRecord) -> str:
     return rec.tenant
 
 
-def _check_same_policy(mine: TenantConfig, target: TenantConfig) -> None:
-    """An eval scores another tenant's export: its schema and head must be that policy's."""
+# TenantConfig fields a later workload of the same tenant may change: how it is scheduled and
+# how it is optimised (the optimizer's moments carry over; its hyper-parameters and the PPO
+# loss coefficients are the new workload's). Everything else is what the slot *is*.
+MUTABLE_FIELDS = ("priority", "max_inflight_jobs", "sft_prefetch_items", "staleness_bound", "optim", "head_params")
+
+
+def _check_same_policy(mine: TenantConfig, target: TenantConfig, same_tenant: bool = False) -> None:
+    """An eval scores another tenant's export, and a tenant's next workload trains the same
+    slot: its schema and head (and, for the same tenant, base, head options, optimizer and
+    seed) must be that policy's."""
     from master.spec import SpecError
     from models.schema import TenantSchema
 
+    who = "this tenant's existing slot" if same_tenant else f"tenant {target.name}'s policy"
     errors: list[tuple[str, str]] = []
     if TenantSchema.from_dict(mine.schema).signature() != target.signature:
-        errors.append(("observation", f"schema differs from tenant {target.name}'s (cameras, state_dim, "
-                                      "action dim/horizon and template must match the scored policy)"))
+        errors.append(("observation", f"schema differs from {who} (cameras, state_dim, "
+                                      "action dim/horizon and template must match)"))
     if mine.head != target.head:
-        errors.append(("action_module.kind", f"{mine.head!r}, but tenant {target.name} uses {target.head!r}"))
+        errors.append(("action_module.kind", f"{mine.head!r}, but {who} uses {target.head!r}"))
+    if same_tenant:
+        from master.spec import PPO_HEAD_FIELDS
+
+        def structure(params: dict[str, Any]) -> dict[str, Any]:  # loss coefficients may change
+            return {k: v for k, v in params.items() if k not in PPO_HEAD_FIELDS}
+
+        for name, path, get in (("base", "base", lambda c: c.base), ("seed", "seed", lambda c: c.seed),
+                                ("head_params", "action_module", lambda c: structure(c.head_params))):
+            if get(mine) != get(target):
+                errors.append((path, f"{get(mine)!r} differs from {who}'s {get(target)!r}; "
+                                     "a new tenant name starts a new slot"))
     if errors:
         raise SpecError(errors)
 

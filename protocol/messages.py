@@ -782,6 +782,28 @@ class WorkloadsReply:
 class TenantsReply:
     tenants: list[TenantConfig]
     versions: dict[str, int]
+    # tenant -> its workload ids, oldest first (a tenant runs workloads one after another)
+    history: dict[str, list[str]] = field(default_factory=dict)
+
+
+@message("tenant.delete", 1)
+@dataclass
+class TenantDeleteRequest:
+    """Remove a tenant: slot, queue stream, policy versions, checkpoints, job and workload
+    records. Refused while one of its workloads is pending or running (cancel it first)."""
+
+    tenant: str
+
+
+@message("tenant.deleted", 1)
+@dataclass
+class TenantDeleted:
+    """Announced on ``<prefix>.tenants.deleted.<tenant>``: trainers and inferencers drop the
+    tenant's slot and heads."""
+
+    tenant: str
+    at: float
+    removed: dict[str, int] = field(default_factory=dict)  # what went: objects, jobs, workloads
 
 
 @message("dataset.sample", 1)

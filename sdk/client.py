@@ -61,6 +61,8 @@ from protocol.messages import (
     StatusRequest,
     SubmitRequest,
     TenantConfig,
+    TenantDeleted,
+    TenantDeleteRequest,
     TenantsReply,
     TrainBatchReply,
     WeightsRef,
@@ -315,6 +317,11 @@ class AsyncClient:
 
     async def tenants(self) -> TenantsReply:
         return await self._master("tenants", WorkloadsRequest(), TenantsReply)
+
+    async def delete_tenant(self, tenant: str) -> TenantDeleted:
+        """Remove a tenant (slot, queue stream, versions, checkpoints, records); refused while
+        one of its workloads is pending or running."""
+        return await self._master("tenant_delete", TenantDeleteRequest(tenant=tenant), TenantDeleted)
 
     async def cancel(self, workload: str) -> WorkloadRecord:
         return await self._master("cancel", WorkloadRef(workload=workload), WorkloadRecord)
