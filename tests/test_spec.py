@@ -226,7 +226,7 @@ def test_cross_field_rules():
     errs = errors_of(mutate(minimal(), {"observation.instruction_template": "do {task}"}))
     assert "{instruction}" in errs["observation.instruction_template"]
     errs = errors_of(mutate(minimal(), {"algorithm": {"steps": 10, "warmup_steps": 20}}))
-    assert "must be <= steps" in errs["algorithm.warmup_steps"]
+    assert "allowed: <= steps" in errs["algorithm.warmup_steps"]
     errs = errors_of(mutate(minimal("rl"), {"algorithm": {"episodes_per_update": 4, "steps_per_update": 100}}))
     assert "not both" in errs["algorithm.steps_per_update"]
     errs = errors_of(mutate(minimal("rl"), {"action_module.params": {"clip_ratio": 0.1}}))
