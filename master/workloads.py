@@ -21,8 +21,11 @@ keeps following; producers live on env workers and are not interrupted.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
+from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 from nats.js.api import AckPolicy, ConsumerConfig
@@ -43,6 +46,7 @@ from protocol.messages import (
     WorkloadEvent,
     WorkloadRecord,
     WorkloadRef,
+    WorkloadReport,
     WorkloadsReply,
     WorkloadsRequest,
 )
@@ -50,6 +54,9 @@ from protocol.wire import decode, encode
 
 INTAKE_DURABLE = "master-intake"
 PENDING_RETRY_S = 1.0
+# Asking each registered inferencer which base it serves, at submit: a short bound per
+# instance (a busy one still answers info at once: control ops skip the concurrency slots).
+INFERENCER_INFO_TIMEOUT_S = 2.0
 
 
 def new_workload_id() -> str:
@@ -67,29 +74,34 @@ def policy_pin(spec: Any) -> tuple[str, int | str]:
 
 def compile_producer(spec: Any, workload: str, eval_version: int = -1) -> ProducerSpec:
     """The env worker's part of a workload spec."""
-    from dataclasses import asdict
-
     budget = spec.schedule.budget
-    algo = asdict(spec.algorithm) if spec.algorithm is not None else {}
+    algo = spec.algorithm.model_dump() if spec.algorithm is not None else {}
     p = ProducerSpec(workload=workload, tenant=spec.tenant, kind=spec.task, seed=spec.seed,
                      max_steps=budget.max_steps or 0, max_episodes=budget.max_episodes or 0,
                      max_wall_s=float(budget.max_wall_s or 0.0))
+    if budget.target is not None:
+        t = budget.target
+        p.target_metric, p.target_at_least, p.target_at_most, p.target_window = (
+            t.metric, t.at_least, t.at_most, t.window)
     if spec.env is not None:
         p.env_id, p.env_options = spec.env.id, dict(spec.env.options)
         if spec.env.demos is not None:
             p.demo_episodes, p.demo_noise = spec.env.demos.episodes, spec.env.demos.noise
+            p.demo_seed = spec.env.demos.seed
     if spec.dataset is not None:
         p.dataset_root, p.camera_map = spec.dataset.root, dict(spec.dataset.camera_map)
+        p.state_key, p.action_key = spec.dataset.state_key, spec.dataset.action_key
     if spec.eval is not None:
         # eval: the workload itself; sft / rl: a closing evaluation of the final version.
         p.eval_episodes, p.eval_seed, p.eval_sample = spec.eval.episodes, spec.eval.seed, spec.eval.sample
     if spec.task == "sft":
-        p.algo = {"batch_size": algo.get("batch_size", 32), "items_per_job": algo.get("items_per_job", 1)}
-        p.max_steps = p.max_steps or int(algo.get("steps", 0))
+        p.algo = {"batch_size": algo["batch_size"], "items_per_job": algo["items_per_job"]}
+        p.max_steps = p.max_steps or int(algo["steps"])
     elif spec.task == "rl":
+        # `is not None`, not truthiness: gamma 0 and gae_lambda 0 are meaningful values.
         p.algo = {k: algo[k] for k in ("gamma", "gae_lambda", "episodes_per_update", "steps_per_update",
-                                       "micro_batch", "epochs", "parallel_envs") if algo.get(k)}
-        p.algo["normalize_advantages"] = bool(algo.get("normalize_advantages", True))
+                                       "micro_batch", "epochs", "parallel_envs") if algo.get(k) is not None}
+        p.algo["normalize_advantages"] = bool(algo["normalize_advantages"])
     else:
         p.policy_tenant, _ = policy_pin(spec)
         p.eval_version = eval_version
@@ -139,7 +151,13 @@ class WorkloadOps:
 
         if workload in self.workloads:
             return self.workloads[workload]  # a redelivered intake message: already accepted
+        from master.spec import SpecError, dataset_errors
+
         spec = parse_spec(data)  # SpecError lists every bad field
+        ds_errors = dataset_errors(spec)  # features vs schema, when the dataset is readable here
+        if ds_errors:
+            raise SpecError(ds_errors)
+        serving_note = await self._check_base_served(spec) if spec.task in ("rl", "eval") else ""
         cfg = compile_tenant(spec)
         existing = self.sched.tenants.get(spec.tenant)
         if existing is not None:
@@ -170,9 +188,52 @@ class WorkloadOps:
                              spec=spec_to_dict(spec), created_at=now, updated_at=now)
         self.workloads[workload] = rec
         await self._save_workload(rec)
-        await self._publish_event(rec, "accepted", message=f"{spec.task} workload of tenant {spec.tenant} accepted")
+        await self._publish_event(rec, "accepted",
+                                  message=f"{spec.task} workload of tenant {spec.tenant} accepted{serving_note}")
         await self._try_start(rec)
         return rec
+
+    async def _check_base_served(self, spec: Any) -> str:
+        """An rl / eval workload needs an inferencer serving its base. Rejected (naming the
+        pools that exist) when inferencers are registered and none serves it; accepted with a
+        note when none is registered at all (they may start later; tests without inference)."""
+        from master.service import kv_keys
+        from master.spec import SpecError
+        from protocol.messages import InfoRequest, RoleInfo, ServiceRecord
+        from protocol.subjects import pool_name
+
+        kv = await self.bus.js.key_value(self.names.kv_services)
+        pools: dict[str, str] = {}  # pool -> base
+        registered = 0
+        for key in await kv_keys(kv):
+            if not key.startswith("inferencer."):
+                continue
+            try:
+                svc = decode((await kv.get(key)).value, ServiceRecord)
+            except Exception as exc:  # a record of another version: skip it, say so
+                self.log.warning("unreadable service record", key=key, error=str(exc))
+                continue
+            if svc.state == "stopped":
+                continue
+            registered += 1
+            try:
+                info = await self.bus.request(self.names.instance_op("inferencer", svc.instance, "info"),
+                                              InfoRequest(), RoleInfo, timeout_s=INFERENCER_INFO_TIMEOUT_S)
+            except NexusError as exc:
+                self.log.info("inferencer did not answer info at submit", instance=svc.instance, error=exc.message)
+                continue
+            if info.extra.get("pool"):
+                pools[str(info.extra["pool"])] = str(info.extra.get("base", ""))
+        if not registered:
+            self.log.info("no inferencer registered: base check skipped", tenant=spec.tenant, base=spec.base)
+            return f"; note: no inferencer is registered yet, so nothing serves base {spec.base!r} until one starts"
+        if not pools:
+            return f"; note: no inferencer answered, base {spec.base!r} not checked"
+        if spec.base in pools.values() or pool_name(spec.base) in pools:
+            return ""
+        known = ", ".join(f"{p} (base {b})" for p, b in sorted(pools.items()))
+        raise SpecError([("base", f"no inferencer serves {spec.base!r}; allowed: a base one of the inference "
+                                  f"pools serves: {known}", spec.base)])
 
     async def _intake_loop(self) -> None:
         """Durable intake: plain NATS clients publish specs on <prefix>.workloads.submit."""
@@ -310,6 +371,12 @@ class WorkloadOps:
     async def _set_state(self, rec: WorkloadRecord, state: str, message: str) -> None:
         rec.state, rec.message, rec.updated_at = state, message, time.time()  # type: ignore[assignment]
         await self._save_workload(rec)
+        if state in TERMINAL_WORKLOAD_STATES:
+            try:
+                path = await asyncio.to_thread(write_report, self.cfg.data_dir, rec)
+                self.log.info("workload report written", workload=rec.workload, path=str(path))
+            except (OSError, ValueError) as exc:  # the workload's end stands; the report is extra
+                self.log.error("workload report not written", workload=rec.workload, error=str(exc))
         await self._publish_event(rec, "state", message=message)
         self.log.info("workload state", workload=rec.workload, tenant=rec.tenant, state=state, detail=message)
 
@@ -331,6 +398,21 @@ class WorkloadOps:
     @op("workload", WorkloadRef)
     async def workload(self, req: WorkloadRef) -> WorkloadRecord:
         return self._workload(req.workload)
+
+    @op("workload_report", WorkloadRef)
+    async def workload_report(self, req: WorkloadRef) -> WorkloadReport:
+        """A finished workload's report, read back from where the master wrote it."""
+        from protocol.errors import FailedPrecondition
+
+        rec = self._workload(req.workload)
+        if rec.state not in TERMINAL_WORKLOAD_STATES:
+            raise FailedPrecondition(f"workload {rec.workload} is {rec.state}; its report is written when it ends")
+        path = report_file(self.cfg.data_dir, rec)
+        try:
+            report = json.loads(await asyncio.to_thread(path.read_text))
+        except FileNotFoundError:
+            raise NotFound(f"no report of {rec.workload} at {path}", details={"path": str(path)}) from None
+        return WorkloadReport(workload=rec.workload, path=str(path), report=report)
 
     @op("workloads", WorkloadsRequest)
     async def list_workloads(self, req: WorkloadsRequest) -> WorkloadsReply:
@@ -405,6 +487,28 @@ class WorkloadOps:
     def _release_rollouts(self, workload: str) -> None:
         for key in [k for k in self.rollouts if k.split("/", 1)[1] == workload]:
             del self.rollouts[key]
+
+
+def report_file(data_dir: str | Path, rec: WorkloadRecord) -> Path:
+    """Where a workload's report goes: outputs.report_path under the data dir (default
+    reports/<workload>.json), confined to it (the spec refuses '/' and '..'; a symlink that
+    leads out is refused here)."""
+    root = Path(data_dir).resolve()
+    rel = (rec.spec.get("outputs") or {}).get("report_path") or f"reports/{rec.workload}.json"
+    path = (root / rel).resolve()
+    if not path.is_relative_to(root):
+        raise ValueError(f"outputs.report_path {rel!r} leaves the data dir {root}")
+    return path
+
+
+def write_report(data_dir: str | Path, rec: WorkloadRecord) -> Path:
+    path = report_file(data_dir, rec)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    report = {"format": "vla-nexus/workload-report/1", **asdict(rec)}
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(report, indent=2, sort_keys=True, default=str))
+    tmp.replace(path)  # never a half-written report
+    return path
 
 
 def policy_pin_tenant(rec: WorkloadRecord) -> str:

@@ -275,6 +275,9 @@ class TenantConfig:
     sft_prefetch_items: int = 16
     staleness_bound: int = 128
     priority: int = 0
+    # Export (and announce) a new version only once this many optimizer steps passed since the
+    # tenant's last export; 0: after every job. The workload's last job always exports.
+    export_every_steps: int = 0
     signature: str = ""
     created_at: float = 0.0
 
@@ -707,6 +710,14 @@ class ProducerSpec:
     eval_sample: bool = False  # sample actions in evaluation instead of taking the mean
     policy_tenant: str = ""  # whose policy acts ("" = tenant); an eval may score another tenant's export
     seed: int = 0
+    demo_seed: int = 0  # first reset seed of the expert recording (episode i: demo_seed + i)
+    state_key: str = "observation.state"  # LeRobot feature keys the SFT reader takes
+    action_key: str = "action"
+    # A quality target ends the workload early: metric ("" = none), one bound, rolling window.
+    target_metric: str = ""
+    target_at_least: float | None = None
+    target_at_most: float | None = None
+    target_window: int = 20
 
 
 @message("workload.ref", 1)
@@ -754,6 +765,16 @@ class WorkloadRecord:
     metrics: dict[str, float] = field(default_factory=dict)
     message: str = ""
     eval_version: int = -1
+
+
+@message("workload.report", 1)
+@dataclass
+class WorkloadReport:
+    """A finished workload's report (what the master wrote to its outputs.report_path)."""
+
+    workload: str
+    path: str = ""  # on the master's host
+    report: dict[str, Any] = field(default_factory=dict)
 
 
 @message("workload.submit", 1)

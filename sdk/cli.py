@@ -291,6 +291,14 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def cmd_download(args: argparse.Namespace) -> int:
+    if args.report:  # the name is a workload id: fetch its final report instead of a policy
+        async def report():
+            async with _client(args) as client:
+                return await client.download_report(args.tenant, args.out)
+
+        print(asyncio.run(report()))
+        return EXIT_OK
+
     async def go():
         async with _client(args) as client:
             return await client.download_policy(args.tenant, args.version, args.out)
@@ -409,6 +417,8 @@ def build_parser() -> argparse.ArgumentParser:
     download.add_argument("tenant")
     download.add_argument("--version", type=int, help="default: the latest export")
     download.add_argument("--out", type=Path, default=Path("."))
+    download.add_argument("--report", action="store_true",
+                          help="TENANT is a workload id: download its final report JSON instead")
     download.set_defaults(func=cmd_download)
 
     logs = sub.add_parser("logs", help="a role's JSON log lines")
