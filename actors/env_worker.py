@@ -117,7 +117,10 @@ class EnvWorker(Role):
     @op("step", EnvStepRequest)
     async def step(self, req: EnvStepRequest) -> EnvObs:
         s = self._session(req.session)
-        action = np.asarray(req.action, dtype=np.float32)
+        try:
+            action = np.asarray(req.action, dtype=np.float32)
+        except (TypeError, ValueError) as exc:  # a bfloat16 tensor has no numpy dtype
+            raise InvalidField("action", f"must be a float array: {exc}") from None
         async with s.lock:
             obs, reward, terminated, truncated, info = await self._call(s, s.env.step, action)
             s.steps += 1

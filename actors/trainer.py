@@ -50,6 +50,7 @@ from protocol.messages import (
     TrainBatchReply,
     WeightsRef,
 )
+from protocol.subjects import check_token
 
 # Fault injection for the exactly-once tests: SIGKILL this process at the named point of the
 # first job it handles. Points, in lifecycle order:
@@ -299,6 +300,7 @@ class Trainer(Role):
     async def train_batch(self, req: JobRef) -> TrainBatchReply:
         """Train one ready job now (a custom algorithm's step), then export it."""
         assert self.bus is not None
+        check_token("job", req.job)  # an empty job would make the lease pick any ready jobs
         async with self._compute:
             reply = await self.bus.request(
                 self.names.master("lease"),
