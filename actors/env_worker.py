@@ -41,6 +41,7 @@ from protocol.messages import (
     SampleRequest,
     WorkloadRef,
 )
+from protocol.subjects import check_token
 
 SWEEP_EVERY_S = 1.0
 MAX_SAMPLE = 256  # frames per sample reply (each must fit the max payload; 64x64 x2 cameras ~ 25 KB)
@@ -164,6 +165,7 @@ class EnvWorker(Role):
     async def start_producer(self, req: ProducerSpec) -> Ok:
         from actors.producers import Producer
 
+        check_token("workload", req.workload)  # its events go to a subject named after it
         if req.workload in self.producers:
             return Ok(detail=f"producer of {req.workload} already running on {self.instance}")
         producer = Producer(self, req)

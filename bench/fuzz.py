@@ -9,7 +9,8 @@ cases): raw bytes, broken envelopes and typed requests for every op each role li
 row per target (cases, answers seen, internal errors, unanswered, max reply latency), every
 problem with its input, each role's RSS after the warm-up and at the end, and writes all of
 it as JSON. Exit status 1 when any request went unanswered, answered ``internal``, a role
-died, or a role's RSS grew by --rss-limit-mib or more.
+died, or a role's RSS grew by --rss-limit-mib or more (a problem listed in
+tests/test_fuzz.py KNOWN_HANDLER_BUGS is reported but does not fail the run).
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r:12} {str(alive[r]):>5} {run.rss_warm_kib[r] / 1024:12.1f} {run.rss_end_kib[r] / 1024:11.1f} "
               f"{grown[r]:10.1f}")
     print(f"\nregression cases failing: {len(run.regressions)}; concurrent samples failing: {len(run.concurrency)}")
-    for line in run.regressions + run.concurrency:
+    for line in [line for _, line in run.regressions] + run.concurrency:
         print("  " + line)
     print(f"\n{len(found)} problems")
     for o in found:
@@ -97,12 +98,17 @@ def main(argv: list[str] | None = None) -> int:
         "problems": [{"target": o.case.target.label, "problem": o.problem, "mode": o.case.mode,
                       "message": o.message, "input": o.case.shown, "bytes_hex": o.case.payload[:4096].hex()}
                      for o in found],
-        "regressions_failing": run.regressions, "concurrent_samples_failing": run.concurrency,
+        "regressions_failing": [line for _, line in run.regressions], "concurrent_samples_failing": run.concurrency,
         "roles": {r: {"alive": alive[r], "rss_warm_kib": run.rss_warm_kib[r], "rss_end_kib": run.rss_end_kib[r],
                       "answers_info": run.infos.get(r) is not None} for r in run.rss_warm_kib},
     }, indent=1))
     print(f"wrote {args.json}")
-    ok = not found and not run.regressions and not run.concurrency and all(alive.values()) and all(g < args.rss_limit_mib for g in grown.values())
+    from tests.test_fuzz import KNOWN_HANDLER_BUGS
+
+    unknown = [o for o in found if (o.case.target.label, o.problem) not in KNOWN_HANDLER_BUGS]
+    unknown_regressions = [label for label, _ in run.regressions if (label, "regression") not in KNOWN_HANDLER_BUGS]
+    ok = not unknown and not unknown_regressions and not run.concurrency and all(alive.values()) \
+        and all(g < args.rss_limit_mib for g in grown.values())
     return 0 if ok else 1
 
 

@@ -310,6 +310,8 @@ def template(cls: type, ctx: Context) -> dict[str, Any]:
     job = ctx.jobs[0] if ctx.jobs else "j-none"
     session = ctx.sessions[0] if ctx.sessions else "s-none"
     name = cls.__name__
+    if name == "EnvCloseRequest":  # its own session, so the others' steps keep a live one
+        return {"session": ctx.sessions[-1] if ctx.sessions else "s-none"}
     if name == "QueuePutRequest":
         b = 2
         return {"tenant": ctx.tenant, "job": job, "seq": 1,
@@ -378,8 +380,9 @@ def template_mutations(draw, cls: type, ctx: Context) -> dict[str, Any]:
     return body
 
 
-def sanitize(target: Target, body: Any) -> Any:
-    """Keep a generated request from legitimately starting unbounded work (see `Context`).
+def sanitize(target: Target, body: Any, ctx: Context) -> Any:
+    """Keep a generated request from legitimately starting unbounded work (see `Context`), or
+    from closing the one session every other env case steps.
 
     ``start_producer`` runs a real producer for any spec it decodes (the master validates
     specs; the env worker trusts it): its tenant is forced to one that does not exist and its
@@ -393,6 +396,9 @@ def sanitize(target: Target, body: Any) -> Any:
             if key in body:
                 body[key] = 1
         body["algo"] = {}
+    if target.op == "close" and target.role == "env" and isinstance(body, dict) and ctx.sessions \
+            and body.get("session") == ctx.sessions[0]:
+        body = {**body, "session": ctx.sessions[-1]}
     return body
 
 
@@ -418,7 +424,7 @@ def envelopes(target: Target, ctx: Context) -> st.SearchStrategy[Any]:
 
     @st.composite
     def build(draw) -> Any:
-        env: dict[Any, Any] = {"kind": draw(kinds), "v": draw(versions), "body": sanitize(target, draw(bodies))}
+        env: dict[Any, Any] = {"kind": draw(kinds), "v": draw(versions), "body": sanitize(target, draw(bodies), ctx)}
         for key in draw(st.lists(st.sampled_from(["kind", "v", "body"]), max_size=2, unique=True)):
             env.pop(key)
         env.update(draw(st.dictionaries(texts, values, max_size=2)))
@@ -433,7 +439,7 @@ def typed(target: Target, ctx: Context) -> st.SearchStrategy[Any]:
     cls = target.request
     # Templates name live things (tenant, job, session): their mutations reach the handlers.
     body = st.one_of(typed_body(cls, ctx), template_mutations(cls, ctx), template_mutations(cls, ctx))
-    return body.map(lambda b: {"kind": cls.KIND, "v": cls.VERSION, "body": sanitize(target, b)})  # type: ignore[attr-defined]
+    return body.map(lambda b: {"kind": cls.KIND, "v": cls.VERSION, "body": sanitize(target, b, ctx)})  # type: ignore[attr-defined]
 
 
 def spec_docs(ctx: Context) -> st.SearchStrategy[Any]:
@@ -773,7 +779,7 @@ async def warm_up(nc: Any, targets: list[Target]) -> None:
 def regression_cases(ctx: Context, names: Names) -> list[tuple[str, str, bytes, str]]:
     """(label, subject, payload, expected error code) for each bug this harness found."""
     from protocol.messages import EnvCreateRequest, EnvResetRequest, EnvStepRequest, JobRef, LeaseRequest, \
-        QueuePutRequest, SampleRequest
+        ProducerSpec, QueuePutRequest, SampleRequest
 
     def env(cls: type, **over: Any) -> bytes:
         return packb({"kind": cls.KIND, "v": cls.VERSION, "body": {**template(cls, ctx), **over}})  # type: ignore[attr-defined]
@@ -800,6 +806,14 @@ def regression_cases(ctx: Context, names: Names) -> list[tuple[str, str, bytes, 
          "invalid_field"),
         ("env.create image 10**6", names.env("create"), env(EnvCreateRequest, options={"image_height": 10**6}),
          "invalid_field"),
+        ("env.create options.image_size 5.0", names.env("create"), env(EnvCreateRequest, options={"image_size": 5.0}),
+         "invalid_field"),
+        # Not a token: the producer ran, but none of its events could be published.
+        ("env.start_producer workload 'w.x'", names.env("start_producer"),
+         env(ProducerSpec, workload="w.x"), "invalid_field"),
+        # An option the env's config did not type-check itself (TypeError in ReachConfig).
+        ("env.create options.cameras 5", names.env("create"), env(EnvCreateRequest, options={"cameras": 5}),
+         "invalid_field"),
         # nan never expires: the job would stay leased forever.
         ("master.lease lease_s nan", names.master("lease"), env(LeaseRequest, lease_s=math.nan), "invalid_field"),
         # <= 0: dropped unworked, no reply ever.
@@ -814,8 +828,9 @@ def pool_of(ctx: Context) -> str:
     return pool_name(ctx.base)
 
 
-async def check_regressions(nc: Any, ctx: Context, names: Names) -> list[str]:
-    """Send every regression case; return a line per case whose answer is not the expected code."""
+async def check_regressions(nc: Any, ctx: Context, names: Names) -> list[tuple[str, str]]:
+    """Send every regression case; return (label, what came back) per case whose answer is
+    not the expected code."""
     bad = []
     for label, subject, payload, want in regression_cases(ctx, names):
         try:
@@ -826,7 +841,7 @@ async def check_regressions(nc: Any, ctx: Context, names: Names) -> list[str]:
         except Exception as exc:  # no reply: that is the failure we report
             got, text = type(exc).__name__, str(exc)
         if got != want:
-            bad.append(f"{label}: expected {want}, got {got} {text[:200]}")
+            bad.append((label, f"{label}: expected {want}, got {got} {text[:200]}"))
     return bad
 
 
@@ -872,12 +887,14 @@ async def make_context(nats_url: str, prefix: str) -> Context:
         job = await c.reserve(cfg.name, "sft")
         await c.queue_put(micro_batch(cfg, job.job, 0))
         session = await c.env_create("builtin/reach-v0", lease_s=3600)
+        await c.env_reset(session, seed=0)  # so generated steps reach the simulator
+        closable = await c.env_create("builtin/reach-v0", lease_s=3600)
         # What a first real request loads (the trainer's slot, the inferencer's head), loaded
         # now, so the RSS baseline after the warm-up already holds it.
         await c.export_params(cfg.name)
         images = {cam["name"]: np.zeros((cam["height"], cam["width"], 3), np.uint8) for cam in cfg.schema["cameras"]}
         await c.predict(cfg.name, images, np.zeros(cfg.schema["state_dim"], np.float32), "pick")
-    return Context(tenant=cfg.name, schema=cfg.schema, base=BASE, jobs=[job.job], sessions=[session.session],
+    return Context(tenant=cfg.name, schema=cfg.schema, base=BASE, jobs=[job.job], sessions=[session.session, closable.session],
                    roots=[str(SHARED / "fixtures" / "lerobot" / "libero_like")])
 
 
@@ -889,7 +906,7 @@ class Run:
     rss_end_kib: dict[str, int]
     infos: dict[str, Any]  # role -> RoleInfo at the end (None if it did not answer)
     wall_s: float
-    regressions: list[str]  # failed regression cases (empty: all fixed)
+    regressions: list[tuple[str, str]]  # (label, message) of failed regression cases
     concurrency: list[str]  # failed concurrent sample requests
 
 
