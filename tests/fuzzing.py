@@ -30,6 +30,7 @@ import math
 import time
 import types
 import typing
+import zlib
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Literal, Union
@@ -161,8 +162,8 @@ def tensor_exts(draw) -> msgpack.ExtType:
     """A well-formed torch tensor ext payload (the harness needs no torch)."""
     dtype = draw(st.sampled_from(TORCH_DTYPES))
     shape = draw(shapes)
-    raw = draw(st.binary(min_size=0, max_size=0)) if 0 in shape else bytes(
-        draw(st.binary(min_size=math.prod(shape) * TORCH_ITEMSIZE[dtype], max_size=math.prod(shape) * TORCH_ITEMSIZE[dtype])))
+    nbytes = math.prod(shape) * TORCH_ITEMSIZE[dtype]
+    raw = draw(st.binary(min_size=nbytes, max_size=nbytes))
     return msgpack.ExtType(EXT_TENSOR, msgpack.packb([dtype, list(shape), raw], use_bin_type=True))
 
 
@@ -259,7 +260,8 @@ def _right_for(tp: Any, name: str, ctx: Context, depth: int) -> st.SearchStrateg
     if tp is Any:
         return values
     if origin in (Union, types.UnionType):
-        return st.one_of(*[st.none() if a is type(None) else _right_for(a, name, ctx, depth) for a in typing.get_args(tp)])
+        return st.one_of(*[st.none() if a is type(None) else _right_for(a, name, ctx, depth)
+                           for a in typing.get_args(tp)])
     if origin is Literal:
         return st.one_of(st.sampled_from(typing.get_args(tp)), texts)
     if origin is list:
@@ -273,7 +275,8 @@ def _right_for(tp: Any, name: str, ctx: Context, depth: int) -> st.SearchStrateg
         return st.one_of(spec_docs(ctx).map(lambda d: yaml.safe_dump(d) if _yaml_safe(d) else repr(d)), texts)
     if origin is dict:
         _, val = typing.get_args(tp) or (Any, Any)
-        keys = st.one_of(texts, st.sampled_from([c["name"] for c in ctx.schema["cameras"]]), st.sampled_from(OPTION_KEYS))
+        cameras = [c["name"] for c in ctx.schema["cameras"]]
+        keys = st.one_of(texts, st.sampled_from(cameras), st.sampled_from(OPTION_KEYS))
         return st.dictionaries(keys, value_for(val, name, ctx, depth + 1), max_size=4)
     if tp is Array:
         return arrays
@@ -439,7 +442,8 @@ def typed(target: Target, ctx: Context) -> st.SearchStrategy[Any]:
     cls = target.request
     # Templates name live things (tenant, job, session): their mutations reach the handlers.
     body = st.one_of(typed_body(cls, ctx), template_mutations(cls, ctx), template_mutations(cls, ctx))
-    return body.map(lambda b: {"kind": cls.KIND, "v": cls.VERSION, "body": sanitize(target, b, ctx)})  # type: ignore[attr-defined]
+    kind, version = cls.KIND, cls.VERSION  # type: ignore[attr-defined]
+    return body.map(lambda b: {"kind": kind, "v": version, "body": sanitize(target, b, ctx)})
 
 
 def spec_docs(ctx: Context) -> st.SearchStrategy[Any]:
@@ -782,7 +786,8 @@ def regression_cases(ctx: Context, names: Names) -> list[tuple[str, str, bytes, 
         ProducerSpec, QueuePutRequest, SampleRequest
 
     def env(cls: type, **over: Any) -> bytes:
-        return packb({"kind": cls.KIND, "v": cls.VERSION, "body": {**template(cls, ctx), **over}})  # type: ignore[attr-defined]
+        body = {**template(cls, ctx), **over}
+        return packb({"kind": cls.KIND, "v": cls.VERSION, "body": body})  # type: ignore[attr-defined]
 
     bf16 = tensor_ext("bfloat16", (2, ctx.schema["state_dim"]))
     return [
@@ -868,11 +873,19 @@ FUZZ_TENANT = "fz"
 
 
 def start_roles(roles: Any) -> None:
-    """Start one real process of every role (a `tests.conftest.RoleProcs`), tiny base models."""
+    """Start one real process of every role (a `tests.conftest.RoleProcs`), tiny base models.
+
+    All six at once: none needs another to become ready, and their imports overlap. Each
+    instance id carries its role's name, so the shared counter cannot make two collide."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from tests.tq_helpers import BASE
 
-    for role in ROLE_ORDER:
-        roles.start(role, **({"NEXUS_INFER_BASE": BASE} if role == "inferencer" else {}))
+    with ThreadPoolExecutor(max_workers=len(ROLE_ORDER)) as pool:
+        futures = [pool.submit(roles.start, role, **({"NEXUS_INFER_BASE": BASE} if role == "inferencer" else {}))
+                   for role in ROLE_ORDER]
+        for f in futures:
+            f.result()  # a role that failed to start raises here, with its log
 
 
 async def make_context(nats_url: str, prefix: str) -> Context:
@@ -894,7 +907,8 @@ async def make_context(nats_url: str, prefix: str) -> Context:
         await c.export_params(cfg.name)
         images = {cam["name"]: np.zeros((cam["height"], cam["width"], 3), np.uint8) for cam in cfg.schema["cameras"]}
         await c.predict(cfg.name, images, np.zeros(cfg.schema["state_dim"], np.float32), "pick")
-    return Context(tenant=cfg.name, schema=cfg.schema, base=BASE, jobs=[job.job], sessions=[session.session, closable.session],
+    return Context(tenant=cfg.name, schema=cfg.schema, base=BASE, jobs=[job.job],
+                   sessions=[session.session, closable.session],
                    roots=[str(SHARED / "fixtures" / "lerobot" / "libero_like")])
 
 
@@ -920,7 +934,8 @@ async def fuzz(nats_url: str, prefix: str, procs: list[tuple[str, str, Any]], ct
     from protocol.messages import InfoRequest, RoleInfo
 
     names = Names(prefix)
-    instances = [(role, inst) for role, inst, _ in procs]
+    # In role order, whatever order they became ready in: the plan must not depend on it.
+    instances = sorted(((role, inst) for role, inst, _ in procs), key=lambda ri: ROLE_ORDER.index(ri[0]))
     pids = {role: proc.pid for role, _, proc in procs}
     bus = await Bus.connect(nats_url, name="fuzz", reconnect_forever=False)
     try:
@@ -952,6 +967,7 @@ async def fuzz(nats_url: str, prefix: str, procs: list[tuple[str, str, Any]], ct
 
 def plan(targets: list[Target], ctx: Context, per_target: int, seed: int = 0) -> list[Case]:
     cases: list[Case] = []
-    for i, t in enumerate(targets):
-        cases += draw_cases(t, ctx, per_target, seed=seed * 1000 + i)
+    for t in targets:
+        # Per-target seeds from the label: adding a target does not reshuffle the others' cases.
+        cases += draw_cases(t, ctx, per_target, seed=seed * 2**32 + zlib.crc32(t.label.encode()))
     return cases
