@@ -432,6 +432,11 @@ class QueueGetReply:
     total: int
 
 
+# A lease is renewed while its work runs, so it never needs to be long: an hour bounds how long
+# a trainer that stopped renewing can hold a job.
+MAX_LEASE_S = 3600.0
+
+
 @message("tq.lease", 1)
 @dataclass
 class LeaseRequest:
@@ -445,8 +450,8 @@ class LeaseRequest:
 
     def __post_init__(self) -> None:
         # nan or inf would never expire: the job would stay leased by this trainer forever.
-        if not (math.isfinite(self.lease_s) and self.lease_s > 0):
-            raise InvalidField("lease_s", f"must be a finite number of seconds > 0, got {self.lease_s!r}")
+        if not (math.isfinite(self.lease_s) and 0 < self.lease_s <= MAX_LEASE_S):
+            raise InvalidField("lease_s", f"must be in (0, {MAX_LEASE_S:g}] seconds, got {self.lease_s!r}")
 
 
 @message("tq.lease.reply", 1)
