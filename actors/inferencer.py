@@ -1,7 +1,7 @@
 """Inferencer (Inference Model Service): cross-tenant group batching over request-reply.
 
-Serves ``<prefix>.infer.<pool>`` in queue group ``<prefix>-infer-<pool>`` (pool = the base it
-hosts). Requests wait in one queue per compatibility key; a group fires when it holds
+Serves ``<prefix>.infer.<pool>`` in queue group ``<prefix>-infer-<pool>`` (pool =
+`protocol.subjects.pool_name` of the base it hosts: two bases never share one). Requests wait in one queue per compatibility key; a group fires when it holds
 ``max_batch_size`` requests or its oldest has waited ``batch_wait_timeout_s`` (Ray Serve's
 names; Triton calls them preferred_batch_size and max_queue_delay_microseconds). Then, in
 order:

@@ -78,7 +78,7 @@ from protocol.messages import (
     WeightsRef,
 )
 from protocol.policy import leases_from_env, retention_from_env
-from protocol.subjects import Names, canonical_base, check_token
+from protocol.subjects import canonical_base, check_token
 from protocol.wire import decode, encode
 
 # Trainer-reported transitions a job may take (besides repeating its current state).

@@ -56,3 +56,30 @@ def test_a_bare_name_that_is_a_directory_here_is_that_directory(tmp_path, monkey
     (tmp_path / "tiny-qwen3-vl").mkdir()
     assert pool_name("tiny-qwen3-vl") == "tiny-qwen3-vl"
     assert os.path.isdir("tiny-qwen3-vl")
+
+
+def test_the_master_stores_a_directory_base_by_its_identity(roles, tmp_path):
+    import asyncio
+    import dataclasses
+
+    from sdk.client import AsyncClient
+    from tests.tq_helpers import tenant
+
+    a, b = tmp_path / "a" / "model", tmp_path / "b" / "model"
+    a.mkdir(parents=True)
+    b.mkdir(parents=True)
+    roles.start("master")
+
+    async def go():
+        c = await AsyncClient(roles.nats_url, roles.prefix, timeout_s=30).connect()
+        try:
+            ta = await c.create_tenant(dataclasses.replace(tenant("dir-a"), base=str(a) + "/"))
+            tb = await c.create_tenant(dataclasses.replace(tenant("dir-b"), base=str(b)))
+            return ta, tb
+        finally:
+            await c.close()
+
+    ta, tb = asyncio.run(go())
+    # Every process derives the same pool from the stored form, whatever its working directory.
+    assert ta.base == str(a.resolve()) and tb.base == str(b.resolve())
+    assert pool_name(ta.base) == pool_name(str(a)) != pool_name(tb.base)
