@@ -146,9 +146,11 @@ class ServingHeads:
                            details={"tenant": tenant, "version": version}) from None
         # Never serve a payload exported for another base or schema: its manifest must name
         # this pool's base and the tenant's schema (FailedPrecondition naming both, otherwise).
+        # (A missing manifest is refused too, but not remembered: an export may be mid-write.)
+        manifest = await get_manifest(store, object_name)
         try:
-            check_manifest(await get_manifest(store, object_name), object_name, base=self.base_source,
-                           key=slot.key, signature=slot.schema.signature())
+            check_manifest(manifest, object_name, base=self.base_source, key=slot.key,
+                           signature=slot.schema.signature())
         except FailedPrecondition as exc:
             self.refused[(tenant, version)] = exc
             while len(self.refused) > self.max_cached:
