@@ -1,7 +1,7 @@
 """Inferencer (Inference Model Service): cross-tenant group batching over request-reply.
 
-Serves ``<prefix>.infer.<pool>`` in queue group ``<prefix>-infer-<pool>`` (pool = the base it
-hosts). Requests wait in one queue per compatibility key; a group fires when it holds
+Serves ``<prefix>.infer.<pool>`` in queue group ``<prefix>-infer-<pool>`` (pool =
+`protocol.subjects.pool_name` of the base it hosts: two bases never share one). Requests wait in one queue per compatibility key; a group fires when it holds
 ``max_batch_size`` requests or its oldest has waited ``batch_wait_timeout_s`` (Ray Serve's
 names; Triton calls them preferred_batch_size and max_queue_delay_microseconds). Then, in
 order:
@@ -220,6 +220,8 @@ class Inferencer(Role):
         await self.bus.nc.subscribe(self.names.tenant_deleted_all, cb=self._on_tenant_deleted)
         # Elastic join: every live tenant's weights first, then take requests.
         synced = await self.heads.sync_all()
+        for (tenant, version), exc in self.heads.refused.items():
+            self.log.error("weights refused", tenant=tenant, version=version, error=str(exc))
         self.spawn(self._batch_loop, "batcher", critical=True)
         # Kept out of self._subs: the runtime's drain unsubscribes those, which discards
         # messages already delivered but not yet read. This one is drained instead (every
@@ -241,6 +243,8 @@ class Inferencer(Role):
             "mean_batch": self.served / self.groups if self.groups else 0.0,
             "group_sizes": {str(k): v for k, v in sorted(self.group_sizes.items())},
             "versions": dict(self.heads.current) if self.heads else {},
+            # (tenant, version)s whose manifest names another base or schema: never served.
+            "refused": {f"{t}/v{v}": str(e) for (t, v), e in self.heads.refused.items()} if self.heads else {},
             "queued": sum(len(q.items) for q in self.queues.values()),
             "held": self.held, "busy": self.busy, "replayed": self.replayed, "joined": self.joined,
             "draining_refused": self.draining_refused, "reply_cache": len(self.replies),
@@ -537,8 +541,10 @@ class Inferencer(Role):
                 head = slot.head
                 log_prob = value = None
                 if hasattr(head, "act"):
-                    actions, log_prob, value = head.act(f, vla, slot.generator,
-                                                        deterministic=not group[live[start]].req.sample)
+                    # Per row: requests of one tenant share this slice but each asked for
+                    # its own mean (sample=False) or sampled action (sample=True).
+                    deterministic = [not group[i].req.sample for i in live[start:end]]
+                    actions, log_prob, value = head.act(f, vla, slot.generator, deterministic=deterministic)
                 else:
                     actions = head.predict(f, vla, slot.generator)
                 outs.append((live[start:end], actions, log_prob, value))

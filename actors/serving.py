@@ -19,8 +19,8 @@ from typing import Any
 
 from nats.js.errors import KeyNotFoundError, NoKeysError, ObjectNotFoundError
 
-from actors.slots import get_object, weights_name
-from protocol.errors import NotFound
+from actors.weights import check_manifest, get_manifest, get_object, weights_name
+from protocol.errors import FailedPrecondition, NotFound
 from protocol.messages import TenantConfig, WeightsRef
 from protocol.subjects import Names, check_token, pool_name
 from protocol.wire import decode
@@ -34,6 +34,9 @@ class ServingHeads:
         self.cache: OrderedDict[tuple[str, int], Any] = OrderedDict()
         self.configs: dict[str, TenantConfig] = {}
         self._loading: dict[tuple[str, int], asyncio.Future] = {}
+        # Versions whose manifest names another base or schema: refused, and every request for
+        # one hears why (never a silent fall back to another version). Bounded like the cache.
+        self.refused: OrderedDict[tuple[str, int], FailedPrecondition] = OrderedDict()
         self.sync_seconds: list[float] = []
 
     async def _kv(self, bucket: str):
@@ -66,7 +69,10 @@ class ServingHeads:
                 await self.config(tenant)
             except NotFound:
                 continue  # another pool's tenant
-            await self._install(ref)
+            try:
+                await self._install(ref)
+            except FailedPrecondition:
+                continue  # refused (see `refused`); its requests get the reason, the others go on
             n += 1
         return n
 
@@ -86,7 +92,14 @@ class ServingHeads:
         return lag
 
     async def _install(self, ref: WeightsRef) -> None:
-        slot = await self._load(ref.tenant, ref.version, ref.object_name)
+        try:
+            slot = await self._load(ref.tenant, ref.version, ref.object_name)
+        except FailedPrecondition:
+            # The tenant's current version cannot be served here: requests for it must hear
+            # why, not get an older version (or the initial weights) instead.
+            if ref.version >= self.current.get(ref.tenant, -1):
+                self.current[ref.tenant] = ref.version
+            raise
         self.cache[(ref.tenant, ref.version)] = slot
         if ref.version >= self.current.get(ref.tenant, -1):
             self.current[ref.tenant] = ref.version  # the swap: one assignment
@@ -99,6 +112,9 @@ class ServingHeads:
         if version < 0:
             version = self.current.get(tenant, 0)
         key = (tenant, version)
+        refused = self.refused.get(key)
+        if refused is not None:
+            raise refused
         slot = self.cache.get(key)
         if slot is None:
             pending = self._loading.get(key)
@@ -129,6 +145,18 @@ class ServingHeads:
                 return slot  # nothing trained yet: the initial weights, same seed as the trainer's
             raise NotFound(f"tenant {tenant!r} has no version {version}",
                            details={"tenant": tenant, "version": version}) from None
+        # Never serve a payload exported for another base or schema: its manifest must name
+        # this pool's base and the tenant's schema (FailedPrecondition naming both, otherwise).
+        # (A missing manifest is refused too, but not remembered: an export may be mid-write.)
+        manifest = await get_manifest(store, object_name)
+        try:
+            check_manifest(manifest, object_name, base=self.base_source, key=slot.key,
+                           signature=slot.schema.signature())
+        except FailedPrecondition as exc:
+            self.refused[(tenant, version)] = exc
+            while len(self.refused) > self.max_cached:
+                self.refused.popitem(last=False)
+            raise
         await asyncio.to_thread(slot.load_params, payload)
         slot.head.eval()
         return slot

@@ -17,7 +17,6 @@ object nobody points at, and can never overwrite a newer checkpoint (docs/reliab
 from __future__ import annotations
 
 import asyncio
-import io
 import json
 import time
 from collections import OrderedDict
@@ -27,6 +26,8 @@ from typing import Any
 from nats.js.errors import ObjectNotFoundError
 
 from actors.bus import retry_through_outage
+from actors.weights import (MANIFEST_FORMAT, base_identity, check_manifest, get_manifest, get_object,
+                             manifest_name, weights_name)
 from protocol.codec import packb, unpackb
 from protocol.errors import InternalError
 from protocol.messages import CheckpointGetRequest, CheckpointRef, TenantConfig, WeightsRef
@@ -41,17 +42,6 @@ CHECKPOINT_FORMAT = "vla-nexus/slot-checkpoint/1"
 def checkpoint_name(tenant: str, tag: str) -> str:
     """A new, never reused checkpoint object name (``tag``: job id and lease epoch)."""
     return f"{tenant}/ckpt/{tag}"
-
-
-def weights_name(tenant: str, version: int) -> str:
-    return f"{tenant}/v{version:08d}"
-
-
-async def get_object(store, name: str) -> bytes:
-    # writeinto avoids nats-py's quadratic bytes concatenation for large objects.
-    buf = io.BytesIO()
-    await store.get(name, writeinto=buf)
-    return buf.getvalue()
 
 
 @dataclass
@@ -185,10 +175,11 @@ class SlotStore:
         payload = await asyncio.to_thread(slot.export_params)
         version = slot.policy_version
         manifest = {
-            "format": "vla-nexus/adapter-manifest/1",
+            "format": MANIFEST_FORMAT,
             "tenant": tenant,
             "base": res.config.base,
             "base_key": slot.key.digest,
+            "base_identity": base_identity(slot.key),
             "schema": res.config.schema,
             "schema_signature": res.config.signature,
             "head": res.config.head,
@@ -200,7 +191,7 @@ class SlotStore:
         }
         name = weights_name(tenant, version)
         await weights.put(name, payload)
-        await weights.put(name + ".manifest.json", json.dumps(manifest, sort_keys=True).encode())
+        await weights.put(manifest_name(name), json.dumps(manifest, sort_keys=True).encode())
         ref = WeightsRef(tenant=tenant, version=version, object_name=name, size=len(payload), manifest=manifest)
         kv = await self.bus.js.key_value(self.names.kv_versions)
         await kv.put(tenant, encode(ref))
@@ -208,9 +199,13 @@ class SlotStore:
         return ref
 
     async def load_weights(self, tenant: str, object_name: str) -> dict[str, Any]:
+        """Load an exported payload into the tenant's slot, after its manifest proves it was
+        exported for this base and this tenant's schema (FailedPrecondition otherwise)."""
         _, weights = await self._stores()
-        payload = await get_object(weights, object_name)
         res = self.resident[tenant]
+        payload = await get_object(weights, object_name)
+        check_manifest(await get_manifest(weights, object_name), object_name, base=res.config.base,
+                       key=res.slot.key, signature=res.slot.schema.signature())
         return await asyncio.to_thread(res.slot.load_params, payload)
 
     def memory_report(self) -> dict[str, Any]:

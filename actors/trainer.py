@@ -37,7 +37,7 @@ import numpy as np
 from actors.bus import retry, retry_through_outage
 from actors.runtime import Role, RoleConfig, op
 from actors.slots import Resident, SlotStore
-from master.service import read_job_items
+from actors.tq_read import read_job_items
 from protocol.errors import Conflict, FailedPrecondition, NexusError, NotFound
 from protocol.messages import (
     CheckpointCommitRequest,

@@ -40,6 +40,7 @@ from nats.js.errors import KeyNotFoundError, NoKeysError, NotFoundError, ObjectN
 
 from actors.layout import ensure_tq_stream, publish_tq, read_deployment_settings
 from actors.runtime import Role, RoleConfig, op
+from actors.tq_read import PartitionReader
 from master.scheduler import Scheduler
 from master.workloads import WorkloadOps
 from master.validate import validate_put
@@ -79,7 +80,7 @@ from protocol.messages import (
     WeightsRef,
 )
 from protocol.policy import leases_from_env, retention_from_env
-from protocol.subjects import Names, check_token
+from protocol.subjects import canonical_base, check_token
 from protocol.wire import decode, encode
 
 # Trainer-reported transitions a job may take (besides repeating its current state).
@@ -111,10 +112,12 @@ class Master(WorkloadOps, Role):
         self.rollouts: dict[str, float] = {}  # "<tenant>/<workload>" -> expiry (unix s)
         self.leases = leases_from_env()
         self.retention = retention_from_env()
+        self.partitions: PartitionReader | None = None  # queue_get's reader (remembers item sequences)
 
     async def setup(self) -> None:
         assert self.bus is not None
         js = self.bus.js
+        self.partitions = PartitionReader(self.bus, self.names)
         self.kv_tenants = await js.key_value(self.names.kv_tenants)
         self.kv_workloads = await js.key_value(self.names.kv_workloads)
         self.kv_jobs = await js.key_value(self.names.kv_jobs)
@@ -530,7 +533,7 @@ class Master(WorkloadOps, Role):
         # pages on with start += len(items).
         budget = int(self.bus.max_payload * 0.9)
         items: list[QueuePutRequest] = []
-        for item in await read_job_items(self.bus, self.names, job, req.start, req.max_items):
+        for item in await self.partitions.read(job, req.start, req.max_items):
             size = len(encode(item))
             if items and size > budget:
                 break
@@ -686,23 +689,6 @@ class Master(WorkloadOps, Role):
         self.sched.observe_version(ref.tenant, ref.version)
 
 
-async def read_job_items(bus, names: Names, job: JobRecord, start: int, max_items: int) -> list[QueuePutRequest]:
-    """Read a job's micro-batches from its partition by sequence, without consuming them."""
-    stream, subject = names.tq_stream(job.tenant), names.tq_job(job.tenant, job.job)
-    items: list[QueuePutRequest] = []
-    seq, index = 1, 0
-    while len(items) < max_items:
-        try:
-            raw = await bus.js.get_msg(stream, seq=seq, subject=subject, next=True)
-        except NotFoundError:
-            break
-        if index >= start:
-            items.append(decode(raw.data, QueuePutRequest))
-        index += 1
-        seq = raw.seq + 1
-    return items
-
-
 def _schema_signature(schema: dict[str, Any]) -> str:
     from models.schema import TenantSchema  # lazy: torch is heavy and only this op needs it
 
@@ -731,6 +717,9 @@ def _check_config(cfg: TenantConfig) -> None:
 
     if cfg.base not in PRESETS and not os.path.isdir(cfg.base):
         raise InvalidField("config.base", f"{cfg.base!r} is neither a preset ({sorted(PRESETS)}) nor a local directory")
+    # Stored by identity (a directory's resolved absolute path): every process then derives
+    # the same inference pool from it, whatever its working directory.
+    cfg.base = canonical_base(cfg.base)
 
 
 async def kv_keys(kv) -> list[str]:

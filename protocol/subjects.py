@@ -10,8 +10,11 @@ for it. The prefix (default ``nexus``) lets two deployments share one nats-serve
 
 from __future__ import annotations
 
+import hashlib
+import os
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 from protocol.errors import InvalidField
 
@@ -36,10 +39,44 @@ def check_token(what: str, value: str) -> str:
     return value
 
 
+# Hex digits of a directory's path hash in its pool name: 48 bits, so two directories of
+# one deployment collide with odds ~n^2 / 2^49, while the name stays readable.
+_POOL_HASH_CHARS = 12
+
+
+def _is_preset(base: str) -> bool:
+    """As `models.BaseConfig` decides: a preset name wins; anything else is a directory. A
+    string that looks like a path is a directory without asking; only a bare name that is
+    also a directory here needs the preset list (which imports torch, so only then)."""
+    if not base or base in (".", "..") or "/" in base or os.sep in base or base.startswith("~"):
+        return False
+    if not os.path.isdir(base):
+        return True  # a preset, or an unknown name that BaseConfig refuses
+    from models.presets import PRESETS
+
+    return base in PRESETS
+
+
+def canonical_base(base: str) -> str:
+    """The base's full identity as a string: a preset's name, or a local directory's resolved
+    absolute path (so ``model``, ``./model/`` and ``/abs/model`` are one base). The master
+    stores tenants' bases in this form, so every process derives the same pool from them."""
+    if _is_preset(base):
+        return base
+    return str(Path(os.path.expanduser(base)).resolve())
+
+
 def pool_name(base: str) -> str:
-    """Inference pool of a base: its preset name, or a local directory's last component."""
-    name = base.rstrip("/").rsplit("/", 1)[-1]
-    return re.sub(r"[^A-Za-z0-9_-]", "_", name)[:64] or "base"
+    """Inference pool of a base, from its full identity: a preset keeps its name; a local
+    directory is ``<last component>-<hash of its resolved absolute path>``, so two
+    directories with the same folder name never share a pool (and never serve each other's
+    heads). Always a valid subject token (<= 64 characters). Every pool is computed here."""
+    if _is_preset(base):
+        return re.sub(r"[^A-Za-z0-9_-]", "_", base)[:64] or "base"
+    path = canonical_base(base)
+    digest = hashlib.sha256(path.encode()).hexdigest()[:_POOL_HASH_CHARS]
+    last = re.sub(r"[^A-Za-z0-9_-]", "_", Path(path).name)[: 64 - _POOL_HASH_CHARS - 1] or "base"
+    return f"{last}-{digest}"
 
 
 @dataclass(frozen=True)

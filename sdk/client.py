@@ -346,7 +346,7 @@ class AsyncClient:
             if ref is None:
                 raise NotFound(f"tenant {tenant!r} has no exported version yet")
         else:
-            from actors.slots import weights_name
+            from actors.weights import weights_name
 
             ref = WeightsRef(tenant=tenant, version=version, object_name=weights_name(tenant, version), size=0,
                              manifest={})

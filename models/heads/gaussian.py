@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -97,11 +98,28 @@ class GaussianHead(ActionHead):
         mean, value = self._mean_value(feats, vla)
         return self._log_prob(mean, actions), self.entropy(actions.shape[0]), value
 
-    def act(self, feats: BaseOutput, vla: VLABatch, generator: torch.Generator, deterministic: bool = False
+    def act(self, feats: BaseOutput, vla: VLABatch, generator: torch.Generator,
+            deterministic: bool | Sequence[bool] | torch.Tensor = False
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Rollout step: (actions_B_H_A, log_prob_B, value_B)."""
+        """Rollout step: (actions_B_H_A, log_prob_B, value_B).
+
+        ``deterministic``: one flag for every row, or one per row (the inferencer groups rows of
+        many requests, each with its own ``sample`` flag): a deterministic row gets the mean, a
+        sampled row mean + std * noise. Noise is drawn only for the sampled rows, so a
+        deterministic row never advances the generator."""
         mean, value = self._mean_value(feats, vla)
-        flat = mean if deterministic else mean + torch.exp(self.log_std) * randn(tuple(mean.shape), generator, mean.device)
+        det_B = torch.as_tensor(deterministic, dtype=torch.bool).flatten().cpu()
+        if det_B.numel() == 1:
+            det_B = det_B.expand(mean.shape[0])
+        if det_B.numel() != mean.shape[0]:
+            raise InputError(f"deterministic: {det_B.numel()} flags for {mean.shape[0]} rows")
+        sampled = (~det_B).nonzero().flatten()
+        flat = mean
+        if len(sampled):
+            noise = randn((len(sampled), mean.shape[1]), generator, mean.device)
+            flat = mean.clone()
+            rows = sampled.to(mean.device)
+            flat[rows] = mean[rows] + torch.exp(self.log_std) * noise
         return flat.view(-1, self.dims.action_horizon, self.dims.action_dim), self._log_prob(mean, flat), value
 
     def loss(self, feats: BaseOutput, batch: TenantBatch, generator: torch.Generator) -> LossOutput:
