@@ -240,6 +240,7 @@ class Master(WorkloadOps, Role):
                                      "cancel it first", details={"tenant": req.tenant, "workload": active[0]})
         removed = {"jobs": 0, "workloads": 0, "objects": 0}
         async with self._lock:
+            self._tenant(req.tenant)  # again under the lock: a concurrent delete got here first
             for key in [k for k in self.sched.jobs if k[0] == req.tenant]:
                 del self.sched.jobs[key]
                 await self.kv_jobs.purge(f"{key[0]}.{key[1]}")
@@ -247,16 +248,16 @@ class Master(WorkloadOps, Role):
             self._keys = {k: v for k, v in self._keys.items() if k[0] != req.tenant}
             for d in (self.sched.versions, self.sched.dropped_stale, self.ckpt_refs):
                 d.pop(req.tenant, None)
-            del self.sched.tenants[req.tenant]
+            self.sched.tenants.pop(req.tenant, None)
             for kv in (self.kv_tenants, self.kv_versions, self.kv_ckpt):
                 try:
                     await kv.purge(req.tenant)
                 except NotFoundError:
                     pass
-        for workload in [w.workload for w in self.workloads.values() if w.tenant == req.tenant]:
-            del self.workloads[workload]
-            await self.kv_workloads.purge(workload)
-            removed["workloads"] += 1
+            for workload in [w.workload for w in self.workloads.values() if w.tenant == req.tenant]:
+                del self.workloads[workload]
+                await self.kv_workloads.purge(workload)
+                removed["workloads"] += 1
         try:
             await self.bus.js.delete_stream(self.names.tq_stream(req.tenant))
         except NotFoundError:
