@@ -306,12 +306,6 @@ def status(
     return EXIT_OK
 
 
-@workloads_app.callback()
-def _workloads_default(ctx: typer.Context) -> None:
-    if ctx.invoked_subcommand is None:
-        ctx.exit(ctx.invoke(workloads_list))
-
-
 @workloads_app.command("list")
 def workloads_list(
     tenant: Annotated[str, typer.Option("--tenant", help="only this tenant's workloads")] = "",
@@ -334,6 +328,19 @@ def workloads_list(
     else:
         print("no workloads" + (f" for tenant {tenant}" if tenant else ""))
     return EXIT_OK
+
+
+@workloads_app.callback()
+def _workloads_default(
+    ctx: typer.Context,
+    tenant: Annotated[str, typer.Option("--tenant", help="only this tenant's workloads")] = "",
+    data_dir: DataDir = DEFAULT_DATA_DIR, nats_url: NatsUrl = None, prefix: Prefix = None,
+    json: Json = False, timeout_s: TimeoutS = 10.0,
+) -> None:
+    """`nexus workloads [OPTIONS]` is `nexus workloads list [OPTIONS]`."""
+    if ctx.invoked_subcommand is None:
+        ctx.exit(workloads_list(tenant=tenant, data_dir=data_dir, nats_url=nats_url, prefix=prefix, json=json,
+                                timeout_s=timeout_s))
 
 
 def _tenant_rows(reply: Any) -> list[dict]:
