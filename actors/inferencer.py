@@ -217,6 +217,7 @@ class Inferencer(Role):
                                                                   fast=self.fast))
         self.heads = ServingHeads(self.bus, self.names, base, self.base_source)
         await self.bus.nc.subscribe(self.names.weights_all, cb=self._on_weights)
+        await self.bus.nc.subscribe(self.names.tenant_deleted_all, cb=self._on_tenant_deleted)
         # Elastic join: every live tenant's weights first, then take requests.
         synced = await self.heads.sync_all()
         self.spawn(self._batch_loop, "batcher", critical=True)
@@ -256,6 +257,10 @@ class Inferencer(Role):
             self.log.warning("predict subscription drain failed", error=str(exc))
 
     # -- weight sync ---------------------------------------------------------------------
+    async def _on_tenant_deleted(self, msg: Any) -> None:
+        if self.heads is not None:
+            self.heads.forget(msg.subject.rsplit(".", 1)[-1])
+
     async def _on_weights(self, msg: Any) -> None:
         assert self.heads is not None
         try:

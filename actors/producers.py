@@ -29,6 +29,11 @@ import numpy as np
 from actors.bus import retry_through_outage
 from protocol.errors import Busy, NexusError, NotFound
 from protocol.messages import ProducerSpec, QueuePutRequest, WorkloadEvent
+from protocol.policy import RetryPolicy
+
+# A put refused with Busy (the tenant's SFT prefetch cap: the trainer is behind) waits for the
+# trainer; an hour without room means the trainers are gone, and the workload fails saying so.
+PUT_BUSY = RetryPolicy("put_busy", deadline_s=3600.0, backoff_s=0.2, max_backoff_s=2.0)
 
 # Defaults with a reason each; a spec's algo dict overrides them.
 RL_DEFAULTS = {
@@ -87,6 +92,7 @@ class Producer:
         self.final: dict[str, float] = {}
         self._life = uuid.uuid4().hex[:8]  # this incarnation (a resumed workload gets a new one)
         self._reserves = 0
+        self.target_message = ""  # set once schedule.budget.target is reached
 
     def status(self) -> dict[str, Any]:
         return {"kind": self.spec.kind, "tenant": self.spec.tenant, "state": self.state,
@@ -116,7 +122,7 @@ class Producer:
                 await self._eval()  # the closing evaluation of the final version
                 self.final = {**trained, **{f"eval_{k}": v for k, v in self.final.items()}}
             self.state = "done"
-            await self._event("done", message="budget reached", metrics=self.final)
+            await self._event("done", message=self.target_message or "budget reached", metrics=self.final)
         except asyncio.CancelledError:
             self.state = "cancelled"
             raise
@@ -143,8 +149,25 @@ class Producer:
             fn, *args, on_retry=lambda exc: self.worker.log.warning(
                 "retrying after outage", call=getattr(fn, "__name__", "?"), error=exc.message), **kwargs)
 
+    def _target_reached(self, values: list[float]) -> bool:
+        """schedule.budget.target: the rolling mean of the last ``target_window`` values (the
+        window full) against its bound."""
+        s = self.spec
+        if not s.target_metric or len(values) < s.target_window:
+            return False
+        mean = float(np.mean(values[-s.target_window:]))
+        hit = ((s.target_at_least is not None and mean >= s.target_at_least)
+               or (s.target_at_most is not None and mean <= s.target_at_most))
+        if hit and not self.target_message:
+            bound = f">= {s.target_at_least:g}" if s.target_at_least is not None else f"<= {s.target_at_most:g}"
+            self.target_message = (f"target reached: {s.target_metric} {mean:.4g} {bound} "
+                                   f"(mean of the last {s.target_window})")
+        return hit
+
     def _budget_left(self) -> bool:
         s, p = self.spec, self.progress
+        if self.target_message:
+            return False
         if s.max_steps and p.version >= s.max_steps:
             return False
         if s.max_episodes and p.episodes >= s.max_episodes:
@@ -180,7 +203,35 @@ class Producer:
                 await self._retry(self.client.wait_job, self.spec.tenant, job, timeout_s=3600)
             except NotFound:
                 pass  # compacted: the master deletes only finished records
+        await self._final_export()
         await self._refresh_version()
+
+    async def _final_export(self) -> None:
+        """outputs.export_every_steps skips exports between every N steps: the workload's last
+        trained version is exported here if the trainer skipped it."""
+        if not self.progress.jobs:
+            return
+        try:
+            last = await self._retry(self.client.job, self.spec.tenant, self.progress.jobs[-1])
+        except NotFound:
+            return
+        ref = await self._retry(self.client.latest_weights, self.spec.tenant)
+        if last.trained_version > (ref.version if ref is not None else -1):
+            await self._retry(self.client.export_params, self.spec.tenant)
+
+    async def _put(self, item: QueuePutRequest) -> None:
+        """queue_put that waits out the SFT prefetch cap (Busy) with the master's retry hint."""
+        deadline = time.monotonic() + PUT_BUSY.deadline_s
+        attempt = 0
+        while True:
+            try:
+                await self._retry(self.client.queue_put, item)
+                return
+            except Busy as exc:
+                attempt += 1
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(PUT_BUSY.delay(attempt, float(exc.details.get("retry_after_s", 0.0))))
 
     # -- episodes ------------------------------------------------------------------------
     async def _episode(self, env: Any, seed: int, sample: bool, version: int, exec_steps: int,
@@ -251,7 +302,10 @@ class Producer:
                 finally:
                     await self._rollout_gate(False)
                 await self._queue_rl(segments, algo)
-                window = window[-50:]
+                if self.spec.target_metric:
+                    key = 0 if self.spec.target_metric == "success_rate" else 1
+                    self._target_reached([float(w[key]) for w in window])
+                window = window[-max(50, self.spec.target_window):]
                 await self._refresh_version()
                 await self._event("progress", metrics={
                     "success_rate": float(np.mean([w[0] for w in window])),
@@ -317,7 +371,7 @@ class Producer:
                 returns=np.array([r["ret"] for r in part], np.float32),
                 behaviour_version=min(int(r["version"]) for r in part),
             )
-            await self._retry(self.client.queue_put, item)
+            await self._put(item)
             self.progress.items += 1
         await self._retry(self.client.mark_ready, self.spec.tenant, job)
         self.progress.jobs.append(job)
@@ -325,13 +379,17 @@ class Producer:
     # -- SFT -----------------------------------------------------------------------------
     async def _sft(self) -> None:
         from envs.lerobot import LeRobotReader
+        from envs.lerobot.reader import ReaderConfig
 
         algo = {**SFT_DEFAULTS, **self.spec.algo}
         root = await self._dataset_root()
         tenant = await self._retry(self.client.tenant, self.spec.tenant)
         horizon = int(tenant.schema["action_horizon"])
-        reader = await asyncio.to_thread(LeRobotReader, root)
+        reader = await asyncio.to_thread(LeRobotReader, ReaderConfig(root, state_key=self.spec.state_key,
+                                                                     action_key=self.spec.action_key))
+        self._check_features(reader, tenant)
         rng = np.random.default_rng(self.spec.seed)
+        losses: list[float] = []
         # A workload resumed on another worker counts the steps its tenant already has.
         await self._refresh_version()
         queued_steps = self.progress.version
@@ -345,7 +403,7 @@ class Producer:
                     n_items = min(n_items, self.spec.max_steps - queued_steps)
                 for seq in range(n_items):
                     item = await asyncio.to_thread(self._sft_item, reader, rng, int(algo["batch_size"]), horizon, job, seq)
-                    await self._retry(self.client.queue_put, item)
+                    await self._put(item)
                     queued_steps += 1
                 await self._retry(self.client.mark_ready, self.spec.tenant, job)
                 self.progress.jobs.append(job)
@@ -353,11 +411,34 @@ class Producer:
                 rec = await self._retry(self.client.job, self.spec.tenant,
                                         self.progress.jobs[max(0, len(self.progress.jobs) - 3)])
                 await self._event("progress", metrics={k: v for k, v in rec.metrics.items() if k in ("loss", "l1")})
+                if self.spec.target_metric == "loss":
+                    await self._sft_losses(losses)
+                    self._target_reached(losses)
             await self._wait_jobs()
             last = await self.client.job(self.spec.tenant, self.progress.jobs[-1]) if self.progress.jobs else None
             self.final = {"loss": last.metrics.get("loss", float("nan"))} if last else {}
         finally:
             reader.close()
+
+    async def _sft_losses(self, losses: list[float]) -> None:
+        """Append the loss of every newly trained job, in order (the target's values)."""
+        while len(losses) < len(self.progress.jobs):
+            rec = await self._retry(self.client.job, self.spec.tenant, self.progress.jobs[len(losses)])
+            if rec.state not in ("cleared", "trained", "exported", "synced"):
+                return  # not trained yet: the next job's turn comes after it
+            losses.append(float(rec.metrics.get("loss", float("nan"))))
+
+    def _check_features(self, reader: Any, tenant: Any) -> None:
+        """The dataset against the tenant schema, before any put: a missing state or action key
+        is a clear error naming the spec field, not a NoneType error deep in a batch."""
+        from master.spec import SpecError, feature_errors
+
+        raw = {k: {"dtype": f.dtype, "shape": list(f.shape)} for k, f in reader.meta.features.items()}
+        cameras = list(self.spec.camera_map) or [k for k in raw if raw[k]["dtype"] in ("image", "video")]
+        errors = feature_errors(raw, self.spec.state_key, self.spec.action_key, cameras,
+                                int(tenant.schema["state_dim"]), int(tenant.schema["action_dim"]))
+        if errors:
+            raise SpecError(errors)
 
     async def _dataset_root(self) -> Path:
         if self.spec.dataset_root:
@@ -373,7 +454,7 @@ class Producer:
                                                          # PNG, not 4:2:0 video: the task's targets are
                                                          # small coloured discs whose chroma video smears.
                                                          use_videos=False,
-                                                         env_id=self.spec.env_id, seed=self.spec.seed,
+                                                         env_id=self.spec.env_id, seed=self.spec.demo_seed,
                                                          env_kwargs=dict(self.spec.env_options), overwrite=True))
         return root
 
@@ -387,10 +468,12 @@ class Producer:
                         for i, e in zip(b.index_B, b.episode_index_B)])
         actions = reader.get_batch(idx.reshape(-1)).action_B_A.reshape(batch, horizon, -1)
         cmap = self.spec.camera_map or {k: k.removeprefix("observation.images.") for k in b.images}
+        # No state in the dataset and state_dim 0 (checked at start): an empty state vector.
+        state = b.state_B_S if b.state_B_S is not None else np.zeros((batch, 0), np.float32)
         return QueuePutRequest(
             tenant=self.spec.tenant, job=job, seq=seq,
             images={cmap[k]: v for k, v in b.images.items() if k in cmap},
-            state=b.state_B_S.astype(np.float32), instructions=list(b.task_B),
+            state=state.astype(np.float32).reshape(batch, -1), instructions=list(b.task_B),
             actions=actions.astype(np.float32),
         )
 

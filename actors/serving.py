@@ -132,6 +132,13 @@ class ServingHeads:
         slot.head.eval()
         return slot
 
+    def forget(self, tenant: str) -> None:
+        """The tenant was deleted: its config, current version and cached heads go."""
+        self.current.pop(tenant, None)
+        self.configs.pop(tenant, None)
+        for key in [k for k in self.cache if k[0] == tenant]:
+            del self.cache[key]
+
     def _evict(self) -> None:
         keep = {(t, v) for t, v in self.current.items()}
         while len(self.cache) > self.max_cached:

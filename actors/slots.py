@@ -101,7 +101,9 @@ class SlotStore:
         ckpt_store, _ = await self._stores()
         res = self.resident.get(cfg.name)
         ref = await self.committed(cfg.name)
-        if res is None or ref.object_name != res.checkpoint_name:
+        # Rebuilt when the committed state moved or the tenant's config changed (a later
+        # workload's optimizer settings): the checkpoint's moments carry over either way.
+        if res is None or ref.object_name != res.checkpoint_name or encode(res.config) != encode(cfg):
             res = await self._build(cfg)
             if ref.object_name:
                 await self._restore(res, await get_object(ckpt_store, ref.object_name), ref.object_name)

@@ -136,6 +136,7 @@ class Trainer(Role):
         self.store = SlotStore(self.bus, self.names, device=self.tcfg.device,
                                max_on_device=self.tcfg.max_on_device)
         await self.bus.nc.subscribe(self.names.sched_ready, cb=self._on_ready)
+        await self.bus.nc.subscribe(self.names.tenant_deleted_all, cb=self._on_tenant_deleted)
         self.spawn(self._loop, "train-loop", critical=True)
 
     def info_extra(self) -> dict[str, Any]:
@@ -146,6 +147,11 @@ class Trainer(Role):
 
     async def _on_ready(self, msg: Any) -> None:
         self._wake.set()
+
+    async def _on_tenant_deleted(self, msg: Any) -> None:
+        tenant = msg.subject.rsplit(".", 1)[-1]
+        if self.store is not None and self.store.resident.pop(tenant, None) is not None:
+            self.log.info("tenant slot dropped (tenant deleted)", tenant=tenant)
 
     def _maybe_fault(self, point: str) -> None:
         if self.fault == point:
@@ -378,15 +384,23 @@ class Trainer(Role):
             else:
                 await self._update(job, "trained", version, metrics)
         self._maybe_fault("after_trained")
+        # outputs.export_every_steps: between exports a job still walks trained -> exported ->
+        # synced -> cleared (its lifecycle stays whole), it just announces no new version.
+        every = w.res.config.export_every_steps
+        exported = await self._exported_version(tenant) if every > 0 else -1
+        ref = None
         if _before(job.state, "exported"):
-            ref = await self.store.export(tenant, metrics)
+            if every <= 0 or version - max(exported, 0) >= every:
+                ref = await self.store.export(tenant, metrics)
+            else:
+                self.log.debug("export skipped", tenant=tenant, job=job.job, version=version,
+                               last_export=exported, export_every_steps=every)
             await self._advance(job, "exported", version)
             self._maybe_fault("after_export")
-        else:
-            ref = None
+        elif every <= 0 or exported == version:
+            # Exported by a trainer that died before announcing: announce again (same version).
+            ref = await self.store.export(tenant, metrics)
         if _before(job.state, "synced"):
-            if ref is None:  # exported by a trainer that died before announcing: announce again
-                await self.store.export(tenant, metrics)
             await self._advance(job, "synced", version)
             self._maybe_fault("after_synced")
         await self._advance(job, "cleared", version)
@@ -395,6 +409,19 @@ class Trainer(Role):
         await self.metric("version", tenant, version)
         self.log.info("job done", tenant=tenant, job=job.job, version=version, step=w.res.slot.step_count,
                       items=job.items, skipped_compute=w.skip, loss=metrics.get("loss"))
+
+    async def _exported_version(self, tenant: str) -> int:
+        """The tenant's last exported version (-1: none yet), from the versions KV."""
+        from nats.js.errors import KeyNotFoundError
+
+        from protocol.wire import decode
+
+        assert self.bus is not None
+        kv = await self.bus.js.key_value(self.names.kv_versions)
+        try:
+            return decode((await kv.get(tenant)).value, WeightsRef).version
+        except KeyNotFoundError:
+            return -1
 
     async def _advance(self, job: JobRecord, state: str, version: int = -1,
                        metrics: dict[str, float] | None = None) -> None:

@@ -14,8 +14,10 @@ The master keeps every job record here (and in the jobs KV); `pick` decides, in 
    steps = micro-batches) behind the tenant's current version is dropped, never trained.
 
 Caps enforced at `check_reserve`: at most ``max_inflight_jobs`` unfinished jobs per
-tenant-task (default 2), and at most ``sft_prefetch_items`` queued SFT micro-batches per
-tenant (default 16) so offline data cannot crowd out online RL.
+tenant-task (default 2), and at most ``sft_prefetch_items`` SFT micro-batches per tenant in
+ready or leased jobs (default 16) so offline data cannot crowd out online RL. A job still being
+filled does not count: it waits for nobody, and a job larger than the cap is refused at submit
+(`master.spec`), so a producer's Busy put always clears once the trainer catches up.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from protocol.messages import JobRecord, TenantConfig
 MAX_ATTEMPTS = 3
 # Unfinished = counts against the in-flight cap.
 UNFINISHED = ("reserved", "filling", "ready", "leased")
+# Queued for or on a trainer: these count against the SFT prefetch cap.
+PREFETCHED = ("ready", "leased")
 # A trainer committed these but has not cleared them yet.
 POST_COMMIT = ("trained", "exported", "synced")
 
@@ -66,7 +70,7 @@ class Scheduler:
             self.check_sft_prefetch(tenant, adding=1)  # a new job brings at least one
 
     def check_sft_prefetch(self, tenant: TenantConfig, adding: int) -> None:
-        queued = sum(j.items for j in self.tenant_jobs(tenant.name) if j.task == "sft" and j.state in UNFINISHED)
+        queued = sum(j.items for j in self.tenant_jobs(tenant.name) if j.task == "sft" and j.state in PREFETCHED)
         if queued + adding > tenant.sft_prefetch_items:
             raise Busy(
                 f"tenant {tenant.name}: {queued} SFT micro-batches queued, the prefetch cap is "

@@ -74,6 +74,8 @@ from protocol.messages import (
     QueuePutRequest,
     ReserveRequest,
     TenantConfig,
+    TenantDeleted,
+    TenantDeleteRequest,
     WeightsRef,
 )
 from protocol.policy import leases_from_env, retention_from_env
@@ -222,6 +224,57 @@ class Master(WorkloadOps, Role):
         assert self.bus is not None
         # Replicas, byte limit and dedup window come from the deployment (actors/layout.py).
         await ensure_tq_stream(self.bus.js, self.names, tenant, self.deployment)
+
+    @op("tenant_delete", TenantDeleteRequest)
+    async def tenant_delete(self, req: TenantDeleteRequest) -> TenantDeleted:
+        """Remove everything of a tenant; trainers and inferencers drop it on the announcement."""
+        assert self.bus is not None
+        self._tenant(req.tenant)
+        active = [w.workload for w in self.workloads.values()
+                  if w.tenant == req.tenant and w.state in ("pending", "running")]
+        if active:
+            raise FailedPrecondition(f"tenant {req.tenant!r} has workload {active[0]} {self.workloads[active[0]].state}; "
+                                     "cancel it first", details={"tenant": req.tenant, "workload": active[0]})
+        removed = {"jobs": 0, "workloads": 0, "objects": 0}
+        async with self._lock:
+            for key in [k for k in self.sched.jobs if k[0] == req.tenant]:
+                del self.sched.jobs[key]
+                await self.kv_jobs.purge(f"{key[0]}.{key[1]}")
+                removed["jobs"] += 1
+            self._keys = {k: v for k, v in self._keys.items() if k[0] != req.tenant}
+            for d in (self.sched.versions, self.sched.dropped_stale, self.ckpt_refs):
+                d.pop(req.tenant, None)
+            del self.sched.tenants[req.tenant]
+            for kv in (self.kv_tenants, self.kv_versions, self.kv_ckpt):
+                try:
+                    await kv.purge(req.tenant)
+                except NotFoundError:
+                    pass
+        for workload in [w.workload for w in self.workloads.values() if w.tenant == req.tenant]:
+            del self.workloads[workload]
+            await self.kv_workloads.purge(workload)
+            removed["workloads"] += 1
+        try:
+            await self.bus.js.delete_stream(self.names.tq_stream(req.tenant))
+        except NotFoundError:
+            pass
+        for bucket in (self.names.obj_weights, self.names.obj_checkpoints):
+            store = await self.bus.js.object_store(bucket)
+            try:
+                infos = await store.list(ignore_deletes=True)
+            except NotFoundError:
+                infos = []
+            for info in infos:
+                if info.name.startswith(f"{req.tenant}/"):
+                    try:
+                        await store.delete(info.name)
+                        removed["objects"] += 1
+                    except ObjectNotFoundError:
+                        pass
+        event = TenantDeleted(tenant=req.tenant, at=time.time(), removed=removed)
+        await self.bus.publish(self.names.tenant_deleted(req.tenant), event)
+        self.log.info("tenant deleted", tenant=req.tenant, **removed)
+        return event
 
     @op("tenant_get", GetTenantRequest)
     async def tenant_get(self, req: GetTenantRequest) -> TenantConfig:

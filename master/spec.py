@@ -1,6 +1,6 @@
-"""WorkloadSpec: what a tenant submits (YAML or JSON), strictly validated, compiled to a
-backend `TenantConfig`. Pure functions, no I/O beyond reading a file you name; no torch
-(the list of base presets is read lazily from `models.presets` once per process).
+"""WorkloadSpec: what a tenant submits (YAML or JSON), strictly validated by pydantic v2
+models, compiled to a backend `TenantConfig`. Pure functions, no I/O beyond reading a file
+you name; no torch (base preset names are read from models/presets.py's source).
 
     from master.spec import parse_spec, compile_tenant, spec_to_dict, spec_from_dict, SpecError
 
@@ -10,37 +10,54 @@ backend `TenantConfig`. Pure functions, no I/O beyond reading a file you name; n
     try:
         parse_spec({"tenant": "a b"})
     except SpecError as err:
-        err.details["errors"]            # [{"field": "tenant", "message": "..."}, ...] every problem at once
+        err.details["errors"]  # [{"field": "tenant", "message": "...", "value": "a b"}, ...] all at once
 
-The dataclasses below are the single source of truth: `spec_json_schema()` is derived from
-them (see `master.spec_schema`), and so are docs/workload_spec.schema.json and the field
+The models below are the single source of truth: `spec_json_schema()` is pydantic's schema
+of them plus the task rules, and so are docs/workload_spec.schema.json and the field
 reference in docs/workload_spec.md (`python -m master.spec_schema` rewrites both).
 
-Task-type rules (`TASK_RULES`) are data too; they drive both `parse_spec` and the
-``allOf``/``if``/``then`` part of the JSON Schema.
+Task-type rules (`TASK_RULES`) are data; a model validator of `WorkloadSpec` applies them (on
+the raw document too when fields fail, so every error comes at once), and they also drive
+the ``allOf``/``if``/``then`` part of the JSON Schema.
 """
 
 from __future__ import annotations
 
+import ast
 import functools
 import json
 import re
 import string
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    ValidationInfo,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
+from pydantic import Strict as _Strict
+from pydantic_core import InitErrorDetails
 
 from master.spec_schema import (
     ROOT,
-    Errors,
+    Allowed,
+    BySibling,
     field_rows,
-    json_schema_for,
-    parse_into,
-    spec_field,
-    to_plain,
+    model_schema,
+    raise_rules,
+    reraise_details,
+    rule,
+    spec_errors,
 )
 from protocol.errors import ErrorCode, NexusError
 from protocol.messages import TenantConfig
@@ -57,6 +74,8 @@ CAMERA_PATTERN = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}"
 MAX_SIDE_PX = 4096
 MAX_DIM = 1024
 MAX_HORIZON = 256
+# Scheduling priority: a small documented range, so one tenant cannot claim "infinity".
+PRIORITY_MIN, PRIORITY_MAX = -10, 10
 # "suite/name-v0": env ids are resolved by the env workers' registry, not here.
 ENV_ID_PATTERN = r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+"
 # A base that is not a preset must be a path, spelled with a '/' (./my_model), so a typo in a
@@ -65,313 +84,431 @@ BASE_PATH_PATTERN = r".*/.*"
 VERSION_PIN_PATTERN = rf"latest|tenant:{TENANT_PATTERN}@(latest|[0-9]+)"
 # PPO fields the gaussian head reads from its own config (models/heads/gaussian.py).
 PPO_HEAD_FIELDS = ("clip_ratio", "value_coef", "entropy_coef")
+# Metrics a budget target can name, per task: what each producer already measures.
+TARGET_METRICS = {"sft": ("loss",), "rl": ("success_rate", "mean_return"), "eval": ()}
+
+_PRESETS_SOURCE = Path(__file__).resolve().parents[1] / "models" / "presets.py"
 
 
 @functools.cache
 def known_presets() -> tuple[str, ...]:
-    from models.presets import PRESETS  # lazy: importing models pulls in torch
-
-    return tuple(sorted(PRESETS))
+    """Base preset names, read from models/presets.py's source: importing models pulls in
+    torch, which `nexus spec validate` must not (tests/test_spec.py checks both agree)."""
+    tree = ast.parse(_PRESETS_SOURCE.read_text())
+    names = {node.args[0].value for node in ast.walk(tree)
+             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Preset"
+             and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)}
+    return tuple(sorted(names))
 
 
 class SpecError(NexusError, ValueError):
     """A workload spec is invalid. ``details["errors"]`` lists every problem as
-    ``{"field": <path>, "message": <what is allowed>}``."""
+    ``{"field": <path>, "message": <what is allowed>, "value": <what was given>}``."""
 
     code = ErrorCode.INVALID_FIELD
 
-    def __init__(self, errors: list[tuple[str, str]]) -> None:
-        items = [{"field": f, "message": m} for f, m in errors]
-        lines = "\n".join(f"  {f}: {m}" for f, m in errors)
-        n = len(errors)
+    def __init__(self, errors: list[tuple[str, str]] | list[dict[str, Any]]) -> None:
+        items = [e if isinstance(e, dict) else {"field": e[0], "message": e[1], "value": e[2] if len(e) > 2 else None}
+                 for e in errors]
+        lines = "\n".join(f"  {e['field']}: {e['message']}" for e in items)
+        n = len(items)
         # "field" keeps error_from_code's FieldError rebuild readable on the client side.
         super().__init__(f"invalid workload spec ({n} error{'s' if n != 1 else ''}):\n{lines}",
                          details={"field": "spec", "errors": items})
         self.errors = items
 
 
+# ---- field types -----------------------------------------------------------------------
+# Strict scalars: "64" is not an integer, true is not 1; floats are finite.
+Int = StrictInt
+Float = Annotated[float, _Strict(), Field(allow_inf_nan=False)]
+Str = StrictStr
+Bool = StrictBool
+
+
+def _doc(text: str, default: Any = ..., **kw: Any) -> Any:
+    return Field(default, description=text, **kw)
+
+
+def _docf(text: str, factory: Any, **kw: Any) -> Any:
+    return Field(default_factory=factory, description=text, **kw)
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=False)
+
+
+def _custom(message: str) -> Exception:
+    from pydantic_core import PydanticCustomError
+
+    return PydanticCustomError("spec_rule", "{message}", {"message": message})
+
+
 # ---- sections --------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Camera:
+class Camera(_Section):
     """One camera of the tenant schema: its name and the frame size (pixels) it sends."""
 
-    name: str = spec_field(doc="camera name, used as the image key in every batch and request",
-                           pattern=CAMERA_PATTERN, pattern_text="letters, digits, _ . - (1-64 chars)")
-    height: int = spec_field(doc="frame height in pixels", ge=1, le=MAX_SIDE_PX)
-    width: int = spec_field(doc="frame width in pixels", ge=1, le=MAX_SIDE_PX)
+    name: Annotated[Str, Allowed("letters, digits, _ . - (1-64 chars)")] = _doc(
+        "camera name, used as the image key in every batch and request", pattern=f"^(?:{CAMERA_PATTERN})$")
+    height: Int = _doc("frame height in pixels", ge=1, le=MAX_SIDE_PX)
+    width: Int = _doc("frame width in pixels", ge=1, le=MAX_SIDE_PX)
 
 
-@dataclass(frozen=True)
-class ObservationSpec:
+class ObservationSpec(_Section):
     """What the policy sees: ordered cameras (camera i fills the base's camera slot i), the
     proprioceptive state and the prompt template."""
 
-    cameras: tuple[Camera, ...] = spec_field(doc="ordered list of cameras (at least one)", min_items=1)
-    state_dim: int = spec_field(doc="length of the float32 state vector (0: no state)", ge=0, le=MAX_DIM)
-    instruction_template: str = spec_field(
-        "{instruction}",
-        doc="prompt built from the task instruction; must contain {instruction} exactly once. "
-            "Default: the bare instruction, which is what the built-in tasks and LeRobot datasets carry",
-    )
+    cameras: tuple[Camera, ...] = _doc("ordered list of cameras (at least one)", min_length=1)
+    state_dim: Int = _doc("length of the float32 state vector (0: no state)", ge=0, le=MAX_DIM)
+    instruction_template: Str = _doc(
+        "prompt built from the task instruction; must contain {instruction} exactly once. "
+        "Default: the bare instruction, which is what the built-in tasks and LeRobot datasets carry",
+        "{instruction}")
 
-    def _checks(self) -> Iterator[tuple[str, str]]:
+    @model_validator(mode="after")
+    def _checks(self) -> ObservationSpec:
+        rules: list[InitErrorDetails] = []
         seen: dict[str, int] = {}
         for i, cam in enumerate(self.cameras):
             if cam.name in seen:
-                yield f"cameras[{i}].name", f"duplicate camera name {cam.name!r} (also cameras[{seen[cam.name]}])"
+                rules.append(rule(("cameras", i, "name"), f"duplicate camera name {cam.name!r} "
+                                  f"(also cameras[{seen[cam.name]}]); camera names must be unique", cam.name))
             seen.setdefault(cam.name, i)
         try:
             names = [f for _, f, _, _ in string.Formatter().parse(self.instruction_template) if f is not None]
         except ValueError as exc:
             names = [f"<invalid: {exc}>"]
         if names != ["instruction"]:
-            yield "instruction_template", (f"must contain '{{instruction}}' exactly once and no other "
-                                           f"{{field}}; found {names}")
+            rules.append(rule(("instruction_template",), "must contain '{instruction}' exactly once and no "
+                              f"other {{field}}; found {names}", self.instruction_template))
+        raise_rules(type(self).__name__, rules)
+        return self
 
 
-@dataclass(frozen=True)
-class ActionSpec:
+class ActionSpec(_Section):
     """What the policy outputs: ``horizon`` steps of a ``dim``-sized float32 action."""
 
-    dim: int = spec_field(doc="length of one action vector", ge=1, le=MAX_DIM)
-    horizon: int = spec_field(1, doc="actions predicted per observation (action chunk). Default 1: "
-                                     "closed-loop control, one action per step", ge=1, le=MAX_HORIZON)
+    dim: Int = _doc("length of one action vector", ge=1, le=MAX_DIM)
+    horizon: Int = _doc("actions predicted per observation (action chunk). Default 1: closed-loop "
+                        "control, one action per step", 1, ge=1, le=MAX_HORIZON)
 
 
-@dataclass(frozen=True)
-class ActionModuleSpec:
+class ActionModuleSpec(_Section):
     """The tenant's private trainable module on top of the frozen base."""
 
-    kind: HeadKind = spec_field(doc="mlp: regression (SFT); flow: flow-matching chunks (SFT); "
-                                    "gaussian: policy + value head (RL with PPO, or SFT by likelihood)")
-    params: dict[str, Any] = spec_field(
-        {}, doc="head options (mlp: width, depth; flow: width, depth, num_heads, beta_alpha, max_time, "
-                "euler_steps; gaussian: width, init_log_std), checked by the model core at tenant "
-                "creation. Default {}: the head's own defaults")
+    kind: HeadKind = _doc("mlp: regression (SFT); flow: flow-matching chunks (SFT); "
+                          "gaussian: policy + value head (RL with PPO, or SFT by likelihood)")
+    params: dict[Str, Any] = _docf(
+        "head options (mlp: width, depth; flow: width, depth, num_heads, beta_alpha, max_time, "
+        "euler_steps; gaussian: width, init_log_std), checked by the model core at tenant "
+        "creation. Default {}: the head's own defaults", dict)
 
 
-@dataclass(frozen=True)
-class DemosSpec:
+class DemosSpec(_Section):
     """Record demonstrations from the env's scripted expert before SFT starts."""
 
-    episodes: int = spec_field(doc="scripted-expert episodes to record", ge=1, le=1_000_000)
-    seed: int = spec_field(0, doc="first reset seed of the recording. Default 0: reproducible data", ge=0)
-    noise: float = spec_field(0.0, doc="DART: std of Gaussian noise on the action the env executes while "
-                                       "recording (the recorded label stays the expert's clean action), so "
-                                       "demos show how to recover from small errors. Default 0: plain "
-                                       "demos; 0.5 took the built-in task from 11 % to 68 % success "
-                                       "(docs/results.md)", ge=0, le=10)
+    episodes: Int = _doc("scripted-expert episodes to record", ge=1, le=1_000_000)
+    seed: Int = _doc("first reset seed of the recording (episode i resets with seed + i). Default 0: "
+                     "reproducible data", 0, ge=0)
+    noise: Float = _doc("DART: std of Gaussian noise on the action the env executes while recording "
+                        "(the recorded label stays the expert's clean action), so demos show how to "
+                        "recover from small errors. Default 0: plain demos; 0.5 took the built-in task "
+                        "from 11 % to 68 % success (docs/results.md)", 0.0, ge=0, le=10)
 
 
-@dataclass(frozen=True)
-class EnvSource:
+class EnvSource(_Section):
     """A simulator hosted by the env workers."""
 
-    id: str = spec_field(doc="env id, 'suite/name' (e.g. builtin/reach-v0)", pattern=ENV_ID_PATTERN,
-                         pattern_text="an env id 'suite/name' (e.g. builtin/reach-v0)")
-    options: dict[str, Any] = spec_field(
-        {}, doc="keyword options for the env (builtin/reach-v0: cameras, image_size, reward, "
-                "max_episode_steps, ...), checked by the env worker. Default {}: the env's defaults")
-    demos: DemosSpec | None = spec_field(
-        None, doc="SFT only: record this many scripted-expert episodes first and train on them. "
-                  "Default null: no recording (RL and eval interact with the env directly)")
+    id: Annotated[Str, Allowed("an env id 'suite/name' (e.g. builtin/reach-v0)")] = _doc(
+        "env id, 'suite/name' (e.g. builtin/reach-v0)", pattern=f"^(?:{ENV_ID_PATTERN})$")
+    options: dict[Str, Any] = _docf(
+        "keyword options for the env (builtin/reach-v0: cameras, image_size, reward, "
+        "max_episode_steps, ...), checked by the env worker. Default {}: the env's defaults", dict)
+    demos: DemosSpec | None = _doc("SFT only: record this many scripted-expert episodes first and train "
+                                   "on them. Default null: no recording (RL and eval interact with the "
+                                   "env directly)", None)
 
 
-@dataclass(frozen=True)
-class DatasetSource:
+class DatasetSource(_Section):
     """A local LeRobot v3.0 dataset and how its features map onto the tenant schema."""
 
-    root: str = spec_field(doc="dataset root directory (holds meta/info.json); a relative path is "
-                               "resolved against the master's working directory", min_length=1)
-    camera_map: dict[str, str] = spec_field(
-        doc="dataset camera key -> observation camera name; every observation camera exactly once",
-        min_items=1)
-    state_key: str = spec_field("observation.state", doc="state feature key. Default: LeRobot's name for it",
-                                min_length=1)
-    action_key: str = spec_field("action", doc="action feature key. Default: LeRobot's name for it",
-                                 min_length=1)
+    root: Str = _doc("dataset root directory (holds meta/info.json); a relative path is resolved "
+                     "against the working directory of the env worker that reads it", min_length=1)
+    camera_map: dict[Str, Str] = _doc("dataset camera key -> observation camera name; every "
+                                      "observation camera exactly once", min_length=1)
+    state_key: Str = _doc("state feature key the reader takes the state vector from (needed when "
+                          "observation.state_dim > 0). Default: LeRobot's name for it",
+                          "observation.state", min_length=1)
+    action_key: Str = _doc("action feature key the reader takes the action labels from. Default: "
+                           "LeRobot's name for it", "action", min_length=1)
 
 
-@dataclass(frozen=True)
-class SFTAlgorithm:
+class SFTAlgorithm(_Section):
     """Supervised fine-tuning of the action module (task sft)."""
 
-    lr: float = spec_field(1e-4, doc="peak AdamW learning rate. Default 1e-4: the model core's "
-                                     "default, stable for small heads on a frozen base", gt=0, le=1)
-    batch_size: int = spec_field(32, doc="samples per micro-batch (one optimizer step each). Default 32: "
-                                         "fits one queue message for 2 cameras at 64x64", ge=1, le=1024)
-    steps: int = spec_field(1000, doc="optimizer steps to train; also the length of the cosine LR decay. "
-                                      "Default 1000: a few minutes for the tiny bases on CPU", ge=1)
-    items_per_job: int = spec_field(1, doc="micro-batches per training-queue job. The trainer commits, "
-                                           "exports and announces once per job, so more items per job "
-                                           "mean less overhead per step and fewer, larger version jumps. "
-                                           "Default 1: a new version after every step", ge=1, le=256)
-    weight_decay: float = spec_field(0.01, doc="AdamW weight decay. Default 0.01: the model core's default",
-                                     ge=0)
-    grad_clip: float | None = spec_field(1.0, doc="global gradient-norm clip (null: none). Default 1.0: "
-                                                  "guards the first steps of a fresh head", gt=0)
-    warmup_steps: int = spec_field(0, doc="linear LR warmup steps. Default 0: heads start small and "
-                                          "AdamW's bias correction already damps early steps", ge=0)
+    lr: Float = _doc("peak AdamW learning rate. Default 1e-4: the model core's default, stable for "
+                     "small heads on a frozen base", 1e-4, gt=0, le=1)
+    batch_size: Int = _doc("samples per micro-batch (one optimizer step each). Default 32: fits one "
+                           "queue message for 2 cameras at 64x64", 32, ge=1, le=1024)
+    steps: Int = _doc("optimizer steps to train; also the length of the cosine LR decay. Default "
+                      "1000: a few minutes for the tiny bases on CPU", 1000, ge=1)
+    items_per_job: Int = _doc("micro-batches per training-queue job; at most "
+                              "schedule.sft_prefetch_items. The trainer commits once per job (and "
+                              "exports per outputs.export_every_steps), so more items per job mean "
+                              "less overhead per step. Default 1: a commit after every step",
+                              1, ge=1, le=256)
+    weight_decay: Float = _doc("AdamW weight decay. Default 0.01: the model core's default", 0.01, ge=0)
+    grad_clip: Float | None = _doc("global gradient-norm clip (null: none). Default 1.0: guards the "
+                                   "first steps of a fresh head", 1.0, gt=0)
+    warmup_steps: Int = _doc("linear LR warmup steps (at most steps). Default 0: heads start small "
+                             "and AdamW's bias correction already damps early steps", 0, ge=0)
 
-    def _checks(self) -> Iterator[tuple[str, str]]:
+    @model_validator(mode="after")
+    def _checks(self) -> SFTAlgorithm:
         if self.warmup_steps > self.steps:
-            yield "warmup_steps", f"{self.warmup_steps} exceeds steps={self.steps}; must be <= steps"
+            raise_rules("SFTAlgorithm", [rule(("warmup_steps",), f"{self.warmup_steps} exceeds "
+                                              f"steps={self.steps}; allowed: <= steps", self.warmup_steps)])
+        return self
 
 
-@dataclass(frozen=True)
-class PPOAlgorithm:
+class PPOAlgorithm(_Section):
     """Asynchronous PPO (task rl): producers roll out, compute GAE, and queue micro-batches."""
 
-    lr: float = spec_field(3e-4, doc="AdamW learning rate (constant after warmup). Default 3e-4: the "
-                                     "usual PPO Adam rate", gt=0, le=1)
-    gamma: float = spec_field(0.99, doc="discount. Default 0.99: episodes of tens of steps", ge=0, le=1)
-    gae_lambda: float = spec_field(0.95, doc="GAE lambda. Default 0.95: the PPO paper's value", ge=0, le=1)
-    clip_ratio: float = spec_field(0.2, doc="PPO surrogate clip. Default 0.2: the PPO paper's value",
-                                   gt=0, le=1)
-    value_coef: float = spec_field(0.5, doc="value-loss weight. Default 0.5: the gaussian head's default",
-                                   ge=0)
-    entropy_coef: float = spec_field(0.0, doc="entropy bonus. Default 0: the learnt log-std explores "
-                                              "enough on continuous control", ge=0)
-    normalize_advantages: bool = spec_field(True, doc="standardise advantages over each rollout "
-                                                      "(zero mean, unit std) before queueing. Default true: "
-                                                      "the usual PPO practice; rewards of any scale then "
-                                                      "give steps of one size")
-    epochs: int = spec_field(1, doc="passes over each rollout. Default 1: async RL trains each queued "
-                                    "job once; more passes reuse data beyond what staleness allows",
-                             ge=1, le=64)
-    episodes_per_update: int | None = spec_field(
-        None, doc="episodes rolled out per update (one job). Default null: 16 episodes, unless "
-                  "steps_per_update is set (set at most one)", ge=1)
-    steps_per_update: int | None = spec_field(
-        None, doc="env steps rolled out per update instead of whole episodes. Default null: count "
-                  "episodes", ge=1)
-    parallel_envs: int = spec_field(1, doc="episodes rolled out at once, each in its own env session; "
-                                           "their predict requests share the inferencer's group forwards. "
-                                           "Default 1: one episode at a time", ge=1, le=256)
-    micro_batch: int = spec_field(64, doc="samples per queued micro-batch (one optimizer step each). "
-                                          "Default 64: a few steps per update", ge=1, le=1024)
-    weight_decay: float = spec_field(0.0, doc="AdamW weight decay. Default 0: the usual choice for RL, "
-                                              "where data shifts under the policy", ge=0)
-    grad_clip: float | None = spec_field(0.5, doc="global gradient-norm clip (null: none). Default 0.5: "
-                                                  "the usual PPO max_grad_norm", gt=0)
-    warmup_steps: int = spec_field(0, doc="linear LR warmup steps. Default 0: the clip ratio already "
-                                          "bounds early updates", ge=0)
+    DEFAULT_EPISODES_PER_UPDATE: ClassVar[int] = 16  # enough episodes for advantages, small jobs
 
-    DEFAULT_EPISODES_PER_UPDATE = 16  # enough episodes to estimate advantages, few enough for small jobs
+    lr: Float = _doc("AdamW learning rate (constant after warmup). Default 3e-4: the usual PPO Adam "
+                     "rate", 3e-4, gt=0, le=1)
+    gamma: Float = _doc("discount (0: only the immediate reward counts). Default 0.99: episodes of "
+                        "tens of steps", 0.99, ge=0, le=1)
+    gae_lambda: Float = _doc("GAE lambda (0: one-step TD advantages). Default 0.95: the PPO paper's "
+                             "value", 0.95, ge=0, le=1)
+    clip_ratio: Float = _doc("PPO surrogate clip. Default 0.2: the PPO paper's value", 0.2, gt=0, le=1)
+    value_coef: Float = _doc("value-loss weight. Default 0.5: the gaussian head's default", 0.5, ge=0)
+    entropy_coef: Float = _doc("entropy bonus. Default 0: the learnt log-std explores enough on "
+                               "continuous control", 0.0, ge=0)
+    normalize_advantages: Bool = _doc("standardise advantages over each rollout (zero mean, unit std) "
+                                      "before queueing. Default true: the usual PPO practice; rewards "
+                                      "of any scale then give steps of one size", True)
+    epochs: Int = _doc("passes over each rollout. Default 1: async RL trains each queued job once; more "
+                       "passes reuse data beyond what staleness allows", 1, ge=1, le=64)
+    episodes_per_update: Int | None = _doc("episodes rolled out per update (one job). Default null: 16 "
+                                           "episodes, unless steps_per_update is set (set at most one)",
+                                           None, ge=1)
+    steps_per_update: Int | None = _doc("env steps rolled out per update instead of whole episodes. "
+                                        "Default null: count episodes", None, ge=1)
+    parallel_envs: Int = _doc("episodes rolled out at once, each in its own env session; their "
+                              "predict requests share the inferencer's group forwards. Default 1: one "
+                              "episode at a time", 1, ge=1, le=256)
+    micro_batch: Int = _doc("samples per queued micro-batch (one optimizer step each). Default 64: a "
+                            "few steps per update", 64, ge=1, le=1024)
+    weight_decay: Float = _doc("AdamW weight decay. Default 0: the usual choice for RL, where data "
+                               "shifts under the policy", 0.0, ge=0)
+    grad_clip: Float | None = _doc("global gradient-norm clip (null: none). Default 0.5: the usual PPO "
+                                   "max_grad_norm", 0.5, gt=0)
+    warmup_steps: Int = _doc("linear LR warmup steps. Default 0: the clip ratio already bounds early "
+                             "updates", 0, ge=0)
 
-    def __post_init__(self) -> None:
+    @model_validator(mode="before")
+    @classmethod
+    def _default_collection(cls, data: Any) -> Any:
         # Neither set: collect by episodes. Normalised here so a stored spec says what ran.
-        if self.episodes_per_update is None and self.steps_per_update is None:
-            object.__setattr__(self, "episodes_per_update", self.DEFAULT_EPISODES_PER_UPDATE)
+        if isinstance(data, dict) and data.get("episodes_per_update") is None and data.get("steps_per_update") is None:
+            data = {**data, "episodes_per_update": cls.DEFAULT_EPISODES_PER_UPDATE}
+        return data
 
-    def _checks(self) -> Iterator[tuple[str, str]]:
+    @model_validator(mode="after")
+    def _checks(self) -> PPOAlgorithm:
         if self.episodes_per_update is not None and self.steps_per_update is not None:
-            yield "steps_per_update", "set either episodes_per_update or steps_per_update, not both"
+            raise_rules("PPOAlgorithm", [rule(("steps_per_update",), "set either episodes_per_update or "
+                                              "steps_per_update, not both", self.steps_per_update)])
+        return self
 
 
-ALGORITHMS: dict[str, type] = {"sft": SFTAlgorithm, "rl": PPOAlgorithm}
+ALGORITHMS: dict[str, type[BaseModel]] = {"sft": SFTAlgorithm, "rl": PPOAlgorithm}
 
 
-def _algorithm_for(parent: dict[str, Any]) -> type | None:
-    # The algorithm section's type depends on the task; eval takes none (a rule says so).
-    return ALGORITHMS.get(parent.get("task")) if isinstance(parent.get("task"), str) else None
+class BudgetTarget(_Section):
+    """A quality target: the workload completes once a metric its producer measures reaches it."""
+
+    metric: Literal["loss", "success_rate", "mean_return"] = _doc(
+        "what to watch: loss (sft: the mean training loss of the last `window` jobs), success_rate or "
+        "mean_return (rl: over the last `window` rollout episodes)")
+    at_least: Float | None = _doc("done when the metric is >= this (success_rate, mean_return)", None)
+    at_most: Float | None = _doc("done when the metric is <= this (loss)", None)
+    window: Int = _doc("jobs (sft) or episodes (rl) the metric is averaged over; the target is judged "
+                       "only once the window is full. Default 20: one lucky batch or episode does not "
+                       "end the run", 20, ge=1, le=10_000)
+
+    @model_validator(mode="after")
+    def _checks(self) -> BudgetTarget:
+        if (self.at_least is None) == (self.at_most is None):
+            raise_rules("BudgetTarget", [rule(("at_least",), "set exactly one of at_least or at_most")])
+        return self
 
 
-@dataclass(frozen=True)
-class BudgetSpec:
-    """Hard limits: the workload completes when the first one is reached (null: no limit)."""
+class BudgetSpec(_Section):
+    """Limits: the workload completes when the first one is reached (null: no limit)."""
 
-    max_steps: int | None = spec_field(None, doc="optimizer steps", ge=1)
-    max_episodes: int | None = spec_field(None, doc="env episodes (rollouts, demos excluded, or eval)", ge=1)
-    max_wall_s: float | None = spec_field(None, doc="seconds since the workload started", gt=0)
+    max_steps: Int | None = _doc("optimizer steps", None, ge=1)
+    max_episodes: Int | None = _doc("env episodes (rollouts, demos excluded, or eval)", None, ge=1)
+    max_wall_s: Float | None = _doc("seconds since the workload started", None, gt=0)
+    target: BudgetTarget | None = _doc("a quality target, e.g. {metric: success_rate, at_least: 0.95} "
+                                       "(rl) or {metric: loss, at_most: 0.05} (sft). Default null: "
+                                       "limits only", None)
 
 
-@dataclass(frozen=True)
-class ScheduleSpec:
+class ScheduleSpec(_Section):
     """How the tenant shares the trainers (copied into the backend TenantConfig)."""
 
-    priority: int = spec_field(0, doc="higher is leased first; ties go round-robin. Default 0: equal "
-                                      "shares", ge=-1000, le=1000)
-    max_inflight_jobs: int = spec_field(2, doc="unfinished training jobs per tenant-task. Default 2: keeps "
-                                               "a producer from running far ahead of training", ge=1, le=64)
-    staleness_bound: int = spec_field(128, doc="RL data more than this many policy versions old is dropped. "
-                                               "Default 128: the reference system's bound", ge=1)
-    sft_prefetch_items: int = spec_field(16, doc="queued SFT micro-batches per tenant. Default 16: offline "
-                                                 "data cannot crowd out online RL", ge=1, le=4096)
-    budget: BudgetSpec = spec_field(BudgetSpec, doc="limits; default none: sft ends after algorithm.steps, "
-                                                    "eval after eval.episodes, rl runs until cancelled")
+    priority: Int = _doc(f"higher is leased first; ties go round-robin; allowed {PRIORITY_MIN}..{PRIORITY_MAX}. "
+                         "Default 0: equal shares", 0, ge=PRIORITY_MIN, le=PRIORITY_MAX)
+    max_inflight_jobs: Int = _doc("unfinished training jobs per tenant-task. Default 2: keeps a producer "
+                                  "from running far ahead of training", 2, ge=1, le=64)
+    staleness_bound: Int = _doc("RL data more than this many policy versions old is dropped. Default "
+                                "128: the reference system's bound", 128, ge=1)
+    sft_prefetch_items: Int = _doc("SFT micro-batches per tenant in ready or leased jobs (the ones "
+                                   "waiting for or on a trainer); a put beyond it is retried by the "
+                                   "producer. Default 16: offline data cannot crowd out online RL",
+                                   16, ge=1, le=4096)
+    budget: BudgetSpec = _docf("limits; default none: sft ends after algorithm.steps, eval after "
+                               "eval.episodes, rl runs until cancelled", BudgetSpec)
 
 
-@dataclass(frozen=True)
-class EvalSpec:
+def _check_version(value: Any) -> int | str:
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 0:
+            raise _custom(f"{value!r} is too small; allowed: an integer >= 0, 'latest', "
+                          "'tenant:<name>@latest' or 'tenant:<name>@<n>'")
+        return value
+    if isinstance(value, str) and re.fullmatch(VERSION_PIN_PATTERN, value):
+        return value
+    raise _custom(f"{value!r} is not allowed; allowed: an integer >= 0, 'latest', 'tenant:<name>@latest' "
+                  "or 'tenant:<name>@<n>'")
+
+
+_VERSION_SCHEMA = {"anyOf": [{"type": "integer", "minimum": 0},
+                             {"type": "string", "pattern": f"^(?:{VERSION_PIN_PATTERN})$"}]}
+
+
+class EvalSpec(_Section):
     """Read-only evaluation episodes on the env with a pinned policy version."""
 
-    version: int | str = spec_field(
-        "latest", doc="policy version: an integer, 'latest' (this tenant's newest export), or "
-                      "'tenant:<name>@latest' / 'tenant:<name>@<n>' (another tenant's export). "
-                      "Default 'latest'", ge=0, pattern=VERSION_PIN_PATTERN,
-        pattern_text="'latest', 'tenant:<name>@latest' or 'tenant:<name>@<n>'")
-    episodes: int = spec_field(50, doc="episodes to run. Default 50: the success rate's "
-                                       "standard error is at most 7 points", ge=1, le=100_000)
-    seed: int = spec_field(0, doc="first reset seed; episode i uses seed + i. Default 0: every version "
-                                  "is scored on the same episodes", ge=0)
-    sample: bool = spec_field(False, doc="sample actions (true) or take the mean (false). Default false: "
-                                         "deterministic scores", )
+    version: Annotated[int | str, WithJsonSchema(_VERSION_SCHEMA)] = _doc(
+        "policy version: an integer, 'latest' (this tenant's newest export), or 'tenant:<name>@latest' "
+        "/ 'tenant:<name>@<n>' (another tenant's export). Default 'latest'", "latest")
+    episodes: Int = _doc("episodes to run. Default 50: the success rate's standard error is at most 7 "
+                         "points", 50, ge=1, le=100_000)
+    seed: Int = _doc("first reset seed; episode i uses seed + i. Default 0: every version is scored on "
+                     "the same episodes", 0, ge=0)
+    sample: Bool = _doc("sample actions (true) or take the mean (false). Default false: deterministic "
+                        "scores", False)
+
+    @field_validator("version", mode="plain")
+    @classmethod
+    def _version(cls, value: Any) -> int | str:
+        return _check_version(value)
 
 
-@dataclass(frozen=True)
-class OutputsSpec:
+class OutputsSpec(_Section):
     """What the workload leaves behind."""
 
-    export_every_steps: int = spec_field(
-        0, doc="export a version at most every N optimizer steps (0: after every trained job, the "
-               "trainer's behaviour). A final export always happens. Default 0", ge=0)
-    report_path: str | None = spec_field(
-        None, doc="where the master writes the final JSON report. Default null: "
-                  "<data dir>/reports/<tenant>.json", min_length=1)
+    export_every_steps: Int = _doc(
+        "export (and so sync to the inferencers) a new policy version only once at least N optimizer "
+        "steps of the tenant passed since its last export; commits stay per job, and the workload's "
+        "last job always exports. Default 0: after every trained job", 0, ge=0)
+    report_path: Str | None = _doc(
+        "where the master writes the workload's final JSON report when it ends: a path relative to "
+        "the master's data dir (it may not leave it); also `nexus download WORKLOAD --report`. "
+        "Default null: <data dir>/reports/<workload>.json", None, min_length=1)
+
+    @field_validator("report_path")
+    @classmethod
+    def _confined(cls, value: str | None) -> str | None:
+        if value is not None and (value.startswith("/") or ".." in Path(value).parts):
+            raise _custom(f"{value!r} is not allowed; allowed: a relative path inside the master's data dir "
+                          "(no leading '/', no '..')")
+        return value
 
 
-@dataclass(frozen=True, kw_only=True)  # kw_only: fields in reading order, defaults or not
-class WorkloadSpec:
+def _check_base(value: Any) -> str:
+    if not isinstance(value, str):
+        from master.spec_schema import kind
+
+        raise _custom(f"expected a string, got {kind(value)}")
+    if value in known_presets() or re.fullmatch(BASE_PATH_PATTERN, value):
+        return value
+    raise _custom(f"{value!r} is not allowed; allowed: one of {', '.join(known_presets())}, or a path "
+                  "containing '/' (./my_base)")
+
+
+_BASE_SCHEMA = {"type": "string", "anyOf": [{"enum": list(known_presets())},
+                                            {"pattern": f"^(?:{BASE_PATH_PATTERN})$"}]}
+
+
+class WorkloadSpec(_Section):
     """One tenant's workload: model, schema, data source, algorithm, schedule and outputs."""
 
-    spec_version: Literal[1] = spec_field(SPEC_VERSION, doc="format version of this spec. Default 1: the "
-                                                            "only version so far")
-    tenant: str = spec_field(doc="tenant name, unique per deployment", pattern=TENANT_PATTERN,
-                             pattern_text="letters, digits, _ and - (1-64 characters)")
-    task: TaskType = spec_field(doc="sft: supervised fine-tuning; rl: asynchronous PPO; eval: "
-                                    "read-only evaluation")
-    base: str = spec_field(doc="frozen base model: a preset name or a local save_pretrained directory "
-                               "written with a '/' (./my_base)",
-                           choices=known_presets, pattern=BASE_PATH_PATTERN,
-                           pattern_text="or a path containing '/' (./my_base)")
-    action_module: ActionModuleSpec = spec_field(doc="the tenant's trainable head")
-    observation: ObservationSpec = spec_field(doc="cameras, state and prompt template")
-    action: ActionSpec = spec_field(doc="action size and horizon")
-    seed: int = spec_field(0, doc="seeds head init and sampling. Default 0: reproducible runs", ge=0)
-    env: EnvSource | None = spec_field(None, doc="simulator: required by rl and eval; sft uses it with "
-                                                 "env.demos (exclusive with dataset)")
-    dataset: DatasetSource | None = spec_field(None, doc="sft only: a local LeRobot v3.0 dataset "
-                                                         "(exclusive with env)")
-    algorithm: SFTAlgorithm | PPOAlgorithm | None = spec_field(
-        None, doc="hyper-parameters typed by task (sft: SFTAlgorithm, rl: PPOAlgorithm; eval: none). "
-                  "Default null: the task's defaults",
-        select=_algorithm_for, select_options=(SFTAlgorithm, PPOAlgorithm))
-    schedule: ScheduleSpec = spec_field(ScheduleSpec, doc="priority, caps and budget")
-    eval: EvalSpec | None = spec_field(None, doc="evaluation settings: required by eval; on sft/rl, "
-                                                 "evaluates the final version (needs env)")
-    outputs: OutputsSpec = spec_field(OutputsSpec, doc="exports and report")
+    spec_version: Literal[1] = _doc("format version of this spec. Default 1: the only version so far",
+                                    SPEC_VERSION)
+    tenant: Annotated[Str, Allowed("letters, digits, _ and - (1-64 characters)")] = _doc(
+        "tenant name, unique per deployment", pattern=f"^(?:{TENANT_PATTERN})$")
+    task: TaskType = _doc("sft: supervised fine-tuning; rl: asynchronous PPO; eval: read-only evaluation")
+    base: Annotated[str, WithJsonSchema(_BASE_SCHEMA)] = _doc(
+        "frozen base model: a preset name or a local save_pretrained directory written with a '/' "
+        "(./my_base)")
+    action_module: ActionModuleSpec = _doc("the tenant's trainable head")
+    observation: ObservationSpec = _doc("cameras, state and prompt template")
+    action: ActionSpec = _doc("action size and horizon")
+    seed: Int = _doc("seeds head init, sampling and the SFT batch order. Default 0: reproducible runs",
+                     0, ge=0)
+    env: EnvSource | None = _doc("simulator: required by rl and eval; sft uses it with env.demos "
+                                 "(exclusive with dataset)", None)
+    dataset: DatasetSource | None = _doc("sft only: a local LeRobot v3.0 dataset (exclusive with env)", None)
+    algorithm: Annotated[SFTAlgorithm | PPOAlgorithm | None, BySibling("task", ALGORITHMS)] = Field(
+        None, validate_default=True,
+        description="hyper-parameters typed by task (sft: SFTAlgorithm, rl: PPOAlgorithm; eval: none). "
+                    "Default null: the task's defaults")
+    schedule: ScheduleSpec = _docf("priority, caps and budget", ScheduleSpec)
+    eval: EvalSpec | None = _doc("evaluation settings: required by eval; on sft/rl, evaluates the final "
+                                 "version (needs env)", None)
+    outputs: OutputsSpec = _docf("exports and report", OutputsSpec)
 
-    def __post_init__(self) -> None:
+    @field_validator("base", mode="plain")
+    @classmethod
+    def _base(cls, value: Any) -> str:
+        return _check_base(value)
+
+    @field_validator("algorithm", mode="wrap")
+    @classmethod
+    def _by_task(cls, value: Any, handler: Any, info: ValidationInfo) -> Any:
+        # The section's type depends on the task; an invalid task is reported on its own field,
+        # and eval takes none (the task rule reports an algorithm given there).
+        model = ALGORITHMS.get(info.data.get("task"))
+        if model is None:
+            return None
         # An omitted algorithm means the task's defaults; stored specs then say what ran.
-        if self.algorithm is None and self.task in ALGORITHMS:
-            object.__setattr__(self, "algorithm", ALGORITHMS[self.task]())
+        return model.model_validate({} if value is None else value)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _task_rules(cls, data: Any, handler: Any) -> WorkloadSpec:
+        rules = _rule_errors(data) if isinstance(data, dict) else []
+        try:
+            spec = handler(data)
+        except ValidationError as exc:
+            if not rules:
+                raise
+            raise_rules(cls.__name__, reraise_details(exc) + rules)
+            raise
+        raise_rules(cls.__name__, rules + _cross_errors(spec))
+        return spec
 
 
 # ---- task-type rules -------------------------------------------------------------------
-@dataclass(frozen=True)
-class TaskRule:
+class TaskRule(BaseModel):
     """Which sections a task type needs or forbids, and which heads it can train."""
+
+    model_config = ConfigDict(frozen=True)
 
     required: tuple[str, ...] = ()
     forbidden: tuple[str, ...] = ()
@@ -396,68 +533,81 @@ def _is_set(raw: dict[str, Any], key: str) -> bool:
     return raw.get(key) is not None
 
 
-def _rule_errors(raw: dict[str, Any]) -> Errors:
+def _rule_errors(raw: dict[str, Any]) -> list[InitErrorDetails]:
     """Task-type rules on the raw document (sections present or not, whatever their content)."""
     task = raw.get("task")
-    rule = TASK_RULES.get(task) if isinstance(task, str) else None
-    if rule is None:
+    rule_ = TASK_RULES.get(task) if isinstance(task, str) else None
+    if rule_ is None:
         return []  # the task field's own error says what is allowed
-    errors: Errors = []
-    for key in rule.required:
+    errors: list[InitErrorDetails] = []
+    for key in rule_.required:
         if not _is_set(raw, key):
-            errors.append((key, f"required for task {task!r}: {rule.why}"))
-    for key in rule.forbidden:
+            errors.append(rule((key,), f"required for task {task!r}: {rule_.why}"))
+    for key in rule_.forbidden:
         if _is_set(raw, key):
-            errors.append((key, f"not allowed for task {task!r}; remove it"))
-    if rule.exactly_one:
-        present = [k for k in rule.exactly_one if _is_set(raw, k)]
-        options = " or ".join(rule.exactly_one)
+            errors.append(rule((key,), f"not allowed for task {task!r}; remove it", raw.get(key)))
+    if rule_.exactly_one:
+        present = [k for k in rule_.exactly_one if _is_set(raw, k)]
+        options = " or ".join(rule_.exactly_one)
         if not present:
-            errors.append((rule.exactly_one[0], f"task {task!r} needs one of {options}: {rule.why}"))
+            errors.append(rule((rule_.exactly_one[0],), f"task {task!r} needs one of {options}: {rule_.why}"))
         for key in present[1:]:
-            errors.append((key, f"task {task!r} takes one of {options}, not both; remove {key} or {present[0]}"))
+            errors.append(rule((key,), f"task {task!r} takes one of {options}, not both; remove {key} or "
+                                       f"{present[0]}", raw.get(key)))
     module = raw.get("action_module")
     kind = module.get("kind") if isinstance(module, dict) else None
-    if isinstance(kind, str) and kind in HeadKind.__args__ and kind not in rule.heads:  # type: ignore[attr-defined]
-        errors.append(("action_module.kind",
-                       f"{kind!r} is not allowed for task {task!r}; allowed: {', '.join(rule.heads)} ({rule.why})"))
+    if isinstance(kind, str) and kind in HeadKind.__args__ and kind not in rule_.heads:  # type: ignore[attr-defined]
+        errors.append(rule(("action_module", "kind"), f"{kind!r} is not allowed for task {task!r}; allowed: "
+                                                      f"{', '.join(rule_.heads)} ({rule_.why})", kind))
     env = raw.get("env")
     if isinstance(env, dict):
         has_demos = env.get("demos") is not None
-        if rule.demos == "required" and not has_demos and not _is_set(raw, "dataset"):
-            errors.append(("env.demos", f"required when task {task!r} trains from an env: record N "
-                                        "scripted-expert episodes first, e.g. demos: {episodes: 50}"))
-        if rule.demos == "forbidden" and has_demos:
-            errors.append(("env.demos", f"only task 'sft' records demos; remove it for task {task!r}"))
-    if _is_set(raw, "eval") and not _is_set(raw, "env") and "env" not in rule.required:
-        errors.append(("eval", "evaluation runs episodes in an env: set env, or remove eval"))
+        if rule_.demos == "required" and not has_demos and not _is_set(raw, "dataset"):
+            errors.append(rule(("env", "demos"), f"required when task {task!r} trains from an env: record N "
+                                                 "scripted-expert episodes first, e.g. demos: {episodes: 50}"))
+        if rule_.demos == "forbidden" and has_demos:
+            errors.append(rule(("env", "demos"), f"only task 'sft' records demos; remove it for task {task!r}",
+                               env.get("demos")))
+    if _is_set(raw, "eval") and not _is_set(raw, "env") and "env" not in rule_.required:
+        errors.append(rule(("eval",), "evaluation runs episodes in an env: set env, or remove eval"))
     return errors
 
 
-def _cross_errors(spec: WorkloadSpec) -> Errors:
+def _cross_errors(spec: WorkloadSpec) -> list[InitErrorDetails]:
     """Rules across sections that need parsed values (all sections valid)."""
-    errors: Errors = []
+    errors: list[InitErrorDetails] = []
     if spec.dataset is not None:
         names = [c.name for c in spec.observation.cameras]
         mapped = list(spec.dataset.camera_map.values())
         for key, target in spec.dataset.camera_map.items():
             if target not in names:
-                errors.append((f"dataset.camera_map[{key}]",
-                               f"{target!r} is not an observation camera; allowed: {', '.join(names)}"))
+                errors.append(rule(("dataset", "camera_map", key),
+                                   f"{target!r} is not an observation camera; allowed: {', '.join(names)}", target))
         for name in names:
             count = mapped.count(name)
             if count != 1:
-                errors.append(("dataset.camera_map", f"observation camera {name!r} is mapped {count} times; "
-                                                     "map exactly one dataset camera key to it"))
+                errors.append(rule(("dataset", "camera_map"), f"observation camera {name!r} is mapped {count} "
+                                   "times; map exactly one dataset camera key to it", dict(spec.dataset.camera_map)))
     if spec.task == "rl":
         clash = sorted(set(spec.action_module.params) & set(PPO_HEAD_FIELDS))
         if clash:
-            errors.append(("action_module.params", f"{clash} are PPO settings: set them under algorithm "
-                                                   "(one place), not in the head params"))
+            errors.append(rule(("action_module", "params"), f"{clash} are PPO settings: set them under "
+                               "algorithm (one place), not in the head params", clash))
+    if isinstance(spec.algorithm, SFTAlgorithm) and spec.algorithm.items_per_job > spec.schedule.sft_prefetch_items:
+        # A job's items must all be queued before it is ready: more than the cap can never fit.
+        errors.append(rule(("algorithm", "items_per_job"),
+                           f"{spec.algorithm.items_per_job} exceeds schedule.sft_prefetch_items="
+                           f"{spec.schedule.sft_prefetch_items}; allowed: <= sft_prefetch_items (raise the cap "
+                           "or use smaller jobs)", spec.algorithm.items_per_job))
+    target = spec.schedule.budget.target
+    if target is not None:
+        allowed = TARGET_METRICS[spec.task]
+        if target.metric not in allowed:
+            errors.append(rule(("schedule", "budget", "target", "metric"),
+                               f"{target.metric!r} is not measured by task {spec.task!r}; allowed: "
+                               f"{', '.join(allowed) or 'none (eval ends after eval.episodes)'}", target.metric))
     return errors
 
-
-# ---- public API ------------------------------------------------------------------------
 class _SpecLoader(yaml.SafeLoader):
     """Safe YAML with YAML 1.2 floats (``1e-4`` is a number, not a string) and no duplicate keys."""
 
@@ -499,20 +649,18 @@ def load_document(data: bytes | str) -> Any:
         raise SpecError([(ROOT, f"not valid YAML or JSON: {' '.join(str(exc).split())}")]) from None
 
 
+
+
 def parse_spec(data: dict[str, Any] | bytes | str) -> WorkloadSpec:
     """Validate a spec (a dict, or YAML / JSON bytes or text); raise `SpecError` listing every
-    problem with its field path."""
+    problem with its field path, the value given and what is allowed."""
     raw = data if isinstance(data, dict) else load_document(data)
     if not isinstance(raw, dict):
         raise SpecError([(ROOT, f"a workload spec must be a mapping of fields, got {type(raw).__name__}")])
-    errors: Errors = []
-    spec = parse_into(WorkloadSpec, raw, ROOT, errors)
-    errors.extend(_rule_errors(raw))
-    if spec is not None and not errors:
-        errors.extend(_cross_errors(spec))
-    if errors:
-        raise SpecError(errors)
-    return spec
+    try:
+        return WorkloadSpec.model_validate(raw)
+    except ValidationError as exc:
+        raise SpecError(spec_errors(WorkloadSpec, exc, raw)) from None
 
 
 def load_spec(path: str | Path) -> WorkloadSpec:
@@ -522,7 +670,7 @@ def load_spec(path: str | Path) -> WorkloadSpec:
 
 def spec_to_dict(spec: WorkloadSpec) -> dict[str, Any]:
     """JSON-safe plain data (every field written, defaults included) for the workloads KV."""
-    return to_plain(spec)
+    return spec.model_dump(mode="json")
 
 
 def spec_from_dict(data: dict[str, Any]) -> WorkloadSpec:
@@ -534,7 +682,7 @@ def compile_tenant(spec: WorkloadSpec) -> TenantConfig:
     """The backend config of the spec's tenant. ``signature`` and ``created_at`` stay empty:
     the master derives them (never trusted from a client)."""
     schema = {
-        "cameras": [to_plain(c) for c in spec.observation.cameras],
+        "cameras": [c.model_dump() for c in spec.observation.cameras],
         "state_dim": spec.observation.state_dim,
         "action_dim": spec.action.dim,
         "action_horizon": spec.action.horizon,
@@ -558,43 +706,87 @@ def compile_tenant(spec: WorkloadSpec) -> TenantConfig:
         head_params=head_params, optim=optim, seed=spec.seed,
         max_inflight_jobs=sched.max_inflight_jobs, sft_prefetch_items=sched.sft_prefetch_items,
         staleness_bound=sched.staleness_bound, priority=sched.priority,
+        export_every_steps=spec.outputs.export_every_steps,
     )
+
+
+def dataset_errors(spec: WorkloadSpec, root: str | Path | None = None) -> list[tuple[str, str, Any]]:
+    """The dataset's declared features against the spec (state and action keys, cameras), when
+    its meta/info.json can be read here; [] when it cannot (the env worker checks at start)."""
+    ds = spec.dataset
+    if ds is None:
+        return []
+    info_path = Path(root if root is not None else ds.root) / "meta" / "info.json"
+    try:
+        features = json.loads(info_path.read_text()).get("features", {})
+    except (OSError, ValueError):
+        return []
+    return feature_errors(features, ds.state_key, ds.action_key, list(ds.camera_map), spec.observation.state_dim,
+                          spec.action.dim)
+
+
+def feature_errors(features: dict[str, Any], state_key: str, action_key: str, cameras: list[str],
+                   state_dim: int, action_dim: int) -> list[tuple[str, str, Any]]:
+    """Shared by the master (at submit) and the SFT producer (at start)."""
+    numeric = sorted(k for k, f in features.items() if isinstance(f, dict) and f.get("dtype") not in ("image", "video"))
+    errors: list[tuple[str, str, Any]] = []
+
+    def shape(key: str) -> list[int]:
+        return list(features[key].get("shape", [])) if isinstance(features.get(key), dict) else []
+
+    if state_dim > 0:
+        if state_key not in features:
+            errors.append(("dataset.state_key", f"the dataset has no feature {state_key!r}; allowed: one of "
+                           f"{', '.join(numeric)} (or observation.state_dim: 0)", state_key))
+        elif shape(state_key)[-1:] != [state_dim]:
+            errors.append(("dataset.state_key", f"{state_key!r} has shape {shape(state_key)}, but "
+                           f"observation.state_dim is {state_dim}", state_key))
+    if action_key not in features:
+        errors.append(("dataset.action_key", f"the dataset has no feature {action_key!r}; allowed: one of "
+                       f"{', '.join(numeric)}", action_key))
+    elif shape(action_key)[-1:] != [action_dim]:
+        errors.append(("dataset.action_key", f"{action_key!r} has shape {shape(action_key)}, but action.dim is "
+                       f"{action_dim}", action_key))
+    visual = sorted(k for k, f in features.items() if isinstance(f, dict) and f.get("dtype") in ("image", "video"))
+    for key in cameras:
+        if key not in visual:
+            errors.append((f"dataset.camera_map[{key}]", f"the dataset has no camera {key!r}; allowed: "
+                           f"{', '.join(visual)}", key))
+    return errors
 
 
 # ---- JSON Schema -----------------------------------------------------------------------
 def spec_json_schema() -> dict[str, Any]:
-    """JSON Schema (draft 2020-12) of a workload spec, derived from the dataclasses and
+    """JSON Schema (draft 2020-12) of a workload spec: pydantic's schema of `WorkloadSpec` plus
     `TASK_RULES`. Cross-field checks that JSON Schema cannot say (unique camera names, the
-    instruction template, camera_map coverage, warmup <= steps) are `parse_spec`'s alone."""
-    defs: dict[str, Any] = {}
-    ref = json_schema_for(WorkloadSpec, defs)
-    top = defs.pop(WorkloadSpec.__name__)
-    assert ref["$ref"].endswith(WorkloadSpec.__name__)
-    schema = {
+    instruction template, camera_map coverage, warmup <= steps, items_per_job <= prefetch)
+    are `parse_spec`'s alone."""
+    body = model_schema(WorkloadSpec)
+    defs = body.pop("$defs")
+    return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
-        **top,
-        "allOf": [_rule_schema(task, rule) for task, rule in TASK_RULES.items()] + [_eval_needs_env()],
+        **body,
+        "allOf": [_rule_schema(task, r) for task, r in TASK_RULES.items()] + [_eval_needs_env()],
         "$defs": defs,
     }
-    return schema
 
 
 def _object(name: str) -> dict[str, Any]:
     return {"required": [name], "properties": {name: {"type": "object"}}}
 
 
-def _rule_schema(task: str, rule: TaskRule) -> dict[str, Any]:
+def _rule_schema(task: str, r: TaskRule) -> dict[str, Any]:
     then: dict[str, Any] = {"properties": {}}
     conditions: list[dict[str, Any]] = []
-    for key in rule.required:
+    for key in r.required:
         conditions.append(_object(key))
-    for key in rule.forbidden:
+    for key in r.forbidden:
         then["properties"][key] = {"type": "null"}
-    if rule.exactly_one:
-        then["oneOf"] = [_object(k) for k in rule.exactly_one]
-    then["properties"]["action_module"] = {"properties": {"kind": {"enum": list(rule.heads)}}}
-    env: dict[str, Any] = {"properties": {"demos": {"type": "object" if rule.demos == "required" else "null"}}}
-    if rule.demos == "required":
+    if r.exactly_one:
+        then["oneOf"] = [_object(k) for k in r.exactly_one]
+    then["properties"]["action_module"] = {"properties": {"kind": {"enum": list(r.heads)}}}
+    env: dict[str, Any] = {"properties": {"demos": {"type": "object" if r.demos == "required" else "null"}}}
+    if r.demos == "required":
         env["required"] = ["demos"]
     then["properties"]["env"] = env
     if task in ALGORITHMS:
@@ -603,7 +795,7 @@ def _rule_schema(task: str, rule: TaskRule) -> dict[str, Any]:
     if conditions:
         then["allOf"] = conditions
     return {"if": {"required": ["task"], "properties": {"task": {"const": task}}}, "then": then,
-            "description": f"task {task}: {rule.why}"}
+            "description": f"task {task}: {r.why}"}
 
 
 def _eval_needs_env() -> dict[str, Any]:
@@ -646,8 +838,9 @@ def write_docs(root: str | Path = ".") -> list[Path]:
 
 
 __all__ = [
-    "ALGORITHMS", "TASK_RULES", "ActionModuleSpec", "ActionSpec", "BudgetSpec", "Camera", "DatasetSource",
-    "DemosSpec", "EnvSource", "EvalSpec", "ObservationSpec", "OutputsSpec", "PPOAlgorithm", "SFTAlgorithm",
-    "ScheduleSpec", "SpecError", "TaskRule", "WorkloadSpec", "compile_tenant", "known_presets", "load_document",
-    "load_spec", "parse_spec", "spec_from_dict", "spec_json_schema", "spec_to_dict",
+    "ALGORITHMS", "TASK_RULES", "ActionModuleSpec", "ActionSpec", "BudgetSpec", "BudgetTarget", "Camera",
+    "DatasetSource", "DemosSpec", "EnvSource", "EvalSpec", "ObservationSpec", "OutputsSpec", "PPOAlgorithm",
+    "SFTAlgorithm", "ScheduleSpec", "SpecError", "TaskRule", "WorkloadSpec", "compile_tenant", "dataset_errors",
+    "feature_errors", "known_presets", "load_document", "load_spec", "parse_spec", "spec_from_dict",
+    "spec_json_schema", "spec_to_dict",
 ]

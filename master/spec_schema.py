@@ -1,22 +1,17 @@
-"""Typed dataclasses as the single source of truth for a strict parser and a JSON Schema.
+"""Pydantic v2 helpers for the workload spec: field-path errors in plain words, the JSON
+Schema and the docs' field reference, all derived from the same models (`master.spec`).
 
-A spec dataclass declares each field with `spec_field(default, doc, **constraints)`. From those
-declarations this module derives, with no second hand-written definition:
+- `spec_errors(model, exc, raw)`: a pydantic `ValidationError` -> ``[{"field": "a.b[0].c",
+  "message": ..., "value": ...}]``, every problem at once, each message saying what is
+  allowed (the range, the enum, the pattern, the fields of the section);
+- `rule(loc, message, value)` / `raise_rules(title, rules)`: cross-field rules raised from
+  model validators as ordinary line errors, so pydantic prefixes their paths like any other;
+- `model_schema(model)`: pydantic's JSON Schema (draft 2020-12) without the noise titles;
+- `field_rows(model)`: (path, type, default, doc) for every leaf and section, depth first.
 
-- `parse_into(cls, raw, path, errors)`: plain data (from YAML or JSON) -> the dataclass,
-  appending *every* problem to ``errors`` as ``(field path, message)`` instead of stopping at
-  the first (``observation.cameras[1].height: expected an integer, got str``);
-- `json_schema_for(cls, defs)`: a JSON Schema (draft 2020-12) with ``additionalProperties:
-  false``, descriptions and defaults;
-- `to_plain(obj)`: the JSON-safe dict that `parse_into` reads back to an equal object.
-
-Supported annotations: str, int, float, bool, Literal[...], X | None, unions of scalars,
-tuple[X, ...], dict[str, X], Any and nested dataclasses. Constraints (in field metadata):
-``ge``/``gt``/``le`` (numbers), ``pattern`` (strings, full match), ``choices`` (a callable
-listing allowed strings; a value matching ``pattern`` is accepted too), ``min_items``
-(tuples and dicts), ``select`` (a callable ``parent_raw -> dataclass | None`` choosing the
-type of a field from its siblings, e.g. the algorithm section by task). A dataclass may define
-``_checks(self) -> Iterable[(relative path, message)]`` for rules across its own fields.
+Markers a model may put in ``Annotated[...]`` metadata (pydantic keeps unknown metadata and
+ignores it): `Allowed("...")` (how a pattern reads to a person) and `BySibling(field,
+options)` (the section's type is chosen by a sibling's value, e.g. ``algorithm`` by ``task``).
 
 Run ``python -m master.spec_schema`` to rewrite docs/workload_spec.schema.json and the field
 reference of docs/workload_spec.md from the code (a test fails when they are stale).
@@ -24,54 +19,139 @@ reference of docs/workload_spec.md from the code (a test fails when they are sta
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import re
 import types
 import typing
-from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any, Union
 
-Errors = list[tuple[str, str]]
+import annotated_types
+from pydantic import BaseModel, ValidationError
+from pydantic_core import InitErrorDetails, PydanticCustomError
+
 ROOT = "<root>"  # path of the whole document in error reports
 
-_MISSING = dataclasses.MISSING
-_HINTS: dict[type, dict[str, Any]] = {}
+
+@dataclass(frozen=True)
+class Allowed:
+    """How a field's pattern reads to a person ("letters, digits, _ and -")."""
+
+    text: str
 
 
-def spec_field(default: Any = _MISSING, doc: str = "", **meta: Any) -> Any:
-    """A dataclass field with a doc line and constraints; a dataclass default is copied per
-    instance (pass the class, e.g. ``spec_field(ScheduleSpec, ...)``)."""
-    meta["doc"] = doc
-    if isinstance(default, type) and dataclasses.is_dataclass(default):
-        return dataclasses.field(default_factory=default, metadata=meta)
-    if isinstance(default, dict):
-        frozen = dict(default)
-        return dataclasses.field(default_factory=lambda: dict(frozen), metadata=meta)
-    return dataclasses.field(default=default, metadata=meta)
+@dataclass(frozen=True)
+class BySibling:
+    """The field's type is ``options[parent[field]]`` (None when the sibling is invalid)."""
+
+    field: str
+    options: dict[str, type]
 
 
-def join(path: str, name: str) -> str:
-    return name if path in ("", ROOT) else f"{path}.{name}"
+# ---- rules as line errors ----------------------------------------------------------------
+def rule(loc: tuple[str | int, ...], message: str, value: Any = None) -> InitErrorDetails:
+    # "{message}" template: the text is substituted, never parsed (it may contain braces).
+    return InitErrorDetails(type=PydanticCustomError("spec_rule", "{message}", {"message": message}),
+                            loc=loc, input=value)
 
 
-def hints(cls: type) -> dict[str, Any]:
-    out = _HINTS.get(cls)
-    if out is None:
-        out = _HINTS[cls] = typing.get_type_hints(cls)
+def raise_rules(title: str, rules: list[InitErrorDetails]) -> None:
+    if rules:
+        raise ValidationError.from_exception_data(title, rules)
+
+
+def reraise_details(exc: ValidationError) -> list[InitErrorDetails]:
+    """Line errors of ``exc`` in a form that `raise_rules` can raise again with more."""
+    out = []
+    for e in exc.errors():
+        ctx = {k: v for k, v in (e.get("ctx") or {}).items() if isinstance(v, (str, int, float, bool))}
+        out.append(InitErrorDetails(type=PydanticCustomError(e["type"], "{message}", {**ctx, "message": e["msg"]}),
+                                    loc=e["loc"], input=e["input"]))
     return out
 
 
-def has_default(f: dataclasses.Field) -> bool:
-    return f.default is not _MISSING or f.default_factory is not _MISSING  # type: ignore[misc]
+# ---- annotations -------------------------------------------------------------------------
+def _union_args(tp: Any) -> tuple[Any, ...] | None:
+    if typing.get_origin(tp) in (Union, types.UnionType):
+        return typing.get_args(tp)
+    return None
 
 
-def default_of(f: dataclasses.Field) -> Any:
-    return f.default_factory() if f.default_factory is not _MISSING else f.default  # type: ignore[misc]
+def _strip(tp: Any) -> tuple[Any, list[Any]]:
+    """(type without Annotated and None, metadata found on the way)."""
+    meta: list[Any] = []
+    while True:
+        if typing.get_origin(tp) is typing.Annotated:
+            meta.extend(tp.__metadata__)
+            tp = tp.__origin__
+            continue
+        args = _union_args(tp)
+        if args is not None:
+            rest = [a for a in args if a is not type(None)]
+            if len(rest) == 1:
+                tp = rest[0]
+                continue
+        return tp, meta
 
 
-def _kind(value: Any) -> str:
-    # Name the YAML/JSON type a user wrote, not the Python class.
+def is_model(tp: Any) -> bool:
+    return isinstance(tp, type) and issubclass(tp, BaseModel)
+
+
+@dataclass
+class _Spot:
+    """What a location in the document is: its printable path and its declaration."""
+
+    path: str
+    tp: Any = Any  # the (stripped) type at the location
+    meta: tuple[Any, ...] = ()  # constraints and markers of the field
+    doc: str = ""
+    parent: Any = None  # the model holding the last field, if any
+    parent_path: str = ""
+
+
+def _walk(model: type[BaseModel], loc: tuple[Any, ...], raw: Any) -> _Spot:
+    tp: Any = model
+    path, parent, parent_path, meta, doc = "", None, "", [], ""
+    node = raw
+    for part in loc:
+        if part == "[key]":
+            continue
+        if is_model(tp) and isinstance(part, str) and part in tp.model_fields:
+            info = tp.model_fields[part]
+            parent, parent_path = tp, path
+            path = part if not path else f"{path}.{part}"
+            ftp, fmeta = _strip(info.annotation)
+            meta, doc = [*info.metadata, *fmeta], info.description or ""
+            for m in meta:
+                if isinstance(m, BySibling):
+                    ftp = m.options.get(node.get(m.field)) if isinstance(node, dict) else None
+                    ftp = Any if ftp is None else ftp
+            tp = ftp
+            node = node.get(part) if isinstance(node, dict) else None
+            continue
+        origin = typing.get_origin(tp)
+        if isinstance(part, int) and origin in (tuple, list):
+            path = f"{path}[{part}]"
+            tp, _ = _strip(typing.get_args(tp)[0])
+            node = node[part] if isinstance(node, list) and 0 <= part < len(node) else None
+        elif origin is dict:
+            path = f"{path}[{part}]"
+            tp, _ = _strip(typing.get_args(tp)[1])
+            node = node.get(part) if isinstance(node, dict) else None
+        else:  # an unknown field (or a pydantic union tag): name it as written
+            parent, parent_path = (tp if is_model(tp) else None), path
+            path = str(part) if not path else f"{path}.{part}"
+            tp, meta, doc, node = Any, [], "", None
+    return _Spot(path or ROOT, tp, tuple(meta), doc, parent, parent_path)
+
+
+def fields_of(model: type[BaseModel]) -> str:
+    return ", ".join(model.model_fields)
+
+
+# ---- messages ----------------------------------------------------------------------------
+def kind(value: Any) -> str:
+    """The YAML/JSON type a user wrote, not the Python class."""
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -89,371 +169,219 @@ def _kind(value: Any) -> str:
     return type(value).__name__
 
 
-def _union_args(tp: Any) -> tuple[Any, ...] | None:
-    if typing.get_origin(tp) in (Union, types.UnionType):
-        return typing.get_args(tp)
+def describe(tp: Any) -> str:
+    tp, _ = _strip(tp)
+    args = _union_args(tp)
+    if args is not None:
+        return " or ".join(describe(a) for a in args if a is not type(None))
+    if typing.get_origin(tp) is typing.Literal:
+        return "one of " + ", ".join(map(str, typing.get_args(tp)))
+    if is_model(tp):
+        return f"a mapping with fields {fields_of(tp)}"
+    if typing.get_origin(tp) in (tuple, list):
+        return "a list"
+    if typing.get_origin(tp) is dict:
+        return "a mapping"
+    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(tp, "a value")
+
+
+def _bound(meta: tuple[Any, ...], cls: type, attr: str) -> Any:
+    for m in meta:
+        if isinstance(m, cls):
+            return getattr(m, attr)
     return None
 
 
-# ---- parsing ---------------------------------------------------------------------------
-class _Bad(Exception):
-    """One scalar problem at the current path (internal to the parser)."""
+def _range_text(meta: tuple[Any, ...]) -> str:
+    parts = []
+    for cls, attr, word in ((annotated_types.Ge, "ge", ">="), (annotated_types.Gt, "gt", ">"),
+                            (annotated_types.Le, "le", "<="), (annotated_types.Lt, "lt", "<")):
+        b = _bound(meta, cls, attr)
+        if b is not None:
+            parts.append(f"{word} {b}")
+    return " and ".join(parts)
 
 
-def parse_into(cls: type, raw: Any, path: str, errors: Errors) -> Any:
-    """Build ``cls`` from plain data; on any problem append to ``errors`` and return None."""
-    if not isinstance(raw, dict):
-        errors.append((path, f"expected a mapping with fields {_field_names(cls)}, got {_kind(raw)}"))
-        return None
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
-    before = len(errors)
-    for key in raw:
-        if key not in fields:
-            errors.append((join(path, str(key)), f"unknown field; allowed in {_where(cls, path)}: {_field_names(cls)}"))
-    kwargs: dict[str, Any] = {}
-    for name, f in fields.items():
-        fpath = join(path, name)
-        if name not in raw:
-            if not has_default(f):
-                doc = f.metadata.get("doc", "")
-                errors.append((fpath, f"required field is missing; expected {describe(hints(cls)[name], f.metadata)}"
-                                      + (f" ({doc})" if doc else "")))
-            continue
-        tp = hints(cls)[name]
-        select = f.metadata.get("select")
-        if select is not None:
-            chosen = select(raw)
-            if chosen is None:  # the sibling that decides is itself wrong; reported there
-                continue
-            tp = chosen | None
-        value = _parse_value(tp, raw[name], fpath, f.metadata, errors)
-        kwargs[name] = value
-    if len(errors) > before:
-        return None
-    obj = cls(**kwargs)
-    checks = getattr(obj, "_checks", None)
-    if checks is not None:
-        for rel, message in checks():
-            errors.append((join(path, rel) if rel else path, message))
-    return obj
+def _message(e: dict[str, Any], spot: _Spot) -> str:
+    t, value, ctx = e["type"], e.get("input"), e.get("ctx") or {}
+    if t == "spec_rule":
+        return ctx.get("message", e["msg"])
+    if t == "missing":
+        doc = f" ({spot.doc})" if spot.doc else ""
+        return f"required field is missing; expected {describe(spot.tp)}{doc}"
+    if t == "extra_forbidden":
+        where = "the spec" if not spot.parent_path else spot.parent_path
+        allowed = fields_of(spot.parent) if spot.parent is not None else "?"
+        return f"unknown field; allowed in {where}: {allowed}"
+    if t == "literal_error":
+        lit, _ = _strip(spot.tp)
+        options = typing.get_args(lit) if typing.get_origin(lit) is typing.Literal else ()
+        return f"{value!r} is not allowed; allowed: {', '.join(map(str, options)) or ctx.get('expected', '?')}"
+    if t in ("int_type", "int_parsing", "int_from_float"):
+        return f"expected an integer, got {kind(value)}"
+    if t in ("float_type", "float_parsing"):
+        return f"expected a number, got {kind(value)}"
+    if t == "finite_number":
+        return "must be a finite number"
+    if t in ("bool_type", "bool_parsing"):
+        return f"expected true or false, got {kind(value)}"
+    if t == "string_type":
+        return f"expected a string, got {kind(value)}"
+    if t in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
+        word = "small" if t.startswith("greater") else "large"
+        return f"{value!r} is too {word}; allowed: {_range_text(spot.meta) or e['msg']}"
+    if t == "string_too_short":
+        return f"must be at least {ctx.get('min_length')} character(s)"
+    if t == "string_too_long":
+        return f"must be at most {ctx.get('max_length')} character(s)"
+    if t == "string_pattern_mismatch":
+        allowed = next((m.text for m in spot.meta if isinstance(m, Allowed)), f"a match of {ctx.get('pattern')}")
+        return f"{value!r} is not allowed; must be {allowed}"
+    if t == "too_short":
+        return f"needs at least {ctx.get('min_length')} item(s), got {ctx.get('actual_length')}"
+    if t == "too_long":
+        return f"takes at most {ctx.get('max_length')} item(s), got {ctx.get('actual_length')}"
+    if t in ("model_type", "dict_type", "model_attributes_type"):
+        return f"expected {describe(spot.tp) if spot.tp is not Any else 'a mapping'}, got {kind(value)}"
+    if t in ("tuple_type", "list_type"):
+        return f"expected a list, got {kind(value)}"
+    return e["msg"]
 
 
-def _parse_value(tp: Any, value: Any, path: str, meta: dict[str, Any], errors: Errors) -> Any:
+def _plain_value(value: Any) -> Any:
+    """The offending value as JSON-safe data (a large section is summarised)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
     try:
-        return _value(tp, value, path, meta, errors)
-    except _Bad as exc:
-        errors.append((path, str(exc)))
-        return None
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        return repr(value)[:200]
+    return value if len(text) <= 200 else f"<{kind(value)} of {len(value)} entries>"
 
 
-def _value(tp: Any, value: Any, path: str, meta: dict[str, Any], errors: Errors) -> Any:
-    if tp is Any:
-        return value
-    args = _union_args(tp)
-    if args is not None:
-        if value is None:
-            if type(None) in args:
-                return None
-            raise _Bad(f"must not be null; expected {describe(tp, meta)}")
-        options = [a for a in args if a is not type(None)]
-        if len(options) == 1:
-            return _value(options[0], value, path, meta, errors)
-        # Scalar unions (int | str): the branch of the value's own type decides.
-        for option in options:
-            if _is_instance(value, option):
-                return _value(option, value, path, meta, errors)
-        raise _Bad(f"expected {describe(tp, meta)}, got {_kind(value)}")
-    origin = typing.get_origin(tp)
-    if origin is typing.Literal:
-        allowed = typing.get_args(tp)
-        if isinstance(value, bool) or value not in allowed:
-            raise _Bad(f"{value!r} is not allowed; allowed: {', '.join(map(str, allowed))}")
-        return value
-    if origin is tuple:
-        if not isinstance(value, list | tuple):
-            raise _Bad(f"expected a list of {describe(typing.get_args(tp)[0], {})}, got {_kind(value)}")
-        if len(value) < meta.get("min_items", 0):
-            raise _Bad(f"needs at least {meta['min_items']} item(s), got {len(value)}")
-        item_tp = typing.get_args(tp)[0]
-        before = len(errors)
-        items = [_parse_value(item_tp, v, f"{path}[{i}]", {}, errors) for i, v in enumerate(value)]
-        return None if len(errors) > before else tuple(items)
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise _Bad(f"expected a mapping, got {_kind(value)}")
-        if len(value) < meta.get("min_items", 0):
-            raise _Bad(f"needs at least {meta['min_items']} entr(y/ies), got {len(value)}")
-        _, val_tp = typing.get_args(tp)
-        before = len(errors)
-        out = {}
-        for k, v in value.items():
-            if not isinstance(k, str):
-                errors.append((f"{path}[{k!r}]", f"keys must be strings, got {_kind(k)}"))
-                continue
-            out[k] = _parse_value(val_tp, v, f"{path}[{k}]", {}, errors)
-        return None if len(errors) > before else out
-    if dataclasses.is_dataclass(tp):
-        return parse_into(tp, value, path, errors)
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise _Bad(f"expected true or false, got {_kind(value)}")
-        return value
-    if tp is int:
-        # JSON Schema counts 1.0 as an integer; agree with it, but never accept true as 1.
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise _Bad(f"expected an integer, got {_kind(value)}")
-        _check_range(value, meta)
-        return value
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise _Bad(f"expected a number, got {_kind(value)}")
-        if value != value or value in (float("inf"), float("-inf")):
-            raise _Bad("must be a finite number")
-        _check_range(value, meta)
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise _Bad(f"expected a string, got {_kind(value)}")
-        _check_string(value, meta)
-        return value
-    raise TypeError(f"{path}: unsupported annotation {tp!r} in a spec dataclass")
-
-
-def _is_instance(value: Any, tp: Any) -> bool:
-    if tp is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if tp is float:
-        return isinstance(value, int | float) and not isinstance(value, bool)
-    if tp in (str, bool):
-        return isinstance(value, tp)
-    if typing.get_origin(tp) is typing.Literal:
-        return value in typing.get_args(tp)
-    if dataclasses.is_dataclass(tp) or typing.get_origin(tp) is dict:
-        return isinstance(value, dict)
-    if typing.get_origin(tp) is tuple:
-        return isinstance(value, list | tuple)
-    return False
-
-
-def _check_range(value: float, meta: dict[str, Any]) -> None:
-    if "ge" in meta and not value >= meta["ge"]:
-        raise _Bad(f"{value!r} is too small; must be >= {meta['ge']}{_le_text(meta)}")
-    if "gt" in meta and not value > meta["gt"]:
-        raise _Bad(f"{value!r} is too small; must be > {meta['gt']}{_le_text(meta)}")
-    if "le" in meta and not value <= meta["le"]:
-        raise _Bad(f"{value!r} is too large; must be <= {meta['le']}")
-
-
-def _le_text(meta: dict[str, Any]) -> str:
-    return f" and <= {meta['le']}" if "le" in meta else ""
-
-
-def _check_string(value: str, meta: dict[str, Any]) -> None:
-    if meta.get("min_length", 0) > len(value):
-        raise _Bad(f"must be at least {meta['min_length']} character(s)")
-    choices = meta.get("choices")
-    allowed = tuple(choices()) if choices is not None else ()
-    if value in allowed:
-        return
-    pattern = meta.get("pattern")
-    if pattern is not None and re.fullmatch(pattern, value):
-        return
-    if choices is not None:
-        raise _Bad(f"{value!r} is not allowed; allowed: one of {', '.join(allowed)}, {meta.get('pattern_text', '')}")
-    if pattern is not None:
-        raise _Bad(f"{value!r} is not allowed; must be {meta.get('pattern_text', 'a match of ' + pattern)}")
-
-
-def describe(tp: Any, meta: dict[str, Any]) -> str:
-    args = _union_args(tp)
-    if args is not None:
-        return " or ".join(describe(a, meta) for a in args)
-    if tp is type(None):
-        return "null"
-    if typing.get_origin(tp) is typing.Literal:
-        return "one of " + ", ".join(map(str, typing.get_args(tp)))
-    if dataclasses.is_dataclass(tp):
-        return "a mapping"
-    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(tp, str(tp))
-
-
-def _field_names(cls: type) -> str:
-    return ", ".join(f.name for f in dataclasses.fields(cls) if f.init)
-
-
-def _where(cls: type, path: str) -> str:
-    return "the spec" if path in ("", ROOT) else path
-
-
-# ---- plain data ------------------------------------------------------------------------
-def to_plain(obj: Any) -> Any:
-    """Dataclass -> JSON-safe plain data (tuples become lists; every field is written)."""
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.init}
-    if isinstance(obj, list | tuple):
-        return [to_plain(v) for v in obj]
-    if isinstance(obj, dict):
-        return {str(k): to_plain(v) for k, v in obj.items()}
-    return obj
-
-
-# ---- JSON Schema -----------------------------------------------------------------------
-def json_schema_for(cls: type, defs: dict[str, Any]) -> dict[str, Any]:
-    """``{"$ref": ...}`` for ``cls``, filling ``defs`` with it and every nested dataclass."""
-    name = cls.__name__
-    if name not in defs:
-        defs[name] = {}  # placeholder: breaks cycles
-        properties: dict[str, Any] = {}
-        required: list[str] = []
-        for f in dataclasses.fields(cls):
-            if not f.init:
-                continue
-            tp = hints(cls)[f.name]
-            select = f.metadata.get("select")
-            if select is not None:
-                tp = Union[tuple(f.metadata["select_options"])] | None  # noqa: UP007 - built at run time
-            prop = type_schema(tp, f.metadata, defs)
-            if f.metadata.get("doc"):
-                prop["description"] = f.metadata["doc"]
-            if has_default(f):
-                prop["default"] = to_plain(default_of(f))
-            else:
-                required.append(f.name)
-            properties[f.name] = prop
-        body: dict[str, Any] = {
-            "type": "object",
-            "title": name,
-            "description": _doc(cls),
-            "properties": properties,
-            "additionalProperties": False,
-        }
-        if required:
-            body["required"] = required
-        defs[name] = body
-    return {"$ref": f"#/$defs/{name}"}
-
-
-def type_schema(tp: Any, meta: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
-    if tp is Any:
-        return {}
-    args = _union_args(tp)
-    if args is not None:
-        return {"anyOf": [type_schema(a, meta, defs) for a in args]}
-    if tp is type(None):
-        return {"type": "null"}
-    origin = typing.get_origin(tp)
-    if origin is typing.Literal:
-        return {"enum": list(typing.get_args(tp))}
-    if origin is tuple:
-        out = {"type": "array", "items": type_schema(typing.get_args(tp)[0], {}, defs)}
-        if meta.get("min_items"):
-            out["minItems"] = meta["min_items"]
-        return out
-    if origin is dict:
-        _, val_tp = typing.get_args(tp)
-        out = {"type": "object", "additionalProperties": type_schema(val_tp, {}, defs) if val_tp is not Any else True}
-        if meta.get("min_items"):
-            out["minProperties"] = meta["min_items"]
-        return out
-    if dataclasses.is_dataclass(tp):
-        return json_schema_for(tp, defs)
-    if tp is bool:
-        return {"type": "boolean"}
-    if tp in (int, float):
-        out = {"type": "integer" if tp is int else "number"}
-        for key, word in (("ge", "minimum"), ("gt", "exclusiveMinimum"), ("le", "maximum")):
-            if key in meta:
-                out[word] = meta[key]
-        return out
-    if tp is str:
-        out = {"type": "string"}
-        if meta.get("min_length"):
-            out["minLength"] = meta["min_length"]
-        choices = meta.get("choices")
-        if choices is not None:
-            branches: list[dict[str, Any]] = [{"enum": list(choices())}]
-            if "pattern" in meta:
-                branches.append({"pattern": _anchored(meta["pattern"])})
-            out["anyOf"] = branches
-        elif "pattern" in meta:
-            out["pattern"] = _anchored(meta["pattern"])
-        return out
-    raise TypeError(f"unsupported annotation {tp!r} in a spec dataclass")
-
-
-def _anchored(pattern: str) -> str:
-    # JSON Schema patterns search; the parser uses fullmatch. Anchor so both agree.
-    return pattern if pattern.startswith("^") and pattern.endswith("$") else f"^(?:{pattern})$"
-
-
-def _doc(cls: type) -> str:
-    return " ".join((cls.__doc__ or "").strip().split("\n\n")[0].split())
-
-
-def field_rows(cls: type, prefix: str = "", seen: set[type] | None = None) -> Iterable[tuple[str, str, str, str]]:
-    """(path, type, default, doc) for every field, depth first: the docs' field reference."""
-    seen = set() if seen is None else seen
-    for f in dataclasses.fields(cls):
-        if not f.init:
+def spec_errors(model: type[BaseModel], exc: ValidationError, raw: Any) -> list[dict[str, Any]]:
+    out, seen = [], set()
+    errors = exc.errors()
+    locs = [tuple(e["loc"]) for e in errors]
+    for e in errors:
+        loc = tuple(e["loc"])
+        # pydantic counts only the items that validated: a list whose items failed is not "short".
+        if e["type"] == "too_short" and any(len(other) > len(loc) and other[:len(loc)] == loc for other in locs):
             continue
-        tp = hints(cls)[f.name]
-        path = f"{prefix}{f.name}"
-        default = "required" if not has_default(f) else _default_text(default_of(f))
-        options: list[Any] = list(f.metadata.get("select_options", ())) or _dataclasses_in(tp)
-        yield path, _type_text(tp, f.metadata), default, f.metadata.get("doc", "")
-        for sub in options:
-            if sub in seen:
-                continue
-            seen.add(sub)
-            # Several candidate types (the algorithm section): say which one a row belongs to.
-            label = f" ({sub.__name__})" if len(options) > 1 else ""
-            sub_prefix = f"{path}[]." if typing.get_origin(tp) is tuple else f"{path}."
-            for sub_path, sub_type, sub_default, sub_doc in field_rows(sub, sub_prefix, seen):
-                yield sub_path + label, sub_type, sub_default, sub_doc
-
-
-def _dataclasses_in(tp: Any) -> list[type]:
-    args = _union_args(tp) or (tp,)
-    out = []
-    for a in args:
-        if typing.get_origin(a) is tuple:
-            a = typing.get_args(a)[0]
-        if dataclasses.is_dataclass(a):
-            out.append(a)
+        spot = _walk(model, loc, raw)
+        message = _message(e, spot)
+        if (spot.path, message) in seen:
+            continue
+        seen.add((spot.path, message))
+        value = None if e["type"] == "missing" else _plain_value(e.get("input"))
+        out.append({"field": spot.path, "message": message, "value": value})
     return out
 
 
-def _type_text(tp: Any, meta: dict[str, Any]) -> str:
-    if meta.get("select_options"):
+# ---- JSON Schema -------------------------------------------------------------------------
+def _drop_titles(node: Any, in_properties: bool = False) -> Any:
+    if isinstance(node, dict):
+        return {k: _drop_titles(v, k == "properties") for k, v in node.items()
+                if not (k == "title" and not in_properties and isinstance(v, str) and not _is_def(node))}
+    if isinstance(node, list):
+        return [_drop_titles(v) for v in node]
+    return node
+
+
+def _is_def(node: dict[str, Any]) -> bool:
+    return node.get("type") == "object" and "properties" in node
+
+
+def model_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """pydantic's schema of ``model``, property titles dropped (the names say it)."""
+    return _drop_titles(model.model_json_schema(mode="validation"))
+
+
+# ---- field reference ---------------------------------------------------------------------
+def _models_in(tp: Any, meta: tuple[Any, ...]) -> list[type[BaseModel]]:
+    for m in meta:
+        if isinstance(m, BySibling):
+            return list(dict.fromkeys(m.options.values()))
+    tp, _ = _strip(tp)
+    if typing.get_origin(tp) in (tuple, list):
+        tp, _ = _strip(typing.get_args(tp)[0])
+    args = _union_args(tp) or (tp,)
+    return [a for a in args if is_model(a)]
+
+
+def type_text(tp: Any, meta: tuple[Any, ...] = ()) -> str:
+    if any(isinstance(m, BySibling) for m in meta):
         return "mapping (by task) or null"
     args = _union_args(tp)
     if args is not None:
-        return " or ".join(_type_text(a, {}) for a in args)
+        return " or ".join(type_text(a) for a in args)
+    if typing.get_origin(tp) is typing.Annotated:
+        return type_text(tp.__origin__)
     if tp is type(None):
         return "null"
     origin = typing.get_origin(tp)
     if origin is typing.Literal:
         return " \\| ".join(f"`{a}`" for a in typing.get_args(tp))
-    if origin is tuple:
-        return f"list of {_type_text(typing.get_args(tp)[0], {})}"
+    if origin in (tuple, list):
+        return f"list of {type_text(typing.get_args(tp)[0])}"
     if origin is dict:
-        return f"mapping of {_type_text(typing.get_args(tp)[1], {})}"
-    if dataclasses.is_dataclass(tp):
+        return f"mapping of {type_text(typing.get_args(tp)[1])}"
+    if is_model(tp):
         return "mapping"
     return {int: "int", float: "number", str: "string", bool: "bool"}.get(tp, "any")
 
 
-def _default_text(value: Any) -> str:
-    plain = to_plain(value)
-    if dataclasses.is_dataclass(value):
+def default_of(info: Any) -> Any:
+    if info.default_factory is not None:
+        return info.default_factory()
+    return info.default
+
+
+def default_text(info: Any) -> str:
+    if info.is_required():
+        return "required"
+    value = default_of(info)
+    if isinstance(value, BaseModel):
         return "(see fields)"
-    if plain is None:
+    if value is None:
         return "null"
-    if plain == {}:
-        return "{}"
-    return f"`{json.dumps(plain)}`"
+    plain = json.loads(json.dumps(value, default=list))
+    return "{}" if plain == {} else f"`{json.dumps(plain)}`"
+
+
+def field_rows(model: type[BaseModel], prefix: str = "", seen: set[type] | None = None):
+    """(path, type, default, doc) for every field, depth first."""
+    seen = set() if seen is None else seen
+    for name, info in model.model_fields.items():
+        path = f"{prefix}{name}"
+        meta = tuple(info.metadata)
+        yield path, type_text(info.annotation, meta), default_text(info), info.description or ""
+        subs = _models_in(info.annotation, meta)
+        stripped, _ = _strip(info.annotation)
+        for sub in subs:
+            if sub in seen:
+                continue
+            seen.add(sub)
+            label = f" ({sub.__name__})" if len(subs) > 1 else ""
+            sub_prefix = f"{path}[]." if typing.get_origin(stripped) in (tuple, list) else f"{path}."
+            for row in field_rows(sub, sub_prefix, seen):
+                yield (row[0] + label, *row[1:])
+
+
+def leaf_paths(model: type[BaseModel], prefix: str = "") -> list[tuple[str, type[BaseModel], str]]:
+    """Every leaf field as (dotted path, model that declares it, field name); sections chosen by a
+    sibling contribute each option's leaves (``algorithm.lr`` once per algorithm model)."""
+    out = []
+    for name, info in model.model_fields.items():
+        subs = _models_in(info.annotation, tuple(info.metadata))
+        stripped, _ = _strip(info.annotation)
+        if not subs:
+            out.append((f"{prefix}{name}", model, name))
+            continue
+        sep = "[]." if typing.get_origin(stripped) in (tuple, list) else "."
+        for sub in subs:
+            out.extend(leaf_paths(sub, f"{prefix}{name}{sep}"))
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,15 +21,18 @@ keeps following; producers live on env workers and are not interrupted.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
+from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 from nats.js.api import AckPolicy, ConsumerConfig
-from nats.js.errors import NotFoundError
+from nats.js.errors import KeyNotFoundError, NotFoundError, ObjectNotFoundError
 
 from actors.runtime import op
-from protocol.errors import Conflict, NexusError, NotFound
+from protocol.errors import Conflict, FailedPrecondition, NexusError, NotFound
 from protocol.messages import (
     TERMINAL_WORKLOAD_STATES,
     CreateTenantRequest,
@@ -43,6 +46,7 @@ from protocol.messages import (
     WorkloadEvent,
     WorkloadRecord,
     WorkloadRef,
+    WorkloadReport,
     WorkloadsReply,
     WorkloadsRequest,
 )
@@ -50,6 +54,9 @@ from protocol.wire import decode, encode
 
 INTAKE_DURABLE = "master-intake"
 PENDING_RETRY_S = 1.0
+# Asking each registered inferencer which base it serves, at submit: a short bound per
+# instance (a busy one still answers info at once: control ops skip the concurrency slots).
+INFERENCER_INFO_TIMEOUT_S = 2.0
 
 
 def new_workload_id() -> str:
@@ -67,29 +74,34 @@ def policy_pin(spec: Any) -> tuple[str, int | str]:
 
 def compile_producer(spec: Any, workload: str, eval_version: int = -1) -> ProducerSpec:
     """The env worker's part of a workload spec."""
-    from dataclasses import asdict
-
     budget = spec.schedule.budget
-    algo = asdict(spec.algorithm) if spec.algorithm is not None else {}
+    algo = spec.algorithm.model_dump() if spec.algorithm is not None else {}
     p = ProducerSpec(workload=workload, tenant=spec.tenant, kind=spec.task, seed=spec.seed,
                      max_steps=budget.max_steps or 0, max_episodes=budget.max_episodes or 0,
                      max_wall_s=float(budget.max_wall_s or 0.0))
+    if budget.target is not None:
+        t = budget.target
+        p.target_metric, p.target_at_least, p.target_at_most, p.target_window = (
+            t.metric, t.at_least, t.at_most, t.window)
     if spec.env is not None:
         p.env_id, p.env_options = spec.env.id, dict(spec.env.options)
         if spec.env.demos is not None:
             p.demo_episodes, p.demo_noise = spec.env.demos.episodes, spec.env.demos.noise
+            p.demo_seed = spec.env.demos.seed
     if spec.dataset is not None:
         p.dataset_root, p.camera_map = spec.dataset.root, dict(spec.dataset.camera_map)
+        p.state_key, p.action_key = spec.dataset.state_key, spec.dataset.action_key
     if spec.eval is not None:
         # eval: the workload itself; sft / rl: a closing evaluation of the final version.
         p.eval_episodes, p.eval_seed, p.eval_sample = spec.eval.episodes, spec.eval.seed, spec.eval.sample
     if spec.task == "sft":
-        p.algo = {"batch_size": algo.get("batch_size", 32), "items_per_job": algo.get("items_per_job", 1)}
-        p.max_steps = p.max_steps or int(algo.get("steps", 0))
+        p.algo = {"batch_size": algo["batch_size"], "items_per_job": algo["items_per_job"]}
+        p.max_steps = p.max_steps or int(algo["steps"])
     elif spec.task == "rl":
+        # `is not None`, not truthiness: gamma 0 and gae_lambda 0 are meaningful values.
         p.algo = {k: algo[k] for k in ("gamma", "gae_lambda", "episodes_per_update", "steps_per_update",
-                                       "micro_batch", "epochs", "parallel_envs") if algo.get(k)}
-        p.algo["normalize_advantages"] = bool(algo.get("normalize_advantages", True))
+                                       "micro_batch", "epochs", "parallel_envs") if algo.get(k) is not None}
+        p.algo["normalize_advantages"] = bool(algo["normalize_advantages"])
     else:
         p.policy_tenant, _ = policy_pin(spec)
         p.eval_version = eval_version
@@ -139,27 +151,89 @@ class WorkloadOps:
 
         if workload in self.workloads:
             return self.workloads[workload]  # a redelivered intake message: already accepted
+        from master.spec import SpecError, dataset_errors
+
         spec = parse_spec(data)  # SpecError lists every bad field
-        if spec.tenant in self.sched.tenants:
-            raise Conflict(f"tenant {spec.tenant!r} already exists; choose another name",
-                           details={"tenant": spec.tenant})
+        ds_errors = dataset_errors(spec)  # features vs schema, when the dataset is readable here
+        if ds_errors:
+            raise SpecError(ds_errors)
+        serving_note = await self._check_base_served(spec) if spec.task in ("rl", "eval") else ""
+        cfg = compile_tenant(spec)
+        existing = self.sched.tenants.get(spec.tenant)
+        if existing is not None:
+            # A tenant outlives its workloads: the next one (SFT, then RL from that policy,
+            # then an eval) keeps the slot, versions and history, one workload at a time.
+            active = [w.workload for w in self.workloads.values()
+                      if w.tenant == spec.tenant and w.state in ("pending", "running")]
+            if active:
+                raise Conflict(f"tenant {spec.tenant!r} is running workload {active[0]}; a tenant runs one workload "
+                               "at a time: wait for it to end or cancel it", details={"tenant": spec.tenant,
+                                                                                       "workload": active[0]})
+            _check_same_policy(cfg, existing, same_tenant=True)
         if spec.task == "eval":
-            target, _ = policy_pin(spec)
+            target, pin = policy_pin(spec)
             known = set(self.sched.tenants) | {w.tenant for w in self.workloads.values()}
             if target != spec.tenant and target not in known:
                 raise NotFound(f"eval.version names tenant {target!r}, which does not exist",
                                details={"field": "eval.version", "tenant": target})
             if target != spec.tenant and target in self.sched.tenants:
-                _check_same_policy(compile_tenant(spec), self.sched.tenants[target])
-        await self.tenant_create(CreateTenantRequest(config=compile_tenant(spec)))
+                _check_same_policy(cfg, self.sched.tenants[target])
+            await self._check_pin_exists(target, pin, spec.tenant)
+        if existing is None:
+            await self.tenant_create(CreateTenantRequest(config=cfg))
+        else:
+            await self._update_scheduling(existing, cfg)
         now = time.time()
         rec = WorkloadRecord(workload=workload, tenant=spec.tenant, task=spec.task, state="pending",
                              spec=spec_to_dict(spec), created_at=now, updated_at=now)
         self.workloads[workload] = rec
         await self._save_workload(rec)
-        await self._publish_event(rec, "accepted", message=f"{spec.task} workload of tenant {spec.tenant} accepted")
+        await self._publish_event(rec, "accepted",
+                                  message=f"{spec.task} workload of tenant {spec.tenant} accepted{serving_note}")
         await self._try_start(rec)
         return rec
+
+    async def _check_base_served(self, spec: Any) -> str:
+        """An rl / eval workload needs an inferencer serving its base. Rejected (naming the
+        pools that exist) when inferencers are registered and none serves it; accepted with a
+        note when none is registered at all (they may start later; tests without inference)."""
+        from master.service import kv_keys
+        from master.spec import SpecError
+        from protocol.messages import InfoRequest, RoleInfo, ServiceRecord
+        from protocol.subjects import pool_name
+
+        kv = await self.bus.js.key_value(self.names.kv_services)
+        pools: dict[str, str] = {}  # pool -> base
+        registered = 0
+        for key in await kv_keys(kv):
+            if not key.startswith("inferencer."):
+                continue
+            try:
+                svc = decode((await kv.get(key)).value, ServiceRecord)
+            except Exception as exc:  # a record of another version: skip it, say so
+                self.log.warning("unreadable service record", key=key, error=str(exc))
+                continue
+            if svc.state == "stopped":
+                continue
+            registered += 1
+            try:
+                info = await self.bus.request(self.names.instance_op("inferencer", svc.instance, "info"),
+                                              InfoRequest(), RoleInfo, timeout_s=INFERENCER_INFO_TIMEOUT_S)
+            except NexusError as exc:
+                self.log.info("inferencer did not answer info at submit", instance=svc.instance, error=exc.message)
+                continue
+            if info.extra.get("pool"):
+                pools[str(info.extra["pool"])] = str(info.extra.get("base", ""))
+        if not registered:
+            self.log.info("no inferencer registered: base check skipped", tenant=spec.tenant, base=spec.base)
+            return f"; note: no inferencer is registered yet, so nothing serves base {spec.base!r} until one starts"
+        if not pools:
+            return f"; note: no inferencer answered, base {spec.base!r} not checked"
+        if spec.base in pools.values() or pool_name(spec.base) in pools:
+            return ""
+        known = ", ".join(f"{p} (base {b})" for p, b in sorted(pools.items()))
+        raise SpecError([("base", f"no inferencer serves {spec.base!r}; allowed: a base one of the inference "
+                                  f"pools serves: {known}", spec.base)])
 
     async def _intake_loop(self) -> None:
         """Durable intake: plain NATS clients publish specs on <prefix>.workloads.submit."""
@@ -223,13 +297,45 @@ class WorkloadOps:
         await self._set_state(rec, "running", f"producer running on {rec.worker}")
 
     async def _pin_version(self, tenant: str, version: Any) -> int:
+        """The version an eval scores: a number (checked at submit) or the latest export.
+        Never a silent version 0: no export is an error that fails the workload."""
         if isinstance(version, int):
             return version
         try:
-            ref = decode((await self.kv_versions.get(tenant)).value, WeightsRef)
-            return ref.version
-        except Exception:  # nothing exported yet: the initial weights
-            return 0
+            return decode((await self.kv_versions.get(tenant)).value, WeightsRef).version
+        except KeyNotFoundError:
+            raise NotFound(f"tenant {tenant!r} has no exported policy version to evaluate",
+                           details={"tenant": tenant}) from None
+
+    async def _check_pin_exists(self, target: str, pin: Any, evaluator: str) -> None:
+        """At submit: a numbered version must exist; ``latest`` needs an export already, or a
+        training workload of that tenant that will make one."""
+        training = [w for w in self.workloads.values() if w.tenant == target and w.task != "eval"
+                    and w.state in ("pending", "running")]
+        if isinstance(pin, int):
+            store = await self.bus.js.object_store(self.names.obj_weights)
+            try:
+                await store.get_info(f"{target}/v{pin:08d}.manifest.json")
+            except ObjectNotFoundError:
+                latest = self.sched.versions.get(target)
+                raise NotFound(f"tenant {target!r} has no policy version {pin}"
+                               + (f" (its latest is {latest})" if latest is not None else " (it has none yet)"),
+                               details={"field": "eval.version", "tenant": target, "version": pin}) from None
+            return
+        if not training and target not in self.sched.versions:
+            raise FailedPrecondition(
+                f"tenant {target!r} has no exported policy version and no training workload that would make one; "
+                "evaluate after it trained", details={"field": "eval.version", "tenant": target})
+
+    async def _update_scheduling(self, existing: TenantConfig, cfg: TenantConfig) -> None:
+        """A later workload may change how the tenant is scheduled and optimised (not what it is)."""
+        changed = {k: getattr(cfg, k) for k in MUTABLE_FIELDS if getattr(cfg, k) != getattr(existing, k)}
+        if not changed:
+            return
+        for k, v in changed.items():
+            setattr(existing, k, v)
+        await self.kv_tenants.put(existing.name, encode(existing))
+        self.log.info("tenant scheduling updated", tenant=existing.name, **changed)
 
     async def _pending_loop(self) -> None:
         while True:
@@ -265,6 +371,12 @@ class WorkloadOps:
     async def _set_state(self, rec: WorkloadRecord, state: str, message: str) -> None:
         rec.state, rec.message, rec.updated_at = state, message, time.time()  # type: ignore[assignment]
         await self._save_workload(rec)
+        if state in TERMINAL_WORKLOAD_STATES:
+            try:
+                path = await asyncio.to_thread(write_report, self.cfg.data_dir, rec)
+                self.log.info("workload report written", workload=rec.workload, path=str(path))
+            except (OSError, ValueError) as exc:  # the workload's end stands; the report is extra
+                self.log.error("workload report not written", workload=rec.workload, error=str(exc))
         await self._publish_event(rec, "state", message=message)
         self.log.info("workload state", workload=rec.workload, tenant=rec.tenant, state=state, detail=message)
 
@@ -287,6 +399,21 @@ class WorkloadOps:
     async def workload(self, req: WorkloadRef) -> WorkloadRecord:
         return self._workload(req.workload)
 
+    @op("workload_report", WorkloadRef)
+    async def workload_report(self, req: WorkloadRef) -> WorkloadReport:
+        """A finished workload's report, read back from where the master wrote it."""
+        from protocol.errors import FailedPrecondition
+
+        rec = self._workload(req.workload)
+        if rec.state not in TERMINAL_WORKLOAD_STATES:
+            raise FailedPrecondition(f"workload {rec.workload} is {rec.state}; its report is written when it ends")
+        path = report_file(self.cfg.data_dir, rec)
+        try:
+            report = json.loads(await asyncio.to_thread(path.read_text))
+        except FileNotFoundError:
+            raise NotFound(f"no report of {rec.workload} at {path}", details={"path": str(path)}) from None
+        return WorkloadReport(workload=rec.workload, path=str(path), report=report)
+
     @op("workloads", WorkloadsRequest)
     async def list_workloads(self, req: WorkloadsRequest) -> WorkloadsReply:
         recs = [w for w in self.workloads.values() if not req.tenant or w.tenant == req.tenant]
@@ -294,8 +421,11 @@ class WorkloadOps:
 
     @op("tenants", WorkloadsRequest)
     async def list_tenants(self, req: WorkloadsRequest) -> TenantsReply:
+        history: dict[str, list[str]] = {}
+        for rec in sorted(self.workloads.values(), key=lambda w: w.created_at):
+            history.setdefault(rec.tenant, []).append(rec.workload)
         return TenantsReply(tenants=[self.sched.tenants[t] for t in sorted(self.sched.tenants)],
-                            versions=dict(self.sched.versions))
+                            versions=dict(self.sched.versions), history=history)
 
     @op("cancel", WorkloadRef)
     async def cancel(self, req: WorkloadRef) -> WorkloadRecord:
@@ -318,9 +448,13 @@ class WorkloadOps:
         """Policy versions a live workload reads (an eval's pinned version): never compacted."""
         out: dict[str, set[int]] = {}
         for rec in self.workloads.values():
-            if rec.state not in TERMINAL_WORKLOAD_STATES and rec.eval_version >= 0:
-                target = policy_pin_tenant(rec)
-                out.setdefault(target, set()).add(rec.eval_version)
+            if rec.state in TERMINAL_WORKLOAD_STATES or rec.task != "eval":
+                continue
+            pin = (rec.spec.get("eval") or {}).get("version", "latest")
+            digits = str(pin).rpartition("@")[2]
+            version = rec.eval_version if rec.eval_version >= 0 else int(digits) if digits.isdigit() else -1
+            if version >= 0:
+                out.setdefault(policy_pin_tenant(rec), set()).add(version)
         return out
 
     @op("handback", HandbackRequest)
@@ -355,6 +489,28 @@ class WorkloadOps:
             del self.rollouts[key]
 
 
+def report_file(data_dir: str | Path, rec: WorkloadRecord) -> Path:
+    """Where a workload's report goes: outputs.report_path under the data dir (default
+    reports/<workload>.json), confined to it (the spec refuses '/' and '..'; a symlink that
+    leads out is refused here)."""
+    root = Path(data_dir).resolve()
+    rel = (rec.spec.get("outputs") or {}).get("report_path") or f"reports/{rec.workload}.json"
+    path = (root / rel).resolve()
+    if not path.is_relative_to(root):
+        raise ValueError(f"outputs.report_path {rel!r} leaves the data dir {root}")
+    return path
+
+
+def write_report(data_dir: str | Path, rec: WorkloadRecord) -> Path:
+    path = report_file(data_dir, rec)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    report = {"format": "vla-nexus/workload-report/1", **asdict(rec)}
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(report, indent=2, sort_keys=True, default=str))
+    tmp.replace(path)  # never a half-written report
+    return path
+
+
 def policy_pin_tenant(rec: WorkloadRecord) -> str:
     """The tenant whose policy a workload reads (an eval may score another tenant)."""
     version = (rec.spec.get("eval") or {}).get("version", "latest")
@@ -363,17 +519,37 @@ def policy_pin_tenant(rec: WorkloadRecord) -> str:
     return rec.tenant
 
 
-def _check_same_policy(mine: TenantConfig, target: TenantConfig) -> None:
-    """An eval scores another tenant's export: its schema and head must be that policy's."""
+# TenantConfig fields a later workload of the same tenant may change: how it is scheduled and
+# how it is optimised (the optimizer's moments carry over; its hyper-parameters and the PPO
+# loss coefficients are the new workload's). Everything else is what the slot *is*.
+MUTABLE_FIELDS = ("priority", "max_inflight_jobs", "sft_prefetch_items", "staleness_bound", "optim", "head_params")
+
+
+def _check_same_policy(mine: TenantConfig, target: TenantConfig, same_tenant: bool = False) -> None:
+    """An eval scores another tenant's export, and a tenant's next workload trains the same
+    slot: its schema and head (and, for the same tenant, base, head options, optimizer and
+    seed) must be that policy's."""
     from master.spec import SpecError
     from models.schema import TenantSchema
 
+    who = "this tenant's existing slot" if same_tenant else f"tenant {target.name}'s policy"
     errors: list[tuple[str, str]] = []
     if TenantSchema.from_dict(mine.schema).signature() != target.signature:
-        errors.append(("observation", f"schema differs from tenant {target.name}'s (cameras, state_dim, "
-                                      "action dim/horizon and template must match the scored policy)"))
+        errors.append(("observation", f"schema differs from {who} (cameras, state_dim, "
+                                      "action dim/horizon and template must match)"))
     if mine.head != target.head:
-        errors.append(("action_module.kind", f"{mine.head!r}, but tenant {target.name} uses {target.head!r}"))
+        errors.append(("action_module.kind", f"{mine.head!r}, but {who} uses {target.head!r}"))
+    if same_tenant:
+        from master.spec import PPO_HEAD_FIELDS
+
+        def structure(params: dict[str, Any]) -> dict[str, Any]:  # loss coefficients may change
+            return {k: v for k, v in params.items() if k not in PPO_HEAD_FIELDS}
+
+        for name, path, get in (("base", "base", lambda c: c.base), ("seed", "seed", lambda c: c.seed),
+                                ("head_params", "action_module", lambda c: structure(c.head_params))):
+            if get(mine) != get(target):
+                errors.append((path, f"{get(mine)!r} differs from {who}'s {get(target)!r}; "
+                                     "a new tenant name starts a new slot"))
     if errors:
         raise SpecError(errors)
 

@@ -275,6 +275,9 @@ class TenantConfig:
     sft_prefetch_items: int = 16
     staleness_bound: int = 128
     priority: int = 0
+    # Export (and announce) a new version only once this many optimizer steps passed since the
+    # tenant's last export; 0: after every job. The workload's last job always exports.
+    export_every_steps: int = 0
     signature: str = ""
     created_at: float = 0.0
 
@@ -707,6 +710,14 @@ class ProducerSpec:
     eval_sample: bool = False  # sample actions in evaluation instead of taking the mean
     policy_tenant: str = ""  # whose policy acts ("" = tenant); an eval may score another tenant's export
     seed: int = 0
+    demo_seed: int = 0  # first reset seed of the expert recording (episode i: demo_seed + i)
+    state_key: str = "observation.state"  # LeRobot feature keys the SFT reader takes
+    action_key: str = "action"
+    # A quality target ends the workload early: metric ("" = none), one bound, rolling window.
+    target_metric: str = ""
+    target_at_least: float | None = None
+    target_at_most: float | None = None
+    target_window: int = 20
 
 
 @message("workload.ref", 1)
@@ -756,6 +767,16 @@ class WorkloadRecord:
     eval_version: int = -1
 
 
+@message("workload.report", 1)
+@dataclass
+class WorkloadReport:
+    """A finished workload's report (what the master wrote to its outputs.report_path)."""
+
+    workload: str
+    path: str = ""  # on the master's host
+    report: dict[str, Any] = field(default_factory=dict)
+
+
 @message("workload.submit", 1)
 @dataclass
 class SubmitRequest:
@@ -782,6 +803,28 @@ class WorkloadsReply:
 class TenantsReply:
     tenants: list[TenantConfig]
     versions: dict[str, int]
+    # tenant -> its workload ids, oldest first (a tenant runs workloads one after another)
+    history: dict[str, list[str]] = field(default_factory=dict)
+
+
+@message("tenant.delete", 1)
+@dataclass
+class TenantDeleteRequest:
+    """Remove a tenant: slot, queue stream, policy versions, checkpoints, job and workload
+    records. Refused while one of its workloads is pending or running (cancel it first)."""
+
+    tenant: str
+
+
+@message("tenant.deleted", 1)
+@dataclass
+class TenantDeleted:
+    """Announced on ``<prefix>.tenants.deleted.<tenant>``: trainers and inferencers drop the
+    tenant's slot and heads."""
+
+    tenant: str
+    at: float
+    removed: dict[str, int] = field(default_factory=dict)  # what went: objects, jobs, workloads
 
 
 @message("dataset.sample", 1)

@@ -104,6 +104,14 @@ class Names:
         """The master announces newly ready jobs here, so idle trainers lease at once."""
         return f"{self.prefix}.sched.ready"
 
+    # -- tenants -----------------------------------------------------------------------
+    def tenant_deleted(self, tenant: str) -> str:
+        return f"{self.prefix}.tenants.deleted.{check_token('tenant', tenant)}"
+
+    @property
+    def tenant_deleted_all(self) -> str:
+        return f"{self.prefix}.tenants.deleted.*"
+
     # -- inference ---------------------------------------------------------------------
     def infer(self, pool: str) -> str:
         return f"{self.prefix}.infer.{check_token('pool', pool)}"

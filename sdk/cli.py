@@ -491,11 +491,25 @@ def download(
     tenant: Annotated[str, typer.Argument(help="tenant name")],
     version: Annotated[int | None, typer.Option("--version", help="default: the latest export")] = None,
     out: Annotated[Path, typer.Option("--out", help="directory to write into")] = Path("."),
+    report: Annotated[bool, typer.Option(
+        "--report", help="TENANT is a workload id: download its final report JSON instead")] = False,
     data_dir: DataDir = DEFAULT_DATA_DIR, nats_url: NatsUrl = None, prefix: Prefix = None,
     json: Json = False, timeout_s: TimeoutS = 30.0,
 ) -> int:
-    """Download a tenant's policy (safetensors + manifest)."""
+    """Download a tenant's policy (safetensors + manifest), or with --report a workload's report."""
     from sdk.term import print_json
+
+    if report:  # the name is a workload id: fetch its final report instead of a policy
+        async def fetch_report():
+            async with _client(data_dir, nats_url, prefix, timeout_s) as client:
+                return await client.download_report(tenant, out)
+
+        path = _run(fetch_report())
+        if json:
+            print_json({"workload": tenant, "report": str(path)})
+        else:
+            print(path)
+        return EXIT_OK
 
     async def go():
         async with _client(data_dir, nats_url, prefix, timeout_s) as client:

@@ -61,6 +61,8 @@ from protocol.messages import (
     StatusRequest,
     SubmitRequest,
     TenantConfig,
+    TenantDeleted,
+    TenantDeleteRequest,
     TenantsReply,
     TrainBatchReply,
     WeightsRef,
@@ -316,8 +318,26 @@ class AsyncClient:
     async def tenants(self) -> TenantsReply:
         return await self._master("tenants", WorkloadsRequest(), TenantsReply)
 
+    async def delete_tenant(self, tenant: str) -> TenantDeleted:
+        """Remove a tenant (slot, queue stream, versions, checkpoints, records); refused while
+        one of its workloads is pending or running."""
+        return await self._master("tenant_delete", TenantDeleteRequest(tenant=tenant), TenantDeleted)
+
     async def cancel(self, workload: str) -> WorkloadRecord:
         return await self._master("cancel", WorkloadRef(workload=workload), WorkloadRecord)
+
+    async def download_report(self, workload: str, out_dir: str | Path = ".") -> Path:
+        """Write a finished workload's report (the master's copy at its outputs.report_path)
+        to ``<out_dir>/<workload>.report.json``; return the path."""
+        import json
+
+        from protocol.messages import WorkloadReport
+
+        rep = await self._master("workload_report", WorkloadRef(workload=workload), WorkloadReport)
+        out = Path(out_dir) / f"{workload}.report.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(rep.report, indent=2, sort_keys=True))
+        return out
 
     async def download_policy(self, tenant: str, version: int | None = None, out_dir: str | Path = ".") -> tuple[Path, Path]:
         """Write ``<tenant>-v<version>.safetensors`` and its manifest JSON; return both paths."""

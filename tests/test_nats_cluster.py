@@ -28,6 +28,8 @@ from actors.broker import EmbeddedCluster, free_port
 from actors.bus import Bus
 from actors.layout import (
     bucket_streams,
+    kv_buckets,
+    object_buckets,
     ensure_layout,
     ensure_tq_stream,
     kv_stream,
@@ -109,7 +111,7 @@ def test_layout_and_tq_streams_are_r3(healed):
             settings = await ensure_layout(js, names, replicas=3)
             assert settings == DeploymentSettings(replicas=3)
             streams = [c.name for c in stream_configs(names)] + bucket_streams(names)
-            assert len(streams) == 3 + 5 + 2
+            assert len(streams) == len(stream_configs(names)) + len(kv_buckets(names)) + len(object_buckets(names))
             for stream in streams:
                 info = await js.stream_info(stream)
                 assert info.config.num_replicas == 3, stream

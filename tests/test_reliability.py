@@ -272,11 +272,12 @@ async def _wait_workload(c: AsyncClient, workload: str, pred, timeout_s: float =
         await asyncio.sleep(0.1)
 
 
-@pytest.mark.parametrize("how", ["drain", "master_restart"])
+@pytest.mark.parametrize("how", ["drain", "kill", "master_restart"])
 def test_workload_resumes_on_another_env_worker(services, how):
     """drain: SIGTERM the env worker running an SFT workload: it hands the workload back and
-    another worker finishes it. master_restart: the worker and the master are SIGKILLed while
-    no health manager watches; the next master finds the worker gone and re-pends."""
+    another worker finishes it. kill: SIGKILL it; the health manager's role_down re-pends it.
+    master_restart: the worker and the master are SIGKILLed while no health manager watches;
+    the next master finds the worker gone and re-pends."""
     roles = services
     first = roles.start("env")
     spec = sft_spec(f"handback-{how}", steps=40)
@@ -288,10 +289,14 @@ def test_workload_resumes_on_another_env_worker(services, how):
             wl = await c.submit(spec)
             rec = await _wait_workload(c, wl.id, lambda r: r.state == "running" and r.step >= 4)
             assert rec.worker == first.instance
-            if how == "drain":
+            if how in ("drain", "kill"):
                 second = await asyncio.get_running_loop().run_in_executor(None, roles.start, "env")
-                first.send_signal(signal.SIGTERM)
-                assert await _wait_exit(first) == 0
+                if how == "drain":
+                    first.send_signal(signal.SIGTERM)
+                    assert await _wait_exit(first) == 0
+                else:
+                    first.kill()
+                    await _wait_exit(first)
             else:
                 for role, _, proc in roles.procs:
                     if role == "health":

@@ -90,6 +90,8 @@ def test_sft_prefetch_cap_keeps_room_for_rl():
     s = sched(t)
     s.put(job("a", 1, state="ready", items=10))
     s.put(job("a", 2, state="filling", items=6))
+    s.check_reserve(t, "sft")  # a job being filled does not count: only ready / leased ones
+    s.put(job("a", 3, state="leased", items=6))
     with pytest.raises(Busy, match="16 SFT micro-batches queued, the prefetch cap is 16"):
         s.check_reserve(t, "sft")
     with pytest.raises(Busy):

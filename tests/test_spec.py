@@ -226,7 +226,7 @@ def test_cross_field_rules():
     errs = errors_of(mutate(minimal(), {"observation.instruction_template": "do {task}"}))
     assert "{instruction}" in errs["observation.instruction_template"]
     errs = errors_of(mutate(minimal(), {"algorithm": {"steps": 10, "warmup_steps": 20}}))
-    assert "must be <= steps" in errs["algorithm.warmup_steps"]
+    assert "allowed: <= steps" in errs["algorithm.warmup_steps"]
     errs = errors_of(mutate(minimal("rl"), {"algorithm": {"episodes_per_update": 4, "steps_per_update": 100}}))
     assert "not both" in errs["algorithm.steps_per_update"]
     errs = errors_of(mutate(minimal("rl"), {"action_module.params": {"clip_ratio": 0.1}}))
@@ -371,3 +371,95 @@ def test_spec_from_dict_is_strict():
     stored["schedule"]["surprise"] = 1
     with pytest.raises(SpecError, match=r"schedule\.surprise"):
         spec_from_dict(stored)
+
+
+# ---- pydantic models: errors carry path, value and what is allowed; schema from the models -----
+def error_list(data: Any) -> list[dict[str, Any]]:
+    with pytest.raises(SpecError) as info:
+        parse_spec(data)
+    return info.value.details["errors"]
+
+
+def test_each_error_names_field_value_and_what_is_allowed():
+    errs = {e["field"]: e for e in error_list(mutate(minimal("rl"), {
+        "schedule": {"priority": 99, "max_inflight_jobs": 0},
+        "observation.cameras[0].width": 5000,
+        "task": "rl", "algorithm": {"gamma": 1.5, "colour": 1},
+        "eval": {"version": "newest"},
+        "outputs": {"report_path": "/abs.json"},
+    }))}
+    assert errs["schedule.priority"] == {"field": "schedule.priority", "value": 99,
+                                         "message": "99 is too large; allowed: >= -10 and <= 10"}
+    assert errs["schedule.max_inflight_jobs"]["message"] == "0 is too small; allowed: >= 1 and <= 64"
+    assert errs["observation.cameras[0].width"]["value"] == 5000
+    assert "<= 4096" in errs["observation.cameras[0].width"]["message"]
+    assert errs["algorithm.gamma"]["message"] == "1.5 is too large; allowed: >= 0 and <= 1"
+    assert errs["algorithm.colour"]["message"].startswith("unknown field; allowed in algorithm: lr, gamma,")
+    assert "'latest'" in errs["eval.version"]["message"] and errs["eval.version"]["value"] == "newest"
+    assert errs["outputs.report_path"]["value"] == "/abs.json"
+    assert len(errs) == 7  # every error at once, each once
+
+
+def test_field_errors_and_task_rules_come_together():
+    # A wrong type deep in a section and a task rule on another section: both reported.
+    errs = {e["field"]: e["message"] for e in error_list(mutate(minimal("rl"), {
+        "observation.cameras[1].height": "64", "action_module.kind": "mlp", "env": DELETE}))}
+    assert set(errs) == {"observation.cameras[1].height", "action_module.kind", "env"}
+
+
+def test_a_list_whose_items_fail_is_not_called_short():
+    errs = {e["field"] for e in error_list(mutate(minimal(), {"observation.cameras[0].height": "x",
+                                                             "observation.cameras[1].width": "y"}))}
+    assert errs == {"observation.cameras[0].height", "observation.cameras[1].width"}
+
+
+def test_strict_scalars():
+    for path, bad in (("observation.state_dim", "4"), ("observation.state_dim", 4.5), ("seed", True),
+                      ("algorithm", {"lr": "1e-3"}), ("env.demos.noise", float("nan")),
+                      ("eval", {"sample": 1})):
+        doc = mutate(minimal(), {path: bad})
+        assert error_list(doc), (path, bad)
+
+
+def test_priority_is_bounded_and_documented():
+    assert parse_spec(mutate(minimal(), {"schedule": {"priority": -10}})).schedule.priority == -10
+    assert parse_spec(mutate(minimal(), {"schedule": {"priority": 10}})).schedule.priority == 10
+    schema = spec_json_schema()["$defs"]["ScheduleSpec"]["properties"]["priority"]
+    assert (schema["minimum"], schema["maximum"]) == (-10, 10)
+    assert "-10..10" in schema["description"]
+
+
+def test_budget_target_rules():
+    ok = parse_spec(mutate(minimal(), {"schedule": {"budget": {"target": {"metric": "loss", "at_most": 0.05}}}}))
+    assert ok.schedule.budget.target.at_most == 0.05 and ok.schedule.budget.target.window == 20
+    both = error_list(mutate(minimal(), {"schedule": {"budget": {"target": {"metric": "loss"}}}}))
+    assert [e["field"] for e in both] == ["schedule.budget.target.at_least"]
+    wrong = error_list(mutate(minimal(), {"schedule": {"budget": {"target": {"metric": "success_rate",
+                                                                             "at_least": 0.9}}}}))
+    assert wrong[0]["field"] == "schedule.budget.target.metric" and "allowed: loss" in wrong[0]["message"]
+
+
+def test_schema_is_generated_from_the_models():
+    from master.spec import BudgetTarget, OutputsSpec, ScheduleSpec
+
+    schema = spec_json_schema()
+    defs = schema["$defs"]
+    for model in (ScheduleSpec, OutputsSpec, BudgetTarget, SFTAlgorithm, PPOAlgorithm):
+        assert set(defs[model.__name__]["properties"]) == set(model.model_fields)
+        for name, info in model.model_fields.items():
+            assert defs[model.__name__]["properties"][name]["description"] == info.description
+    assert set(schema["properties"]) == set(WorkloadSpec.model_fields)
+
+
+def test_known_presets_match_the_model_core_without_importing_torch():
+    import subprocess
+    import sys
+
+    from master.spec import known_presets
+    from models.presets import PRESETS
+
+    assert known_presets() == tuple(sorted(PRESETS))
+    code = ("import sys; from sdk.cli import main; rc = main(['spec', 'validate', 'examples/rl_reach.yaml']); "
+            "assert 'torch' not in sys.modules, 'torch imported'; sys.exit(rc)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr

@@ -66,7 +66,7 @@ def test_sft_rl_and_eval_workloads_through_the_sdk(cluster, tmp_path):
             sft = await c.submit(sft_spec("w-sft"))
             rl = await c.submit(yaml.safe_dump(rl_spec("w-rl")))  # YAML text works too
             ev = await c.submit(json.dumps(eval_spec("w-eval", "w-sft")))
-            with pytest.raises(Conflict, match="already exists"):
+            with pytest.raises(Conflict, match="one workload at a time"):
                 await c.submit(sft_spec("w-sft"))
             with pytest.raises(NotFound, match="unknown workload"):
                 await c.cancel("w-nope")

@@ -41,6 +41,9 @@ class ReaderConfig:
     cache_bytes: int = 256 * 2**20  # decoded-episode cache; ~1,400 episodes of 2x64x64x50 frames
     max_open_videos: int = 8  # open mp4 containers kept (file handles + demuxer state)
     max_cached_image_files: int = 2  # data parquet files whose PNG columns stay in memory
+    # Feature keys of a batch's state and action (a spec's dataset.state_key / action_key).
+    state_key: str = C.OBS_STATE
+    action_key: str = C.ACTION
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "root", Path(self.root))
@@ -189,7 +192,8 @@ class LeRobotReader:
         cols = self._cols
         ep_B = cols[C.EPISODE_INDEX][idx_B].astype(np.int64)
         task_index_B = cols[C.TASK_INDEX][idx_B].astype(np.int64)
-        extras_keys = [k for k in cols if k not in (*_INDEX_COLUMNS, C.OBS_STATE, C.ACTION)]
+        state_key, action_key = self.config.state_key, self.config.action_key
+        extras_keys = [k for k in cols if k not in (*_INDEX_COLUMNS, state_key, action_key)]
         return Batch(
             index_B=cols[C.INDEX][idx_B],
             episode_index_B=ep_B,
@@ -197,8 +201,8 @@ class LeRobotReader:
             timestamp_B=cols[C.TIMESTAMP][idx_B],
             task_index_B=task_index_B,
             task_B=[self._task(int(t)) for t in task_index_B],
-            state_B_S=cols[C.OBS_STATE][idx_B] if C.OBS_STATE in cols else None,
-            action_B_A=cols[C.ACTION][idx_B] if C.ACTION in cols else None,
+            state_B_S=cols[state_key][idx_B] if state_key in cols else None,
+            action_B_A=cols[action_key][idx_B] if action_key in cols else None,
             images={k: self._images(k, idx_B, ep_B) for k in self.meta.camera_keys},
             extras={k: cols[k][idx_B] for k in extras_keys},
         )

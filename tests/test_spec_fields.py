@@ -1,0 +1,259 @@
+"""Every leaf field of the workload spec reaches the code that uses it.
+
+The spec models are walked (`master.spec_schema.leaf_paths`): for each leaf, a spec with a
+non-default value must compile into something different from the baseline: the tenant's
+`TenantConfig` (`compile_tenant`), the producer's `ProducerSpec` (`compile_producer`), the
+eval pin (`policy_pin`) or the report location (`report_file`). A new field without an entry
+in VALUES fails here until it is wired and listed. Pure functions, no NATS, no torch.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from master.spec import (
+    PPOAlgorithm,
+    SFTAlgorithm,
+    SpecError,
+    WorkloadSpec,
+    compile_tenant,
+    dataset_errors,
+    feature_errors,
+    parse_spec,
+)
+from master.spec_schema import leaf_paths
+from master.workloads import compile_producer, policy_pin, report_file
+from protocol.messages import WorkloadRecord
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURE = ROOT.parent / "shared/fixtures/lerobot/libero_like"
+
+CAMERAS = [{"name": "top", "height": 64, "width": 64}, {"name": "wrist", "height": 64, "width": 64}]
+
+
+def doc(kind: str) -> dict[str, Any]:
+    """Baseline specs: sft from env demos, sft from a dataset, rl, eval; every optional
+    section that holds leaves is present so its leaves can be varied."""
+    base: dict[str, Any] = {
+        "tenant": "t", "base": "tiny-qwen3-vl-64",
+        "observation": {"cameras": copy.deepcopy(CAMERAS), "state_dim": 4}, "action": {"dim": 2},
+    }
+    if kind == "sft":
+        return {**base, "task": "sft", "action_module": {"kind": "mlp"},
+                "env": {"id": "builtin/reach-v0", "demos": {"episodes": 5}},
+                "schedule": {"budget": {"target": {"metric": "loss", "at_most": 0.1}}}}
+    if kind == "dataset":
+        return {**base, "task": "sft", "action_module": {"kind": "mlp"},
+                "dataset": {"root": "/d", "camera_map": {"cam.a": "top", "cam.b": "wrist"}}}
+    if kind == "rl":
+        return {**base, "task": "rl", "action_module": {"kind": "gaussian"}, "env": {"id": "builtin/reach-v0"},
+                "schedule": {"budget": {"target": {"metric": "success_rate", "at_least": 0.9}}}}
+    return {**base, "task": "eval", "action_module": {"kind": "mlp"}, "env": {"id": "builtin/reach-v0"},
+            "eval": {"version": "latest"}}
+
+
+# leaf path -> (baseline, non-default value). "algorithm.*" leaves appear once per algorithm
+# model; the key then carries the model name.
+VALUES: dict[str, tuple[str, Any]] = {
+    "tenant": ("sft", "other"),
+    "task": ("eval", "rl"),  # with the rl head: see _set
+    "base": ("sft", "tiny-smolvlm"),
+    "action_module.kind": ("sft", "flow"),
+    "action_module.params": ("sft", {"width": 32}),
+    "observation.cameras[].name": ("sft", "front"),
+    "observation.cameras[].height": ("sft", 32),
+    "observation.cameras[].width": ("sft", 32),
+    "observation.state_dim": ("sft", 3),
+    "observation.instruction_template": ("sft", "do: {instruction}"),
+    "action.dim": ("sft", 3),
+    "action.horizon": ("sft", 4),
+    "seed": ("sft", 7),
+    "env.id": ("rl", "builtin/other-v0"),
+    "env.options": ("rl", {"max_episode_steps": 9}),
+    "env.demos.episodes": ("sft", 6),
+    "env.demos.seed": ("sft", 11),
+    "env.demos.noise": ("sft", 0.5),
+    "dataset.root": ("dataset", "/other"),
+    "dataset.camera_map": ("dataset", {"cam.x": "top", "cam.b": "wrist"}),
+    "dataset.state_key": ("dataset", "observation.joints"),
+    "dataset.action_key": ("dataset", "action.ee"),
+    "SFTAlgorithm.lr": ("sft", 1e-3),
+    "SFTAlgorithm.batch_size": ("sft", 8),
+    "SFTAlgorithm.steps": ("sft", 20),
+    "SFTAlgorithm.items_per_job": ("sft", 4),
+    "SFTAlgorithm.weight_decay": ("sft", 0.0),
+    "SFTAlgorithm.grad_clip": ("sft", None),
+    "SFTAlgorithm.warmup_steps": ("sft", 5),
+    "PPOAlgorithm.lr": ("rl", 1e-3),
+    "PPOAlgorithm.gamma": ("rl", 0.0),  # zero is a value, not "unset"
+    "PPOAlgorithm.gae_lambda": ("rl", 0.0),
+    "PPOAlgorithm.clip_ratio": ("rl", 0.1),
+    "PPOAlgorithm.value_coef": ("rl", 1.0),
+    "PPOAlgorithm.entropy_coef": ("rl", 0.01),
+    "PPOAlgorithm.normalize_advantages": ("rl", False),
+    "PPOAlgorithm.epochs": ("rl", 2),
+    "PPOAlgorithm.episodes_per_update": ("rl", 4),
+    "PPOAlgorithm.steps_per_update": ("rl", 128),  # with episodes_per_update removed: see _set
+    "PPOAlgorithm.parallel_envs": ("rl", 4),
+    "PPOAlgorithm.micro_batch": ("rl", 32),
+    "PPOAlgorithm.weight_decay": ("rl", 0.01),
+    "PPOAlgorithm.grad_clip": ("rl", None),
+    "PPOAlgorithm.warmup_steps": ("rl", 3),
+    "schedule.priority": ("sft", 3),
+    "schedule.max_inflight_jobs": ("sft", 4),
+    "schedule.staleness_bound": ("rl", 8),
+    "schedule.sft_prefetch_items": ("sft", 32),
+    "schedule.budget.max_steps": ("sft", 9),
+    "schedule.budget.max_episodes": ("rl", 9),
+    "schedule.budget.max_wall_s": ("rl", 60.0),
+    "schedule.budget.target.metric": ("rl", "mean_return"),
+    "schedule.budget.target.at_least": ("rl", 0.5),
+    "schedule.budget.target.at_most": ("sft", 0.2),
+    "schedule.budget.target.window": ("sft", 3),
+    "eval.version": ("eval", 3),
+    "eval.episodes": ("eval", 9),
+    "eval.seed": ("eval", 5),
+    "eval.sample": ("eval", True),
+    "outputs.export_every_steps": ("sft", 10),
+    "outputs.report_path": ("sft", "out/report.json"),
+}
+# Leaves with nothing to vary, and why.
+EXEMPT = {"spec_version": "one allowed value (1) so far: the format version, not a setting"}
+
+
+def _key(path: str, model: type) -> str:
+    return f"{model.__name__}.{path.split('.', 1)[1]}" if path.startswith("algorithm.") else path
+
+
+def _set(data: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
+    out = copy.deepcopy(data)
+    parts = [p for p in re.split(r"\.|(\[\])", path) if p]
+    node = out
+    for part, nxt in zip(parts, parts[1:]):
+        if part == "[]":
+            continue
+        node = node.setdefault(part, {})
+        if nxt == "[]":
+            node = node[0]
+    node[parts[-1]] = value
+    if path == "task":
+        out["action_module"] = {"kind": "gaussian"}
+        out.pop("eval")
+    if path == "algorithm.steps_per_update":
+        out["algorithm"]["episodes_per_update"] = None
+    return out
+
+
+def reach(spec: WorkloadSpec) -> dict[str, Any]:
+    """Everything a spec turns into outside the spec itself."""
+    rec = WorkloadRecord(workload="w1", tenant=spec.tenant, task=spec.task, state="completed",
+                         spec=spec.model_dump(mode="json"), created_at=0.0, updated_at=0.0)
+    return {"tenant": asdict(compile_tenant(spec)), "producer": asdict(compile_producer(spec, "w1")),
+            "pin": policy_pin(spec), "report": str(report_file("/data", rec))}
+
+
+def test_every_leaf_reaches_the_code_that_uses_it():
+    leaves = [(p, m) for p, m, _ in leaf_paths(WorkloadSpec)]
+    keys = [_key(p, m) for p, m in leaves]
+    missing = sorted(set(keys) - set(VALUES) - set(EXEMPT))
+    assert not missing, f"spec leaves with no entry in VALUES (wire them, then list them): {missing}"
+    stale = sorted(set(VALUES) - set(keys))
+    assert not stale, f"VALUES names fields the spec no longer has: {stale}"
+    dead = []
+    for (path, model), key in zip(leaves, keys):
+        if key in EXEMPT:
+            continue
+        kind, value = VALUES[key]
+        baseline = parse_spec(doc(kind))
+        changed = parse_spec(_set(doc(kind), path, value))
+        assert getattr(_section(changed, path), path.rsplit(".", 1)[-1]) is not None or value is None
+        if reach(changed) == reach(baseline):
+            dead.append(key)
+    assert not dead, f"spec leaves that reach nothing (parsed but unread): {dead}"
+
+
+def _section(spec: WorkloadSpec, path: str) -> Any:
+    node: Any = spec
+    for part in path.split(".")[:-1]:
+        part = part.removesuffix("[]")
+        node = getattr(node, part)
+        if isinstance(node, tuple):
+            node = node[0]
+    return node
+
+
+def test_zero_gamma_and_lambda_are_honoured():
+    spec = parse_spec(_set(_set(doc("rl"), "algorithm.gamma", 0), "algorithm.gae_lambda", 0))
+    algo = compile_producer(spec, "w1").algo
+    assert (algo["gamma"], algo["gae_lambda"]) == (0.0, 0.0)
+    assert compile_producer(parse_spec(doc("rl")), "w1").algo["gamma"] == 0.99
+
+
+def test_algorithm_types_follow_the_task():
+    assert isinstance(parse_spec(doc("sft")).algorithm, SFTAlgorithm)
+    assert isinstance(parse_spec(doc("rl")).algorithm, PPOAlgorithm)
+    assert parse_spec(doc("eval")).algorithm is None
+
+
+def test_export_every_steps_and_report_path_compile():
+    spec = parse_spec(_set(doc("sft"), "outputs.export_every_steps", 2))
+    assert compile_tenant(spec).export_every_steps == 2
+    rec = WorkloadRecord(workload="w9", tenant="t", task="sft", state="completed",
+                         spec=spec.model_dump(mode="json"), created_at=0.0, updated_at=0.0)
+    assert report_file("/data", rec) == Path("/data/reports/w9.json").resolve()
+
+
+@pytest.mark.parametrize("bad", ["/etc/passwd", "../up.json", "a/../../b.json"])
+def test_report_path_cannot_leave_the_data_dir(bad):
+    with pytest.raises(SpecError) as info:
+        parse_spec(_set(doc("sft"), "outputs.report_path", bad))
+    (err,) = info.value.details["errors"]
+    assert err["field"] == "outputs.report_path" and err["value"] == bad
+    assert "inside the master's data dir" in err["message"]
+
+
+def test_report_path_symlink_out_is_refused(tmp_path):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "link").symlink_to(tmp_path)
+    spec = parse_spec(_set(doc("sft"), "outputs.report_path", "link/escape.json"))
+    rec = WorkloadRecord(workload="w", tenant="t", task="sft", state="completed",
+                         spec=spec.model_dump(mode="json"), created_at=0.0, updated_at=0.0)
+    with pytest.raises(ValueError, match="leaves the data dir"):
+        report_file(tmp_path / "data", rec)
+
+
+def test_dataset_keys_are_checked_against_the_dataset_features():
+    features = {"observation.state": {"dtype": "float32", "shape": [8]},
+                "action": {"dtype": "float32", "shape": [7]},
+                "observation.images.image": {"dtype": "video", "shape": [64, 64, 3]}}
+    assert feature_errors(features, "observation.state", "action", ["observation.images.image"], 8, 7) == []
+    errs = {f: (m, v) for f, m, v in feature_errors(features, "observation.joints", "act", ["cam"], 8, 7)}
+    assert set(errs) == {"dataset.state_key", "dataset.action_key", "dataset.camera_map[cam]"}
+    assert "no feature 'observation.joints'" in errs["dataset.state_key"][0]
+    assert "action, observation.state" in errs["dataset.state_key"][0]  # what is allowed
+    # No state feature at all: fine when the schema has no state, an error naming the field otherwise.
+    no_state = {k: v for k, v in features.items() if k != "observation.state"}
+    assert feature_errors(no_state, "observation.state", "action", [], 0, 7) == []
+    (err,) = feature_errors(no_state, "observation.state", "action", [], 8, 7)
+    assert err[0] == "dataset.state_key" and "observation.state_dim: 0" in err[1]
+
+
+@pytest.mark.skipif(not (FIXTURE / "meta/info.json").exists(), reason="shared LeRobot fixture not present")
+def test_dataset_errors_read_the_fixture():
+    features = json.loads((FIXTURE / "meta/info.json").read_text())["features"]
+    cams = {k: n for k, n in zip([k for k, f in features.items() if f["dtype"] in ("image", "video")],
+                                 ["top", "wrist"])}
+    spec_doc = _set(doc("dataset"), "dataset", {"root": str(FIXTURE), "camera_map": cams})
+    spec_doc["observation"]["state_dim"] = features["observation.state"]["shape"][0]
+    spec_doc["action"]["dim"] = features["action"]["shape"][0]
+    assert dataset_errors(parse_spec(spec_doc)) == []
+    spec_doc["dataset"]["state_key"] = "observation.nope"
+    (err,) = dataset_errors(parse_spec(spec_doc))
+    assert err[0] == "dataset.state_key"
