@@ -3,8 +3,10 @@
     nexus up [--data-dir DIR] [--nats-port PORT | --nats-url URL] [--nats-cluster 3] [--detach]
     nexus status [--json]                  nexus down [--data-dir DIR]
     nexus submit SPEC [SPEC...] [--wait] [--json]
-    nexus workloads list [--tenant T] [--json]     nexus tenants [--json]     nexus tenant show NAME
-    nexus cancel ID [--json]   nexus download TENANT [--version N] [--json]   nexus logs ROLE
+    nexus workloads list [--tenant T] [--json]     nexus tenants [--json]
+    nexus tenant show NAME [--json] | delete NAME [--yes] [--json]
+    nexus cancel ID [--json]   nexus download TENANT [--version N] | WORKLOAD --report [--json]
+    nexus logs ROLE
     nexus spec schema | validate FILE [--json]     nexus layout --nats-url URL [--replicas 3]
     nexus dataset info PATH [--json] | show PATH --index I | record --out DIR --episodes N
 
@@ -35,9 +37,8 @@ app = typer.Typer(name="nexus", help="vla-nexus: multi-tenant VLA post-training"
                   add_completion=False, pretty_exceptions_enable=False)
 spec_app = typer.Typer(help="the workload spec: print its JSON Schema, or validate a file", no_args_is_help=True)
 workloads_app = typer.Typer(help="workloads: list (the default)", invoke_without_command=True)
-# One tenant at a time. `nexus tenant delete NAME` (remove the slot, streams, objects and records
-# after a confirmation) belongs here, next to `show`, once the master serves the delete op.
-tenant_app = typer.Typer(help="one tenant: show", no_args_is_help=True)
+# One tenant at a time: show it, or delete it (slot, queue stream, objects and records).
+tenant_app = typer.Typer(help="one tenant: show or delete", no_args_is_help=True)
 app.add_typer(spec_app, name="spec")
 app.add_typer(workloads_app, name="workloads")
 app.add_typer(tenant_app, name="tenant")
@@ -344,8 +345,10 @@ def _workloads_default(
 
 
 def _tenant_rows(reply: Any) -> list[dict]:
+    history = reply.history
     return [{"tenant": t.name, "base": t.base, "head": t.head, "signature": t.signature,
-             "version": reply.versions.get(t.name, 0), "priority": t.priority} for t in reply.tenants]
+             "version": reply.versions.get(t.name, 0), "priority": t.priority,
+             "workloads": list(history.get(t.name, []))} for t in reply.tenants]
 
 
 @app.command()
@@ -364,8 +367,8 @@ def tenants(
     if json:
         print_json(rows)
         return EXIT_OK
-    table(("TENANT", "BASE", "HEAD", "VERSION", "SIGNATURE"),
-          [(r["tenant"], r["base"], r["head"], r["version"], r["signature"][:19]) for r in rows])
+    table(("TENANT", "BASE", "HEAD", "VERSION", "WORKLOADS", "SIGNATURE"),
+          [(r["tenant"], r["base"], r["head"], r["version"], len(r["workloads"]), r["signature"][:19]) for r in rows])
     return EXIT_OK
 
 
@@ -393,6 +396,38 @@ def tenant_show(
     if out["workloads"]:
         table(("WORKLOAD", "TASK", "STATE", "VERSION"),
               [(w["workload"], w["task"], w["state"], w["version"]) for w in out["workloads"]])
+    return EXIT_OK
+
+
+@tenant_app.command("delete")
+def tenant_delete(
+    name: Annotated[str, typer.Argument(help="tenant name")],
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask for confirmation")] = False,
+    data_dir: DataDir = DEFAULT_DATA_DIR, nats_url: NatsUrl = None, prefix: Prefix = None,
+    json: Json = False, timeout_s: TimeoutS = 30.0,
+) -> int:
+    """Delete a tenant: its slot, training-queue stream, policy versions, checkpoints, job and
+    workload records. Refused while one of its workloads runs (cancel it first)."""
+    from sdk.term import print_json
+
+    if not yes:
+        if not sys.stdin.isatty():
+            _err(f"deleting tenant {name} removes its policies and history; confirm with --yes")
+            return EXIT_BAD_INPUT
+        if not typer.confirm(f"Delete tenant {name}, its policy versions, checkpoints and history?"):
+            _err("not deleted")
+            return EXIT_FAILED
+
+    async def go():
+        async with _client(data_dir, nats_url, prefix, timeout_s) as client:
+            return await client.delete_tenant(name)
+
+    gone = _run(go())
+    if json:
+        print_json(_asdict(gone))
+    else:
+        removed = ", ".join(f"{n} {what}" for what, n in sorted(gone.removed.items()))
+        print(f"tenant {gone.tenant} deleted ({removed or 'nothing else stored'})")
     return EXIT_OK
 
 

@@ -24,7 +24,7 @@ FIXTURE = ROOT.parent / "shared" / "fixtures" / "lerobot" / "libero_like"
 
 def nexus(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run(nexus_cmd(*args), cwd=ROOT, env=python_env(OMP_NUM_THREADS="1"), capture_output=True,
-                          text=True, timeout=timeout)
+                          text=True, timeout=timeout, stdin=subprocess.DEVNULL)
 
 
 def test_spec_validate_json_valid_and_invalid(tmp_path):

@@ -164,12 +164,13 @@ def run_block(block: Block, checkout: Path, url: str, env: dict[str, str]) -> su
     script = checkout / f"_block_{block.path.stem}_{block.line}.{'py' if block.lang == 'python' else 'sh'}"
     script.write_text(code)
     cmd = [sys.executable, str(script)] if block.lang == "python" else ["bash", "-e", "-o", "pipefail", str(script)]
-    return subprocess.run(cmd, cwd=checkout, env=env, capture_output=True, text=True, timeout=BLOCK_TIMEOUT_S)
+    return subprocess.run(cmd, cwd=checkout, env=env, capture_output=True, text=True, timeout=BLOCK_TIMEOUT_S,
+                          stdin=subprocess.DEVNULL)
 
 
 def nexus(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
     return subprocess.run(nexus_cmd(*args), cwd=cwd, env=env or block_env(), capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, stdin=subprocess.DEVNULL)
 
 
 # The cluster's health timeout, above the default 3 s: on the shared 2-core test machine a role
@@ -226,6 +227,7 @@ def test_cli_json_outputs(docs_cluster, tmp_path):
 
     tenants = {t["tenant"]: t for t in _json(nexus("tenants", "--json", cwd=checkout))}
     assert tenants["sft-reach"]["version"] >= 1 and tenants["sft-reach"]["head"] == "mlp"
+    assert len(tenants["sft-reach"]["workloads"]) >= 1
     listed = _json(nexus("workloads", "list", "--tenant", "sft-reach", "--json", cwd=checkout))
     assert listed and {w["tenant"] for w in listed} == {"sft-reach"}
     assert {w["workload"] for w in _json(nexus("workloads", "--json", cwd=checkout))} >= {w["workload"] for w in listed}
@@ -236,6 +238,10 @@ def test_cli_json_outputs(docs_cluster, tmp_path):
     assert Path(files["weights"]).stat().st_size > 0
     assert json.loads(Path(files["manifest"]).read_text())["version"] == tenants["sft-reach"]["version"]
 
+    evals = _json(nexus("workloads", "list", "--tenant", "eval-reach", "--json", cwd=checkout))
+    report = _json(nexus("download", evals[0]["workload"], "--report", "--out", str(tmp_path), "--json", cwd=checkout))
+    assert json.loads(Path(report["report"]).read_text())  # the eval's report, as the master kept it
+
     spec = yaml.safe_load((checkout / "examples" / "sft_reach.yaml").read_text())
     long_spec = tmp_path / "long.yaml"
     long_spec.write_text(yaml.safe_dump({**spec, "tenant": "cli-cancel", "algorithm": {**spec["algorithm"], "steps": 10_000}}))
@@ -243,6 +249,12 @@ def test_cli_json_outputs(docs_cluster, tmp_path):
     assert [s["tenant"] for s in submitted] == ["cli-cancel"] and submitted[0]["workload"]
     cancelled = _json(nexus("cancel", submitted[0]["workload"], "--json", cwd=checkout))
     assert cancelled["workload"] == submitted[0]["workload"] and cancelled["state"] == "cancelled"
+
+    refused = nexus("tenant", "delete", "cli-cancel", cwd=checkout)  # no --yes, no terminal to ask on
+    assert refused.returncode == 2 and "--yes" in refused.stderr
+    gone = _json(nexus("tenant", "delete", "cli-cancel", "--yes", "--json", cwd=checkout))
+    assert gone["tenant"] == "cli-cancel" and gone["removed"]["workloads"] == 1
+    assert "cli-cancel" not in {t["tenant"] for t in _json(nexus("tenants", "--json", cwd=checkout))}
 
     missing = nexus("tenant", "show", "no-such-tenant", "--json", cwd=checkout)
     assert missing.returncode in (1, 2) and missing.stderr.startswith("error: ") and not missing.stdout
