@@ -44,9 +44,12 @@ from protocol.messages import (
     SampleRequest,
     WorkloadRef,
 )
+from protocol.subjects import check_token
 
 SWEEP_EVERY_S = 1.0
-MAX_SAMPLE = 256  # frames per sample reply (each must fit the max payload; 64x64 x2 cameras ~ 25 KB)
+# Frames per sample reply: the reply must fit the 1 MB max payload (2 cameras of 64x64 are
+# ~25 KB a frame); a larger request is an error naming this bound, not a failed reply.
+MAX_SAMPLE = 32
 MAX_READERS = 8  # open dataset readers kept per worker
 MAX_LEASE_S = 3600.0
 
@@ -120,7 +123,10 @@ class EnvWorker(Role):
     @op("step", EnvStepRequest)
     async def step(self, req: EnvStepRequest) -> EnvObs:
         s = self._session(req.session)
-        action = np.asarray(req.action, dtype=np.float32)
+        try:
+            action = np.asarray(req.action, dtype=np.float32)
+        except (TypeError, ValueError) as exc:  # a bfloat16 tensor has no numpy dtype
+            raise InvalidField("action", f"must be a float array: {exc}") from None
         async with s.lock:
             obs, reward, terminated, truncated, info = await self._call(s, s.env.step, action)
             s.steps += 1
@@ -164,6 +170,7 @@ class EnvWorker(Role):
     async def start_producer(self, req: ProducerSpec) -> Ok:
         from actors.producers import Producer
 
+        check_token("workload", req.workload)  # its events go to a subject named after it
         if req.workload in self.producers:
             return Ok(detail=f"producer of {req.workload} already running on {self.instance}")
         producer = Producer(self, req)

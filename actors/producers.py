@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from actors.bus import retry_through_outage
-from protocol.errors import Busy, NexusError, NotFound
+from protocol.errors import Busy, InvalidField, NexusError, NotFound
 from protocol.messages import ProducerSpec, QueuePutRequest, WorkloadEvent
 from protocol.policy import RetryPolicy
 
@@ -45,6 +45,7 @@ RL_DEFAULTS = {
     "parallel_envs": 1,  # episodes rolled out at once (their requests share inferencer groups)
     "exec_steps": 0,  # env steps per predicted chunk; 0 = the whole chunk
 }
+MAX_PARALLEL_ENVS = 256  # the spec's bound (master/spec.py PPOAlgorithm.parallel_envs)
 SFT_DEFAULTS = {"batch_size": 32, "items_per_job": 1}
 EVAL_DEFAULTS = {"exec_steps": 0}
 
@@ -277,6 +278,8 @@ class Producer:
         # Several episodes at once: their predict requests meet in the inferencer's groups
         # (one base forward for all of them) instead of queueing one round trip at a time.
         n_envs = max(1, int(algo.get("parallel_envs", 1)))
+        if n_envs > MAX_PARALLEL_ENVS:  # the spec bounds it too; a raw start_producer must not
+            raise InvalidField("algo.parallel_envs", f"{n_envs} is over the limit of {MAX_PARALLEL_ENVS}")
         pool = [await asyncio.to_thread(envs.make, self.spec.env_id, **self.spec.env_options) for _ in range(n_envs)]
         seed = self.spec.seed * 1_000_003
         window: list[tuple[bool, float]] = []

@@ -22,7 +22,7 @@ from nats.js.errors import KeyNotFoundError, NoKeysError, ObjectNotFoundError
 from actors.slots import get_object, weights_name
 from protocol.errors import NotFound
 from protocol.messages import TenantConfig, WeightsRef
-from protocol.subjects import Names, pool_name
+from protocol.subjects import Names, check_token, pool_name
 from protocol.wire import decode
 
 
@@ -94,6 +94,7 @@ class ServingHeads:
 
     async def get(self, tenant: str, version: int = -1) -> tuple[Any, int]:
         """(slot, version) for a request; version -1 = current (0 = initial weights if none)."""
+        check_token("tenant", tenant)  # a KV key: '*' or '.' would fail there as a server error
         await self.config(tenant)
         if version < 0:
             version = self.current.get(tenant, 0)

@@ -60,6 +60,7 @@ from protocol.messages import (
     WeightsRef,
 )
 from protocol.policy import DRAIN_RELEASE, leases_from_env
+from protocol.subjects import check_token
 
 # Fault injection for the exactly-once tests: SIGKILL this process at the named point of the
 # first job it handles. Points, in lifecycle order:
@@ -457,6 +458,7 @@ class Trainer(Role):
     async def train_batch(self, req: JobRef) -> TrainBatchReply:
         """Train one ready job now (a custom algorithm's step), then export it."""
         assert self.bus is not None
+        check_token("job", req.job)  # an empty job would make the lease pick any ready jobs
         async with self._compute:
             reply = await self.bus.request(
                 self.names.master("lease"),

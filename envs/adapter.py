@@ -168,7 +168,12 @@ def config_from_options(cls: type, env_id: str, options: dict[str, Any],
     if unknown:
         raise ConfigError(f"{env_id}: unknown option(s) {unknown}; known: {sorted(known | {'image_size'})}")
     options = dict(options)
-    if image_size is not None:
-        h, w = (image_size, image_size) if isinstance(image_size, int) else image_size
-        options.update(image_height=h, image_width=w)
-    return cls(**options, **fixed)
+    try:
+        if image_size is not None:
+            h, w = (image_size, image_size) if isinstance(image_size, int) else image_size
+            options.update(image_height=h, image_width=w)
+        return cls(**options, **fixed)
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as exc:  # options come from clients: a wrong type is theirs
+        raise ConfigError(f"{env_id}: bad option value ({type(exc).__name__}: {exc})") from None

@@ -22,7 +22,7 @@ def _array(field: str, value: Any) -> np.ndarray:
         # torch tensors decode as tensors; take their numpy view without copying.
         try:
             value = value.numpy()
-        except AttributeError:
+        except (AttributeError, TypeError):  # TypeError: a bfloat16 tensor has no numpy dtype
             raise InvalidField(field, f"must be an array, got {type(value).__name__}") from None
     return value
 

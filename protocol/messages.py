@@ -6,11 +6,15 @@ latter into the matching `NexusError` on the client side.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from protocol.errors import InvalidField, NexusError, error_from_code
 from protocol.wire import Array, message
+
+# Seeds feed numpy's SeedSequence (non-negative, any size); indices become int64.
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 RoleState = Literal["starting", "ready", "draining", "stopped"]
 
@@ -428,6 +432,11 @@ class QueueGetReply:
     total: int
 
 
+# A lease is renewed while its work runs, so it never needs to be long: an hour bounds how long
+# a trainer that stopped renewing can hold a job.
+MAX_LEASE_S = 3600.0
+
+
 @message("tq.lease", 1)
 @dataclass
 class LeaseRequest:
@@ -438,6 +447,11 @@ class LeaseRequest:
     lease_s: float = 300.0
     job: str = ""  # lease exactly this job (train_batch of a manual job), with tenant
     tenant: str = ""
+
+    def __post_init__(self) -> None:
+        # nan or inf would never expire: the job would stay leased by this trainer forever.
+        if not (math.isfinite(self.lease_s) and 0 < self.lease_s <= MAX_LEASE_S):
+            raise InvalidField("lease_s", f"must be in (0, {MAX_LEASE_S:g}] seconds, got {self.lease_s!r}")
 
 
 @message("tq.lease.reply", 1)
@@ -614,6 +628,11 @@ class PredictRequest:
     # both. Empty: no dedup (every request is worked).
     request_id: str = ""
 
+    def __post_init__(self) -> None:
+        # <= 0 or nan: dropped unworked without a reply; the caller would wait for nothing.
+        if not self.timeout_s > 0:
+            raise InvalidField("timeout_s", f"must be > 0 seconds, got {self.timeout_s!r}")
+
 
 @message("infer.predict.reply", 1)
 @dataclass
@@ -657,6 +676,11 @@ class EnvResetRequest:
     session: str
     seed: int | None = None
     task: str | None = None
+
+    def __post_init__(self) -> None:
+        # A negative seed made the simulator raise, which closed the session as "crashed".
+        if self.seed is not None and self.seed < 0:
+            raise InvalidField("seed", f"must be >= 0, got {self.seed}")
 
 
 @message("env.step", 1)
@@ -836,6 +860,12 @@ class SampleRequest:
     n: int
     seed: int | None = None
     indices: list[int] = field(default_factory=list)  # exact frames instead of a random sample
+
+    def __post_init__(self) -> None:
+        if self.seed is not None and self.seed < 0:
+            raise InvalidField("seed", f"must be >= 0, got {self.seed}")
+        if any(not _INT64_MIN <= i <= _INT64_MAX for i in self.indices):  # int64 on the worker
+            raise InvalidField("indices", "every index must fit in int64")
 
 
 @message("dataset.batch", 1)

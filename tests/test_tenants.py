@@ -84,6 +84,8 @@ def test_tenant_delete_removes_everything_and_frees_the_name(cluster):  # noqa: 
             wl = await c.submit(spec("gone", "sft", algorithm={"lr": 1e-3, "batch_size": 8, "steps": 200}))
             with pytest.raises(FailedPrecondition, match="cancel it first"):
                 await c.delete_tenant("gone")
+            while (await wl.status()).step < 1:  # it has jobs and a version by now
+                await asyncio.sleep(0.2)
             await wl.cancel()
             deleted = await c.delete_tenant("gone")
             with pytest.raises(NotFound):

@@ -70,6 +70,9 @@ def instruction_for(target_name: str) -> str:
     return f"reach the {target_name} target"
 
 
+MAX_IMAGE_SIDE = 4096  # the tenant schema's own camera bound
+
+
 @dataclass(frozen=True)
 class ReachConfig:
     image_height: int = 64  # small: rendering stays ~0.1 ms and a tiny CNN trains on CPU
@@ -93,8 +96,14 @@ class ReachConfig:
             value = getattr(self, name)
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"ReachConfig.{name}: must be a positive int, got {value!r}")
+        # Options arrive from clients (env.create): an image size without a bound is an OOM.
+        if max(self.image_height, self.image_width) > MAX_IMAGE_SIDE:
+            raise ConfigError(f"ReachConfig.image_height/image_width: at most {MAX_IMAGE_SIDE}")
+        if not isinstance(self.seed, (int, np.integer)) or isinstance(self.seed, bool) or self.seed < 0:
+            raise ConfigError(f"ReachConfig.seed: must be an int >= 0, got {self.seed!r}")
         for name in ("max_step", "success_radius", "target_radius", "agent_radius", "wrist_half_extent"):
-            if not float(getattr(self, name)) > 0:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float, np.number)) or not float(value) > 0:
                 raise ConfigError(f"ReachConfig.{name}: must be > 0, got {getattr(self, name)!r}")
         if not isinstance(self.cameras, tuple):
             object.__setattr__(self, "cameras", tuple(self.cameras))

@@ -16,6 +16,7 @@ roughly once while it stays hot. Not thread-safe: one reader per thread or proce
 from __future__ import annotations
 
 import io
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -102,6 +103,9 @@ class LeRobotReader:
         self._episode_cache: OrderedDict[tuple[int, str], np.ndarray] = OrderedDict()
         self._episode_cache_bytes = 0
         self._image_tables: OrderedDict[Path, pa.Table] = OrderedDict()
+        # One read at a time: PyAV containers and the LRU caches are not thread-safe, and an env
+        # worker serves concurrent `sample` requests from worker threads (they segfaulted it).
+        self._lock = threading.RLock()
         self._load_columns()
 
     # -- loading -------------------------------------------------------------------------
@@ -148,10 +152,11 @@ class LeRobotReader:
         self.close()
 
     def close(self) -> None:
-        self._decoder.close()
-        self._episode_cache.clear()
-        self._episode_cache_bytes = 0
-        self._image_tables.clear()
+        with self._lock:
+            self._decoder.close()
+            self._episode_cache.clear()
+            self._episode_cache_bytes = 0
+            self._image_tables.clear()
 
     def check_index(self, index: int) -> int:
         if isinstance(index, bool) or not isinstance(index, (int, np.integer)):
@@ -184,10 +189,16 @@ class LeRobotReader:
         """n frames drawn uniformly with replacement from a seeded generator."""
         if n <= 0:
             raise ConfigError(f"sample: n must be > 0, got {n}")
+        if isinstance(rng, int) and rng < 0:  # numpy's ValueError would read as a server bug
+            raise ConfigError(f"sample: seed must be >= 0, got {rng}")
         gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
         return self.get_batch(gen.integers(0, self._n, size=n))
 
     def get_batch(self, indices: Any) -> Batch:
+        with self._lock:
+            return self._get_batch(indices)
+
+    def _get_batch(self, indices: Any) -> Batch:
         idx_B = np.fromiter((self.check_index(i) for i in np.asarray(indices).reshape(-1).tolist()), np.int64)
         cols = self._cols
         ep_B = cols[C.EPISODE_INDEX][idx_B].astype(np.int64)
