@@ -1,82 +1,156 @@
-"""The `nexus` command.
+"""The `nexus` command (typer + rich).
 
     nexus up [--data-dir DIR] [--nats-port PORT | --nats-url URL] [--nats-cluster 3] [--detach]
-    nexus status [--json]
-    nexus down [--data-dir DIR]
+    nexus status [--json]                  nexus down [--data-dir DIR]
+    nexus submit SPEC [SPEC...] [--wait] [--json]
+    nexus workloads list [--tenant T] [--json]     nexus tenants [--json]
+    nexus tenant show NAME [--json] | delete NAME [--yes] [--json]
+    nexus cancel ID [--json]   nexus download TENANT [--version N] | WORKLOAD --report [--json]
+    nexus logs ROLE
+    nexus spec schema | validate FILE [--json]     nexus layout --nats-url URL [--replicas 3]
+    nexus dataset info PATH [--json] | show PATH --index I | record --out DIR --episodes N
 
 Client commands find the cluster from ``--nats-url`` or ``<--data-dir>/cluster.json``
-(default ``./.nexus/``). Exit status: 0 ok, 1 the cluster or a role failed, 2 bad input.
+(default ``./.nexus/``); ``NEXUS_NATS_URL``, ``NEXUS_PREFIX``, ``NEXUS_DATA_DIR`` and (for
+``nexus up``) ``NEXUS_NATS_PORT`` stand in for the flags. Exit status: 0 ok, 1 the cluster or a
+role failed, 2 bad input (usage errors included).
+
+Every import beyond typer is made inside the command that needs it: ``nexus submit`` and
+``nexus spec validate`` must start in well under a second, so nothing here may pull in torch.
 """
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-import dataclasses
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Annotated, Any
 
-import orjson
-
-from actors.broker import PortTaken, port_is_free
-from actors.supervisor import ClusterState, Supervisor, SupervisorConfig, pid_alive
-from protocol.errors import NexusError, Unavailable
-from protocol.subjects import DEFAULT_PREFIX
-from sdk.client import AsyncClient, resolve_cluster
-from sdk.dataset_cli import add_dataset_commands
+import typer
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+NATS_CLUSTER_SIZES = (1, 3, 5)
+
+app = typer.Typer(name="nexus", help="vla-nexus: multi-tenant VLA post-training", no_args_is_help=True,
+                  add_completion=False, pretty_exceptions_enable=False)
+spec_app = typer.Typer(help="the workload spec: print its JSON Schema, or validate a file", no_args_is_help=True)
+workloads_app = typer.Typer(help="workloads: list (the default)", invoke_without_command=True)
+# One tenant at a time: show it, or delete it (slot, queue stream, objects and records).
+tenant_app = typer.Typer(help="one tenant: show or delete", no_args_is_help=True)
+app.add_typer(spec_app, name="spec")
+app.add_typer(workloads_app, name="workloads")
+app.add_typer(tenant_app, name="tenant")
+
+
+def _add_dataset_app() -> None:
+    from sdk.dataset_cli import dataset_app
+
+    app.add_typer(dataset_app, name="dataset")
+
+
+# -- shared options ---------------------------------------------------------------------------
+DataDir = Annotated[Path, typer.Option(
+    "--data-dir", envvar="NEXUS_DATA_DIR", show_default=False,
+    help="cluster data dir holding cluster.json, logs, traces (default ./.nexus)")]
+NatsUrl = Annotated[str | None, typer.Option(
+    "--nats-url", envvar="NEXUS_NATS_URL", help="use this NATS server instead of the data dir's cluster")]
+Prefix = Annotated[str | None, typer.Option(
+    "--prefix", envvar="NEXUS_PREFIX", help="subject prefix of the deployment (default nexus)")]
+Json = Annotated[bool, typer.Option("--json", help="print JSON for scripts")]
+TimeoutS = Annotated[float, typer.Option("--timeout-s", help="timeout of each request to the cluster")]
+DEFAULT_DATA_DIR = Path(".nexus")
+
+
+def _tq_max_bytes_option() -> Any:
+    return typer.Option("--tq-max-bytes", metavar="BYTES", show_default=False,
+                        help="byte limit of each tenant's training-queue stream; a put past it is refused "
+                             "with a busy error naming the tenant (default 256 MiB)")
+
+
+def _replicas(value: int) -> int:
+    if value not in NATS_CLUSTER_SIZES:
+        raise typer.BadParameter(f"{value} is not one of {', '.join(map(str, NATS_CLUSTER_SIZES))}")
+    return value
 
 
 def _err(text: str) -> None:
-    print(f"error: {text}", file=sys.stderr)
+    from sdk.term import err
+
+    err(text)
 
 
-def _add_cluster_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--data-dir", type=Path, default=Path(".nexus"),
-                   help="cluster data dir holding cluster.json, logs, traces (default ./.nexus)")
-    p.add_argument("--nats-url", help="use this NATS server instead of the data dir's cluster")
-    p.add_argument("--prefix", help=f"subject prefix of the deployment (default {DEFAULT_PREFIX})")
+def _run(coro: Any) -> Any:
+    import asyncio
+
+    return asyncio.run(coro)
 
 
-def _add_tq_max_bytes(p: argparse.ArgumentParser) -> None:
+def _client(data_dir: Path, nats_url: str | None, prefix: str | None, timeout_s: float = 10.0) -> Any:
+    from sdk.client import AsyncClient, resolve_cluster
+
+    url, prefix = resolve_cluster(data_dir, nats_url, prefix)
+    return AsyncClient(url, prefix, timeout_s=timeout_s)
+
+
+def _asdict(obj: Any) -> dict:
+    import dataclasses
+
+    return dataclasses.asdict(obj)
+
+
+# -- up / down ----------------------------------------------------------------------------------
+@app.command()
+def up(
+    data_dir: DataDir = DEFAULT_DATA_DIR,
+    nats_url: NatsUrl = None,
+    prefix: Prefix = None,
+    nats_port: Annotated[int, typer.Option("--nats-port", envvar="NEXUS_NATS_PORT",
+                                           help="port of the embedded nats-server")] = 4222,
+    nats_cluster: Annotated[int, typer.Option(
+        "--nats-cluster", metavar="N", callback=_replicas,
+        help="start N nats-servers as one JetStream cluster (3: streams and buckets R3, a node can be "
+             "lost); node 1 on --nats-port, the rest on free ports")] = 1,
+    tq_max_bytes: Annotated[int | None, _tq_max_bytes_option()] = None,
+    detach: Annotated[bool, typer.Option("--detach", help="return once every role is live")] = False,
+    ready_timeout_s: Annotated[float, typer.Option("--ready-timeout-s")] = 60.0,
+) -> int:
+    """Start nats-server and every role under a supervisor."""
+    from actors.broker import PortTaken, port_is_free
+    from actors.supervisor import ClusterState, Supervisor, SupervisorConfig, pid_alive
+    from protocol.errors import NexusError
     from protocol.messages import DEFAULT_TQ_MAX_BYTES
+    from protocol.subjects import DEFAULT_PREFIX
 
-    p.add_argument("--tq-max-bytes", type=int, default=DEFAULT_TQ_MAX_BYTES, metavar="BYTES",
-                   help="byte limit of each tenant's training-queue stream; a put past it is refused "
-                        f"with a busy error naming the tenant (default {DEFAULT_TQ_MAX_BYTES >> 20} MiB)")
-
-
-# -- up / down -------------------------------------------------------------------------
-def cmd_up(args: argparse.Namespace) -> int:
-    data_dir = args.data_dir.resolve()
-    state = ClusterState.read(data_dir)
+    resolved = data_dir.resolve()
+    state = ClusterState.read(resolved)
     if state is not None and pid_alive(state.supervisor_pid):
-        _err(f"a cluster is already running from {data_dir} (supervisor pid {state.supervisor_pid}); "
-             f"stop it with `nexus down --data-dir {args.data_dir}`")
+        _err(f"a cluster is already running from {resolved} (supervisor pid {state.supervisor_pid}); "
+             f"stop it with `nexus down --data-dir {data_dir}`")
         return EXIT_FAILED
-    if not args.nats_url and not port_is_free("127.0.0.1", args.nats_port):
-        _err(str(PortTaken(f"port {args.nats_port} on 127.0.0.1 is taken; pick another with "
-                           f"--nats-port PORT (or use the server there with --nats-url "
-                           f"nats://127.0.0.1:{args.nats_port})").message))
+    if not nats_url and not port_is_free("127.0.0.1", nats_port):
+        _err(PortTaken(f"port {nats_port} on 127.0.0.1 is taken; pick another with --nats-port PORT (or use "
+                       f"the server there with --nats-url nats://127.0.0.1:{nats_port})").message)
         return EXIT_BAD_INPUT
     try:
-        cfg = SupervisorConfig(data_dir=data_dir, nats_port=args.nats_port, nats_url=args.nats_url,
-                               prefix=args.prefix or DEFAULT_PREFIX, ready_timeout_s=args.ready_timeout_s,
-                               nats_cluster=args.nats_cluster, tq_max_bytes=args.tq_max_bytes)
+        cfg = SupervisorConfig(data_dir=resolved, nats_port=nats_port, nats_url=nats_url,
+                               prefix=prefix or DEFAULT_PREFIX, ready_timeout_s=ready_timeout_s,
+                               nats_cluster=nats_cluster,
+                               tq_max_bytes=DEFAULT_TQ_MAX_BYTES if tq_max_bytes is None else tq_max_bytes)
     except (ValueError, NexusError) as exc:
         _err(str(exc))
         return EXIT_BAD_INPUT
-    if not args.detach:
-        return asyncio.run(Supervisor(cfg).run())
-    return _up_detached(args, cfg)
+    if not detach:
+        return _run(Supervisor(cfg).run())
+    return _up_detached(data_dir, cfg, ready_timeout_s)
 
 
-def _up_detached(args: argparse.Namespace, cfg: SupervisorConfig) -> int:
+def _up_detached(shown_dir: Path, cfg: Any, ready_timeout_s: float) -> int:
+    import subprocess
+
+    from actors.supervisor import ClusterState
+
     cfg.data_dir.mkdir(parents=True, exist_ok=True)
     (cfg.data_dir / "logs").mkdir(exist_ok=True)
     log_path = cfg.data_dir / "logs" / "supervisor.log"
@@ -88,7 +162,7 @@ def _up_detached(args: argparse.Namespace, cfg: SupervisorConfig) -> int:
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    deadline = time.monotonic() + args.ready_timeout_s + 15
+    deadline = time.monotonic() + ready_timeout_s + 15
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             _err(f"the cluster failed to start (status {proc.returncode}); last lines of {log_path}:")
@@ -96,12 +170,12 @@ def _up_detached(args: argparse.Namespace, cfg: SupervisorConfig) -> int:
             return EXIT_FAILED
         state = ClusterState.read(cfg.data_dir)
         if state is not None and state.supervisor_pid == proc.pid and state.ready:
+            traces = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or f"{state.traces_dir}/"
             print(f"vla-nexus is up (supervisor pid {proc.pid})")
             print(f"  nats    {state.nats_url}")
             print(f"  logs    {state.logs_dir}/ (supervisor.log, <role>.log)")
-            traces = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or f"{state.traces_dir}/"
             print(f"  traces  {traces}")
-            print(f"  stop    nexus down --data-dir {args.data_dir}")
+            print(f"  stop    nexus down --data-dir {shown_dir}")
             return EXIT_OK
         time.sleep(0.2)
     _err(f"the cluster did not become ready in time; see {log_path}")
@@ -116,21 +190,28 @@ def _tail(path: Path, lines: int = 20) -> str:
         return ""
 
 
-def cmd_down(args: argparse.Namespace) -> int:
-    data_dir = args.data_dir.resolve()
-    state = ClusterState.read(data_dir)
+@app.command()
+def down(
+    data_dir: DataDir = DEFAULT_DATA_DIR,
+    timeout_s: Annotated[float, typer.Option("--timeout-s")] = 90.0,
+) -> int:
+    """Stop the cluster started from --data-dir (roles drain first)."""
+    from actors.supervisor import ClusterState, pid_alive
+
+    resolved = data_dir.resolve()
+    state = ClusterState.read(resolved)
     if state is None:
-        print(f"no cluster running from {data_dir}")
+        print(f"no cluster running from {resolved}")
         return EXIT_OK
     if pid_alive(state.supervisor_pid):
         os.kill(state.supervisor_pid, signal.SIGTERM)
-        deadline = time.monotonic() + args.timeout_s
+        deadline = time.monotonic() + timeout_s
         while pid_alive(state.supervisor_pid) and time.monotonic() < deadline:
             time.sleep(0.1)
         if not pid_alive(state.supervisor_pid):
-            print(f"vla-nexus stopped ({data_dir})")
+            print(f"vla-nexus stopped ({resolved})")
             return EXIT_OK
-        _err(f"supervisor did not stop within {args.timeout_s:g} s; killing what is left")
+        _err(f"supervisor did not stop within {timeout_s:g} s; killing what is left")
         os.kill(state.supervisor_pid, signal.SIGKILL)
     # Stale state (supervisor gone): stop what it left behind, then forget it.
     brokers = state.broker_pids or ([state.broker_pid] if state.broker_pid else [])
@@ -142,12 +223,12 @@ def cmd_down(args: argparse.Namespace) -> int:
     for pid in leftovers:
         if pid_alive(pid):
             os.kill(pid, signal.SIGKILL)
-    (data_dir / "cluster.json").unlink(missing_ok=True)
-    print(f"vla-nexus stopped ({data_dir}; cleaned up after a supervisor that had died)")
+    (resolved / "cluster.json").unlink(missing_ok=True)
+    print(f"vla-nexus stopped ({resolved}; cleaned up after a supervisor that had died)")
     return EXIT_OK
 
 
-# -- status ------------------------------------------------------------------------------
+# -- status / workloads / tenants ---------------------------------------------------------------
 def _fmt_age(seconds: float) -> str:
     if seconds < 60:
         return f"{seconds:.1f}s"
@@ -156,19 +237,8 @@ def _fmt_age(seconds: float) -> str:
     return f"{seconds / 3600:.1f}h"
 
 
-def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
-    table = [header] + rows
-    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-    for row in table:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
-
-
-def _client(args: argparse.Namespace) -> AsyncClient:
-    url, prefix = resolve_cluster(args.data_dir, args.nats_url, args.prefix)
-    return AsyncClient(url, prefix, timeout_s=getattr(args, "timeout_s", 10.0))
-
-
-def _workload_rows(workloads, jobs) -> list[dict]:
+def workload_rows(workloads: list, jobs: list) -> list[dict]:
+    """What `nexus status` and `nexus workloads list` show (and print with --json) per workload."""
     depth: dict[str, int] = {}
     for j in jobs:
         if j.state in ("reserved", "filling", "ready", "leased"):
@@ -183,276 +253,426 @@ def _workload_rows(workloads, jobs) -> list[dict]:
     return out
 
 
-def cmd_status(args: argparse.Namespace) -> int:
+def _workloads_table(wrows: list[dict]) -> None:
+    from sdk.term import table
+
+    table(("WORKLOAD", "TENANT", "TASK", "STATE", "VERSION", "LOSS", "SUCCESS", "QUEUE"), [
+        (w["workload"], w["tenant"], w["task"], w["state"], w["version"],
+         "-" if w["loss"] is None else f"{w['loss']:.4f}",
+         "-" if w["success_rate"] is None else f"{w['success_rate']:.0%}", w["queue_depth"])
+        for w in wrows])
+
+
+@app.command()
+def status(
+    data_dir: DataDir = DEFAULT_DATA_DIR, nats_url: NatsUrl = None, prefix: Prefix = None,
+    json: Json = False, timeout_s: TimeoutS = 5.0,
+) -> int:
+    """Live roles from the monitor, and a table of workloads: version, loss or success, queue depth."""
+    from protocol.errors import NexusError, Unavailable
+    from protocol.messages import ClusterStatus
+    from sdk.term import print_json, table
+
     async def fetch():
-        async with _client(args) as client:
+        async with _client(data_dir, nats_url, prefix, timeout_s) as client:
             try:
-                status = await client.status()
+                st = await client.status()
             except NexusError as exc:  # no monitor: say so, still show the workloads
                 _err(f"roles unknown: {exc.message}")
-                status = None
+                st = None
             try:
                 workloads, jobs = await client.workloads(), await client.jobs()
             except NexusError:  # no master yet: roles only
                 workloads, jobs = [], []
-            if status is None and not workloads:
+            if st is None and not workloads:
                 raise Unavailable("neither the monitor nor the master answers; is the cluster up?")
-            return status, workloads, jobs
+            return st, workloads, jobs
 
-    status, workloads, jobs = asyncio.run(fetch())
-    if status is None:
-        from protocol.messages import ClusterStatus
-
-        status = ClusterStatus(roles=[], metrics={}, generated_at=time.time())
-    rows = [dataclasses.asdict(r) for r in status.roles]
-    wrows = _workload_rows(workloads, jobs)
-    if args.json:
-        sys.stdout.write(orjson.dumps({"roles": rows, "workloads": wrows, "metrics": status.metrics,
-                                       "generated_at": status.generated_at},
-                                      option=orjson.OPT_INDENT_2).decode() + "\n")
+    st, workloads, jobs = _run(fetch())
+    if st is None:
+        st = ClusterStatus(roles=[], metrics={}, generated_at=time.time())
+    rows = [_asdict(r) for r in st.roles]
+    wrows = workload_rows(workloads, jobs)
+    if json:
+        print_json({"roles": rows, "workloads": wrows, "metrics": st.metrics, "generated_at": st.generated_at})
         return EXIT_OK
-    _table(("ROLE", "INSTANCE", "PID", "STATE", "UPTIME", "LAST HEARTBEAT"), [
-        (r["role"], r["instance"], str(r["pid"]), r["state"], _fmt_age(r["uptime_s"]),
+    table(("ROLE", "INSTANCE", "PID", "STATE", "UPTIME", "LAST HEARTBEAT"), [
+        (r["role"], r["instance"], r["pid"], r["state"], _fmt_age(r["uptime_s"]),
          f"{_fmt_age(r['last_heartbeat_age_s'])} ago") for r in rows])
     alive = sum(r["state"] == "alive" for r in rows)
     print(f"\n{alive} alive, {len(rows) - alive} not alive")
     if wrows:
         print()
-        _table(("WORKLOAD", "TENANT", "TASK", "STATE", "VERSION", "LOSS", "SUCCESS", "QUEUE"), [
-            (w["workload"], w["tenant"], w["task"], w["state"], str(w["version"]),
-             "-" if w["loss"] is None else f"{w['loss']:.4f}",
-             "-" if w["success_rate"] is None else f"{w['success_rate']:.0%}", str(w["queue_depth"]))
-            for w in wrows])
+        _workloads_table(wrows)
     return EXIT_OK
 
 
-def cmd_submit(args: argparse.Namespace) -> int:
+@workloads_app.command("list")
+def workloads_list(
+    tenant: Annotated[str, typer.Option("--tenant", help="only this tenant's workloads")] = "",
+    data_dir: DataDir = DEFAULT_DATA_DIR, nats_url: NatsUrl = None, prefix: Prefix = None,
+    json: Json = False, timeout_s: TimeoutS = 10.0,
+) -> int:
+    """Every workload (or one tenant's): state, version, loss or success, queue depth."""
+    from sdk.term import print_json
+
+    async def fetch():
+        async with _client(data_dir, nats_url, prefix, timeout_s) as client:
+            return await client.workloads(tenant), await client.jobs(tenant)
+
+    workloads, jobs = _run(fetch())
+    wrows = workload_rows(workloads, jobs)
+    if json:
+        print_json(wrows)
+    elif wrows:
+        _workloads_table(wrows)
+    else:
+        print("no workloads" + (f" for tenant {tenant}" if tenant else ""))
+    return EXIT_OK
+
+
+@workloads_app.callback()
+def _workloads_default(
+    ctx: typer.Context,
+    tenant: Annotated[str, typer.Option("--tenant", help="only this tenant's workloads")] = "",
+    data_dir: DataDir = DEFAULT_DATA_DIR, nats_url: NatsUrl = None, prefix: Prefix = None,
+    json: Json = False, timeout_s: TimeoutS = 10.0,
+) -> None:
+    """`nexus workloads [OPTIONS]` is `nexus workloads list [OPTIONS]`."""
+    if ctx.invoked_subcommand is None:
+        ctx.exit(workloads_list(tenant=tenant, data_dir=data_dir, nats_url=nats_url, prefix=prefix, json=json,
+                                timeout_s=timeout_s))
+
+
+def _tenant_rows(reply: Any) -> list[dict]:
+    history = reply.history
+    return [{"tenant": t.name, "base": t.base, "head": t.head, "signature": t.signature,
+             "version": reply.versions.get(t.name, 0), "priority": t.priority,
+             "workloads": list(history.get(t.name, []))} for t in reply.tenants]
+
+
+@app.command()
+def tenants(
+    data_dir: DataDir = DEFAULT_DATA_DIR, nats_url: NatsUrl = None, prefix: Prefix = None,
+    json: Json = False, timeout_s: TimeoutS = 10.0,
+) -> int:
+    """Table of tenants: base, head, latest version."""
+    from sdk.term import print_json, table
+
+    async def fetch():
+        async with _client(data_dir, nats_url, prefix, timeout_s) as client:
+            return await client.tenants()
+
+    rows = _tenant_rows(_run(fetch()))
+    if json:
+        print_json(rows)
+        return EXIT_OK
+    table(("TENANT", "BASE", "HEAD", "VERSION", "WORKLOADS", "SIGNATURE"),
+          [(r["tenant"], r["base"], r["head"], r["version"], len(r["workloads"]), r["signature"][:19]) for r in rows])
+    return EXIT_OK
+
+
+@tenant_app.command("show")
+def tenant_show(
+    name: Annotated[str, typer.Argument(help="tenant name")],
+    data_dir: DataDir = DEFAULT_DATA_DIR, nats_url: NatsUrl = None, prefix: Prefix = None,
+    json: Json = False, timeout_s: TimeoutS = 10.0,
+) -> int:
+    """One tenant's config, latest version and workloads."""
+    from sdk.term import print_json, table
+
+    async def fetch():
+        async with _client(data_dir, nats_url, prefix, timeout_s) as client:
+            return await client.tenant(name), await client.tenants(), await client.workloads(name)
+
+    config, reply, workloads = _run(fetch())
+    out = {"config": _asdict(config), "version": reply.versions.get(name, 0),
+           "workloads": [{"workload": w.workload, "task": w.task, "state": w.state, "version": w.step}
+                         for w in workloads]}
+    if json:
+        print_json(out)
+        return EXIT_OK
+    print(f"tenant {name}: base {config.base}, head {config.head}, version {out['version']}")
+    if out["workloads"]:
+        table(("WORKLOAD", "TASK", "STATE", "VERSION"),
+              [(w["workload"], w["task"], w["state"], w["version"]) for w in out["workloads"]])
+    return EXIT_OK
+
+
+@tenant_app.command("delete")
+def tenant_delete(
+    name: Annotated[str, typer.Argument(help="tenant name")],
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask for confirmation")] = False,
+    data_dir: DataDir = DEFAULT_DATA_DIR, nats_url: NatsUrl = None, prefix: Prefix = None,
+    json: Json = False, timeout_s: TimeoutS = 30.0,
+) -> int:
+    """Delete a tenant: its slot, training-queue stream, policy versions, checkpoints, job and
+    workload records. Refused while one of its workloads runs (cancel it first)."""
+    from sdk.term import print_json
+
+    if not yes:
+        if not sys.stdin.isatty():
+            _err(f"deleting tenant {name} removes its policies and history; confirm with --yes")
+            return EXIT_BAD_INPUT
+        if not typer.confirm(f"Delete tenant {name}, its policy versions, checkpoints and history?"):
+            _err("not deleted")
+            return EXIT_FAILED
+
+    async def go():
+        async with _client(data_dir, nats_url, prefix, timeout_s) as client:
+            return await client.delete_tenant(name)
+
+    gone = _run(go())
+    if json:
+        print_json(_asdict(gone))
+    else:
+        removed = ", ".join(f"{n} {what}" for what, n in sorted(gone.removed.items()))
+        print(f"tenant {gone.tenant} deleted ({removed or 'nothing else stored'})")
+    return EXIT_OK
+
+
+# -- submit / cancel / download -----------------------------------------------------------------
+def _print_spec_errors(exc: Any, source: str) -> None:
+    from sdk.term import err, err_detail
+
+    errors = _spec_errors(exc)
+    err(f"{source}: invalid workload spec ({len(errors)} error{'s' if len(errors) != 1 else ''}):")
+    for e in errors:
+        err_detail(f"  {e.get('field', '?')}: {e.get('message', '')}")
+
+
+def _spec_errors(exc: Any) -> list[dict]:
+    return list(exc.details.get("errors") or [{"field": exc.details.get("field", "?"), "message": exc.message}])
+
+
+def _load_spec_or_exit(path: str) -> tuple[Any, int]:
+    """(spec, EXIT_OK), or (None, EXIT_BAD_INPUT) with every field error printed."""
     from master.spec import SpecError, load_spec
 
     try:
-        load_spec(args.spec)  # validate locally first: exit 2 with every field error
+        return load_spec(path), EXIT_OK
     except SpecError as exc:
-        _print_spec_errors(exc, args.spec)
-        return EXIT_BAD_INPUT
+        _print_spec_errors(exc, path)
     except OSError as exc:
-        _err(f"cannot read {args.spec}: {exc.strerror}")
-        return EXIT_BAD_INPUT
-    text = Path(args.spec).read_text()
+        _err(f"cannot read {path}: {exc.strerror}")
+    return None, EXIT_BAD_INPUT
+
+
+@app.command()
+def submit(
+    specs: Annotated[list[str], typer.Argument(metavar="SPEC [SPEC...]",
+                                               help="workload spec file(s), YAML or JSON, submitted together")],
+    wait: Annotated[bool, typer.Option("--wait", help="show live progress until every workload ends")] = False,
+    wait_timeout_s: Annotated[float, typer.Option("--wait-timeout-s")] = 3600.0,
+    data_dir: DataDir = DEFAULT_DATA_DIR, nats_url: NatsUrl = None, prefix: Prefix = None,
+    json: Json = False, timeout_s: TimeoutS = 30.0,
+) -> int:
+    """Submit workload spec file(s); an invalid spec exits 2 listing every field error."""
+    texts = []
+    for path in specs:  # validate every file locally first: exit 2 with every field error
+        spec, code = _load_spec_or_exit(path)
+        if code != EXIT_OK:
+            return code
+        texts.append(Path(path).read_text())
+
+    from sdk.progress import watch
+    from sdk.term import print_json
 
     async def go() -> int:
-        async with _client(args) as client:
-            handles = [await client.submit(text)]
-            for extra in args.more:
-                handles.append(await client.submit(Path(extra).read_text()))
-            for h in handles:
-                print(f"submitted {h.id} (tenant {h.tenant})")
-            if not args.wait:
+        async with _client(data_dir, nats_url, prefix, timeout_s) as client:
+            handles = [await client.submit(text) for text in texts]
+            if not json:
+                for h in handles:
+                    print(f"submitted {h.id} (tenant {h.tenant})", flush=True)
+            if not wait:
+                if json:
+                    print_json([{"workload": h.id, "tenant": h.tenant} for h in handles])
                 return EXIT_OK
-            recs = await asyncio.gather(*(h.wait(progress=True, timeout_s=args.wait_timeout_s) for h in handles))
-            bad = [r for r in recs if r.state != "completed"]
-            for r in recs:
-                print(f"{r.workload} {r.tenant}: {r.state} {r.message}")
-            return EXIT_FAILED if bad else EXIT_OK
+            recs = await watch(client, [h.id for h in handles], out=sys.stderr, live=sys.stderr.isatty(),
+                               timeout_s=wait_timeout_s)
+            if json:
+                print_json([_asdict(r) for r in recs])
+            else:
+                for r in recs:
+                    print(f"{r.workload} {r.tenant}: {r.state} {r.message}".rstrip())
+            return EXIT_OK if all(r.state == "completed" for r in recs) else EXIT_FAILED
 
-    return asyncio.run(go())
-
-
-def _print_spec_errors(exc, source: str) -> None:
-    errors = exc.details.get("errors") or [{"field": exc.details.get("field", "?"), "message": exc.message}]
-    _err(f"{source}: invalid workload spec ({len(errors)} error{'s' if len(errors) != 1 else ''}):")
-    for e in errors:
-        print(f"  {e['field']}: {e['message']}", file=sys.stderr)
+    return _run(go())
 
 
-def cmd_tenants(args: argparse.Namespace) -> int:
+@app.command()
+def cancel(
+    workload: Annotated[str, typer.Argument(help="workload id")],
+    data_dir: DataDir = DEFAULT_DATA_DIR, nats_url: NatsUrl = None, prefix: Prefix = None,
+    json: Json = False, timeout_s: TimeoutS = 10.0,
+) -> int:
+    """Cancel a workload."""
+    from sdk.term import print_json
+
     async def go():
-        async with _client(args) as client:
-            return await client.tenants()
+        async with _client(data_dir, nats_url, prefix, timeout_s) as client:
+            return await client.cancel(workload)
 
-    reply = asyncio.run(go())
-    rows = [{"tenant": t.name, "base": t.base, "head": t.head, "signature": t.signature,
-             "version": reply.versions.get(t.name, 0), "priority": t.priority} for t in reply.tenants]
-    if args.json:
-        print(orjson.dumps(rows, option=orjson.OPT_INDENT_2).decode())
+    rec = _run(go())
+    if json:
+        print_json(_asdict(rec))
+    else:
+        print(f"{rec.workload}: {rec.state}")
+    return EXIT_OK
+
+
+@app.command()
+def download(
+    tenant: Annotated[str, typer.Argument(help="tenant name")],
+    version: Annotated[int | None, typer.Option("--version", help="default: the latest export")] = None,
+    out: Annotated[Path, typer.Option("--out", help="directory to write into")] = Path("."),
+    report: Annotated[bool, typer.Option(
+        "--report", help="TENANT is a workload id: download its final report JSON instead")] = False,
+    data_dir: DataDir = DEFAULT_DATA_DIR, nats_url: NatsUrl = None, prefix: Prefix = None,
+    json: Json = False, timeout_s: TimeoutS = 30.0,
+) -> int:
+    """Download a tenant's policy (safetensors + manifest), or with --report a workload's report."""
+    from sdk.term import print_json
+
+    if report:  # the name is a workload id: fetch its final report instead of a policy
+        async def fetch_report():
+            async with _client(data_dir, nats_url, prefix, timeout_s) as client:
+                return await client.download_report(tenant, out)
+
+        path = _run(fetch_report())
+        if json:
+            print_json({"workload": tenant, "report": str(path)})
+        else:
+            print(path)
         return EXIT_OK
-    _table(("TENANT", "BASE", "HEAD", "VERSION", "SIGNATURE"),
-           [(r["tenant"], r["base"], r["head"], str(r["version"]), r["signature"][:19]) for r in rows])
-    return EXIT_OK
-
-
-def cmd_cancel(args: argparse.Namespace) -> int:
-    async def go():
-        async with _client(args) as client:
-            return await client.cancel(args.workload)
-
-    rec = asyncio.run(go())
-    print(f"{rec.workload}: {rec.state}")
-    return EXIT_OK
-
-
-def cmd_download(args: argparse.Namespace) -> int:
-    if args.report:  # the name is a workload id: fetch its final report instead of a policy
-        async def report():
-            async with _client(args) as client:
-                return await client.download_report(args.tenant, args.out)
-
-        print(asyncio.run(report()))
-        return EXIT_OK
 
     async def go():
-        async with _client(args) as client:
-            return await client.download_policy(args.tenant, args.version, args.out)
+        async with _client(data_dir, nats_url, prefix, timeout_s) as client:
+            return await client.download_policy(tenant, version, out)
 
-    weights, manifest = asyncio.run(go())
-    print(f"{weights}\n{manifest}")
+    weights, manifest = _run(go())
+    if json:
+        print_json({"tenant": tenant, "weights": str(weights), "manifest": str(manifest)})
+    else:
+        print(f"{weights}\n{manifest}")
     return EXIT_OK
 
 
-def cmd_logs(args: argparse.Namespace) -> int:
-    state = ClusterState.read(args.data_dir.resolve())
-    logs_dir = Path(state.logs_dir) if state else args.data_dir / "logs"
-    path = logs_dir / f"{args.role}.log"
+# -- logs / spec / layout -----------------------------------------------------------------------
+@app.command()
+def logs(
+    role: Annotated[str, typer.Argument(help="health, monitor, master, trainer, inferencer, env or supervisor")],
+    data_dir: DataDir = DEFAULT_DATA_DIR,
+    lines: Annotated[int, typer.Option("-n", "--lines", help="last N lines")] = 50,
+    tenant: Annotated[str | None, typer.Option("--tenant", help="only lines about this tenant")] = None,
+) -> int:
+    """A role's JSON log lines."""
+    from actors.supervisor import ClusterState
+
+    state = ClusterState.read(data_dir.resolve())
+    logs_dir = Path(state.logs_dir) if state else data_dir / "logs"
+    path = logs_dir / f"{role}.log"
     if not path.exists():
         known = sorted(p.stem for p in logs_dir.glob("*.log")) if logs_dir.exists() else []
         _err(f"no log {path}; logs here: {', '.join(known) or 'none'}")
         return EXIT_BAD_INPUT
-    lines = path.read_text(errors="replace").splitlines()
-    for line in lines[-args.lines:]:
-        if args.tenant and f'"tenant": "{args.tenant}"' not in line:
+    for line in path.read_text(errors="replace").splitlines()[-lines:]:
+        if tenant and f'"tenant": "{tenant}"' not in line:
             continue
         print(line)
     return EXIT_OK
 
 
-def cmd_spec(args: argparse.Namespace) -> int:
-    from master.spec import SpecError, load_spec, schema_json_text
+@spec_app.command("schema")
+def spec_schema() -> int:
+    """Print the workload spec's JSON Schema."""
+    from master.spec import schema_json_text
 
-    if args.action == "schema":
-        print(schema_json_text())
-        return EXIT_OK
-    if not args.file:
-        _err("nexus spec validate needs a FILE")
-        return EXIT_BAD_INPUT
-    try:
-        spec = load_spec(args.file)
-    except SpecError as exc:
-        _print_spec_errors(exc, args.file)
-        return EXIT_BAD_INPUT
-    except OSError as exc:
-        _err(f"cannot read {args.file}: {exc.strerror}")
-        return EXIT_BAD_INPUT
-    print(f"{args.file}: valid {spec.task} workload for tenant {spec.tenant}")
+    print(schema_json_text())
     return EXIT_OK
 
 
-def cmd_layout(args: argparse.Namespace) -> int:
+@spec_app.command("validate")
+def spec_validate(
+    file: Annotated[str, typer.Argument(metavar="FILE", help="workload spec file (YAML or JSON)")],
+    json: Json = False,
+) -> int:
+    """Check a spec file: exit 0 if valid, 2 listing every field error."""
+    from sdk.term import print_json
+
+    if json:
+        from master.spec import SpecError, load_spec
+
+        try:
+            spec = load_spec(file)
+        except SpecError as exc:
+            print_json({"file": file, "valid": False, "errors": _spec_errors(exc)})
+            return EXIT_BAD_INPUT
+        except OSError as exc:
+            print_json({"file": file, "valid": False, "errors": [{"field": "", "message": f"cannot read: {exc.strerror}"}]})
+            return EXIT_BAD_INPUT
+        print_json({"file": file, "valid": True, "task": spec.task, "tenant": spec.tenant})
+        return EXIT_OK
+    spec, code = _load_spec_or_exit(file)
+    if code == EXIT_OK:
+        print(f"{file}: valid {spec.task} workload for tenant {spec.tenant}")
+    return code
+
+
+@app.command()
+def layout(
+    data_dir: DataDir = DEFAULT_DATA_DIR, nats_url: NatsUrl = None, prefix: Prefix = None,
+    replicas: Annotated[int, typer.Option("--replicas", callback=_replicas,
+                                          help="stream replicas: 3 on a 3-node NATS cluster")] = 1,
+    tq_max_bytes: Annotated[int | None, _tq_max_bytes_option()] = None,
+) -> int:
+    """Create streams and buckets on an existing NATS server."""
     from actors.bus import Bus
     from actors.layout import ensure_layout
-    from protocol.messages import DeploymentSettings
+    from protocol.messages import DEFAULT_TQ_MAX_BYTES, DeploymentSettings
     from protocol.subjects import Names
+    from sdk.client import resolve_cluster
 
-    url, prefix = resolve_cluster(args.data_dir, args.nats_url, args.prefix)
+    url, resolved_prefix = resolve_cluster(data_dir, nats_url, prefix)
 
     async def go() -> None:
         bus = await Bus.connect(url, name="nexus-layout", reconnect_forever=False)
         try:
-            settings = DeploymentSettings(replicas=args.replicas, tq_max_bytes=args.tq_max_bytes)
-            await ensure_layout(bus.js, Names(prefix), replicas=args.replicas, settings=settings)
+            settings = DeploymentSettings(replicas=replicas, tq_max_bytes=tq_max_bytes or DEFAULT_TQ_MAX_BYTES)
+            await ensure_layout(bus.js, Names(resolved_prefix), replicas=replicas, settings=settings)
         finally:
             await bus.close()
 
-    asyncio.run(go())
-    print(f"streams and buckets of prefix {prefix!r} are in place on {url} (replicas={args.replicas})")
+    _run(go())
+    print(f"streams and buckets of prefix {resolved_prefix!r} are in place on {url} (replicas={replicas})")
     return EXIT_OK
 
 
-# -- entry point ---------------------------------------------------------------------------
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="nexus", description="vla-nexus: multi-tenant VLA post-training")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    up = sub.add_parser("up", help="start nats-server and every role under a supervisor")
-    _add_cluster_flags(up)
-    up.add_argument("--nats-port", type=int, default=4222, help="port of the embedded nats-server (default 4222)")
-    up.add_argument("--nats-cluster", type=int, default=1, choices=(1, 3, 5), metavar="N",
-                    help="start N nats-servers as one JetStream cluster (3: streams and buckets R3, "
-                         "a node can be lost); node 1 on --nats-port, the rest on free ports (default 1)")
-    _add_tq_max_bytes(up)
-    up.add_argument("--detach", action="store_true", help="return once every role is live")
-    up.add_argument("--ready-timeout-s", type=float, default=60.0)
-    up.set_defaults(func=cmd_up)
-
-    down = sub.add_parser("down", help="stop the cluster started from --data-dir")
-    down.add_argument("--data-dir", type=Path, default=Path(".nexus"))
-    down.add_argument("--timeout-s", type=float, default=90.0)
-    down.set_defaults(func=cmd_down)
-
-    status = sub.add_parser("status", help="table of live roles")
-    _add_cluster_flags(status)
-    status.add_argument("--json", action="store_true", help="print JSON for scripts")
-    status.add_argument("--timeout-s", type=float, default=5.0)
-    status.set_defaults(func=cmd_status)
-
-    submit = sub.add_parser("submit", help="submit workload spec file(s) (YAML or JSON)")
-    _add_cluster_flags(submit)
-    submit.add_argument("spec", help="workload spec file")
-    submit.add_argument("more", nargs="*", help="more spec files, submitted together")
-    submit.add_argument("--wait", action="store_true", help="show live progress until every workload ends")
-    submit.add_argument("--wait-timeout-s", type=float, default=3600.0)
-    submit.add_argument("--timeout-s", type=float, default=30.0)
-    submit.set_defaults(func=cmd_submit)
-
-    tenants = sub.add_parser("tenants", help="table of tenants")
-    _add_cluster_flags(tenants)
-    tenants.add_argument("--json", action="store_true")
-    tenants.set_defaults(func=cmd_tenants)
-
-    cancel = sub.add_parser("cancel", help="cancel a workload")
-    _add_cluster_flags(cancel)
-    cancel.add_argument("workload")
-    cancel.set_defaults(func=cmd_cancel)
-
-    download = sub.add_parser("download", help="download a tenant's policy (safetensors + manifest)")
-    _add_cluster_flags(download)
-    download.add_argument("tenant")
-    download.add_argument("--version", type=int, help="default: the latest export")
-    download.add_argument("--out", type=Path, default=Path("."))
-    download.add_argument("--report", action="store_true",
-                          help="TENANT is a workload id: download its final report JSON instead")
-    download.set_defaults(func=cmd_download)
-
-    logs = sub.add_parser("logs", help="a role's JSON log lines")
-    logs.add_argument("role", help="health, monitor, master, trainer, inferencer, env or supervisor")
-    logs.add_argument("--data-dir", type=Path, default=Path(".nexus"))
-    logs.add_argument("-n", "--lines", type=int, default=50)
-    logs.add_argument("--tenant", help="only lines about this tenant")
-    logs.set_defaults(func=cmd_logs)
-
-    spec = sub.add_parser("spec", help="the workload spec: print its JSON Schema, or validate a file")
-    spec.add_argument("action", choices=("schema", "validate"))
-    spec.add_argument("file", nargs="?")
-    spec.set_defaults(func=cmd_spec)
-
-    layout = sub.add_parser("layout", help="create streams and buckets on an existing NATS server")
-    _add_cluster_flags(layout)
-    layout.add_argument("--replicas", type=int, default=1, choices=(1, 3, 5),
-                        help="stream replicas: 3 on a 3-node NATS cluster")
-    _add_tq_max_bytes(layout)
-    layout.set_defaults(func=cmd_layout)
-
-    add_dataset_commands(sub)
-    return parser
+_add_dataset_app()
 
 
+# -- entry point --------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Run the command; return its exit status (0 ok, 1 failure, 2 bad input, 130 interrupted)."""
+    from protocol.errors import NexusError
+
     try:
-        return args.func(args)
+        rv = app(args=argv, prog_name="nexus", standalone_mode=False)
+    except typer.Exit as exc:  # --help, ctx.exit(code)
+        return exc.exit_code
+    except typer.Abort:
+        return 130
+    except typer.TyperException as exc:  # click's usage errors (typer vendors click)
+        ctx = getattr(exc, "ctx", None)
+        hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+        _err(exc.format_message() + hint)
+        return EXIT_BAD_INPUT if getattr(exc, "exit_code", 2) == 2 else EXIT_FAILED
     except NexusError as exc:
         _err(exc.message)
         return EXIT_BAD_INPUT if isinstance(exc, ValueError) else EXIT_FAILED
     except KeyboardInterrupt:
         return 130
+    return rv if isinstance(rv, int) else EXIT_OK
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """`nexus dataset ...`: inspect and record LeRobot v3.0 datasets.
 
-Wire into a CLI with `add_dataset_commands(subparsers)`; each sub-command sets
-`args.func(args) -> int` (0 ok, 2 on a clear user-facing error printed to stderr).
-Also runnable alone:
+`dataset_app` is the typer sub-app `nexus dataset` mounts. The same handlers (`cmd_info`,
+`cmd_show`, `cmd_record`: an argparse-style namespace in, an exit status out: 0 ok, 2 on a clear
+user-facing error printed to stderr) can also be wired into an argparse CLI with
+`add_dataset_commands(subparsers)`. Also runnable alone:
 
     python -m sdk.dataset_cli info ../shared/fixtures/lerobot/libero_like [--json]
     python -m sdk.dataset_cli show ../shared/fixtures/lerobot/libero_like --index 45 --json
@@ -16,9 +17,11 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from pathlib import Path
+from typing import Annotated, Any
 
 import numpy as np
+import typer
 
 from protocol.errors import NexusError
 
@@ -27,7 +30,9 @@ EXIT_USAGE = 2
 
 
 def _fail(command: str, message: str) -> int:
-    print(f"nexus dataset {command}: error: {message}", file=sys.stderr)
+    from sdk.term import err
+
+    err(message, prefix=f"nexus dataset {command}: error: ")
     return EXIT_USAGE
 
 
@@ -206,11 +211,65 @@ def add_dataset_commands(subparsers: argparse._SubParsersAction) -> argparse.Arg
     return parser
 
 
+# -- typer: `nexus dataset ...` -----------------------------------------------------------------
+dataset_app = typer.Typer(help="inspect or record LeRobot v3.0 datasets", no_args_is_help=True)
+DatasetPath = Annotated[str, typer.Argument(metavar="PATH", help="dataset root (holds meta/info.json)")]
+JsonFlag = Annotated[bool, typer.Option("--json", help="machine-readable output")]
+
+
+def _env_options(values: list[str]) -> list[tuple[str, Any]]:
+    try:
+        return [_env_option(v) for v in values]
+    except argparse.ArgumentTypeError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
+@dataset_app.command("info")
+def info_command(path: DatasetPath, json: JsonFlag = False) -> int:
+    """fps, features, episodes, frames, tasks."""
+    return _guard("info", cmd_info)(argparse.Namespace(path=path, json=json))
+
+
+@dataset_app.command("show")
+def show_command(
+    path: DatasetPath,
+    index: Annotated[int, typer.Option("--index", help="global frame index (0-based)")],
+    json: JsonFlag = False,
+) -> int:
+    """One frame: task, state, action, per-camera channel means."""
+    return _guard("show", cmd_show)(argparse.Namespace(path=path, index=index, json=json))
+
+
+@dataset_app.command("record")
+def record_command(
+    out: Annotated[Path, typer.Option("--out", help="new dataset root")],
+    episodes: Annotated[int, typer.Option("--episodes", min=1, help="episodes to record")],
+    env: Annotated[str, typer.Option("--env", help="registered env id")] = "builtin/reach-v0",
+    seed: Annotated[int, typer.Option("--seed", help="episode i resets with seed+i")] = 0,
+    env_option: Annotated[list[str] | None, typer.Option(
+        "--env-option", metavar="KEY=VALUE",
+        help="an env option, value read as YAML (repeatable), e.g. obs_mode=rgb image_size=128")] = None,
+    noise: Annotated[float, typer.Option(
+        "--noise", help="DART noise: std of the Gaussian added to the executed expert action "
+                        "(the recorded label stays clean)")] = 0.0,
+    video: Annotated[bool, typer.Option("--video", help="cameras as AV1 mp4 (the default)")] = False,
+    images: Annotated[bool, typer.Option("--images", help="cameras as PNG in the data parquet")] = False,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="replace an existing dataset at --out")] = False,
+) -> int:
+    """Record scripted-expert demonstrations."""
+    if video and images:
+        raise typer.BadParameter("--video and --images exclude each other", param_hint="--video / --images")
+    args = argparse.Namespace(out=str(out), episodes=episodes, env=env, seed=seed, noise=noise,
+                              env_option=_env_options(env_option or []),
+                              storage="images" if images else "video", overwrite=overwrite)
+    return _guard("record", cmd_record)(args)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="nexus")
-    add_dataset_commands(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["dataset", *(argv if argv is not None else sys.argv[1:])])
-    return args.func(args)
+    """`python -m sdk.dataset_cli ...`: the same as `nexus dataset ...`."""
+    from sdk.cli import main as nexus_main
+
+    return nexus_main(["dataset", *(argv if argv is not None else sys.argv[1:])])
 
 
 if __name__ == "__main__":
