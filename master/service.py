@@ -116,6 +116,10 @@ class Master(WorkloadOps, Role):
 
     async def setup(self) -> None:
         assert self.bus is not None
+        # Validating a tenant needs the model core (torch): import it now, off the event
+        # loop. Imported on the first submit instead, it blocked heartbeats for seconds on a
+        # loaded host, and the health manager restarted a live master.
+        await asyncio.to_thread(_import_model_core)
         js = self.bus.js
         self.partitions = PartitionReader(self.bus, self.names)
         self.kv_tenants = await js.key_value(self.names.kv_tenants)
@@ -688,6 +692,13 @@ class Master(WorkloadOps, Role):
             self.log.warning("bad weights announcement", error=str(exc))
             return
         self.sched.observe_version(ref.tenant, ref.version)
+
+
+def _import_model_core() -> None:
+    import models.heads  # noqa: F401
+    import models.presets  # noqa: F401
+    import models.schema  # noqa: F401
+    import models.slot  # noqa: F401
 
 
 def _schema_signature(schema: dict[str, Any]) -> str:
