@@ -75,7 +75,7 @@ class Findings:
 def audit_jobs(jobs: list[Any], final_versions: dict[str, int], checkpoints: dict[str, dict[str, Any]] | None = None,
                allowed_failure: str | None = None) -> Findings:
     """``jobs``: JobRecords (any objects with the JobRecord fields); ``final_versions``: tenant ->
-    version in the versions KV; ``checkpoints``: tenant -> {"applied": [...], "version": int}."""
+    version in the versions KV; ``checkpoints``: tenant -> {"applied": [...], "version": int} (or {"error": why}); None: not read."""
     allowed = re.compile(allowed_failure) if allowed_failure else None
     out = Findings()
     by_tenant: dict[str, list[Any]] = {}
@@ -126,7 +126,11 @@ def audit_jobs(jobs: list[Any], final_versions: dict[str, int], checkpoints: dic
                                f"job {earlier.job} (v{earlier.trained_version})")
         # 4. checkpoint
         ck = (checkpoints or {}).get(tenant)
-        if ck is not None:
+        if ck is not None and "error" in ck:
+            a.checkpoint.append(f"checkpoint unreadable: {ck['error']}")
+        elif ck is None and cleared and checkpoints is not None:
+            a.checkpoint.append("no committed checkpoint, yet jobs are cleared")
+        elif ck is not None:
             applied = list(ck.get("applied", []))
             a.checkpoint_applied = len(applied)
             a.checkpoint_version = ck.get("version")
