@@ -76,6 +76,13 @@ def test_audit_catches_reordering_and_checkpoint_drift():
     assert f.checkpoint_mismatches == 2  # j2 missing from the applied ids; version 4 != 6
 
 
+def test_audit_counts_a_missing_or_unreadable_checkpoint():
+    f = audit_jobs(_clean(), {"t": 6}, {})
+    assert f.checkpoint_mismatches == 1  # jobs cleared, nothing committed
+    f = audit_jobs(_clean(), {"t": 6}, {"t": {"error": "TypeError: bad format"}})
+    assert f.checkpoint_mismatches == 1 and "unreadable" in f.tenants["t"].checkpoint[0]
+
+
 def test_percentile_nearest_rank():
     assert percentile([], 50) is None
     assert percentile([3.0, 1.0, 2.0], 50) == 2.0
