@@ -95,10 +95,11 @@ BUDGETS: dict[str, dict[str, Any]] = {
         "timeout_s": 420.0,
     },
     "full": {
-        # Sized on this 2-core machine under other load: 22 kills 15-30 s apart take ~10 min,
-        # in which the merged system reached ~450 RL versions and ~170 SFT steps.
-        "sft": {"demos": 100, "steps": 240, "items_per_job": 8, "batch_size": 32},
-        "rl": {"steps_per_update": 128, "parallel_envs": 8, "micro_batch": 32, "epochs": 2, "max_steps": 480},
+        # Sized on this 2-core machine under other load: 22 kills 15-30 s apart take ~8.5 min.
+        # RL 840 / SFT 320 took 17 min with 22 kills; RL 480 / SFT 240 ended after 7 min and
+        # only 17 drains: so in between.
+        "sft": {"demos": 100, "steps": 280, "items_per_job": 8, "batch_size": 32},
+        "rl": {"steps_per_update": 128, "parallel_envs": 8, "micro_batch": 32, "epochs": 2, "max_steps": 640},
         "eval_episodes": 30,
         "kills": 22,
         "timeout_s": 2400.0,
