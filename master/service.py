@@ -36,7 +36,17 @@ import time
 import uuid
 from typing import Any
 
-from nats.js.errors import KeyNotFoundError, NoKeysError, NotFoundError, ObjectNotFoundError
+import nats.errors
+from nats.js.errors import (
+    KeyNotFoundError,
+    NoKeysError,
+    NoStreamResponseError,
+    NotFoundError,
+    ObjectNotFoundError,
+    ServiceUnavailableError,
+)
+
+from actors.bus import retry
 
 from actors.layout import ensure_tq_stream, publish_tq, read_deployment_settings
 from actors.runtime import Role, RoleConfig, op
@@ -79,7 +89,7 @@ from protocol.messages import (
     TenantDeleteRequest,
     WeightsRef,
 )
-from protocol.policy import leases_from_env, retention_from_env
+from protocol.policy import OWNER_CHECK_EVERY_S, STORE_WRITE, leases_from_env, retention_from_env
 from protocol.subjects import canonical_base, check_token
 from protocol.wire import decode, encode
 
@@ -135,6 +145,7 @@ class Master(WorkloadOps, Role):
         await self.bus.nc.subscribe(self.names.weights_all, cb=self._on_weights)
         self.spawn(self._expire_loop, "lease-expiry", critical=True, max_quiet_s=30.0)
         self.spawn(self._compact_loop, "compaction", critical=True)
+        self.spawn(self._owner_check_loop, "owner-check", critical=True)
         await self.setup_workloads()
         await self._release_dead_owners()
 
@@ -188,7 +199,7 @@ class Master(WorkloadOps, Role):
             await self._release_trainer(owner, f"trainer {owner} is gone (found at master start)")
 
     async def _save(self, job: JobRecord) -> JobRecord:
-        await self.kv_jobs.put(f"{job.tenant}.{job.job}", encode(job))
+        await store_put(self.kv_jobs, f"{job.tenant}.{job.job}", encode(job))
         return job
 
     def _tenant(self, name: str) -> TenantConfig:
@@ -222,7 +233,7 @@ class Master(WorkloadOps, Role):
                 raise Conflict(f"tenant {cfg.name!r} already exists", details={"tenant": cfg.name})
             cfg.created_at = time.time()
             await self._ensure_queue_stream(cfg.name)
-            await self.kv_tenants.put(cfg.name, encode(cfg))
+            await store_put(self.kv_tenants, cfg.name, encode(cfg))
             self.sched.tenants[cfg.name] = cfg
         self.log.info("tenant created", tenant=cfg.name, signature=cfg.signature, head=cfg.head)
         return cfg
@@ -384,8 +395,15 @@ class Master(WorkloadOps, Role):
                 leased, stale = [job], []
             else:
                 leased, stale = self.sched.pick(req.trainer, req.max_jobs, req.lease_s, now)
-            for job in (*leased, *stale):
-                await self._save(job)
+            try:
+                for job in (*leased, *stale):
+                    await self._save(job)
+            except Exception:
+                # Not recorded, not handed out: the trainer gets the error, so nobody may hold
+                # these in memory either (they would wait for the lease to run out).
+                for job in leased:
+                    self.sched.release(job, time.time(), reason="lease not recorded", count_attempt=False)
+                raise
         for job in stale:
             await self._purge(job)
             await self.metric("dropped_stale", job.tenant, self.sched.dropped_stale.get(job.tenant, 0))
@@ -489,7 +507,7 @@ class Master(WorkloadOps, Role):
             raise Conflict(
                 f"tenant {tenant}'s checkpoint moved to {current_name or 'none'} while this state was built on "
                 f"{base or 'none'}: reload and retry", details={"tenant": tenant, "checkpoint": current_name})
-        await self.kv_ckpt.put(tenant, encode(ref))
+        await store_put(self.kv_ckpt, tenant, encode(ref))
         self.ckpt_refs[tenant] = ref
 
     # -- rollout gate: at most 1 active rollout per tenant and 3 in all ---------------------
@@ -601,6 +619,17 @@ class Master(WorkloadOps, Role):
         for job in done:
             await self._purge(job)
         return len(done)
+
+    async def _owner_check_loop(self) -> None:
+        """Leases and workloads held by roles that no longer answer go back without waiting
+        for a lease to run out: the health manager only reports roles it saw beat, and one
+        restarted after a role died never saw it."""
+        while True:
+            await asyncio.sleep(OWNER_CHECK_EVERY_S)
+            await self._release_dead_owners()
+            for rec in list(self.workloads.values()):
+                if rec.state == "running" and rec.worker and not await self.alive("env", rec.worker):
+                    await self._repend(rec, f"env worker {rec.worker} no longer answers")
 
     async def _compact_loop(self) -> None:
         """Finished job records and old policy versions go after their retention, so neither
@@ -732,6 +761,12 @@ def _check_config(cfg: TenantConfig) -> None:
     # Stored by identity (a directory's resolved absolute path): every process then derives
     # the same inference pool from it, whatever its working directory.
     cfg.base = canonical_base(cfg.base)
+
+
+async def store_put(kv, key: str, value: bytes) -> None:
+    """A KV write that rides out a NATS leader election (`protocol.policy.STORE_WRITE`)."""
+    await retry(kv.put, key, value, policy=STORE_WRITE,
+                retry_on=(NoStreamResponseError, ServiceUnavailableError, asyncio.TimeoutError, nats.errors.TimeoutError))
 
 
 async def kv_keys(kv) -> list[str]:

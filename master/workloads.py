@@ -334,7 +334,9 @@ class WorkloadOps:
             return
         for k, v in changed.items():
             setattr(existing, k, v)
-        await self.kv_tenants.put(existing.name, encode(existing))
+        from master.service import store_put
+
+        await store_put(self.kv_tenants, existing.name, encode(existing))
         self.log.info("tenant scheduling updated", tenant=existing.name, **changed)
 
     async def _pending_loop(self) -> None:
@@ -381,7 +383,9 @@ class WorkloadOps:
         self.log.info("workload state", workload=rec.workload, tenant=rec.tenant, state=state, detail=message)
 
     async def _save_workload(self, rec: WorkloadRecord) -> None:
-        await self.kv_workloads.put(rec.workload, encode(rec))
+        from master.service import store_put
+
+        await store_put(self.kv_workloads, rec.workload, encode(rec))
 
     async def _publish_event(self, rec: WorkloadRecord, kind: str, message: str = "") -> None:
         await self.bus.publish(self.names.workload_events(rec.workload), WorkloadEvent(

@@ -164,3 +164,10 @@ GLOBAL_RESTART = RestartBudget("global_restart", max_restarts=1, window_s=600.0,
 HUNG_PROBE_TIMEOUT_S = 2.0
 # A restart request waits this long for a drained role to exit before it is killed anyway.
 RESTART_REQUEST_TIMEOUT_S = 10.0
+
+# A KV write of the master's (job and workload records, checkpoint pointers) retried through
+# a NATS leader election: a stream's new leader takes 5-7 s after its node is lost (R3).
+STORE_WRITE = RetryPolicy("store_write", deadline_s=20.0, backoff_s=0.25, max_backoff_s=2.0)
+# How often the master checks that the trainers holding leases and the env workers running
+# workloads still answer (a role that died unseen: the health manager restarted meanwhile).
+OWNER_CHECK_EVERY_S = 10.0
