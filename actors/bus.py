@@ -160,6 +160,21 @@ async def retry(fn, *args, policy: RetryPolicy, on_retry=None,
             await asyncio.sleep(wait)
 
 
+def _store_errors() -> tuple[type[BaseException], ...]:
+    from nats.js.errors import NoStreamResponseError, ServiceUnavailableError
+
+    return (NatsTimeoutError, asyncio.TimeoutError, NoStreamResponseError, ServiceUnavailableError)
+
+
+async def js_retry(fn, *args, policy: RetryPolicy | None = None, **kwargs):
+    """A JetStream call (KV, object store, stream API) that rides out a leader election: a
+    lost node's streams have no leader for 5-7 s, and their calls time out meanwhile
+    (`protocol.policy.STORE_WRITE`). Reads and idempotent writes only."""
+    from protocol.policy import STORE_WRITE
+
+    return await retry(fn, *args, policy=policy or STORE_WRITE, retry_on=_store_errors(), **kwargs)
+
+
 async def retry_through_outage(fn, *args, policy: RetryPolicy = MASTER_OUTAGE, on_retry=None, **kwargs):
     """Call ``fn`` again while its role is unreachable (no responder / timeout): a restarting
     master or inferencer takes seconds. Only for calls that are safe to repeat."""

@@ -25,7 +25,7 @@ from typing import Any
 
 from nats.js.errors import ObjectNotFoundError
 
-from actors.bus import retry_through_outage
+from actors.bus import js_retry, retry_through_outage
 from actors.weights import (MANIFEST_FORMAT, base_identity, check_manifest, get_manifest, get_object,
                              manifest_name, weights_name)
 from protocol.codec import packb, unpackb
@@ -147,7 +147,7 @@ class SlotStore:
         blob = packb({"format": CHECKPOINT_FORMAT, "slot": slot_bytes, "applied": list(res.applied),
                       "step": res.slot.step_count, "version": res.slot.policy_version})
         name = checkpoint_name(tenant, tag)
-        await ckpt_store.put(name, blob)
+        await js_retry(ckpt_store.put, name, blob)
         return name
 
     async def committed_as(self, tenant: str, name: str) -> None:
@@ -190,11 +190,11 @@ class SlotStore:
             "exported_at": time.time(),
         }
         name = weights_name(tenant, version)
-        await weights.put(name, payload)
-        await weights.put(manifest_name(name), json.dumps(manifest, sort_keys=True).encode())
+        await js_retry(weights.put, name, payload)
+        await js_retry(weights.put, manifest_name(name), json.dumps(manifest, sort_keys=True).encode())
         ref = WeightsRef(tenant=tenant, version=version, object_name=name, size=len(payload), manifest=manifest)
         kv = await self.bus.js.key_value(self.names.kv_versions)
-        await kv.put(tenant, encode(ref))
+        await js_retry(kv.put, tenant, encode(ref))
         await self.bus.publish(self.names.weights(tenant), ref, span_name=f"announce {tenant} v{version}")
         return ref
 

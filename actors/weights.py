@@ -38,10 +38,16 @@ def manifest_name(object_name: str) -> str:
 
 
 async def get_object(store: Any, name: str) -> bytes:
-    # writeinto avoids nats-py's quadratic bytes concatenation for large objects.
-    buf = io.BytesIO()
-    await store.get(name, writeinto=buf)
-    return buf.getvalue()
+    from actors.bus import js_retry
+
+    async def once() -> bytes:
+        # writeinto avoids nats-py's quadratic bytes concatenation for large objects; a fresh
+        # buffer per attempt, so a retry after a timeout never appends to half an object.
+        buf = io.BytesIO()
+        await store.get(name, writeinto=buf)
+        return buf.getvalue()
+
+    return await js_retry(once)
 
 
 async def get_manifest(store: Any, object_name: str) -> dict[str, Any]:

@@ -398,9 +398,11 @@ class AsyncClient:
 
         from protocol.wire import decode
 
-        kv = await self.bus.js.key_value(self.names.kv_versions)
+        from actors.bus import js_retry
+
+        kv = await js_retry(self.bus.js.key_value, self.names.kv_versions)
         try:
-            return decode((await kv.get(tenant)).value, WeightsRef)
+            return decode((await js_retry(kv.get, tenant)).value, WeightsRef)
         except KeyNotFoundError:
             return None
 
