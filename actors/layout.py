@@ -118,28 +118,32 @@ async def ensure_layout(js: JetStreamContext, names: Names, replicas: int = 1,
     settings = settings or DeploymentSettings(replicas=replicas)
     if settings.replicas != replicas:
         raise ValueError(f"settings.replicas: {settings.replicas} differs from replicas={replicas}")
+    # Every call rides out "JetStream temporarily unavailable": a cluster that just formed (or
+    # lost a node) has no meta leader for a moment, and `nexus up` must not fail on it.
+    from actors.bus import js_retry
+
     for cfg in stream_configs(names, replicas):
         try:
-            before = (await js.stream_info(cfg.name)).config.num_replicas
-            await js.update_stream(cfg)
+            before = (await js_retry(js.stream_info, cfg.name)).config.num_replicas
+            await js_retry(js.update_stream, cfg)
             if before != replicas:
                 await wait_placed(js, cfg.name, replicas)
         except NotFoundError:
-            await js.add_stream(cfg)
+            await js_retry(js.add_stream, cfg)
     for bucket, history in kv_buckets(names).items():
         try:
-            await js.key_value(bucket)
+            await js_retry(js.key_value, bucket)
             await _set_replicas(js, kv_stream(bucket), replicas)
         except BucketNotFoundError:
-            await js.create_key_value(bucket=bucket, history=history, replicas=replicas)
+            await js_retry(js.create_key_value, bucket=bucket, history=history, replicas=replicas)
     for bucket in object_buckets(names):
         try:
-            await js.object_store(bucket)
+            await js_retry(js.object_store, bucket)
             await _set_replicas(js, obj_stream(bucket), replicas)
         except BucketNotFoundError:
-            await js.create_object_store(bucket=bucket, replicas=replicas)
-    kv = await js.key_value(names.kv_services)
-    await kv.put(Names.deployment_settings_key, encode(settings))
+            await js_retry(js.create_object_store, bucket=bucket, replicas=replicas)
+    kv = await js_retry(js.key_value, names.kv_services)
+    await js_retry(kv.put, Names.deployment_settings_key, encode(settings))
     return settings
 
 

@@ -323,21 +323,25 @@ EVAL_SPEC = {
                                 {"name": "wrist", "height": 64, "width": 64}], "state_dim": 4},
     "action": {"dim": 2, "horizon": 1},
     "env": {"id": "builtin/reach-v0", "options": {"cameras": ["top", "wrist"], "image_size": 64}},
-    # Its own initial weights (nothing exported yet): no trainer needed.
-    "eval": {"version": "latest", "episodes": 6, "seed": 10000, "sample": False},
+    # A policy one SFT step old (an eval needs an exported version: never a silent version 0).
+    "eval": {"version": "tenant:fo-sft@latest", "episodes": 6, "seed": 10000, "sample": False},
 }
+SFT_SPEC = {**{k: v for k, v in EVAL_SPEC.items() if k != "eval"}, "tenant": "fo-sft", "task": "sft",
+            "env": {**EVAL_SPEC["env"], "demos": {"episodes": 2}}, "algorithm": {"batch_size": 4, "steps": 1}}
 
 
 def test_an_eval_workload_survives_an_inferencer_kill_and_restart(roles):
     """examples/eval_reach.yaml, smaller: master + env + inferencer; the producer's predicts
     go through the SDK's predict, so a killed and restarted inferencer costs time, not the run."""
-    for role in ("master", "env"):
+    for role in ("master", "trainer", "env"):
         roles.start(role)
     first = roles.start("inferencer", NEXUS_INFER_BASE="tiny-qwen3-vl-64")
 
     async def go():
         c = await AsyncClient(roles.nats_url, roles.prefix, timeout_s=30).connect()
         try:
+            sft = await (await c.submit(copy.deepcopy(SFT_SPEC))).wait(timeout_s=180)
+            assert sft.state == "completed", (sft.state, sft.message)
             h = await c.submit(copy.deepcopy(EVAL_SPEC))
             deadline = time.monotonic() + 180
             while (await _info(c, first.instance)).extra["served"] < 20:  # mid-eval: well into it
