@@ -91,6 +91,8 @@ def audit_jobs(jobs: list[Any], final_versions: dict[str, int], checkpoints: dic
                 continue
             if j.state == "failed" and allowed is not None and allowed.search(j.reason or ""):
                 continue
+            if j.state == "failed" and j.items == 0:
+                continue  # reserved, never filled: no micro-batch was ever acknowledged into it
             what = "stranded" if j.state in STRANDED_STATES else "failed"
             a.lost.append({"job": j.job, "state": j.state, "kind": what, "reason": j.reason,
                            "attempts": j.attempts, "lease_owner": j.lease_owner})

@@ -590,35 +590,59 @@ class Master(WorkloadOps, Role):
         while True:
             await self.idle("lease-expiry", EXPIRE_EVERY_S)
             orphans: list[JobRecord] = []
+            sealed = False
             async with self._lock:
                 now = time.time()
                 for job in self.sched.expire_leases(now):
                     self.log.warning("lease expired", tenant=job.tenant, job=job.job, state=job.state)
                     await self._save(job)
                 for job in self.sched.orphans(now, self.leases.orphan_ttl_s):
-                    job.reason = (f"idle for {self.leases.orphan_ttl_s:g} s while {job.state}: its producer is gone; "
-                                  "the partition was purged")
-                    job.state, job.updated_at = "failed", now
-                    self.log.warning("orphan job expired", tenant=job.tenant, job=job.job)
+                    why = f"idle for {self.leases.orphan_ttl_s:g} s while {job.state}: its producer is gone"
+                    if job.state == "filling" and job.items > 0:
+                        self._seal(job, now, why)  # what was acknowledged is trained
+                        sealed = True
+                    else:
+                        job.reason = why + "; it held no data"
+                        job.state, job.updated_at = "failed", now
+                        orphans.append(job)
+                    self.log.warning("orphan job expired", tenant=job.tenant, job=job.job, state=job.state)
                     await self._save(job)
-                    orphans.append(job)
             for job in orphans:
                 await self._purge(job)
+            if sealed and self.bus is not None:
+                await self.bus.nc.publish(self.names.sched_ready, b"")
 
-    async def fail_unready_jobs(self, workload: str, reason: str, states: tuple[str, ...] = ("reserved", "filling")) -> int:
-        """A workload's producer stopped (cancel, crash, handback): its jobs that can never be
-        completed (reserved / filling) fail at once and leave the in-flight cap."""
-        done: list[JobRecord] = []
+    async def fail_unready_jobs(self, workload: str, reason: str, states: tuple[str, ...] = ("reserved", "filling"),
+                                seal: bool = True) -> int:
+        """A workload's producer stopped (crash, handback; or a cancel, ``seal=False``): its
+        jobs it can no longer complete leave the in-flight cap at once. With ``seal``, a job
+        that already holds micro-batches is marked ready with what it has (every acknowledged
+        micro-batch is trained: each is a whole optimizer step of its own); an empty one fails
+        (it holds nothing). A cancel fails them all."""
+        failed: list[JobRecord] = []
+        sealed = 0
         async with self._lock:
             now = time.time()
             for job in self.sched.jobs.values():
-                if job.workload == workload and job.state in states:
+                if job.workload != workload or job.state not in states:
+                    continue
+                if seal and job.state == "filling" and job.items > 0:
+                    self._seal(job, now, reason)
+                    sealed += 1
+                else:
                     job.state, job.reason, job.updated_at = "failed", reason, now
-                    await self._save(job)
-                    done.append(job)
-        for job in done:
+                    failed.append(job)
+                await self._save(job)
+        for job in failed:
             await self._purge(job)
-        return len(done)
+        if sealed and self.bus is not None:
+            await self.bus.nc.publish(self.names.sched_ready, b"")
+        return len(failed) + sealed
+
+    @staticmethod
+    def _seal(job: JobRecord, now: float, reason: str) -> None:
+        job.state, job.ready_at, job.updated_at = "ready", now, now
+        job.reason = f"sealed with its {job.items} micro-batches: {reason}"
 
     async def _owner_check_loop(self) -> None:
         """Leases and workloads held by roles that no longer answer go back without waiting

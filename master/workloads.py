@@ -444,7 +444,8 @@ class WorkloadOps:
                 self.log.warning("stop_producer failed", workload=rec.workload, error=exc.message)
         await self._set_state(rec, "cancelled", "cancelled by request")
         # Nothing of a cancelled workload trains any more, and it holds no cap or rollout.
-        await self.fail_unready_jobs(rec.workload, "its workload was cancelled", ("reserved", "filling", "ready"))
+        await self.fail_unready_jobs(rec.workload, "its workload was cancelled", ("reserved", "filling", "ready"),
+                                     seal=False)
         self._release_rollouts(rec.workload)
         return rec
 
@@ -480,8 +481,9 @@ class WorkloadOps:
                 await self._repend(rec, f"env worker {instance} {how}; restarting the producer")
 
     async def _repend(self, rec: WorkloadRecord, message: str) -> None:
-        # The producer is gone: its half-filled jobs can never be marked ready and its rollout
-        # slot is free; ready jobs stay and are trained (their data is whole).
+        # The producer is gone: its half-filled jobs are sealed (marked ready with the
+        # micro-batches they hold: nothing acknowledged is dropped), empty ones fail, and its
+        # rollout slot is free; ready jobs stay and are trained.
         await self.fail_unready_jobs(rec.workload, f"its producer stopped: {message}")
         self._release_rollouts(rec.workload)
         rec.worker = ""
