@@ -51,6 +51,7 @@ from typing import Any
 
 import orjson
 
+from actors.supervisor import pid_alive
 from bench.chaos_audit import Findings, audit_jobs, percentile
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -204,16 +205,6 @@ def _cmdline(pid: int) -> list[str]:
         return []
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 class Deployment:
     """`nexus up` / `nexus down` on one data dir, and every pid seen in it (for cleanup)."""
 
@@ -262,21 +253,21 @@ class Deployment:
     def role(self, role: str) -> dict[str, Any] | None:
         state = self.state() or {}
         for r in state.get("roles", []):
-            if r["role"] == role and _alive(r["pid"]):
+            if r["role"] == role and pid_alive(r["pid"]):
                 return r
         return None
 
     def cleanup(self) -> list[str]:
         """Stop everything; return what had to be killed by force."""
         notes = []
-        if self.supervisor_pid and _alive(self.supervisor_pid):
+        if self.supervisor_pid and pid_alive(self.supervisor_pid):
             try:
                 res = self.nexus("down", "--data-dir", str(self.data_dir), "--timeout-s", "60", timeout=90)
                 if res.returncode != 0:
                     notes.append(f"nexus down exited {res.returncode}: {res.stderr.strip()[-300:]}")
             except subprocess.TimeoutExpired:
                 notes.append("nexus down timed out")
-        if self.supervisor_pid and _alive(self.supervisor_pid):
+        if self.supervisor_pid and pid_alive(self.supervisor_pid):
             try:
                 if os.getpgid(self.supervisor_pid) == self.supervisor_pid:  # its own group (start_new_session)
                     os.killpg(self.supervisor_pid, signal.SIGKILL)
@@ -293,7 +284,7 @@ class Deployment:
                     proc.wait()
         for pid, cmd in self.seen.items():
             # Only a process that is still the one we saw (pids get reused).
-            if cmd and _alive(pid) and _cmdline(pid) == cmd:
+            if cmd and pid_alive(pid) and _cmdline(pid) == cmd:
                 os.kill(pid, signal.SIGKILL)
                 notes.append(f"killed leftover pid {pid} ({' '.join(cmd[-3:])})")
         return notes
@@ -446,7 +437,7 @@ class Chaos:
             k.note = f"restart request unanswered in {DRAIN_REQUEST_TIMEOUT_S:g} s"
             return
         k.mode = "drain-sigterm"
-        if _alive(k.pid) and _cmdline(k.pid) == self.dep.seen.get(k.pid):
+        if pid_alive(k.pid) and _cmdline(k.pid) == self.dep.seen.get(k.pid):
             os.kill(k.pid, signal.SIGTERM)
 
     async def _watch_recovery(self, k: Kill) -> None:
@@ -487,7 +478,7 @@ class Chaos:
 
     async def _kill_nats_node(self) -> None:
         state = self.dep.state() or {}
-        pids = [p for p in (state.get("broker_pids") or []) if _alive(p)]
+        pids = [p for p in (state.get("broker_pids") or []) if pid_alive(p)]
         if len(pids) < 3:
             self.nats.skipped = f"nats node kill skipped: single server (cluster.json lists {len(pids)} broker_pids)"
             print(f"[chaos] {self.nats.skipped}", flush=True)
