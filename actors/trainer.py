@@ -378,7 +378,7 @@ class Trainer(Role):
                 try:
                     await self._update(job, "trained", version, metrics, checkpoint=name,
                                        base_checkpoint=w.res.checkpoint_name)
-                except Conflict:
+                except NexusError:  # refused (lease lost) or its tenant is gone: nobody points at it
                     await self.store.delete_checkpoint(name)
                     raise
                 await self.store.committed_as(tenant, name)

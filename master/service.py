@@ -253,6 +253,13 @@ class Master(WorkloadOps, Role):
         if active:
             raise FailedPrecondition(f"tenant {req.tenant!r} has workload {active[0]} {self.workloads[active[0]].state}; "
                                      "cancel it first", details={"tenant": req.tenant, "workload": active[0]})
+        held = [j.job for j in self.sched.jobs.values()
+                if j.tenant == req.tenant and j.lease_owner and j.state not in TERMINAL_JOB_STATES]
+        if held:
+            # A trainer is still on it (a cancel makes it drop the job at its next renewal):
+            # deleting under it would leave the checkpoint it is about to write.
+            raise Busy(f"tenant {req.tenant!r} has {len(held)} job(s) still held by a trainer; retry in a moment",
+                       details={"tenant": req.tenant, "jobs": held, "retry_after_s": 1.0})
         removed = {"jobs": 0, "workloads": 0, "objects": 0}
         async with self._lock:
             self._tenant(req.tenant)  # again under the lock: a concurrent delete got here first
@@ -631,6 +638,7 @@ class Master(WorkloadOps, Role):
                     sealed += 1
                 else:
                     job.state, job.reason, job.updated_at = "failed", reason, now
+                    job.lease_owner, job.lease_expires_at = "", 0.0
                     failed.append(job)
                 await self._save(job)
         for job in failed:

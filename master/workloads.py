@@ -444,8 +444,9 @@ class WorkloadOps:
                 self.log.warning("stop_producer failed", workload=rec.workload, error=exc.message)
         await self._set_state(rec, "cancelled", "cancelled by request")
         # Nothing of a cancelled workload trains any more, and it holds no cap or rollout.
-        await self.fail_unready_jobs(rec.workload, "its workload was cancelled", ("reserved", "filling", "ready"),
-                                     seal=False)
+        # A leased one too: its trainer's renewal or commit is refused from now on.
+        await self.fail_unready_jobs(rec.workload, "its workload was cancelled",
+                                     ("reserved", "filling", "ready", "leased"), seal=False)
         self._release_rollouts(rec.workload)
         return rec
 

@@ -318,10 +318,18 @@ class AsyncClient:
     async def tenants(self) -> TenantsReply:
         return await self._master("tenants", WorkloadsRequest(), TenantsReply)
 
-    async def delete_tenant(self, tenant: str) -> TenantDeleted:
+    async def delete_tenant(self, tenant: str, wait_s: float = 60.0) -> TenantDeleted:
         """Remove a tenant (slot, queue stream, versions, checkpoints, records); refused while
-        one of its workloads is pending or running."""
-        return await self._master("tenant_delete", TenantDeleteRequest(tenant=tenant), TenantDeleted)
+        one of its workloads is pending or running. Waits up to ``wait_s`` for trainers to let
+        go of its jobs (busy)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                return await self._master("tenant_delete", TenantDeleteRequest(tenant=tenant), TenantDeleted)
+            except Busy as exc:
+                if time.monotonic() >= deadline:
+                    raise
+                await asyncio.sleep(float(exc.details.get("retry_after_s", 1.0)))
 
     async def cancel(self, workload: str) -> WorkloadRecord:
         return await self._master("cancel", WorkloadRef(workload=workload), WorkloadRecord)
