@@ -727,6 +727,13 @@ class Master(WorkloadOps, Role):
         if ev.event not in ("role_down", "role_stopped"):
             return
         how = "died" if ev.event == "role_down" else "stopped"
+        if ev.role in ("env", "trainer") and ev.event == "role_down" and await self.alive(ev.role, ev.instance):
+            # Reported down but still serving (beats late on a loaded host): taking its work
+            # away would run it twice. A hung one is restarted by the health manager, and then
+            # no longer answers: the owner check releases what it held within seconds.
+            self.log.warning("role reported down still answers; its work stays", target_role=ev.role,
+                             target_instance=ev.instance)
+            return
         if ev.role == "env":
             await self.on_env_worker_down(ev.instance, how)
             return
