@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from actors.bus import retry_through_outage
-from protocol.errors import Busy, InvalidField, NexusError, NotFound
+from protocol.errors import Busy, FailedPrecondition, InvalidField, NexusError, NotFound
 from protocol.messages import ProducerSpec, QueuePutRequest, WorkloadEvent
 from protocol.policy import RetryPolicy
 
@@ -220,19 +220,42 @@ class Producer:
         if last.trained_version > (ref.version if ref is not None else -1):
             await self._retry(self.client.export_params, self.spec.tenant)
 
-    async def _put(self, item: QueuePutRequest) -> None:
-        """queue_put that waits out the SFT prefetch cap (Busy) with the master's retry hint."""
+    async def _put(self, item: QueuePutRequest) -> bool:
+        """queue_put that waits out the SFT prefetch cap (Busy) with the master's retry hint.
+
+        False when the job is no longer open (the master sealed or failed it while this
+        producer was thought gone): the caller moves on to a new job; what was put is kept."""
         deadline = time.monotonic() + PUT_BUSY.deadline_s
         attempt = 0
         while True:
             try:
                 await self._retry(self.client.queue_put, item)
-                return
+                return True
+            except FailedPrecondition:
+                rec = await self._retry(self.client.job, item.tenant, item.job)
+                if rec.state in ("reserved", "filling"):
+                    raise
+                self.worker.log.warning("job closed under its producer; moving on", job=item.job, state=rec.state,
+                                        reason=rec.reason)
+                return False
             except Busy as exc:
                 attempt += 1
                 if time.monotonic() > deadline:
                     raise
                 await asyncio.sleep(PUT_BUSY.delay(attempt, float(exc.details.get("retry_after_s", 0.0))))
+
+    async def _mark_ready(self, job: str) -> None:
+        """mark_ready; a job the master already sealed (ready) is waited for like any other,
+        one it failed is left out."""
+        try:
+            await self._retry(self.client.mark_ready, self.spec.tenant, job)
+        except FailedPrecondition:
+            rec = await self._retry(self.client.job, self.spec.tenant, job)
+            if rec.state == "failed" or rec.state == "dropped_stale":
+                return
+            if rec.state in ("reserved", "filling"):
+                raise
+        self.progress.jobs.append(job)
 
     # -- episodes ------------------------------------------------------------------------
     async def _episode(self, env: Any, seed: int, sample: bool, version: int, exec_steps: int,
@@ -374,10 +397,10 @@ class Producer:
                 returns=np.array([r["ret"] for r in part], np.float32),
                 behaviour_version=min(int(r["version"]) for r in part),
             )
-            await self._put(item)
+            if not await self._put(item):
+                break
             self.progress.items += 1
-        await self._retry(self.client.mark_ready, self.spec.tenant, job)
-        self.progress.jobs.append(job)
+        await self._mark_ready(job)
 
     # -- SFT -----------------------------------------------------------------------------
     async def _sft(self) -> None:
@@ -406,10 +429,10 @@ class Producer:
                     n_items = min(n_items, self.spec.max_steps - queued_steps)
                 for seq in range(n_items):
                     item = await asyncio.to_thread(self._sft_item, reader, rng, int(algo["batch_size"]), horizon, job, seq)
-                    await self._put(item)
+                    if not await self._put(item):
+                        break
                     queued_steps += 1
-                await self._retry(self.client.mark_ready, self.spec.tenant, job)
-                self.progress.jobs.append(job)
+                await self._mark_ready(job)
                 await self._refresh_version()
                 rec = await self._retry(self.client.job, self.spec.tenant,
                                         self.progress.jobs[max(0, len(self.progress.jobs) - 3)])
