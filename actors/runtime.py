@@ -201,6 +201,7 @@ class Role:
         self.bus: Bus | None = None
         self._ops = self._collect_ops()
         self._subs: list[Any] = []
+        self._instance_sub: Any = None
         self._inflight: set[asyncio.Task] = set()
         self._background: set[asyncio.Task] = set()
         self._sem = asyncio.Semaphore(cfg.max_concurrency)
@@ -391,10 +392,9 @@ class Role:
                     cb=self._on_request,
                 )
             )
-            self._subs.append(
-                await self.bus.nc.subscribe(
-                    self.names.instance_ops(self.name, self.instance), cb=self._on_request
-                )
+            # Kept apart from self._subs: it stays up through the drain (below).
+            self._instance_sub = await self.bus.nc.subscribe(
+                self.names.instance_ops(self.name, self.instance), cb=self._on_request
             )
             # 4. register and beat
             self.state = "ready"
@@ -433,11 +433,10 @@ class Role:
         # Stop taking new requests first; requests already delivered still get handled
         # (drain, not unsubscribe: the latter would drop delivered-but-unread requests, whose
         # callers would see only a timeout instead of a `draining` answer).
-        for sub in self._subs:
-            try:
-                await sub.drain()
-            except Exception as exc:  # connection may be gone; nothing to unsubscribe then
-                self.log.warning("unsubscribe failed", error=str(exc))
+        # The instance's own subject stays up until the role's work is done: it answers `info`
+        # (so the master's owner check sees a draining trainer finishing its round as alive,
+        # not gone, and does not take its lease away mid-finish) and `Draining` to work ops.
+        await self._drain_subs(self._subs)
         if self._inflight:
             done, pending = await asyncio.wait(set(self._inflight), timeout=self.cfg.drain_timeout_s)
             for task in pending:
@@ -445,11 +444,19 @@ class Role:
             if pending:
                 self.log.error("drain timeout: abandoned requests", abandoned=len(pending))
         await self.on_drain()
+        await self._drain_subs([self._instance_sub] if self._instance_sub is not None else [])
         self.state = "stopped"
         await self._register()
         await self._beat()
         await self.bus.nc.flush(timeout=2)
         self.log.info("stopped", drain_s=round(time.monotonic() - started, 3))
+
+    async def _drain_subs(self, subs: list[Any]) -> None:
+        for sub in subs:
+            try:
+                await sub.drain()
+            except Exception as exc:  # connection may be gone; nothing to unsubscribe then
+                self.log.warning("unsubscribe failed", error=str(exc))
 
     # -- registration and heartbeat ------------------------------------------------------
     async def _register(self) -> None:
