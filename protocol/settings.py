@@ -348,6 +348,27 @@ def role_settings(role: str, environ: Mapping[str, str] | None = None) -> dict[t
     return out
 
 
+# What a supervisor sets for each role it starts, from its own flags: a value of these in its
+# own environment never reaches a role.
+SUPERVISOR_SETS = ("NEXUS_NATS_URL", "NEXUS_PREFIX", "NEXUS_DATA_DIR")
+
+
+def check_supervised_roles(roles: typing.Iterable[str], environ: Mapping[str, str] | None = None) -> None:
+    """`role_settings` of each role a supervisor would start with ``environ``, before it starts
+    any: one `SettingsError` with each problem once (a variable several roles read is one line)."""
+    env = dict(os.environ if environ is None else environ)
+    for name in SUPERVISOR_SETS:
+        env.pop(name, None)
+    lines: list[str] = []
+    for role in roles:
+        try:
+            role_settings(role, env)
+        except SettingsError as exc:
+            lines.extend(line for line in exc.lines if line not in lines)
+    if lines:
+        raise SettingsError(lines)
+
+
 def leases_from_env() -> Leases:
     """`LEASES` with NEXUS_LEASE_RENEW_EVERY_S / NEXUS_TRAINER_DRAIN_FINISH_S / NEXUS_ORPHAN_TTL_S."""
     return LeaseSettings.from_env().leases()
@@ -477,7 +498,8 @@ def main(argv: list[str] | None = None) -> int:
 __all__ = [
     "FAULT_POINTS", "GROUPS", "STANDARD_VARIABLES", "CliSettings", "EnvSettings", "EnvWorkerSettings",
     "HealthSettings", "InferencerSettings", "LeaseSettings", "MasterSettings", "RetentionSettings",
-    "RoleSettings", "SettingsError", "SimulatorSettings", "TrainerSettings", "env_table_markdown",
+    "RoleSettings", "SUPERVISOR_SETS", "SettingsError", "SimulatorSettings", "TrainerSettings",
+    "check_supervised_roles", "env_table_markdown",
     "leases_from_env", "render_env_doc", "retention_from_env", "role_settings",
 ]
 

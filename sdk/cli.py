@@ -141,6 +141,14 @@ def up(
     except (ValueError, NexusError) as exc:
         _err(str(exc))
         return EXIT_BAD_INPUT
+    from protocol.settings import SettingsError, check_supervised_roles
+
+    try:  # every role's NEXUS_* variables, before anything starts
+        check_supervised_roles(cfg.roles)
+    except SettingsError as exc:
+        for line in exc.lines:
+            _err(line)
+        return EXIT_BAD_INPUT
     if not detach:
         return _run(Supervisor(cfg).run())
     return _up_detached(data_dir, cfg, ready_timeout_s)

@@ -319,3 +319,26 @@ def test_role_process_lists_every_bad_value():
     assert [line.split("=")[0] for line in lines] == [
         "error: NEXUS_MAX_CONCURRENCY", "error: NEXUS_INFER_FAST", "error: NEXUS_INFER_MAX_BATCH_SIZE"]
     assert "'lots': must be an integer in [1, 65536]" in lines[0]
+
+
+def test_supervisor_checks_every_role_once():
+    env = {"NEXUS_MAX_CONCURRENCY": "0", "NEXUS_INFER_FAST": "maybe", "NEXUS_PREFIX": "a.b"}
+    with pytest.raises(SettingsError) as err:
+        S.check_supervised_roles(("health", "trainer", "inferencer"), env)
+    # Read by all three, reported once; the prefix is the supervisor's flag, never the roles'.
+    assert [line.split("=")[0] for line in err.value.lines] == ["NEXUS_MAX_CONCURRENCY", "NEXUS_INFER_FAST"]
+    S.check_supervised_roles(("health", "trainer"), {"NEXUS_INFER_FAST": "maybe"})
+
+
+def test_nexus_up_with_a_bad_value_starts_nothing(tmp_path):
+    from actors.broker import free_port
+    from tests.conftest import nexus_cmd, python_env
+
+    proc = subprocess.run(nexus_cmd("up", "--data-dir", str(tmp_path), "--nats-port", str(free_port())),
+                          env=python_env(NEXUS_ORPHAN_TTL_S="-1"), cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines() == [
+        "error: NEXUS_ORPHAN_TTL_S='-1': must be a number >= 0.1 -- "
+        "a job idle this long while reserved or filling is failed and purged (s)"]
+    assert not (tmp_path / "cluster.json").exists() and not (tmp_path / "logs").exists()
