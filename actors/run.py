@@ -17,7 +17,7 @@ from pathlib import Path
 
 from actors.runtime import RoleConfig, run_role
 from protocol.errors import NexusError
-from protocol.settings import SettingsError, role_settings
+from protocol.settings import SettingsError, role_settings, unknown_variables
 from protocol.subjects import ROLES
 
 # Imported lazily: a trainer should not pay for the env worker's simulators and back.
@@ -47,6 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--instance")
     p.add_argument("--log-level", default="INFO")
     args = p.parse_args(argv)
+    for line in unknown_variables():
+        print(f"warning: {line}", file=sys.stderr)
     try:
         role_settings(args.role)  # every group the role reads, all problems at once
     except SettingsError as exc:

@@ -9,7 +9,8 @@ never an error deep inside a loop::
     s = InferencerSettings.from_env()          # os.environ; or from_env({"NEXUS_...": "..."})
     s.max_batch_size
 
-An empty value counts as unset (``NEXUS_INFER_DEVICE= cmd`` means the default). Nothing else
+An empty value counts as unset (``NEXUS_INFER_DEVICE= cmd`` means the default); a NEXUS_*
+variable that nothing reads is a warning at start (`unknown_variables`). Nothing else
 reads ``os.environ`` for a NEXUS_* variable: a test checks the code for it, and that the
 README's table is `env_table_markdown()`. Run ``python -m protocol.settings`` to rewrite that
 table after changing a field here.
@@ -369,6 +370,23 @@ def check_supervised_roles(roles: typing.Iterable[str], environ: Mapping[str, st
         raise SettingsError(lines)
 
 
+def unknown_variables(environ: Mapping[str, str] | None = None) -> list[str]:
+    """A warning line for each NEXUS_* variable set that nothing reads (a typo is otherwise
+    silently the default), with the nearest known name."""
+    import difflib
+
+    env = os.environ if environ is None else environ
+    known = [info.alias for group in GROUPS for info in group.model_fields.values()]
+    known += [n for name, _, _ in STANDARD_VARIABLES for n in name.split(" / ") if n.startswith("NEXUS_")]
+    lines = []
+    for name in sorted(env):
+        if name.startswith("NEXUS_") and name not in known:
+            near = difflib.get_close_matches(name, known, n=1)
+            hint = f" (did you mean {near[0]}?)" if near else ""
+            lines.append(f"{name} is set but nothing reads it{hint}")
+    return lines
+
+
 def leases_from_env() -> Leases:
     """`LEASES` with NEXUS_LEASE_RENEW_EVERY_S / NEXUS_TRAINER_DRAIN_FINISH_S / NEXUS_ORPHAN_TTL_S."""
     return LeaseSettings.from_env().leases()
@@ -499,7 +517,7 @@ __all__ = [
     "FAULT_POINTS", "GROUPS", "STANDARD_VARIABLES", "CliSettings", "EnvSettings", "EnvWorkerSettings",
     "HealthSettings", "InferencerSettings", "LeaseSettings", "MasterSettings", "RetentionSettings",
     "RoleSettings", "SUPERVISOR_SETS", "SettingsError", "SimulatorSettings", "TrainerSettings",
-    "check_supervised_roles", "env_table_markdown",
+    "check_supervised_roles", "env_table_markdown", "unknown_variables",
     "leases_from_env", "render_env_doc", "retention_from_env", "role_settings",
 ]
 

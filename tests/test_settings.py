@@ -277,7 +277,7 @@ def test_every_nexus_name_in_the_code_is_known():
     known |= {n for name, _, _ in S.STANDARD_VARIABLES for n in name.split(" / ")}
     known |= {"NEXUS_CONFIG_ATTR"}  # models/base.py: a Python constant, not a variable
     files = list(_code_files()) + sorted((ROOT / "deploy").rglob("*.sh")) + sorted((ROOT / "deploy").rglob("*.yml"))
-    files += sorted((ROOT / "tests").rglob("*.py"))
+    files += [p for p in sorted((ROOT / "tests").rglob("*.py")) if p.name != "test_settings.py"]  # its typos are on purpose
     unknown = {}
     for path in files:
         for name in re.findall(r"\bNEXUS_[A-Z][A-Z0-9_]*[A-Z0-9]\b", path.read_text()):
@@ -294,12 +294,17 @@ def test_readme_table_is_generated():
         assert f"| `{info.alias}` |" in text
 
 
-def _run_role(role: str, **env: str) -> subprocess.CompletedProcess:
+def _env_of_child(**env: str) -> dict[str, str]:
     from tests.conftest import python_env
 
+    # Only the variables the test names: stderr is then exactly the lines asserted.
+    return {k: v for k, v in python_env().items() if not k.startswith("NEXUS_")} | env
+
+
+def _run_role(role: str, **env: str) -> subprocess.CompletedProcess:
     # Port 1: nothing listens there; a role that got past its settings would fail to connect.
     return subprocess.run([sys.executable, "-m", "actors.run", role, "--nats-url", "nats://127.0.0.1:1"],
-                          env=python_env(**env), cwd=ROOT, capture_output=True, text=True, timeout=120)
+                          env=_env_of_child(**env), cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 
 def test_role_process_with_a_bad_value_exits_with_one_line():
@@ -309,6 +314,15 @@ def test_role_process_with_a_bad_value_exits_with_one_line():
         "error: NEXUS_LEASE_RENEW_EVERY_S='abc': must be a number >= 0.01 -- "
         "a trainer renews its round's leases at most this often (s)"]
     assert proc.stdout == ""
+
+
+def test_unknown_variables_are_named_with_the_nearest():
+    env = {"NEXUS_INFER_MAX_BATCH": "4", "NEXUS_PREFIX": "x", "NEXUS_REQUIRE_MANISKILL": "1", "NEXUS_ZZZ": "",
+           "HOME": "/root"}
+    assert S.unknown_variables(env) == [
+        "NEXUS_INFER_MAX_BATCH is set but nothing reads it (did you mean NEXUS_INFER_MAX_BATCH_SIZE?)",
+        "NEXUS_ZZZ is set but nothing reads it"]
+    assert S.unknown_variables({alias: "1" for alias in GOOD}) == []
 
 
 def test_role_process_lists_every_bad_value():
@@ -332,13 +346,14 @@ def test_supervisor_checks_every_role_once():
 
 def test_nexus_up_with_a_bad_value_starts_nothing(tmp_path):
     from actors.broker import free_port
-    from tests.conftest import nexus_cmd, python_env
+    from tests.conftest import nexus_cmd
 
     proc = subprocess.run(nexus_cmd("up", "--data-dir", str(tmp_path), "--nats-port", str(free_port())),
-                          env=python_env(NEXUS_ORPHAN_TTL_S="-1"), cwd=ROOT, capture_output=True, text=True,
-                          timeout=120)
+                          env=_env_of_child(NEXUS_ORPHAN_TTL_S="-1", NEXUS_ORPHAN_TTL="1"), cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.splitlines() == [
+        "warning: NEXUS_ORPHAN_TTL is set but nothing reads it (did you mean NEXUS_ORPHAN_TTL_S?)",
         "error: NEXUS_ORPHAN_TTL_S='-1': must be a number >= 0.1 -- "
         "a job idle this long while reserved or filling is failed and purged (s)"]
     assert not (tmp_path / "cluster.json").exists() and not (tmp_path / "logs").exists()
