@@ -286,6 +286,12 @@ def test_every_nexus_name_in_the_code_is_known():
     assert not unknown
 
 
+def test_makefile_exports_are_documented():
+    exported = set(re.findall(r"^export ([A-Z_]+)", (ROOT / "Makefile").read_text(), flags=re.M))
+    documented = {n for name, _, _ in S.STANDARD_VARIABLES for n in name.split(" / ")}
+    assert exported and exported <= documented
+
+
 def test_readme_table_is_generated():
     # Regenerate with `python -m protocol.settings` when this fails.
     text = (ROOT / S.ENV_DOC).read_text()
@@ -357,3 +363,13 @@ def test_nexus_up_with_a_bad_value_starts_nothing(tmp_path):
         "error: NEXUS_ORPHAN_TTL_S='-1': must be a number >= 0.1 -- "
         "a job idle this long while reserved or filling is failed and purged (s)"]
     assert not (tmp_path / "cluster.json").exists() and not (tmp_path / "logs").exists()
+
+
+def test_regenerating_rewrites_only_the_table(tmp_path):
+    text = (ROOT / S.ENV_DOC).read_text()
+    stale = text.replace("| `NEXUS_PREFIX` |", "| `NEXUS_PREFIX_OLD` |")
+    (tmp_path / S.ENV_DOC).write_text(stale)
+    assert S.main(["--root", str(tmp_path)]) == 0
+    assert (tmp_path / S.ENV_DOC).read_text() == text
+    with pytest.raises(ValueError, match="markers"):
+        S.render_env_doc("no table here")
