@@ -17,7 +17,6 @@ Run: ``python -m actors.run env --nats-url nats://127.0.0.1:4222``
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 import uuid
 from collections import OrderedDict
@@ -44,6 +43,7 @@ from protocol.messages import (
     SampleRequest,
     WorkloadRef,
 )
+from protocol.settings import EnvWorkerSettings
 from protocol.subjects import check_token
 
 SWEEP_EVERY_S = 1.0
@@ -72,7 +72,8 @@ class EnvWorker(Role):
     def __init__(self, cfg: RoleConfig) -> None:
         super().__init__(cfg)
         self.sessions: dict[str, _Session] = {}
-        self.max_sessions = int(os.environ.get("NEXUS_ENV_MAX_SESSIONS", "64"))
+        self.env_settings = EnvWorkerSettings.from_env()
+        self.max_sessions = self.env_settings.max_sessions
         self.expired = 0
         self.producers: dict[str, Any] = {}
         self.readers: OrderedDict[str, Any] = OrderedDict()
@@ -81,8 +82,8 @@ class EnvWorker(Role):
         import importlib
 
         # Users register their own simulators from modules named here (envs.register(...)).
-        for module in filter(None, os.environ.get("NEXUS_ENV_PLUGINS", "").split(",")):
-            importlib.import_module(module.strip())
+        for module in self.env_settings.plugins:
+            importlib.import_module(module)
         self.spawn(self._sweep_loop, "session-sweeper", critical=True, max_quiet_s=30.0)
 
     def info_extra(self) -> dict[str, Any]:

@@ -19,7 +19,6 @@ Run: ``python -m actors.run health --nats-url nats://127.0.0.1:4222``
 
 from __future__ import annotations
 
-import os
 import time
 from collections import deque
 from typing import Any
@@ -38,6 +37,7 @@ from protocol.messages import (
     RoleInfo,
 )
 from protocol.policy import HEALTH_RESTART, HUNG_PROBE_TIMEOUT_S, RESTART_REQUEST_TIMEOUT_S
+from protocol.settings import HealthSettings
 from protocol.wire import decode
 
 # Checks run 4x a second: detection latency is timeout + at most 0.25 s.
@@ -53,7 +53,7 @@ class HealthManager(Role):
 
     def __init__(self, cfg: RoleConfig) -> None:
         super().__init__(cfg)
-        timeout = float(os.environ.get("NEXUS_HEALTH_TIMEOUT_S", 3 * cfg.heartbeat_interval_s))
+        timeout = HealthSettings.from_env().timeout_s(cfg.heartbeat_interval_s)
         self.table = LivenessTable(timeout_s=timeout)
         self.restarts: dict[str, deque] = {}  # role -> monotonic times of restart requests
         self.restart_requests = 0

@@ -26,11 +26,9 @@ once when the instance already holds ``max_queued`` requests or its key's queue 
 callers get the one reply), and a retry of one already answered gets the same reply again
 from a bounded cache (``reply_cache_size`` entries for ``reply_cache_ttl_s``).
 
-Run: ``python -m actors.run inferencer`` with NEXUS_INFER_BASE (default tiny-qwen3-vl-64),
-NEXUS_INFER_MAX_BATCH_SIZE (32), NEXUS_INFER_BATCH_WAIT_TIMEOUT_S (0.005),
-NEXUS_INFER_MAX_QUEUE_PER_KEY (256), NEXUS_INFER_MAX_QUEUED (4096),
-NEXUS_INFER_BUSY_RETRY_AFTER_S (0.05), NEXUS_INFER_REPLY_CACHE_SIZE (4096),
-NEXUS_INFER_REPLY_CACHE_TTL_S (120).
+Run: ``python -m actors.run inferencer`` with the NEXUS_INFER_* variables of
+`protocol.settings.InferencerSettings` (NEXUS_INFER_BASE, default tiny-qwen3-vl-64; the
+batching, queue and reply-cache bounds; see the README's table).
 """
 
 from __future__ import annotations
@@ -38,11 +36,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from collections import Counter, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -52,21 +49,19 @@ from actors.runtime import Role, RoleConfig
 from actors.serving import ServingHeads
 from protocol.errors import Busy, Draining, InternalError, NexusError
 from protocol.messages import ErrorReply, PredictReply, PredictRequest, WeightsRef
-from protocol.policy import INFERENCE_OUTAGE
+from protocol.settings import InferencerSettings
 from protocol.subjects import pool_name
 from protocol.wire import decode, encode
 
 
-DEFAULT_BASE = "tiny-qwen3-vl-64"
+# Every default below comes from the variables' settings (with its reason there).
+_ENV_DEFAULTS = InferencerSettings()
 
 
 @dataclass
 class BatchingConfig:
-    """Defaults: 32 rows fill a GPU forward well for 2-camera inputs; 5 ms bounds the latency a
-    lone request pays waiting for company."""
-
-    max_batch_size: int = 32
-    batch_wait_timeout_s: float = 0.005
+    max_batch_size: int = _ENV_DEFAULTS.max_batch_size
+    batch_wait_timeout_s: float = _ENV_DEFAULTS.batch_wait_timeout_s
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_batch_size <= 1024:
@@ -76,19 +71,8 @@ class BatchingConfig:
 
     @classmethod
     def from_env(cls) -> BatchingConfig:
-        env = os.environ
-        return cls(max_batch_size=int(env.get("NEXUS_INFER_MAX_BATCH_SIZE", cls.max_batch_size)),
-                   batch_wait_timeout_s=float(env.get("NEXUS_INFER_BATCH_WAIT_TIMEOUT_S", cls.batch_wait_timeout_s)))
-
-
-def _env(cls: type, field_name: str, var: str, cast: type) -> Any:
-    raw = os.environ.get(var)
-    if raw is None:
-        return getattr(cls, field_name)
-    try:
-        return cast(raw)
-    except ValueError:
-        raise ValueError(f"{field_name} ({var}={raw!r}): must be {cast.__name__}") from None
+        env = InferencerSettings.from_env()
+        return cls(max_batch_size=env.max_batch_size, batch_wait_timeout_s=env.batch_wait_timeout_s)
 
 
 @dataclass
@@ -99,22 +83,17 @@ class AdmissionConfig:
     retrying elsewhere (or a moment later) is served sooner than one waiting behind a queue
     that cannot drain before its timeout, and the process never holds unbounded memory."""
 
-    # 8 full default groups per key: a request admitted waits at most ~8 forwards.
-    max_queue_per_key: int = 256
-    # Every request held (being admitted + queued, all keys). A 2-camera 64x64 request is
-    # ~25 KB decoded: 4096 is ~100 MB at most.
-    max_queued: int = 4096
-    # The smallest Busy hint; the hint grows with the groups queued ahead of the caller.
-    busy_retry_after_s: float = 0.05
-    # The largest Busy hint, the SDK's longest back-off (INFERENCE_OUTAGE.max_backoff_s).
-    busy_max_retry_after_s: float = INFERENCE_OUTAGE.max_backoff_s
-    # Replies kept for replay: ~4096 x a few KB; the TTL covers the SDK's whole retry horizon,
-    # so a retry the SDK can still send always finds its first reply.
-    reply_cache_size: int = 4096
-    reply_cache_ttl_s: float = INFERENCE_OUTAGE.deadline_s
-    # Copies of one request held at once: the SDK has one attempt out at a time, so a few
-    # cover retries racing a slow reply; more is a flood, answered Busy.
-    max_joined_per_request: int = 16
+    # Per key and in all (being admitted + queued, all keys).
+    max_queue_per_key: int = _ENV_DEFAULTS.max_queue_per_key
+    max_queued: int = _ENV_DEFAULTS.max_queued
+    # The smallest Busy hint grows with the groups queued ahead of the caller, up to the largest.
+    busy_retry_after_s: float = _ENV_DEFAULTS.busy_retry_after_s
+    busy_max_retry_after_s: float = _ENV_DEFAULTS.busy_max_retry_after_s
+    # Replies kept for replay: ~4096 x a few KB.
+    reply_cache_size: int = _ENV_DEFAULTS.reply_cache_size
+    reply_cache_ttl_s: float = _ENV_DEFAULTS.reply_cache_ttl_s
+    # Copies of one request held at once; more is a flood, answered Busy.
+    max_joined_per_request: int = _ENV_DEFAULTS.max_joined_per_request
 
     def __post_init__(self) -> None:
         if self.max_queue_per_key < 1:
@@ -133,15 +112,8 @@ class AdmissionConfig:
 
     @classmethod
     def from_env(cls) -> AdmissionConfig:
-        return cls(
-            max_queue_per_key=_env(cls, "max_queue_per_key", "NEXUS_INFER_MAX_QUEUE_PER_KEY", int),
-            max_queued=_env(cls, "max_queued", "NEXUS_INFER_MAX_QUEUED", int),
-            busy_retry_after_s=_env(cls, "busy_retry_after_s", "NEXUS_INFER_BUSY_RETRY_AFTER_S", float),
-            busy_max_retry_after_s=_env(cls, "busy_max_retry_after_s", "NEXUS_INFER_BUSY_MAX_RETRY_AFTER_S", float),
-            reply_cache_size=_env(cls, "reply_cache_size", "NEXUS_INFER_REPLY_CACHE_SIZE", int),
-            reply_cache_ttl_s=_env(cls, "reply_cache_ttl_s", "NEXUS_INFER_REPLY_CACHE_TTL_S", float),
-            max_joined_per_request=_env(cls, "max_joined_per_request", "NEXUS_INFER_MAX_JOINED_PER_REQUEST", int),
-        )
+        env = InferencerSettings.from_env()
+        return cls(**{f.name: getattr(env, f.name) for f in fields(cls)})
 
 
 @dataclass
@@ -179,12 +151,14 @@ class Inferencer(Role):
         self.batching = batching or BatchingConfig.from_env()
         self.admission = admission or AdmissionConfig.from_env()
         # The embedded default serves the built-in task's base; one inferencer serves one pool.
-        self.base_source = base_source or os.environ.get("NEXUS_INFER_BASE", DEFAULT_BASE)
+        env = InferencerSettings.from_env()
+        self.base_source = base_source or env.base
         self.pool = pool_name(self.base_source)
-        self.device = os.environ.get("NEXUS_INFER_DEVICE") or None
+        self.device = env.device
         # The optimized Qwen3-VL encode with CUDA graphs (models.fast); groups are then padded
         # up to a few capture sizes, as vLLM does, so a handful of graphs cover every size.
-        self.fast = os.environ.get("NEXUS_INFER_FAST", "") not in ("", "0")
+        self.fast = env.fast
+        self.pipeline_depth = env.pipeline_depth
         self.heads: ServingHeads | None = None
         # One thread owns the device: forwards run in order, never two at once.
         self._forward_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forward")
@@ -401,7 +375,7 @@ class Inferencer(Role):
         loop = asyncio.get_running_loop()
         # Groups between forming and replied: one in the forward, one prepared and queued
         # behind it (measured on an H200: depth 3 made throughput worse, 146 -> 131 req/s).
-        in_flight = asyncio.Semaphore(int(os.environ.get("NEXUS_INFER_PIPELINE_DEPTH", "2")))
+        in_flight = asyncio.Semaphore(self.pipeline_depth)
         while True:
             group, wait = self._next_group(time.monotonic())
             if group is None:

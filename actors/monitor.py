@@ -10,13 +10,13 @@ Run: ``python -m actors.run monitor --nats-url nats://127.0.0.1:4222``
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
 from actors.liveness import LivenessTable
 from actors.runtime import Role, RoleConfig, op
 from protocol.messages import ClusterStatus, HealthEvent, Heartbeat, Metric, StatusRequest
+from protocol.settings import HealthSettings
 from protocol.wire import decode
 
 RETAIN_S = 600.0
@@ -27,7 +27,7 @@ class Monitor(Role):
 
     def __init__(self, cfg: RoleConfig) -> None:
         super().__init__(cfg)
-        timeout = float(os.environ.get("NEXUS_HEALTH_TIMEOUT_S", 3 * cfg.heartbeat_interval_s))
+        timeout = HealthSettings.from_env().timeout_s(cfg.heartbeat_interval_s)
         self.table = LivenessTable(timeout_s=timeout)
         self.metrics: dict[str, float] = {}
 

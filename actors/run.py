@@ -3,7 +3,9 @@
     python -m actors.run ROLE [--nats-url URL] [--prefix P] [--data-dir DIR] [--instance ID]
 
 ROLE is one of health, monitor, master, trainer, inferencer, env. Flags fall back to the
-NEXUS_NATS_URL / NEXUS_PREFIX / NEXUS_DATA_DIR environment variables.
+NEXUS_NATS_URL / NEXUS_PREFIX / NEXUS_DATA_DIR environment variables. Every NEXUS_* variable
+the role reads (protocol.settings) is checked before the role is built: a bad one is a line
+``error: NEXUS_X='...': must be ...`` on stderr and exit status 2.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 
 from actors.runtime import RoleConfig, run_role
 from protocol.errors import NexusError
+from protocol.settings import SettingsError, role_settings, unknown_variables
 from protocol.subjects import ROLES
 
 # Imported lazily: a trainer should not pay for the env worker's simulators and back.
@@ -44,6 +47,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--instance")
     p.add_argument("--log-level", default="INFO")
     args = p.parse_args(argv)
+    for line in unknown_variables():
+        print(f"warning: {line}", file=sys.stderr)
+    try:
+        role_settings(args.role)  # every group the role reads, all problems at once
+    except SettingsError as exc:
+        for line in exc.lines:
+            print(f"error: {line}", file=sys.stderr)
+        return 2
     try:
         cfg = RoleConfig.from_env(
             nats_url=args.nats_url, prefix=args.prefix, data_dir=args.data_dir,

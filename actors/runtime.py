@@ -67,7 +67,8 @@ from protocol.messages import (
     ServiceRecord,
 )
 from protocol.policy import LOOP_HEALTHY_S, LOOP_RESTART, RetryPolicy
-from protocol.subjects import DEFAULT_PREFIX, Names, check_token
+from protocol.settings import RoleSettings
+from protocol.subjects import Names, check_token
 from protocol.wire import decode, encode
 
 VERSION = "0.1.0"
@@ -76,22 +77,22 @@ EXIT_LOOP_FAILED = 70  # EX_SOFTWARE: a critical loop spent its restart budget
 # After a fatal loop failure the drain gets drain_timeout_s plus this; then the process exits
 # anyway, so a drain stuck on the same fault cannot keep a broken process alive.
 FATAL_EXIT_GRACE_S = 5.0
+_ENV_DEFAULTS = RoleSettings()
 
 
 @dataclass
 class RoleConfig:
     """Settings every role takes (CLI flags or NEXUS_* environment variables)."""
 
-    nats_url: str = "nats://127.0.0.1:4222"
-    prefix: str = DEFAULT_PREFIX
-    data_dir: Path = Path(".nexus")
+    # Defaults (and their reasons) live in protocol.settings.RoleSettings, with the variables.
+    nats_url: str = _ENV_DEFAULTS.nats_url
+    prefix: str = _ENV_DEFAULTS.prefix
+    data_dir: Path = _ENV_DEFAULTS.data_dir
     instance: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
-    # 1 s beats with a 3 s timeout in the health manager: a kill is seen in about 3-4 s.
-    heartbeat_interval_s: float = 1.0
+    heartbeat_interval_s: float = _ENV_DEFAULTS.heartbeat_interval_s
     # Upper bound on the drain: in-flight work still running then is abandoned.
     drain_timeout_s: float = 60.0
-    # Requests handled at once; more wait in NATS (bounded by the subscription's pending limit).
-    max_concurrency: int = 64
+    max_concurrency: int = _ENV_DEFAULTS.max_concurrency
     # Requests held at once (running + waiting for a concurrency slot); past it a request is
     # answered `Busy` at once, before any task is made for it. 0 = 4 x max_concurrency: enough
     # queue to keep every slot busy through a burst, short enough that a waiter is served
@@ -120,29 +121,13 @@ class RoleConfig:
 
     @classmethod
     def from_env(cls, **overrides: Any) -> RoleConfig:
-        env = os.environ
-        kwargs: dict[str, Any] = {}
-        if "NEXUS_NATS_URL" in env:
-            kwargs["nats_url"] = env["NEXUS_NATS_URL"]
-        if "NEXUS_PREFIX" in env:
-            kwargs["prefix"] = env["NEXUS_PREFIX"]
-        if "NEXUS_DATA_DIR" in env:
-            kwargs["data_dir"] = Path(env["NEXUS_DATA_DIR"])
-        if "NEXUS_HEARTBEAT_INTERVAL_S" in env:
-            kwargs["heartbeat_interval_s"] = float(env["NEXUS_HEARTBEAT_INTERVAL_S"])
-        if "NEXUS_MAX_CONCURRENCY" in env:
-            kwargs["max_concurrency"] = _env_int(env, "NEXUS_MAX_CONCURRENCY", "max_concurrency")
-        if "NEXUS_MAX_PENDING" in env:
-            kwargs["max_pending"] = _env_int(env, "NEXUS_MAX_PENDING", "max_pending")
+        """The NEXUS_* variables of `RoleSettings` (raises `SettingsError`), then ``overrides``
+        (CLI flags) where not None."""
+        env = RoleSettings.from_env()
+        kwargs: dict[str, Any] = {name: getattr(env, name) for name in (
+            "nats_url", "prefix", "data_dir", "heartbeat_interval_s", "max_concurrency", "max_pending")}
         kwargs.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**kwargs)
-
-
-def _env_int(env: Any, var: str, field_name: str) -> int:
-    try:
-        return int(env[var])
-    except ValueError:
-        raise ValueError(f"{field_name} ({var}={env[var]!r}): must be an integer") from None
 
 
 Handler = Callable[[Any, Any], Awaitable[Any]]

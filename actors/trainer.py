@@ -59,33 +59,29 @@ from protocol.messages import (
     TrainBatchReply,
     WeightsRef,
 )
-from protocol.policy import DRAIN_RELEASE, leases_from_env
+from protocol.policy import DRAIN_RELEASE
+from protocol.settings import FAULT_POINTS, TrainerSettings, leases_from_env
 from protocol.subjects import check_token
 
 # Fault injection for the exactly-once tests: SIGKILL this process at the named point of the
-# first job it handles. Points, in lifecycle order:
-FAULT_POINTS = ("after_lease", "after_train", "after_commit", "after_trained", "after_export", "after_synced")
-FAULT_ENV = "NEXUS_TRAINER_FAULT"
+# first job it handles (FAULT_POINTS, in lifecycle order).
+FAULT_ENV = TrainerSettings.model_fields["fault"].alias
+_ENV_DEFAULTS = TrainerSettings()
 
 
 @dataclass
 class TrainerConfig:
-    group_max: int = 4  # jobs (tenants) per round: the width of one grouped base forward
-    # A job whose lease is not renewed within this goes back to the queue. Leases are renewed
-    # while a round trains, so this bounds how long a hung trainer holds work, not a round.
-    lease_s: float = 60.0
+    # Jobs (tenants) per round, and the lease (defaults and reasons: protocol.settings).
+    group_max: int = _ENV_DEFAULTS.group_max
+    lease_s: float = _ENV_DEFAULTS.lease_s
     idle_poll_s: float = 1.0
     max_on_device: int = 16  # slots kept on the accelerator; the rest wait in CPU memory
     device: str | None = None  # None: cuda if available, else cpu
 
     @classmethod
     def from_env(cls) -> TrainerConfig:
-        env = os.environ
-        return cls(
-            group_max=int(env.get("NEXUS_TRAINER_GROUP_MAX", cls.group_max)),
-            lease_s=float(env.get("NEXUS_TRAINER_LEASE_S", cls.lease_s)),
-            device=env.get("NEXUS_TRAINER_DEVICE") or None,
-        )
+        env = TrainerSettings.from_env()
+        return cls(group_max=env.group_max, lease_s=env.lease_s, device=env.device)
 
 
 @dataclass
@@ -114,9 +110,7 @@ class Trainer(Role):
     def __init__(self, cfg: RoleConfig, tcfg: TrainerConfig | None = None) -> None:
         super().__init__(cfg)
         self.tcfg = tcfg or TrainerConfig.from_env()
-        self.fault = os.environ.get(FAULT_ENV, "")
-        if self.fault and self.fault not in FAULT_POINTS:
-            raise ValueError(f"{FAULT_ENV}={self.fault!r}: allowed {FAULT_POINTS}")
+        self.fault = TrainerSettings.from_env().fault or ""
         self.leases = leases_from_env()
         self.store: SlotStore | None = None
         self._compute = asyncio.Lock()  # one round at a time on the accelerator
@@ -155,6 +149,7 @@ class Trainer(Role):
             self.log.info("tenant slot dropped (tenant deleted)", tenant=tenant)
 
     def _maybe_fault(self, point: str) -> None:
+        assert point in FAULT_POINTS, point  # a point the settings do not list could never fire
         if self.fault == point:
             self.log.warning("fault injection: SIGKILL", point=point)
             os.kill(os.getpid(), signal.SIGKILL)

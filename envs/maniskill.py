@@ -55,12 +55,12 @@ from envs.adapter import (
 from envs.errors import ConfigError, EnvError, EnvStateError, UnknownEnvError
 from envs.probe import probe_in_child
 from protocol.errors import ErrorCode
+from protocol.settings import SimulatorSettings
 
 ENV_ID_PREFIX = "maniskill/"
 PIP_SPEC = "mani-skill==3.0.1"
 SETUP_SCRIPT = "deploy/setup/vulkan.sh"
 ICD_FILE = "lvp_icd.json"
-VULKAN_DIR_ENV = "NEXUS_VULKAN_DIR"
 _SYSTEM_ICD_DIRS = ("/usr/share/vulkan/icd.d", "/usr/local/share/vulkan/icd.d", "/etc/vulkan/icd.d")
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
@@ -101,7 +101,7 @@ class VulkanUnavailableError(EnvError, RuntimeError):
 
 
 def vulkan_icd_candidates() -> list[Path]:
-    dirs = [os.environ.get(VULKAN_DIR_ENV), Path(sys.prefix) / "vulkan", PROJECT_ROOT / ".venv" / "vulkan"]
+    dirs = [SimulatorSettings.from_env().vulkan_dir, Path(sys.prefix) / "vulkan", PROJECT_ROOT / ".venv" / "vulkan"]
     return [Path(d) / ICD_FILE for d in dirs if d]
 
 

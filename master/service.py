@@ -89,7 +89,8 @@ from protocol.messages import (
     TenantDeleteRequest,
     WeightsRef,
 )
-from protocol.policy import OWNER_CHECK_EVERY_S, STORE_WRITE, leases_from_env, retention_from_env
+from protocol.policy import OWNER_CHECK_EVERY_S, STORE_WRITE
+from protocol.settings import MasterSettings, leases_from_env, retention_from_env
 from protocol.subjects import canonical_base, check_token
 from protocol.wire import decode, encode
 
@@ -101,9 +102,8 @@ TRANSITIONS: dict[str, tuple[str, ...]] = {
     "synced": ("cleared",),
 }
 EXPIRE_EVERY_S = 1.0
-# Rollout gate (reference defaults): 1 active rollout per tenant, 3 across the deployment;
+# Rollout gate: 1 active rollout per tenant, NEXUS_MAX_ACTIVE_ROLLOUTS across the deployment;
 # a slot not released within the TTL (its producer died) is reclaimed.
-MAX_ACTIVE_ROLLOUTS = int(os.environ.get("NEXUS_MAX_ACTIVE_ROLLOUTS", "3"))
 ROLLOUT_TTL_S = 600.0
 
 
@@ -122,6 +122,7 @@ class Master(WorkloadOps, Role):
         self.rollouts: dict[str, float] = {}  # "<tenant>/<workload>" -> expiry (unix s)
         self.leases = leases_from_env()
         self.retention = retention_from_env()
+        self.max_active_rollouts = MasterSettings.from_env().max_active_rollouts
         self.partitions: PartitionReader | None = None  # queue_get's reader (remembers item sequences)
 
     async def setup(self) -> None:
@@ -530,8 +531,8 @@ class Master(WorkloadOps, Role):
             self.rollouts[key] = now + ROLLOUT_TTL_S
             return Ok(detail="already active")
         active_tenant = [k for k in self.rollouts if k.split("/", 1)[0] == req.tenant]
-        if active_tenant or len(self.rollouts) >= MAX_ACTIVE_ROLLOUTS:
-            raise Busy(f"{len(self.rollouts)} rollouts active (cap {MAX_ACTIVE_ROLLOUTS}, 1 per tenant)",
+        if active_tenant or len(self.rollouts) >= self.max_active_rollouts:
+            raise Busy(f"{len(self.rollouts)} rollouts active (cap {self.max_active_rollouts}, 1 per tenant)",
                        details={"retry_after_s": 0.2})
         self.rollouts[key] = now + ROLLOUT_TTL_S
         return Ok(detail="granted")

@@ -81,37 +81,11 @@ class Retention:
     versions_kept: int = 8
 
 
+# The defaults; the roles take them with their NEXUS_* variables (protocol.settings:
+# leases_from_env, retention_from_env).
 LEASES = Leases()
 RETENTION = Retention()
 
-
-def _env_float(name: str, default: float, minimum: float = 0.0) -> float:
-    import os
-
-    raw = os.environ.get(name)
-    if raw is None:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r}: not a number") from None
-    if value < minimum:
-        raise ValueError(f"{name}={raw!r}: must be >= {minimum:g}")
-    return value
-
-
-def leases_from_env() -> Leases:
-    """`LEASES` with NEXUS_LEASE_RENEW_EVERY_S / NEXUS_TRAINER_DRAIN_FINISH_S / NEXUS_ORPHAN_TTL_S."""
-    return Leases(renew_every_s=_env_float("NEXUS_LEASE_RENEW_EVERY_S", LEASES.renew_every_s, 0.01),
-                  drain_finish_s=_env_float("NEXUS_TRAINER_DRAIN_FINISH_S", LEASES.drain_finish_s),
-                  orphan_ttl_s=_env_float("NEXUS_ORPHAN_TTL_S", LEASES.orphan_ttl_s, 0.1))
-
-
-def retention_from_env() -> Retention:
-    """`RETENTION` with NEXUS_COMPACT_EVERY_S / NEXUS_JOB_RETENTION_S / NEXUS_VERSIONS_KEPT."""
-    return Retention(every_s=_env_float("NEXUS_COMPACT_EVERY_S", RETENTION.every_s, 0.1),
-                     job_records_s=_env_float("NEXUS_JOB_RETENTION_S", RETENTION.job_records_s),
-                     versions_kept=int(_env_float("NEXUS_VERSIONS_KEPT", RETENTION.versions_kept, 1)))
 
 # A draining trainer hands its jobs back; if the master is gone too (`nexus down` stops
 # everything), the next master releases them at its start, so this stays short.

@@ -75,10 +75,10 @@ def _replicas(value: int) -> int:
     return value
 
 
-def _err(text: str) -> None:
+def _err(text: str, prefix: str = "error: ") -> None:
     from sdk.term import err
 
-    err(text)
+    err(text, prefix=prefix)
 
 
 def _run(coro: Any) -> Any:
@@ -140,6 +140,16 @@ def up(
                                tq_max_bytes=DEFAULT_TQ_MAX_BYTES if tq_max_bytes is None else tq_max_bytes)
     except (ValueError, NexusError) as exc:
         _err(str(exc))
+        return EXIT_BAD_INPUT
+    from protocol.settings import SettingsError, check_supervised_roles, unknown_variables
+
+    for line in unknown_variables():
+        _err(line, prefix="warning: ")
+    try:  # every role's NEXUS_* variables, before anything starts
+        check_supervised_roles(cfg.roles)
+    except SettingsError as exc:
+        for line in exc.lines:
+            _err(line)
         return EXIT_BAD_INPUT
     if not detach:
         return _run(Supervisor(cfg).run())

@@ -1,0 +1,527 @@
+"""Every NEXUS_* environment variable, typed, bounded and documented in one place.
+
+Each group below is a pydantic v2 model whose fields carry their variable as an alias; a role
+reads its groups at start (``python -m actors.run ROLE`` checks them all before the role is
+built), so a bad value is one clear line naming the variable, its value and what is allowed,
+never an error deep inside a loop::
+
+    from protocol.settings import InferencerSettings
+    s = InferencerSettings.from_env()          # os.environ; or from_env({"NEXUS_...": "..."})
+    s.max_batch_size
+
+An empty value counts as unset (``NEXUS_INFER_DEVICE= cmd`` means the default); a NEXUS_*
+variable that nothing reads is a warning at start (`unknown_variables`). Nothing else
+reads ``os.environ`` for a NEXUS_* variable: a test checks the code for it, and that the
+README's table is `env_table_markdown()`. Run ``python -m protocol.settings`` to rewrite that
+table after changing a field here.
+
+Standard variables (OMP_NUM_THREADS, OTEL_EXPORTER_OTLP_ENDPOINT, MUJOCO_GL, ...) stay where
+the library that owns them wants them; `STANDARD_VARIABLES` says who reads or sets each.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import types
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+import annotated_types
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+from protocol.errors import ErrorCode, NexusError
+from protocol.policy import INFERENCE_OUTAGE, LEASES, RETENTION, Leases, Retention
+from protocol.subjects import DEFAULT_PREFIX, ROLES, Names
+
+# The trainer's fault points for the exactly-once tests, in lifecycle order.
+FAULT_POINTS = ("after_lease", "after_train", "after_commit", "after_trained", "after_export", "after_synced")
+DEFAULT_INFER_BASE = "tiny-qwen3-vl-64"  # the embedded preset the built-in task runs on
+_MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+_DEVICE = r"^(cpu|cuda|mps|xpu)(:[0-9]+)?$"
+
+
+class SettingsError(NexusError, ValueError):
+    """One or more environment variables hold a value their setting does not allow.
+
+    ``lines`` has one line per problem (``NEXUS_X='abc': must be ...``)."""
+
+    code = ErrorCode.INVALID_FIELD
+
+    def __init__(self, lines: list[str]) -> None:
+        super().__init__("\n".join(lines), details={"problems": lines})
+        self.lines = lines
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def var(name: str, description: str, *, flag: str = "", cli: bool = False, allowed: str = "",
+        default_text: str = "") -> dict[str, Any]:
+    """Field keywords for one variable: its alias and the doc bits `env_table_markdown` prints.
+
+    ``flag``: the `python -m actors.run` (and `nexus`) flag that wins over the variable; ``cli``:
+    the `nexus` command reads it too; ``allowed`` / ``default_text``: how the bounds / the
+    default read to a person where the type alone does not say it."""
+    extra = {"flag": flag, "cli": cli, "allowed": allowed, "default_text": default_text}
+    return {"alias": name, "description": description, "json_schema_extra": extra}
+
+
+class EnvSettings(BaseModel):
+    """A group of variables read by the same readers."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True, allow_inf_nan=False)
+    # Who reads the group: role names (as `python -m actors.run` spells them) and a sentence.
+    roles: ClassVar[tuple[str, ...]] = ()
+    readers: ClassVar[str] = ""
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> typing.Self:
+        """The group from ``environ`` (default ``os.environ``); raises `SettingsError`."""
+        env = os.environ if environ is None else environ
+        raw = {}
+        for info in cls.model_fields.values():
+            value = env.get(info.alias)
+            if value is not None and value.strip():
+                raw[info.alias] = value.strip()
+        try:
+            return cls.model_validate(raw)
+        except ValidationError as exc:
+            raise SettingsError(cls._problems(exc, raw)) from None
+
+    @classmethod
+    def _problems(cls, exc: ValidationError, raw: dict[str, str]) -> list[str]:
+        by_alias = {info.alias: info for info in cls.model_fields.values()}
+        by_name = {name: info for name, info in cls.model_fields.items()}
+        lines = []
+        for e in exc.errors():
+            key = e["loc"][0] if e["loc"] else None
+            info = by_alias.get(key) or by_name.get(key)
+            if info is None:  # a rule over several variables: its message names them
+                lines.append(str(e["msg"]).removeprefix("Value error, "))
+                continue
+            reason = f"must be {allowed_text(info)}"
+            if e["type"] == "value_error":  # a validator's own words say more than the bound
+                reason = f"{str(e['msg']).removeprefix('Value error, ')}; {reason}"
+            lines.append(f"{info.alias}={raw.get(info.alias)!r}: {reason} -- {info.description}")
+        return lines
+
+
+def _rule(message: str) -> PydanticCustomError:
+    return PydanticCustomError("settings_rule", "{message}", {"message": message})
+
+
+# ---- the groups -------------------------------------------------------------------------
+class RoleSettings(EnvSettings):
+    roles = ROLES
+    readers = "every role"
+
+    nats_url: str = Field("nats://127.0.0.1:4222", min_length=1, **var(
+        "NEXUS_NATS_URL", "NATS server(s); comma-separated for a cluster", flag="--nats-url", cli=True,
+        allowed="nats:// URLs, comma-separated", default_text="embedded on `127.0.0.1:4222`"))
+    prefix: str = Field(DEFAULT_PREFIX, **var(
+        "NEXUS_PREFIX", "subject prefix (two deployments on one server)", flag="--prefix", cli=True,
+        allowed="1-64 characters from A-Z a-z 0-9 _ -"))
+    data_dir: Path = Field(Path(".nexus"), **var(
+        "NEXUS_DATA_DIR", "data dir (JetStream store, logs, traces, cluster.json)", flag="--data-dir", cli=True,
+        default_text="`./.nexus/`"))
+    # 1 s beats with a 3 s timeout in the health manager: a kill is seen in about 3-4 s.
+    heartbeat_interval_s: float = Field(1.0, gt=0, le=60, **var(
+        "NEXUS_HEARTBEAT_INTERVAL_S", "seconds between a role's heartbeats"))
+    # Requests handled at once; more wait in NATS (bounded by the subscription's pending limit).
+    max_concurrency: int = Field(64, ge=1, le=65536, **var(
+        "NEXUS_MAX_CONCURRENCY", "requests a role handles at once"))
+    max_pending: int = Field(0, ge=0, **var(
+        "NEXUS_MAX_PENDING", "requests a role holds (running + waiting) before answering `busy`",
+        allowed="an integer >= 0 (0 = 4 x max concurrency)", default_text="4 x max concurrency"))
+
+    @field_validator("nats_url")
+    @classmethod
+    def _urls(cls, value: str) -> str:
+        for url in value.split(","):
+            if not re.match(r"^(nats|tls|ws|wss)://[^\s/]+", url.strip()):
+                raise ValueError(f"{url.strip()!r} is not a nats:// URL")
+        return value
+
+    @field_validator("prefix")
+    @classmethod
+    def _prefix(cls, value: str) -> str:
+        try:
+            Names(value)
+        except NexusError:
+            raise ValueError("not a valid name") from None
+        return value
+
+
+class HealthSettings(EnvSettings):
+    roles = ("health", "monitor")
+    readers = "health, monitor"
+
+    health_timeout_s: float | None = Field(None, gt=0, **var(
+        "NEXUS_HEALTH_TIMEOUT_S", "seconds without a heartbeat before a role is declared dead",
+        default_text="3 x heartbeat interval"))
+
+    def timeout_s(self, heartbeat_interval_s: float) -> float:
+        return self.health_timeout_s if self.health_timeout_s is not None else 3 * heartbeat_interval_s
+
+
+class LeaseSettings(EnvSettings):
+    roles = ("master", "trainer")
+    readers = "master, trainer"
+
+    renew_every_s: float = Field(LEASES.renew_every_s, ge=0.01, **var(
+        "NEXUS_LEASE_RENEW_EVERY_S", "a trainer renews its round's leases at most this often (s)"))
+    drain_finish_s: float = Field(LEASES.drain_finish_s, ge=0, **var(
+        "NEXUS_TRAINER_DRAIN_FINISH_S", "a draining trainer trains its round this long, then releases it (s)"))
+    orphan_ttl_s: float = Field(LEASES.orphan_ttl_s, ge=0.1, **var(
+        "NEXUS_ORPHAN_TTL_S", "a job idle this long while reserved or filling is failed and purged (s)"))
+
+    def leases(self) -> Leases:
+        return Leases(renew_every_s=self.renew_every_s, drain_finish_s=self.drain_finish_s,
+                      orphan_ttl_s=self.orphan_ttl_s)
+
+
+class RetentionSettings(EnvSettings):
+    roles = ("master",)
+    readers = "master"
+
+    every_s: float = Field(RETENTION.every_s, ge=0.1, **var(
+        "NEXUS_COMPACT_EVERY_S", "seconds between the master's compactions"))
+    job_records_s: float = Field(RETENTION.job_records_s, ge=0, **var(
+        "NEXUS_JOB_RETENTION_S", "finished job records are deleted after this long (s)"))
+    versions_kept: int = Field(RETENTION.versions_kept, ge=1, **var(
+        "NEXUS_VERSIONS_KEPT", "policy versions kept per tenant besides the pinned ones"))
+
+    def retention(self) -> Retention:
+        return Retention(every_s=self.every_s, job_records_s=self.job_records_s, versions_kept=self.versions_kept)
+
+
+class MasterSettings(EnvSettings):
+    roles = ("master",)
+    readers = "master"
+
+    # Reference default: 1 active rollout per tenant, 3 across the deployment.
+    max_active_rollouts: int = Field(3, ge=1, **var(
+        "NEXUS_MAX_ACTIVE_ROLLOUTS", "active rollouts across the deployment (1 per tenant)"))
+
+
+class TrainerSettings(EnvSettings):
+    roles = ("trainer",)
+    readers = "trainer"
+
+    group_max: int = Field(4, ge=1, le=256, **var(
+        "NEXUS_TRAINER_GROUP_MAX", "jobs (tenants) per trainer round: the grouped base forward's width"))
+    # Leases are renewed while a round trains, so this bounds how long a hung trainer holds
+    # work, not how long a round may take.
+    lease_s: float = Field(60.0, gt=0, **var(
+        "NEXUS_TRAINER_LEASE_S", "a training job's lease (s), renewed while its round runs"))
+    device: str | None = Field(None, pattern=_DEVICE, **var(
+        "NEXUS_TRAINER_DEVICE", "the trainer's torch device", allowed="cpu, cuda, cuda:N, mps or xpu",
+        default_text="cuda if available, else cpu"))
+    fault: Literal[FAULT_POINTS] | None = Field(None, **var(  # type: ignore[valid-type]
+        "NEXUS_TRAINER_FAULT", "tests only: SIGKILL the trainer at this point of its first job",
+        default_text="unset"))
+
+
+class InferencerSettings(EnvSettings):
+    roles = ("inferencer",)
+    readers = "inferencer"
+
+    base: str = Field(DEFAULT_INFER_BASE, min_length=1, **var(
+        "NEXUS_INFER_BASE", "the base an inferencer serves (its pool): a preset name or a local path",
+        allowed="a preset name or a path"))
+    device: str | None = Field(None, pattern=_DEVICE, **var(
+        "NEXUS_INFER_DEVICE", "the inferencer's torch device", allowed="cpu, cuda, cuda:N, mps or xpu",
+        default_text="cuda if available, else cpu"))
+    # The optimized Qwen3-VL encode with CUDA graphs (models.fast).
+    fast: bool = Field(False, **var("NEXUS_INFER_FAST", "optimized encode with CUDA graphs (Qwen3-VL)"))
+    # 32 rows fill a GPU forward well for 2-camera inputs; 5 ms bounds what a lone request
+    # pays waiting for company.
+    max_batch_size: int = Field(32, ge=1, le=1024, **var(
+        "NEXUS_INFER_MAX_BATCH_SIZE", "rows in one grouped forward at most"))
+    batch_wait_timeout_s: float = Field(0.005, ge=0, le=10, **var(
+        "NEXUS_INFER_BATCH_WAIT_TIMEOUT_S", "seconds a request waits for company before its group runs"))
+    # One group in the forward, one prepared behind it (on an H200, 3 was slower: 146 -> 131 req/s).
+    pipeline_depth: int = Field(2, ge=1, le=8, **var(
+        "NEXUS_INFER_PIPELINE_DEPTH", "groups between forming and replied (canonicalised ahead of the forward)"))
+    # 8 full default groups per key: a request admitted waits at most ~8 forwards.
+    max_queue_per_key: int = Field(256, ge=1, **var(
+        "NEXUS_INFER_MAX_QUEUE_PER_KEY", "requests queued per compatibility key before `busy`"))
+    # A 2-camera 64x64 request is ~25 KB decoded: 4096 is ~100 MB at most.
+    max_queued: int = Field(4096, ge=1, **var(
+        "NEXUS_INFER_MAX_QUEUED", "requests held in all before `busy`",
+        allowed="an integer >= NEXUS_INFER_MAX_QUEUE_PER_KEY"))
+    busy_retry_after_s: float = Field(0.05, gt=0, le=60, **var(
+        "NEXUS_INFER_BUSY_RETRY_AFTER_S", "the smallest `busy` retry hint (s); it grows with the queue"))
+    # The SDK's longest back-off.
+    busy_max_retry_after_s: float = Field(INFERENCE_OUTAGE.max_backoff_s, gt=0, le=60, **var(
+        "NEXUS_INFER_BUSY_MAX_RETRY_AFTER_S", "the largest `busy` retry hint (s)",
+        allowed="a number in [NEXUS_INFER_BUSY_RETRY_AFTER_S, 60]"))
+    reply_cache_size: int = Field(4096, ge=1, **var(
+        "NEXUS_INFER_REPLY_CACHE_SIZE", "replies kept so a retried request id is answered once"))
+    # The SDK's whole retry horizon: a retry it can still send always finds its first reply.
+    reply_cache_ttl_s: float = Field(INFERENCE_OUTAGE.deadline_s, gt=0, **var(
+        "NEXUS_INFER_REPLY_CACHE_TTL_S", "seconds a reply stays in that cache"))
+    # The SDK has one attempt out at a time: a few copies cover retries racing a slow reply.
+    max_joined_per_request: int = Field(16, ge=1, **var(
+        "NEXUS_INFER_MAX_JOINED_PER_REQUEST", "copies of one request id that may wait on it at once"))
+
+    @model_validator(mode="after")
+    def _order(self) -> InferencerSettings:
+        if self.max_queued < self.max_queue_per_key:
+            raise _rule(f"NEXUS_INFER_MAX_QUEUED={self.max_queued}: must be >= NEXUS_INFER_MAX_QUEUE_PER_KEY "
+                        f"({self.max_queue_per_key})")
+        if self.busy_max_retry_after_s < self.busy_retry_after_s:
+            raise _rule(f"NEXUS_INFER_BUSY_MAX_RETRY_AFTER_S={self.busy_max_retry_after_s:g}: must be >= "
+                        f"NEXUS_INFER_BUSY_RETRY_AFTER_S ({self.busy_retry_after_s:g})")
+        return self
+
+
+class EnvWorkerSettings(EnvSettings):
+    roles = ("env",)
+    readers = "env worker"
+
+    max_sessions: int = Field(64, ge=1, **var("NEXUS_ENV_MAX_SESSIONS", "simulator sessions per env worker"))
+    plugins: tuple[str, ...] = Field((), **var(
+        "NEXUS_ENV_PLUGINS", "modules an env worker imports at start (they call `envs.register`)",
+        allowed="comma-separated module names", default_text="none"))
+
+    @field_validator("plugins", mode="before")
+    @classmethod
+    def _modules(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = tuple(m.strip() for m in value.split(",") if m.strip())
+        for module in value:
+            if not _MODULE_NAME.match(module):
+                raise ValueError(f"{module!r} is not a module name")
+        return value
+
+
+class SimulatorSettings(EnvSettings):
+    roles = ("env",)
+    readers = "env worker (ManiSkill envs)"
+
+    vulkan_dir: Path | None = Field(None, **var(
+        "NEXUS_VULKAN_DIR", "where `deploy/setup/vulkan.sh` put lavapipe (its `lvp_icd.json`), searched first",
+        default_text="`<sys.prefix>/vulkan`, then `.venv/vulkan`"))
+
+
+class CliSettings(EnvSettings):
+    """Read by typer (``envvar=``) in sdk/cli.py; a test checks the names agree."""
+
+    readers = "`nexus up`"
+
+    nats_port: int = Field(4222, ge=1, le=65535, **var(
+        "NEXUS_NATS_PORT", "port of the embedded nats-server", flag="--nats-port", cli=True))
+
+
+GROUPS: tuple[type[EnvSettings], ...] = (
+    RoleSettings, HealthSettings, LeaseSettings, RetentionSettings, MasterSettings, TrainerSettings,
+    InferencerSettings, EnvWorkerSettings, SimulatorSettings, CliSettings,
+)
+
+
+def role_settings(role: str, environ: Mapping[str, str] | None = None) -> dict[type[EnvSettings], EnvSettings]:
+    """Every group ``role`` reads, checked at once: one `SettingsError` lists every problem."""
+    if role not in ROLES:
+        raise ValueError(f"role={role!r}: allowed {', '.join(ROLES)}")
+    out: dict[type[EnvSettings], EnvSettings] = {}
+    lines: list[str] = []
+    for group in GROUPS:
+        if role in group.roles:
+            try:
+                out[group] = group.from_env(environ)
+            except SettingsError as exc:
+                lines.extend(exc.lines)
+    # A rule across groups (a trainer's renewal interval needs none: it renews at least
+    # four times per lease whatever NEXUS_LEASE_RENEW_EVERY_S says).
+    if not lines and role in HealthSettings.roles:
+        base, health = out[RoleSettings], out[HealthSettings]
+        timeout = health.health_timeout_s  # type: ignore[attr-defined]
+        if timeout is not None and timeout <= base.heartbeat_interval_s:  # type: ignore[attr-defined]
+            lines.append(f"NEXUS_HEALTH_TIMEOUT_S={timeout:g}: must be > NEXUS_HEARTBEAT_INTERVAL_S "
+                         f"({base.heartbeat_interval_s:g}), or every role is declared dead between beats")  # type: ignore[attr-defined]
+    if lines:
+        raise SettingsError(lines)
+    return out
+
+
+# What a supervisor sets for each role it starts, from its own flags: a value of these in its
+# own environment never reaches a role.
+SUPERVISOR_SETS = ("NEXUS_NATS_URL", "NEXUS_PREFIX", "NEXUS_DATA_DIR")
+
+
+def check_supervised_roles(roles: typing.Iterable[str], environ: Mapping[str, str] | None = None) -> None:
+    """`role_settings` of each role a supervisor would start with ``environ``, before it starts
+    any: one `SettingsError` with each problem once (a variable several roles read is one line)."""
+    env = dict(os.environ if environ is None else environ)
+    for name in SUPERVISOR_SETS:
+        env.pop(name, None)
+    lines: list[str] = []
+    for role in roles:
+        try:
+            role_settings(role, env)
+        except SettingsError as exc:
+            lines.extend(line for line in exc.lines if line not in lines)
+    if lines:
+        raise SettingsError(lines)
+
+
+def unknown_variables(environ: Mapping[str, str] | None = None) -> list[str]:
+    """A warning line for each NEXUS_* variable set that nothing reads (a typo is otherwise
+    silently the default), with the nearest known name."""
+    import difflib
+
+    env = os.environ if environ is None else environ
+    known = [info.alias for group in GROUPS for info in group.model_fields.values()]
+    known += [n for name, _, _ in STANDARD_VARIABLES for n in name.split(" / ") if n.startswith("NEXUS_")]
+    lines = []
+    for name in sorted(env):
+        if name.startswith("NEXUS_") and name not in known:
+            near = difflib.get_close_matches(name, known, n=1)
+            hint = f" (did you mean {near[0]}?)" if near else ""
+            lines.append(f"{name} is set but nothing reads it{hint}")
+    return lines
+
+
+def leases_from_env() -> Leases:
+    """`LEASES` with NEXUS_LEASE_RENEW_EVERY_S / NEXUS_TRAINER_DRAIN_FINISH_S / NEXUS_ORPHAN_TTL_S."""
+    return LeaseSettings.from_env().leases()
+
+
+def retention_from_env() -> Retention:
+    """`RETENTION` with NEXUS_COMPACT_EVERY_S / NEXUS_JOB_RETENTION_S / NEXUS_VERSIONS_KEPT."""
+    return RetentionSettings.from_env().retention()
+
+
+# ---- variables this module does not parse -----------------------------------------------
+# (name, who reads or sets it, why). Standard variables are left to the library that owns
+# them; the set-up script and the test switch are not read by any role.
+STANDARD_VARIABLES: tuple[tuple[str, str, str], ...] = (
+    ("OTEL_EXPORTER_OTLP_ENDPOINT", "every role (actors/tracing.py), `nexus up`",
+     "trace export over OTLP/HTTP; unset: JSONL files in `DATA_DIR/traces/`"),
+    ("OMP_NUM_THREADS", "set to 1 for every role process (supervisor, `run_role`) unless set; the Makefile",
+     "one BLAS / torch thread per process: more threads fight over the cores"),
+    ("HF_HUB_OFFLINE", "the Makefile sets 1; transformers honours it", "nothing is downloaded from the Hub"),
+    ("TOKENIZERS_PARALLELISM", "the Makefile sets false", "no tokenizer thread pool (and its fork warning)"),
+    ("PYTHONUNBUFFERED", "set to 1 for role processes the supervisor and `nexus up` start",
+     "log lines reach the log file as they are written"),
+    ("MUJOCO_GL", "envs/libero.py (defaults it to `egl`); the Makefile", "MuJoCo renders headless"),
+    ("SVT_LOG", "envs/lerobot/video.py (defaults it to 1)", "quiets the AV1 encoder's banner"),
+    ("VK_ICD_FILENAMES / VK_DRIVER_FILES", "envs/maniskill.py (set to lavapipe unless already set)",
+     "the Vulkan driver ManiSkill renders with"),
+    ("NEXUS_VULKAN_SUITE / NEXUS_VULKAN_MIRROR", "deploy/setup/vulkan.sh (shell; also NEXUS_VULKAN_DIR)",
+     "the Debian suite and mirror lavapipe is downloaded from"),
+    ("NEXUS_REQUIRE_MANISKILL", "tests/envs/test_maniskill.py", "1: a missing ManiSkill or Vulkan fails instead of skipping (CI)"),
+)
+
+
+# ---- generated docs ---------------------------------------------------------------------
+ENV_DOC = "README.md"
+_BEGIN = "<!-- BEGIN GENERATED ENV TABLE (python -m protocol.settings) -->"
+_END = "<!-- END GENERATED ENV TABLE -->"
+_TYPE_WORDS = {int: "an integer", float: "a number", bool: "a boolean (1/0, true/false, yes/no, on/off)",
+               str: "text", Path: "a path"}
+
+
+def _bounds(meta: list[Any]) -> str:
+    lo = next((("[", m.ge) for m in meta if isinstance(m, annotated_types.Ge)), None)
+    lo = lo or next((("(", m.gt) for m in meta if isinstance(m, annotated_types.Gt)), None)
+    hi = next(((m.le, "]") for m in meta if isinstance(m, annotated_types.Le)), None)
+    hi = hi or next(((m.lt, ")") for m in meta if isinstance(m, annotated_types.Lt)), None)
+    if lo and hi:
+        return f" in {lo[0]}{lo[1]:g}, {hi[0]:g}{hi[1]}"
+    if lo:
+        return f" {'>=' if lo[0] == '[' else '>'} {lo[1]:g}"
+    if hi:
+        return f" {'<=' if hi[1] == ']' else '<'} {hi[0]:g}"
+    return ""
+
+
+def allowed_text(info: Any) -> str:
+    """What a field allows, as a person reads it ("an integer >= 1", "one of 'a', 'b'")."""
+    extra = info.json_schema_extra or {}
+    if extra.get("allowed"):
+        return extra["allowed"]
+    tp = info.annotation
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):  # X | None: None is "unset"
+        tp = next(a for a in typing.get_args(tp) if a is not type(None))
+    if typing.get_origin(tp) is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    return _TYPE_WORDS.get(tp, getattr(tp, "__name__", str(tp))) + _bounds(info.metadata)
+
+
+def default_text(info: Any) -> str:
+    extra = info.json_schema_extra or {}
+    if extra.get("default_text"):
+        return extra["default_text"]
+    value = info.default
+    if isinstance(value, bool):
+        return "off" if not value else "on"
+    if isinstance(value, float):
+        return f"`{value:g}`"
+    return f"`{value}`"
+
+
+def env_rows() -> list[tuple[str, str, str, str, str, str]]:
+    """(variable, read by, flag, allowed, default, meaning) for every variable, group by group."""
+    rows = []
+    for group in GROUPS:
+        for info in group.model_fields.values():
+            extra = info.json_schema_extra or {}
+            readers = group.readers + (", `nexus`" if extra.get("cli") and group is not CliSettings else "")
+            flag = f"`{extra['flag']}`" if extra.get("flag") else ""
+            rows.append((info.alias, readers, flag, allowed_text(info), default_text(info), info.description))
+    return rows
+
+
+def env_table_markdown() -> str:
+    def cell(text: str) -> str:
+        return text.replace("|", "/")
+
+    lines = ["| variable | read by | flag | allowed | default | meaning |", "|---|---|---|---|---|---|"]
+    for name, readers, flag, allowed, default, doc in env_rows():
+        lines.append(f"| `{name}` | {readers} | {flag} | {cell(allowed)} | {default} | {cell(doc)} |")
+    lines += ["", "Not parsed here (standard variables, the set-up script's, a test switch):", "",
+              "| variable | read or set by | why |", "|---|---|---|"]
+    for name, where, why in STANDARD_VARIABLES:
+        names = " / ".join(f"`{n}`" for n in name.split(" / "))
+        lines.append(f"| {names} | {cell(where)} | {cell(why)} |")
+    return "\n".join(lines) + "\n"
+
+
+def render_env_doc(text: str) -> str:
+    """``text`` with the generated table between its markers replaced."""
+    if _BEGIN not in text or _END not in text:
+        raise ValueError(f"{ENV_DOC}: the markers {_BEGIN!r} ... {_END!r} are missing")
+    head, _, rest = text.partition(_BEGIN)
+    _, _, tail = rest.partition(_END)
+    return f"{head}{_BEGIN}\n{env_table_markdown()}{_END}{tail}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Rewrite the README's environment-variable table from the models."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--root", default=".", help="repository root (default: .)")
+    args = parser.parse_args(argv)
+    path = Path(args.root) / ENV_DOC
+    path.write_text(render_env_doc(path.read_text()))
+    print(f"wrote {path}")
+    return 0
+
+
+__all__ = [
+    "FAULT_POINTS", "GROUPS", "STANDARD_VARIABLES", "CliSettings", "EnvSettings", "EnvWorkerSettings",
+    "HealthSettings", "InferencerSettings", "LeaseSettings", "MasterSettings", "RetentionSettings",
+    "RoleSettings", "SUPERVISOR_SETS", "SettingsError", "SimulatorSettings", "TrainerSettings",
+    "check_supervised_roles", "env_table_markdown", "unknown_variables",
+    "leases_from_env", "render_env_doc", "retention_from_env", "role_settings",
+]
+
+if __name__ == "__main__":
+    raise SystemExit(main())
