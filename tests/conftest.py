@@ -73,6 +73,43 @@ def nexus_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "sdk.cli", *args]
 
 
+_ZYGOTE: list = []  # [Zygote] once started; [None] with --spawn=exec
+
+
+def pytest_addoption(parser):
+    parser.addoption("--spawn", choices=("fork", "exec"), default="fork",
+                     help="how the `roles` fixture starts role processes: forked from a preloaded "
+                          "process (tests/zygote.py, fast) or `python -m actors.run` (as `nexus up` does)")
+
+
+def pytest_configure(config):
+    _ZYGOTE_MODE.append(config.getoption("--spawn"))
+
+
+def pytest_unconfigure(config):
+    for z in _ZYGOTE:
+        if z is not None:
+            z.close()
+
+
+_ZYGOTE_MODE: list[str] = []
+
+
+def _zygote():
+    """The session's zygote, started at the first role start (None with --spawn=exec)."""
+    if not _ZYGOTE:
+        if _ZYGOTE_MODE and _ZYGOTE_MODE[0] == "exec":
+            _ZYGOTE.append(None)
+        else:
+            import tempfile
+
+            from tests.zygote import Zygote
+
+            sock = Path(tempfile.mkdtemp(prefix="nexus-zygote-")) / "z.sock"
+            _ZYGOTE.append(Zygote(sock, python_env()))
+    return _ZYGOTE[0]
+
+
 class RoleProcs:
     """Role processes started for one test against the session's nats-server."""
 
@@ -87,12 +124,16 @@ class RoleProcs:
         self._n += 1
         instance = f"{role}-{self._n}"
         log = open(self.data_dir / f"{instance}.log", "ab")  # noqa: SIM115 - closed with the process
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "actors.run", role, "--nats-url", self.nats_url, "--prefix", self.prefix,
-             "--data-dir", str(self.data_dir), "--instance", instance],
-            env=python_env(NEXUS_HEARTBEAT_INTERVAL_S="0.3", NEXUS_HEALTH_TIMEOUT_S="1.2", **env),
-            stdout=log, stderr=subprocess.STDOUT,
-        )
+        argv = [role, "--nats-url", self.nats_url, "--prefix", self.prefix, "--data-dir", str(self.data_dir),
+                "--instance", instance]
+        role_env = python_env(NEXUS_HEARTBEAT_INTERVAL_S="0.3", NEXUS_HEALTH_TIMEOUT_S="1.2", **env)
+        zygote = _zygote()
+        if zygote is not None:  # forked from the preloaded model core (tests/zygote.py says why)
+            log.close()
+            proc = zygote.spawn(argv, role_env, os.getcwd(), self.data_dir / f"{instance}.log")
+        else:
+            proc = subprocess.Popen([sys.executable, "-m", "actors.run", *argv], env=role_env,
+                                    stdout=log, stderr=subprocess.STDOUT)
         proc.instance = instance  # type: ignore[attr-defined]
         self.procs.append((role, instance, proc))
         self.wait_ready(role, instance, proc)
