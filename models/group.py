@@ -11,7 +11,9 @@ refuse mixed keys instead, for callers that promised a single key.
 
 Training: the base forward runs under no_grad once per partition; each tenant's head then
 computes its loss on its own rows of the features, backward reaches only that head (the
-features are leaves without grad), and each slot takes its own AdamW step. `grouped=False`
+features are leaves without grad), and each slot takes its own AdamW step. Slots with a LoRA
+adapter (models/lora.py) add their deltas to their own rows inside that one forward, which then
+records autograd through the language model for them; their losses go backward together, once. `grouped=False`
 runs the identical math with one base forward per tenant: the reference for correctness
 tests and benchmarks.
 """

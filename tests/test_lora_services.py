@@ -21,11 +21,11 @@ from tests.test_workloads import BASE_SPEC
 LORA = {"kind": "lora", "rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj", "down_proj"]}
 
 
-def sft(tenant: str, adapter: dict | None, steps: int = 4) -> dict:
+def sft(tenant: str, adapter: dict | None, steps: int = 3) -> dict:
     spec = copy.deepcopy(BASE_SPEC)
     spec.update(tenant=tenant, task="sft", action_module={"kind": "mlp"},
                 algorithm={"lr": 3e-3, "batch_size": 8, "steps": steps})
-    spec["env"]["demos"] = {"episodes": 3}
+    spec["env"]["demos"] = {"episodes": 2}
     if adapter is not None:
         spec["base_adapter"] = adapter
     return spec
@@ -87,7 +87,7 @@ def test_lora_and_frozen_tenants_train_side_by_side(deployment):
 
     recs, ((lora_payload, lora_manifest), (frozen_payload, frozen_manifest)), info = run(deployment, body)
     assert [r.state for r in recs] == ["completed", "completed"], [(r.state, r.message) for r in recs]
-    assert [r.step for r in recs] == [4, 4]
+    assert [r.step for r in recs] == [3, 3]
     # Their micro-batches shared base forwards on the trainer (one group, LoRA and frozen rows).
     assert info.extra["mixed_lora_steps"] >= 1, info.extra
 
@@ -106,10 +106,11 @@ def test_lora_and_frozen_tenants_train_side_by_side(deployment):
     assert any(float(lora_t[k].abs().max()) > 0 for k in adapter_keys if ".lora_B." in k)
 
 
-def test_inferencer_serves_both_in_one_group_with_the_adapter(deployment):
+def test_inferencer_serves_both_in_one_group_with_the_adapter(deployment, tmp_path):
     import torch
 
     from models import BaseConfig, BaseModel, Observation, TenantSchema, TenantSlot, predict
+    from models.group import encode_grouped
     from models.schema import CameraSpec
 
     rng = np.random.default_rng(0)
@@ -122,9 +123,10 @@ def test_inferencer_serves_both_in_one_group_with_the_adapter(deployment):
         ref = await c.latest_weights("lora-a")
         payload, _ = await c.download_weights(ref)
         cfg = await c.tenant("lora-a")
-        return replies, payload, cfg
+        await c.download_policy("lora-a", out_dir=tmp_path)
+        return replies, payload, cfg, ref.version
 
-    (lora_reply, frozen_reply), payload, cfg = run(deployment, body)
+    (lora_reply, frozen_reply), payload, cfg, version = run(deployment, body)
     assert lora_reply.batch_size == frozen_reply.batch_size == 2  # one group forward for both
 
     # The same export on a local copy of the base: the inferencer applied the adapter.
@@ -137,6 +139,16 @@ def test_inferencer_serves_both_in_one_group_with_the_adapter(deployment):
     vla = slot.preprocessor([Observation(obs["images"], obs["state"], obs["instruction"])])
     (ours,) = predict(base, [(slot, vla)])
     np.testing.assert_allclose(lora_reply.actions, ours[0].numpy(), rtol=1e-4, atol=1e-5)
+    # `nexus download` wrote peft's directory: peft loads it on another copy of the base and
+    # gives the hidden states the service's adapter gives.
+    from peft import PeftModel
+
+    copy_ = BaseModel.load(BaseConfig("tiny-qwen3-vl-64", device="cpu"))
+    peft_model = PeftModel.from_pretrained(copy_.core, str(tmp_path / f"lora-a-v{version}.peft")).eval()
+    with torch.no_grad():
+        theirs = copy_.family.forward(peft_model, copy_.build_inputs(vla))
+    ours_h = encode_grouped(base, [vla], slots=[slot], inference=True)[0].hidden_B_L_D
+    torch.testing.assert_close(theirs, ours_h, rtol=1e-5, atol=1e-5)
     slot.adapter = None  # the same head without its adapter answers differently
     (plain,) = predict(base, [(slot, vla)])
     assert not np.allclose(lora_reply.actions, plain[0].numpy(), rtol=1e-4, atol=1e-5)
