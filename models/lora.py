@@ -36,6 +36,7 @@ import functools
 import json
 import math
 import re
+import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -323,10 +324,17 @@ class LoraRouter:
             self.segments = None
 
 
+_INSTALL = threading.Lock()
+
+
 def router_for(base: Any) -> LoraRouter:
-    """The base's router, installed on first use (bases without LoRA tenants carry no hooks)."""
+    """The base's router, installed on first use (bases without LoRA tenants carry no hooks).
+    Locked: an inferencer builds slots in worker threads, and two routers would add every
+    delta twice."""
     if base.lora_router is None:
-        base.lora_router = LoraRouter.install(base.core, base.family.text_decoder)
+        with _INSTALL:
+            if base.lora_router is None:
+                base.lora_router = LoraRouter.install(base.core, base.family.text_decoder)
     return base.lora_router
 
 
