@@ -133,10 +133,6 @@ class TenantSlot:
     def device(self) -> torch.device:
         return next(self.head.parameters()).device
 
-    @property
-    def adapter_config(self) -> AdapterConfig | None:
-        return None if self.adapter is None else self.adapter.config
-
     def named_trainable(self) -> list[tuple[str, torch.nn.Parameter]]:
         """Head parameters (their own names), then the adapter's (``adapter.`` + name)."""
         out = list(self.head.named_parameters())
