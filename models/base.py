@@ -240,14 +240,15 @@ class BaseModel:
         its tensors cannot be saved for a head's backward).
 
         adapters: `models.lora.Segment`s (row ranges of this batch and their tenant's adapter).
-        Outside inference the forward then records autograd through the language model, so a
-        backward reaches the adapters (never the base: its weights do not require grad)."""
+        Unless the caller disabled grad (or asked for inference), the forward then records
+        autograd through the language model, so a backward reaches the adapters (never the
+        base: its weights do not require grad)."""
         self._check_key(batch)
         if adapters:
             from models.lora import router_for
 
             route = router_for(self).route(adapters)
-            ctx = torch.inference_mode() if inference else torch.enable_grad()
+            ctx = torch.inference_mode() if inference else contextlib.nullcontext()
         else:
             route = contextlib.nullcontext()
             ctx = torch.inference_mode() if inference else torch.no_grad()
