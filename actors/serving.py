@@ -158,9 +158,7 @@ class ServingHeads:
                 self.refused.popitem(last=False)
             raise
         await asyncio.to_thread(slot.load_params, payload)
-        slot.head.eval()
-        if slot.adapter is not None:
-            slot.adapter.eval()
+        slot.head.eval()  # an adapter has no mode: its dropout runs only in a training step
         return slot
 
     def forget(self, tenant: str) -> None:
