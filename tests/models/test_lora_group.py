@@ -204,3 +204,30 @@ def test_bad_adapter_configs_name_the_field_and_what_the_base_allows(base: BaseM
     assert adapter_errors(shapes, {"kind": "lora", "rank": 64, "target_modules": ["q_proj"]}) == []
     with pytest.raises(SchemaError, match="base_adapter.target_modules"):
         TenantSlot.create("x", libero_schema(), base, adapter=AdapterConfig(rank=2, target_modules=("fc9",)))
+
+
+@pytest.mark.parametrize("preset", ["tiny-paligemma", "tiny-smolvlm"])
+def test_other_families_group_and_load_with_peft(preset: str, tmp_path) -> None:
+    """PaliGemma (OpenPI's base) and SmolVLM: the same hooks on their decoders (language_model,
+    text_model), grouped == serial, and peft reproduces the export."""
+    from peft import PeftModel
+
+    fam_base = BaseModel.load(BaseConfig(preset, device="cpu"))
+    lora = TenantSlot.create("l", libero_schema(), fam_base, head_kind="mlp", seed=1,
+                             adapter=AdapterConfig(rank=4, alpha=8.0, target_modules=("q_proj", "gate_proj")))
+    frozen = TenantSlot.create("f", libero_schema(), fam_base, head_kind="mlp", seed=2)
+    with torch.no_grad():
+        for b in lora.adapter.lora_B:
+            b.normal_(0, 0.05, generator=torch.Generator().manual_seed(3))
+    vlas = [random_batch(s.preprocessor, 1, seed=i).features for i, s in enumerate((lora, frozen))]
+    grouped = encode_grouped(fam_base, vlas, slots=[lora, frozen], inference=True)
+    serial = encode_serial(fam_base, vlas, slots=[lora, frozen], inference=True)
+    for g, s in zip(grouped, serial):
+        assert rel(g.hidden_B_L_D, s.hidden_B_L_D) < TOL
+    lora.export_peft(tmp_path / "a")
+    copy = BaseModel.load(BaseConfig(preset, device="cpu"))
+    peft_model = PeftModel.from_pretrained(copy.core, str(tmp_path / "a")).eval()
+    with torch.no_grad():
+        theirs = copy.family.forward(peft_model, copy.build_inputs(vlas[0]))
+    assert rel(grouped[0].hidden_B_L_D, theirs) < TOL
+    assert rel(grouped[0].hidden_B_L_D, fam_base.encode(vlas[0]).hidden_B_L_D) > 1e-4
