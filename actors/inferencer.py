@@ -502,7 +502,7 @@ class Inferencer(Role):
                 # Made on the side stream, read on this one: keep the allocator from reusing
                 # the memory before this stream is done with it.
                 packed.images_B_S_C_H_W.record_stream(current)
-            feats = heads.base.encode(packed, inference=True)
+            feats = heads.base.encode(packed, inference=True, adapters=_lora_segments(group, live))
             outs = []
             start = 0
             while start < len(live):
@@ -583,6 +583,24 @@ def _on_stream(stream: Any) -> Any:
     import torch
 
     return torch.cuda.stream(stream)
+
+
+def _lora_segments(group: list[_Pending], live: list[int]) -> list[Any]:
+    """Row segments of the packed group whose slot has a LoRA adapter (rows of one slot are
+    contiguous; padding rows past ``live`` get none): LoRA and frozen-base tenants share the
+    forward, each adapter adds its delta to its own rows only (models/lora.py)."""
+    out: list[Any] = []
+    start = 0
+    while start < len(live):
+        slot = group[live[start]].slot
+        end = start
+        while end < len(live) and group[live[end]].slot is slot:
+            end += 1
+        seg = slot.adapter_segment(start, end, train=False)
+        if seg is not None:
+            out.append(seg)
+        start = end
+    return out
 
 
 def _input_error(exc: Exception) -> NexusError:

@@ -136,7 +136,7 @@ class ServingHeads:
         cfg = await self.config(tenant)
         slot = await asyncio.to_thread(
             TenantSlot.create, tenant, TenantSchema.from_dict(cfg.schema), self.base, cfg.head,
-            cfg.head_params, OptimConfig(**cfg.optim), cfg.seed)
+            cfg.head_params, OptimConfig(**cfg.optim), cfg.seed, None, cfg.base_adapter or None)
         store = await self.bus.js.object_store(self.names.obj_weights)
         try:
             payload = await get_object(store, object_name)
@@ -151,14 +151,14 @@ class ServingHeads:
         manifest = await get_manifest(store, object_name)
         try:
             check_manifest(manifest, object_name, base=self.base_source, key=slot.key,
-                           signature=slot.schema.signature())
+                           signature=slot.schema.signature(), adapter=cfg.base_adapter)
         except FailedPrecondition as exc:
             self.refused[(tenant, version)] = exc
             while len(self.refused) > self.max_cached:
                 self.refused.popitem(last=False)
             raise
         await asyncio.to_thread(slot.load_params, payload)
-        slot.head.eval()
+        slot.head.eval()  # an adapter has no mode: its dropout runs only in a training step
         return slot
 
     def forget(self, tenant: str) -> None:

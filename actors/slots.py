@@ -110,7 +110,7 @@ class SlotStore:
         base = await self.base(cfg.base)
         schema = TenantSchema.from_dict(cfg.schema)
         slot = TenantSlot.create(cfg.name, schema, base, head_kind=cfg.head, head_options=cfg.head_params,
-                                 optim=OptimConfig(**cfg.optim), seed=cfg.seed)
+                                 optim=OptimConfig(**cfg.optim), seed=cfg.seed, adapter=cfg.base_adapter or None)
         return Resident(config=cfg, slot=slot)
 
     async def _restore(self, res: Resident, blob: bytes, name: str) -> None:
@@ -184,6 +184,10 @@ class SlotStore:
             "schema_signature": res.config.signature,
             "head": res.config.head,
             "head_params": res.config.head_params,
+            # LoRA on the base ({}: frozen base). The payload then also holds the adapter under
+            # peft's tensor names, and peft_config is its adapter_config.json (docs/lora.md).
+            "base_adapter": res.config.base_adapter,
+            "peft_config": slot.adapter.peft_config(slot.base_id) if slot.adapter is not None else None,
             "version": version,
             "step": slot.step_count,
             "metrics": metrics,
@@ -205,7 +209,7 @@ class SlotStore:
         res = self.resident[tenant]
         payload = await get_object(weights, object_name)
         check_manifest(await get_manifest(weights, object_name), object_name, base=res.config.base,
-                       key=res.slot.key, signature=res.slot.schema.signature())
+                       key=res.slot.key, signature=res.slot.schema.signature(), adapter=res.config.base_adapter)
         return await asyncio.to_thread(res.slot.load_params, payload)
 
     def memory_report(self) -> dict[str, Any]:

@@ -122,6 +122,8 @@ class Trainer(Role):
         self.jobs_done = 0
         self.leases_lost = 0
         self.released = 0
+        # Grouped steps whose one base forward held LoRA and frozen-base tenants together.
+        self.mixed_lora_steps = 0
 
     async def setup(self) -> None:
         assert self.bus is not None
@@ -136,6 +138,7 @@ class Trainer(Role):
 
     def info_extra(self) -> dict[str, Any]:
         return {"jobs_done": self.jobs_done, "leases_lost": self.leases_lost, "released": self.released,
+                "mixed_lora_steps": self.mixed_lora_steps,
                 "round": sorted(self._round),
                 "slots": self.store.memory_report() if self.store else {},
                 "bases": sorted(self.store.bases) if self.store else []}
@@ -341,6 +344,8 @@ class Trainer(Role):
             base = base_by_tenant[group[0].job.tenant]
             try:
                 results = train_step(base, [(w.res.slot, w.batches[i]) for w in group], grouped=True)
+                if len({w.res.slot.adapter is None for w in group}) == 2:
+                    self.mixed_lora_steps += 1
             except Exception:
                 # Find the culprit: run the tenants one by one; only the failing one fails.
                 results = []

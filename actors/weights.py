@@ -74,12 +74,15 @@ def base_identity(key: Any) -> dict[str, Any]:
     return {"base_id": key.base_id, "layout": key.layout.to_dict()}
 
 
-def check_manifest(manifest: dict[str, Any], object_name: str, *, base: str, key: Any, signature: str) -> None:
+def check_manifest(manifest: dict[str, Any], object_name: str, *, base: str, key: Any, signature: str,
+                   adapter: dict[str, Any] | None = None) -> None:
     """Refuse (FailedPrecondition naming both sides) a payload exported for another base or
     another schema than the slot it is about to be loaded into.
 
     base: the loader's base source (for the message); key: its slot's `CompatibilityKey`;
-    signature: the tenant's schema signature."""
+    signature: the tenant's schema signature; adapter: the tenant's base_adapter ({}: none), which
+    the payload's must equal (a LoRA adapter is only meaningful on the base it was trained on,
+    which the base check above already proves)."""
     theirs_base = manifest.get("base", "?")
     theirs_key = manifest.get("base_key")
     same_base = theirs_key == key.digest
@@ -98,3 +101,9 @@ def check_manifest(manifest: dict[str, Any], object_name: str, *, base: str, key
             f"schema {signature[:19]}: refusing to load them",
             details={"object_name": object_name, "payload_schema_signature": theirs_sig,
                      "schema_signature": signature})
+    theirs_adapter = manifest.get("base_adapter") or {}
+    if adapter is not None and theirs_adapter != (adapter or {}):
+        raise FailedPrecondition(
+            f"weights {object_name!r} carry base_adapter {theirs_adapter or None}, this tenant's is "
+            f"{adapter or None}: refusing to load them",
+            details={"object_name": object_name, "payload_base_adapter": theirs_adapter, "base_adapter": adapter})

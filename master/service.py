@@ -225,6 +225,11 @@ class Master(WorkloadOps, Role):
         check_token("config.name", cfg.name)
         cfg.signature = _schema_signature(cfg.schema)
         _check_config(cfg)
+        if cfg.base_adapter:
+            # Off the loop: the first check imports transformers (seconds) to read the base's layers.
+            errors = await asyncio.to_thread(adapter_errors, cfg)
+            if errors:
+                raise InvalidField(f"config.{errors[0][0]}", errors[0][1])
         async with self._lock:
             existing = self.sched.tenants.get(cfg.name)
             if existing is not None:
@@ -801,6 +806,19 @@ def _check_config(cfg: TenantConfig) -> None:
     # Stored by identity (a directory's resolved absolute path): every process then derives
     # the same inference pool from it, whatever its working directory.
     cfg.base = canonical_base(cfg.base)
+
+
+def adapter_errors(cfg: TenantConfig) -> list[tuple[str, str, Any]]:
+    """(field, message, value) for a base_adapter that does not fit the tenant's base: unknown
+    target modules, a rank of 0 or above the layer width (models.lora names what it allows)."""
+    from models.errors import ModelCoreError
+    from models.lora import adapter_errors as check, base_linear_shapes
+
+    try:
+        shapes = base_linear_shapes(cfg.base)
+    except (ModelCoreError, OSError, ValueError) as exc:
+        return [("base", f"cannot read the layers of base {cfg.base!r} to check base_adapter: {exc}", cfg.base)]
+    return check(shapes, cfg.base_adapter)
 
 
 async def store_put(kv, key: str, value: bytes) -> None:

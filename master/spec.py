@@ -204,6 +204,26 @@ class ActionModuleSpec(_Section):
         "creation. Default {}: the head's own defaults", dict)
 
 
+class BaseAdapterSpec(_Section):
+    """Low-rank adapters (LoRA) on the frozen base's language-model linear layers, trained beside
+    the action module: peft's LoraConfig semantics (A kaiming-uniform, B zeros, delta scaled by
+    alpha / rank), exported in peft's format. Rows of many tenants' adapters still share one base
+    forward (docs/lora.md). The master checks target_modules and rank against the base at submit."""
+
+    kind: Literal["lora"] = _doc("adapter type; lora is the only one so far")
+    rank: Int = _doc("LoRA rank r of every adapted layer: at least 1 and at most the narrowest "
+                     "adapted layer's width (checked against the base at submit)", ge=1)
+    alpha: Float | None = _doc("LoRA alpha: the delta is scaled by alpha / rank. Default null: alpha = "
+                               "rank (scaling 1), so changing the rank does not change the step size",
+                               None, gt=0)
+    target_modules: tuple[Str, ...] = _doc(
+        "names of the base's language-model linear layers to adapt, matched as peft matches them (a "
+        "module path equal to or ending in '.<name>'), e.g. q_proj, v_proj, o_proj, gate_proj. Default "
+        "[q_proj, v_proj]: peft's default for these decoders", ("q_proj", "v_proj"), min_length=1)
+    dropout: Float = _doc("dropout on the adapter's input while training (peft's lora_dropout). Default "
+                          "0: no noise between grouped and serial runs", 0.0, ge=0, lt=1)
+
+
 class DemosSpec(_Section):
     """Record demonstrations from the env's scripted expert before SFT starts."""
 
@@ -457,6 +477,8 @@ class WorkloadSpec(_Section):
         "frozen base model: a preset name or a local save_pretrained directory written with a '/' "
         "(./my_base)")
     action_module: ActionModuleSpec = _doc("the tenant's trainable head")
+    base_adapter: BaseAdapterSpec | None = _doc("LoRA adapters on the base, trained with the action "
+                                                "module. Default null: the base stays frozen", None)
     observation: ObservationSpec = _doc("cameras, state and prompt template")
     action: ActionSpec = _doc("action size and horizon")
     seed: Int = _doc("seeds head init, sampling and the SFT batch order. Default 0: reproducible runs",
@@ -707,7 +729,16 @@ def compile_tenant(spec: WorkloadSpec) -> TenantConfig:
         max_inflight_jobs=sched.max_inflight_jobs, sft_prefetch_items=sched.sft_prefetch_items,
         staleness_bound=sched.staleness_bound, priority=sched.priority,
         export_every_steps=spec.outputs.export_every_steps,
+        base_adapter=_adapter_config(spec.base_adapter),
     )
+
+
+def _adapter_config(adapter: BaseAdapterSpec | None) -> dict[str, Any]:
+    """models.lora.AdapterConfig's fields (alpha resolved); {} for a frozen base."""
+    if adapter is None:
+        return {}
+    return {"kind": adapter.kind, "rank": adapter.rank, "alpha": float(adapter.alpha or adapter.rank),
+            "target_modules": list(adapter.target_modules), "dropout": adapter.dropout}
 
 
 def dataset_errors(spec: WorkloadSpec, root: str | Path | None = None) -> list[tuple[str, str, Any]]:
@@ -838,7 +869,7 @@ def write_docs(root: str | Path = ".") -> list[Path]:
 
 
 __all__ = [
-    "ALGORITHMS", "TASK_RULES", "ActionModuleSpec", "ActionSpec", "BudgetSpec", "BudgetTarget", "Camera",
+    "ALGORITHMS", "TASK_RULES", "ActionModuleSpec", "ActionSpec", "BaseAdapterSpec", "BudgetSpec", "BudgetTarget", "Camera",
     "DatasetSource", "DemosSpec", "EnvSource", "EvalSpec", "ObservationSpec", "OutputsSpec", "PPOAlgorithm",
     "SFTAlgorithm", "ScheduleSpec", "SpecError", "TaskRule", "WorkloadSpec", "compile_tenant", "dataset_errors",
     "feature_errors", "known_presets", "load_document", "load_spec", "parse_spec", "spec_from_dict",

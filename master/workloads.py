@@ -159,6 +159,13 @@ class WorkloadOps:
             raise SpecError(ds_errors)
         serving_note = await self._check_base_served(spec) if spec.task in ("rl", "eval") else ""
         cfg = compile_tenant(spec)
+        if cfg.base_adapter:
+            from master.service import adapter_errors
+
+            # Against the base's own layers (config only, no weights), before anything is created.
+            errors = await asyncio.to_thread(adapter_errors, cfg)
+            if errors:
+                raise SpecError(errors)
         existing = self.sched.tenants.get(spec.tenant)
         if existing is not None:
             # A tenant outlives its workloads: the next one (SFT, then RL from that policy,
@@ -546,6 +553,9 @@ def _check_same_policy(mine: TenantConfig, target: TenantConfig, same_tenant: bo
                                       "action dim/horizon and template must match)"))
     if mine.head != target.head:
         errors.append(("action_module.kind", f"{mine.head!r}, but {who} uses {target.head!r}"))
+    if not same_tenant and mine.base_adapter != target.base_adapter:
+        errors.append(("base_adapter", f"{mine.base_adapter or None!r}, but {who} uses "
+                                       f"{target.base_adapter or None!r}"))
     if same_tenant:
         from master.spec import PPO_HEAD_FIELDS
 
@@ -553,6 +563,7 @@ def _check_same_policy(mine: TenantConfig, target: TenantConfig, same_tenant: bo
             return {k: v for k, v in params.items() if k not in PPO_HEAD_FIELDS}
 
         for name, path, get in (("base", "base", lambda c: c.base), ("seed", "seed", lambda c: c.seed),
+                                ("base_adapter", "base_adapter", lambda c: c.base_adapter),
                                 ("head_params", "action_module", lambda c: structure(c.head_params))):
             if get(mine) != get(target):
                 errors.append((path, f"{get(mine)!r} differs from {who}'s {get(target)!r}; "

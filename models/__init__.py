@@ -30,6 +30,7 @@ from models.group import (
     predict,
     train_step,
 )
+from models.lora import AdapterConfig, LoraAdapter
 from models.heads import HEADS, ActionHead, HeadDims, TenantBatch, build_head, head_config, register_head
 from models.preprocess import Observation, TenantPreprocessor
 from models.presets import PRESETS
@@ -37,7 +38,7 @@ from models.schema import CameraSpec, CompatibilityKey, FeatureLayout, TenantSch
 from models.slot import OptimConfig, TenantSlot
 
 __all__ = [
-    "HEADS", "PRESETS", "ActionHead", "BaseConfig", "BaseModel", "BaseOutput", "CameraSpec", "CheckpointError",
+    "HEADS", "PRESETS", "ActionHead", "AdapterConfig", "LoraAdapter", "BaseConfig", "BaseModel", "BaseOutput", "CameraSpec", "CheckpointError",
     "CompatibilityKey", "FeatureLayout", "HeadDims", "IncompatibleBatchError", "InputError", "ModelCoreError",
     "Observation", "OptimConfig", "SchemaError", "StepResult", "TenantBatch", "TenantPreprocessor", "TenantSchema",
     "TenantSlot", "UnknownNameError", "VLABatch", "VLAFeature", "build_head", "encode_grouped", "encode_serial",

@@ -12,6 +12,7 @@ to transformers, which honours it.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -129,6 +130,9 @@ class BaseModel:
         self.layout = family.layout
         self.body_template = "{prompt}" if isinstance(tokenizer, ByteTokenizer) else family.body_template
         self._fast = None
+        # models.lora.LoraRouter: hooks on the decoder's linears, installed by the first slot
+        # with an adapter (`models.lora.router_for`); None = no LoRA tenant, no hooks at all.
+        self.lora_router = None
         if fast:
             from models.fast import make_fast_encoder
 
@@ -231,13 +235,27 @@ class BaseModel:
         self._check_key(batch)
         return self.family.build_inputs(batch.to(self.device), self.lead_ids, self.dtype)
 
-    def encode(self, batch: VLABatch, *, inference: bool = False) -> BaseOutput:
+    def encode(self, batch: VLABatch, *, inference: bool = False, adapters: list | None = None) -> BaseOutput:
         """Hidden states of the frozen base. `inference=True` uses inference_mode (serving only:
-        its tensors cannot be saved for a head's backward)."""
+        its tensors cannot be saved for a head's backward).
+
+        adapters: `models.lora.Segment`s (row ranges of this batch and their tenant's adapter).
+        Unless the caller disabled grad (or asked for inference), the forward then records
+        autograd through the language model, so a backward reaches the adapters (never the
+        base: its weights do not require grad)."""
         self._check_key(batch)
-        ctx = torch.inference_mode() if inference else torch.no_grad()
-        with ctx:
-            if self._fast is not None:
+        if adapters:
+            from models.lora import router_for
+
+            route = router_for(self).route(adapters)
+            ctx = torch.inference_mode() if inference else contextlib.nullcontext()
+        else:
+            route = contextlib.nullcontext()
+            ctx = torch.inference_mode() if inference else torch.no_grad()
+        with ctx, route:
+            # The fast path's CUDA graphs would replay one capture's row assignment: adapted
+            # groups take the plain forward (the same math, tested equal on CPU).
+            if self._fast is not None and not adapters:
                 hidden, mask = self._fast(batch.to(self.device))
             else:
                 inputs = self.family.build_inputs(batch.to(self.device), self.lead_ids, self.dtype)

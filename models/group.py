@@ -11,7 +11,9 @@ refuse mixed keys instead, for callers that promised a single key.
 
 Training: the base forward runs under no_grad once per partition; each tenant's head then
 computes its loss on its own rows of the features, backward reaches only that head (the
-features are leaves without grad), and each slot takes its own AdamW step. `grouped=False`
+features are leaves without grad), and each slot takes its own AdamW step. Slots with a LoRA
+adapter (models/lora.py) add their deltas to their own rows inside that one forward, which then
+records autograd through the language model for them; their losses go backward together, once. `grouped=False`
 runs the identical math with one base forward per tenant: the reference for correctness
 tests and benchmarks.
 """
@@ -48,8 +50,12 @@ def partition_by_key(vlas: Sequence[VLABatch]) -> list[list[int]]:
 
 
 def encode_grouped(base: BaseModel, vlas: Sequence[VLABatch], *, strict: bool = False,
-                   inference: bool = False) -> list[BaseOutput]:
-    """Base features for each batch, one base forward per distinct compatibility key."""
+                   inference: bool = False, slots: Sequence[TenantSlot] | None = None,
+                   train: bool = False) -> list[BaseOutput]:
+    """Base features for each batch, one base forward per distinct compatibility key.
+
+    slots (one per batch): route each batch's rows through its slot's LoRA adapter, if it has
+    one, inside that shared forward (models.lora); `train` records autograd for them."""
     if not vlas:
         return []
     parts = partition_by_key(vlas)
@@ -58,14 +64,29 @@ def encode_grouped(base: BaseModel, vlas: Sequence[VLABatch], *, strict: bool = 
     outs: list[BaseOutput | None] = [None] * len(vlas)
     for idx in parts:
         packed = VLABatch.cat([vlas[i] for i in idx])
-        feats = base.encode(packed, inference=inference)
+        feats = base.encode(packed, inference=inference, adapters=_segments(slots, idx, vlas, train))
         for i, f in zip(idx, feats.split([len(vlas[i]) for i in idx])):
             outs[i] = f
     return outs  # type: ignore[return-value]
 
 
-def encode_serial(base: BaseModel, vlas: Sequence[VLABatch], *, inference: bool = False) -> list[BaseOutput]:
-    return [base.encode(v, inference=inference) for v in vlas]
+def encode_serial(base: BaseModel, vlas: Sequence[VLABatch], *, inference: bool = False,
+                  slots: Sequence[TenantSlot] | None = None, train: bool = False) -> list[BaseOutput]:
+    return [base.encode(v, inference=inference, adapters=_segments(slots, [i], vlas, train))
+            for i, v in enumerate(vlas)]
+
+
+def _segments(slots: Sequence[TenantSlot] | None, idx: list[int], vlas: Sequence[VLABatch], train: bool) -> list:
+    """LoRA segments of one packed forward of batches ``idx`` (rows in that order)."""
+    if slots is None:
+        return []
+    out, start = [], 0
+    for i in idx:
+        seg = slots[i].adapter_segment(start, start + len(vlas[i]), train=train)
+        if seg is not None:
+            out.append(seg)
+        start += len(vlas[i])
+    return out
 
 
 def _check(base: BaseModel, slot: TenantSlot, vla: VLABatch) -> None:
@@ -78,20 +99,37 @@ def _check(base: BaseModel, slot: TenantSlot, vla: VLABatch) -> None:
 def forward_backward(base: BaseModel, items: Sequence[tuple[TenantSlot, TenantBatch]], *, grouped: bool = True,
                      timings: dict[str, float] | None = None) -> list[StepResult]:
     """Base forward (grouped or serial), then per tenant: zero_grad, head loss, backward.
-    No optimizer step. `timings` (if given) receives base_s and heads_s wall times."""
+    No optimizer step. `timings` (if given) receives base_s and heads_s wall times.
+
+    Tenants with a LoRA adapter: their features carry autograd through the shared forward; their
+    losses go backward together, once through it (each adapter's gradient comes only from its
+    own tenant's rows). Frozen-base tenants' features are detached: their backward stops at
+    their head, as without LoRA."""
     for slot, batch in items:
         _check(base, slot, batch.features)
     t0 = time.perf_counter()
     vlas = [b.features for _, b in items]
-    feats = encode_grouped(base, vlas) if grouped else encode_serial(base, vlas)
+    slots = [s for s, _ in items]
+    for slot in slots:
+        slot.zero_grad()
+    # Dropout seeds come from the slots' generators before any head draws, in both paths.
+    feats = (encode_grouped(base, vlas, slots=slots, train=True) if grouped
+             else encode_serial(base, vlas, slots=slots, train=True))
     _sync(base)
     t1 = time.perf_counter()
     results = []
+    adapted: list[torch.Tensor] = []
     for (slot, batch), f in zip(items, feats):
-        slot.zero_grad()
+        if slot.adapter is None and f.hidden_B_L_D.requires_grad:
+            f = BaseOutput(f.hidden_B_L_D.detach(), f.mask_B_L, f.num_queries)
         out = slot.head.loss(f, batch, slot.generator)
-        out.loss.backward()
+        if slot.adapter is None:
+            out.loss.backward()
+        else:
+            adapted.append(out.loss)
         results.append(StepResult(slot.tenant_id, float(out.loss.detach()), dict(out.metrics)))
+    if adapted:
+        torch.autograd.backward(adapted)
     _sync(base)
     if timings is not None:
         timings["base_s"] = t1 - t0
@@ -119,7 +157,9 @@ def predict(base: BaseModel, items: Sequence[tuple[TenantSlot, VLABatch]], *, gr
         _check(base, slot, vla)
     vlas = [v for _, v in items]
     with torch.inference_mode():
-        feats = encode_grouped(base, vlas, inference=True) if grouped else encode_serial(base, vlas, inference=True)
+        slots = [s for s, _ in items]
+        feats = (encode_grouped(base, vlas, inference=True, slots=slots) if grouped
+                 else encode_serial(base, vlas, inference=True, slots=slots))
         return [slot.head.predict(f, vla, slot.generator) for (slot, vla), f in zip(items, feats)]
 
 

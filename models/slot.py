@@ -10,6 +10,10 @@ create, export, offload and restore while the base stays resident.
     ckpt = slot.checkpoint()             # + optimizer moments, counters, RNG (no pickle)
     slot.offload(); slot.to("cuda")      # keep idle slots off the accelerator
 
+With `adapter=` (models.lora.AdapterConfig) the slot also owns a LoRA adapter on the base's
+language model: trained with the head by the same AdamW, exported beside the head's tensors
+(peft key names) and in peft's own directory format (`export_peft`).
+
 policy_version counts optimizer steps; exported params carry it so an inferencer knows which
 version it serves.
 """
@@ -25,6 +29,8 @@ import torch
 
 from models.errors import CheckpointError, SchemaError
 from models.heads import ActionHead, HeadDims, build_head, head_config
+from models.lora import (AdapterConfig, LoraAdapter, Segment, is_adapter_key, read_peft_dir, router_for, target_paths,
+                         write_peft_dir)
 from models.preprocess import TenantPreprocessor
 from models.schema import TenantSchema
 from models.serialization import FORMAT_CHECKPOINT, FORMAT_PARAMS, dump, load
@@ -70,8 +76,11 @@ class OptimConfig:
 
 class TenantSlot:
     def __init__(self, tenant_id: str, schema: TenantSchema, preprocessor: TenantPreprocessor, head: ActionHead,
-                 optim: OptimConfig, seed: int) -> None:
+                 optim: OptimConfig, seed: int, adapter: LoraAdapter | None = None, base_id: str = "") -> None:
         self.tenant_id = tenant_id
+        # The tenant's LoRA adapter on the shared base (None: frozen base); trained with the head.
+        self.adapter = adapter
+        self.base_id = base_id or preprocessor.key.base_id
         self.schema = schema
         self.preprocessor = preprocessor
         self.key = preprocessor.key
@@ -83,15 +92,17 @@ class TenantSlot:
         # Noise for flow time / actions is drawn from this CPU generator only (see heads.base).
         self.generator = torch.Generator().manual_seed(seed)
         self.optimizer = torch.optim.AdamW(
-            self.head.parameters(), lr=optim.lr_at(0), betas=(optim.beta1, optim.beta2), eps=optim.eps,
+            [p for _, p in self.named_trainable()], lr=optim.lr_at(0), betas=(optim.beta1, optim.beta2), eps=optim.eps,
             weight_decay=optim.weight_decay, foreach=False,
         )
 
     @classmethod
     def create(cls, tenant_id: str, schema: TenantSchema, base, head_kind: str = "mlp",
                head_options: dict[str, Any] | None = None, optim: OptimConfig | None = None, seed: int = 0,
-               device: torch.device | str | None = None) -> "TenantSlot":
-        """Slot for `base` (a BaseModel): head sized to the base, init from `seed`, on the base's device."""
+               device: torch.device | str | None = None, adapter: AdapterConfig | dict[str, Any] | None = None
+               ) -> "TenantSlot":
+        """Slot for `base` (a BaseModel): head sized to the base, init from `seed`, on the base's device.
+        adapter: LoRA on the base's language model (an `AdapterConfig`, or its dict; None/{}: none)."""
         pre = TenantPreprocessor.for_base(schema, base)
         lay = pre.key.layout
         dims = HeadDims(base.hidden_size, lay.num_query_tokens, lay.max_state_dim, schema.state_dim,
@@ -100,8 +111,18 @@ class TenantSlot:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             head = build_head(head_kind, dims, cfg)
+            lora = None
+            acfg = AdapterConfig.from_dict(adapter) if isinstance(adapter, dict) else adapter
+            if acfg is not None:
+                router = router_for(base)
+                shapes = router.shapes
+                # Drawn after the head from the same seeded stream: a frozen tenant's head init
+                # is the same with or without this feature.
+                lora = LoraAdapter(acfg, {p: shapes[p] for p in target_paths(shapes, acfg)})
         head.to(device or base.device)
-        return cls(tenant_id, schema, pre, head, optim or OptimConfig(), seed)
+        if lora is not None:
+            lora.to(device or base.device)
+        return cls(tenant_id, schema, pre, head, optim or OptimConfig(), seed, adapter=lora, base_id=base.base_id)
 
     # ---- identity -----------------------------------------------------------------------
     @property
@@ -111,6 +132,24 @@ class TenantSlot:
     @property
     def device(self) -> torch.device:
         return next(self.head.parameters()).device
+
+    def named_trainable(self) -> list[tuple[str, torch.nn.Parameter]]:
+        """Head parameters (their own names), then the adapter's (``adapter.`` + name)."""
+        out = list(self.head.named_parameters())
+        if self.adapter is not None:
+            out += [(f"adapter.{n}", p) for n, p in self.adapter.named_parameters()]
+        return out
+
+    def adapter_segment(self, start: int, end: int, *, train: bool) -> Segment | None:
+        """This slot's rows [start, end) of a group forward (None: frozen base, nothing to add).
+        Training with dropout draws one seed from the slot's generator for the step's masks."""
+        if self.adapter is None:
+            return None
+        gen = None
+        if train and self.adapter.config.dropout > 0:
+            seed = int(torch.randint(0, 2**62, (1,), generator=self.generator))
+            gen = torch.Generator(device=self.device).manual_seed(seed)
+        return Segment(start, end, self.adapter, gen)
 
     def _meta(self) -> dict[str, Any]:
         return {
@@ -123,6 +162,8 @@ class TenantSlot:
             "head_dims": asdict(self.head.dims),
             "policy_version": self.policy_version,
             "step": self.step_count,
+            "base_id": self.base_id,
+            "base_adapter": self.adapter.config.to_dict() if self.adapter is not None else {},
         }
 
     # ---- training ---------------------------------------------------------------------
@@ -133,7 +174,8 @@ class TenantSlot:
         """Clip, set this step's LR, AdamW step; advances step_count and policy_version."""
         grad_norm = float("nan")
         if self.optim_config.grad_clip is not None:
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.head.parameters(), self.optim_config.grad_clip))
+            grad_norm = float(torch.nn.utils.clip_grad_norm_([p for _, p in self.named_trainable()],
+                                                             self.optim_config.grad_clip))
         lr = self.optim_config.lr_at(self.step_count)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -144,8 +186,33 @@ class TenantSlot:
 
     # ---- params export ----------------------------------------------------------------
     def export_params(self) -> bytes:
-        """safetensors bytes of the head's parameters and buffers (never base weights)."""
-        return dump(dict(self.head.state_dict()), self._meta(), FORMAT_PARAMS)
+        """safetensors bytes of the head's parameters and buffers, plus the adapter's tensors under
+        peft's names (``base_model.model.<path>.lora_A.weight``); never base weights."""
+        return dump(self._module_tensors(), self._meta(), FORMAT_PARAMS)
+
+    def _module_tensors(self) -> dict[str, torch.Tensor]:
+        tensors = dict(self.head.state_dict())
+        if self.adapter is not None:
+            tensors.update(self.adapter.peft_state_dict())
+        return tensors
+
+    def export_peft(self, path: str | Any) -> Any:
+        """The adapter as a peft directory (adapter_config.json + adapter_model.safetensors) that
+        `PeftModel.from_pretrained(<this base's core>, path)` loads. Returns the path."""
+        if self.adapter is None:
+            raise CheckpointError(f"tenant {self.tenant_id}: no base_adapter to export (the base is frozen)")
+        return write_peft_dir(path, self.adapter.peft_config(self.base_id), self.adapter.peft_state_dict())
+
+    def load_peft(self, path: str | Any) -> None:
+        """Load a peft adapter directory exported for this base into the slot's adapter."""
+        if self.adapter is None:
+            raise CheckpointError(f"tenant {self.tenant_id}: no base_adapter to load into (the base is frozen)")
+        config, tensors = read_peft_dir(path)
+        theirs = config.get("base_model_name_or_path")
+        if theirs != self.base_id:
+            raise CheckpointError(f"adapter {path} was exported for base {theirs!r}, this slot's base is "
+                                  f"{self.base_id!r}: refusing to load it")
+        self.adapter.load_peft_state_dict(tensors)
 
     def load_params(self, data: bytes, *, strict_schema: bool = True) -> dict[str, Any]:
         """Load exported params bit-exactly; adopts their policy_version. Returns their metadata."""
@@ -156,12 +223,23 @@ class TenantSlot:
         return meta
 
     def _check_meta(self, meta: dict[str, Any], strict_schema: bool) -> None:
+        mine = self.adapter.config.to_dict() if self.adapter is not None else {}
+        theirs = meta.get("base_adapter") or {}
+        if theirs and meta.get("base_id") and meta["base_id"] != self.base_id:
+            # An adapter's deltas only mean something on the weights they were trained against.
+            raise CheckpointError(f"adapter payload was exported for base {meta['base_id']!r}, this slot's base is "
+                                  f"{self.base_id!r}: refusing to load it")
+        if theirs != mine:
+            raise CheckpointError(f"payload base_adapter {theirs or 'none'}, the slot has {mine or 'none'}")
         if meta.get("head_kind") != self.head_kind:
             raise CheckpointError(f"payload head_kind {meta.get('head_kind')!r}, slot has {self.head_kind!r}")
         if strict_schema and meta.get("schema_signature") != self.schema.signature():
             raise CheckpointError("payload schema_signature differs from the slot's schema")
 
     def _load_head_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
+        if self.adapter is not None:
+            self.adapter.load_peft_state_dict({k: v for k, v in tensors.items() if is_adapter_key(k)})
+            tensors = {k: v for k, v in tensors.items() if not is_adapter_key(k)}
         own = self.head.state_dict()
         if set(tensors) != set(own):
             missing, extra = sorted(set(own) - set(tensors)), sorted(set(tensors) - set(own))
@@ -176,8 +254,8 @@ class TenantSlot:
     # ---- full checkpoint --------------------------------------------------------------
     def checkpoint(self) -> bytes:
         """Params + AdamW moments + counters + RNG state, as safetensors bytes."""
-        tensors: dict[str, torch.Tensor] = {f"param.{k}": v for k, v in self.head.state_dict().items()}
-        names = {id(p): n for n, p in self.head.named_parameters()}
+        tensors: dict[str, torch.Tensor] = {f"param.{k}": v for k, v in self._module_tensors().items()}
+        names = {id(p): n for n, p in self.named_trainable()}
         for p, st in self.optimizer.state.items():
             for k in _MOMENT_KEYS:
                 if k in st:
@@ -193,7 +271,7 @@ class TenantSlot:
         self._load_head_tensors({k[6:]: v for k, v in tensors.items() if k.startswith("param.")})
         device = self.device
         state: dict[int, dict[str, torch.Tensor]] = {}
-        for i, (name, p) in enumerate(self.head.named_parameters()):
+        for i, (name, p) in enumerate(self.named_trainable()):
             moments = {k: tensors[f"optim.{name}.{k}"] for k in _MOMENT_KEYS if f"optim.{name}.{k}" in tensors}
             if moments:
                 # AdamW keeps `step` on CPU (capturable=False); moments live with the param.
@@ -209,6 +287,8 @@ class TenantSlot:
     def to(self, device: torch.device | str) -> "TenantSlot":
         """Move head and optimizer moments (AdamW's scalar `step` stays on CPU)."""
         self.head.to(device)
+        if self.adapter is not None:
+            self.adapter.to(device)
         for st in self.optimizer.state.values():
             for k, v in st.items():
                 if torch.is_tensor(v) and k != "step":
@@ -219,16 +299,18 @@ class TenantSlot:
         return self.to("cpu")
 
     def memory_bytes(self) -> dict[str, int]:
-        params = sum(p.numel() * p.element_size() for p in self.head.parameters())
+        trainable = [p for _, p in self.named_trainable()]
+        params = sum(p.numel() * p.element_size() for p in trainable)
         buffers = sum(b.numel() * b.element_size() for b in self.head.buffers())
-        grads = sum(p.grad.numel() * p.grad.element_size() for p in self.head.parameters() if p.grad is not None)
+        grads = sum(p.grad.numel() * p.grad.element_size() for p in trainable if p.grad is not None)
         optim = sum(v.numel() * v.element_size() for st in self.optimizer.state.values()
                     for v in st.values() if torch.is_tensor(v))
         return {"params": params, "buffers": buffers, "grads": grads, "optimizer": optim,
                 "total": params + buffers + grads + optim}
 
     def __repr__(self) -> str:
-        return (f"TenantSlot({self.tenant_id!r}, head={self.head_kind}, step={self.step_count}, "
+        lora = "" if self.adapter is None else f", lora=r{self.adapter.config.rank}"
+        return (f"TenantSlot({self.tenant_id!r}, head={self.head_kind}{lora}, step={self.step_count}, "
                 f"version={self.policy_version}, key={self.key})")
 
 

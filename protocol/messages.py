@@ -284,6 +284,8 @@ class TenantConfig:
     export_every_steps: int = 0
     signature: str = ""
     created_at: float = 0.0
+    # LoRA adapters on the base (`models.lora.AdapterConfig` fields); {}: the base stays frozen.
+    base_adapter: dict[str, Any] = field(default_factory=dict)
 
 
 @message("tenant.create", 1)

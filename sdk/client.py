@@ -348,7 +348,9 @@ class AsyncClient:
         return out
 
     async def download_policy(self, tenant: str, version: int | None = None, out_dir: str | Path = ".") -> tuple[Path, Path]:
-        """Write ``<tenant>-v<version>.safetensors`` and its manifest JSON; return both paths."""
+        """Write ``<tenant>-v<version>.safetensors`` and its manifest JSON; return both paths.
+        A LoRA tenant's export also becomes ``<tenant>-v<version>.peft/`` (adapter_config.json +
+        adapter_model.safetensors), which `PeftModel.from_pretrained` loads on the same base."""
         if version is None:
             ref = await self.latest_weights(tenant)
             if ref is None:
@@ -372,6 +374,8 @@ class AsyncClient:
         meta = out / f"{tenant}-v{ref.version}.manifest.json"
         weights.write_bytes(payload)
         meta.write_text(json.dumps(manifest, indent=2, sort_keys=True))
+        if manifest.get("peft_config"):
+            _write_peft_dir(out / f"{tenant}-v{ref.version}.peft", manifest["peft_config"], payload)
         return weights, meta
 
     # -- environment service --------------------------------------------------------------
@@ -422,6 +426,16 @@ class AsyncClient:
         mbuf = io.BytesIO()
         await store.get(ref.object_name + ".manifest.json", writeinto=mbuf)
         return buf.getvalue(), json.loads(mbuf.getvalue())
+
+
+def _write_peft_dir(path: Path, config: dict[str, Any], payload: bytes) -> None:
+    """peft's two files from an export: the adapter's tensors (peft's names) and its config."""
+    from safetensors.numpy import load, save_file
+
+    path.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v for k, v in load(payload).items() if k.startswith("base_model.model.")}
+    save_file(tensors, str(path / "adapter_model.safetensors"), metadata={"format": "pt"})
+    (path / "adapter_config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
 
 
 class AsyncWorkload:

@@ -46,7 +46,7 @@ def doc(kind: str) -> dict[str, Any]:
         "observation": {"cameras": copy.deepcopy(CAMERAS), "state_dim": 4}, "action": {"dim": 2},
     }
     if kind == "sft":
-        return {**base, "task": "sft", "action_module": {"kind": "mlp"},
+        return {**base, "task": "sft", "action_module": {"kind": "mlp"}, "base_adapter": {"kind": "lora", "rank": 4},
                 "env": {"id": "builtin/reach-v0", "demos": {"episodes": 5}},
                 "schedule": {"budget": {"target": {"metric": "loss", "at_most": 0.1}}}}
     if kind == "dataset":
@@ -67,6 +67,10 @@ VALUES: dict[str, tuple[str, Any]] = {
     "base": ("sft", "tiny-smolvlm"),
     "action_module.kind": ("sft", "flow"),
     "action_module.params": ("sft", {"width": 32}),
+    "base_adapter.rank": ("sft", 8),
+    "base_adapter.alpha": ("sft", 2.0),
+    "base_adapter.target_modules": ("sft", ["q_proj"]),
+    "base_adapter.dropout": ("sft", 0.1),
     "observation.cameras[].name": ("sft", "front"),
     "observation.cameras[].height": ("sft", 32),
     "observation.cameras[].width": ("sft", 32),
@@ -125,7 +129,8 @@ VALUES: dict[str, tuple[str, Any]] = {
     "outputs.report_path": ("sft", "out/report.json"),
 }
 # Leaves with nothing to vary, and why.
-EXEMPT = {"spec_version": "one allowed value (1) so far: the format version, not a setting"}
+EXEMPT = {"spec_version": "one allowed value (1) so far: the format version, not a setting",
+          "base_adapter.kind": "one allowed value (lora) so far"}
 
 
 def _key(path: str, model: type) -> str:

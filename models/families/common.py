@@ -110,6 +110,9 @@ class Family(ABC):
     # Base prompt template for real tokenizers: lead text, then images, then body around the prompt.
     lead_text = ""
     body_template = "{prompt}"
+    # Attribute of the core holding the language model's decoder layers: LoRA adapts only linears
+    # under `<text_decoder>.layers.` (models/lora.py), where every row is one whole sample.
+    text_decoder = "language_model"
 
     def __init__(self, hf_config: Any, token_ids: TokenIds, layout: FeatureLayout) -> None:
         self.hf_config = hf_config

@@ -18,6 +18,7 @@ from models.schema import FeatureLayout
 
 class Idefics3Family(Family):
     name = "idefics3"
+    text_decoder = "text_model"
     lead_text = "<|im_start|>User:"
     body_template = "{prompt}<end_of_utterance>\nAssistant:"
 

@@ -1,0 +1,372 @@
+"""Per-tenant LoRA adapters on the shared frozen base: segmented LoRA inside one base forward.
+
+    cfg = AdapterConfig(rank=8, target_modules=("q_proj", "v_proj"))
+    slot = TenantSlot.create("acme", schema, base, adapter=cfg)     # the slot owns its adapter
+    train_step(base, [(slot, batch), (frozen_slot, batch2)])        # one base forward for both
+    slot.export_peft("out/acme")    # adapter_config.json + adapter_model.safetensors (peft)
+    PeftModel.from_pretrained(copy_of_base.core, "out/acme")       # same outputs outside the service
+
+How rows of many tenants share the base (the Punica / S-LoRA idea): every adaptable linear
+layer of the base's language model carries one forward hook (`LoraRouter`, installed the first
+time a slot with an adapter is built on that base; a base without LoRA tenants has no hooks).
+The group forward sets the row assignment for the duration of one forward (`router.route`):
+contiguous row segments, each with its tenant's adapter. The base's matmul runs once on all
+rows; the hook then adds, per segment whose adapter adapts this layer,
+``dropout(x[rows]) @ A^T @ B^T * alpha / rank`` to those rows only. Rows of tenants without an
+adapter get nothing computed for them. Rows never mix inside the language model (attention,
+norms and MLPs are per sample), so a tenant's loss has exactly zero gradient with respect to
+another tenant's adapter: one backward over the summed losses gives each adapter its own.
+
+peft semantics: A (r, in) kaiming-uniform with a=sqrt(5), B (out, r) zeros, scaling alpha / r,
+dropout on the adapter's input only, the delta computed in the adapter's dtype (float32) and
+added in the base's. Targets are matched as peft matches a list (the module path equals the
+name or ends in ``.name``) but only inside the language model's decoder layers: the vision
+tower runs on patches, not on a tenant's rows. Exports name tensors as peft does
+(``base_model.model.<module path>.lora_A.weight``) and write a peft `LoraConfig` whose
+``target_modules`` is a regex that selects exactly the adapted modules.
+
+Dropout noise is drawn from a device generator seeded from the slot's generator once per
+step, so a grouped and a serial step drop the same entries.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import math
+import re
+import threading
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import torch
+from torch import nn
+
+from models.errors import CheckpointError, InputError, SchemaError
+
+LORA = "lora"
+PEFT_PREFIX = "base_model.model."
+PEFT_CONFIG_FILE = "adapter_config.json"
+PEFT_WEIGHTS_FILE = "adapter_model.safetensors"
+
+
+@dataclass(frozen=True)
+class AdapterConfig:
+    """A tenant's adapter on the base (the spec's `base_adapter`). alpha None = rank."""
+
+    rank: int
+    alpha: float | None = None
+    target_modules: tuple[str, ...] = ("q_proj", "v_proj")
+    dropout: float = 0.0
+    kind: str = LORA
+
+    def __post_init__(self) -> None:
+        if self.kind != LORA:
+            raise SchemaError(f"base_adapter.kind={self.kind!r}: allowed {LORA!r}")
+        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 1:
+            raise SchemaError(f"base_adapter.rank={self.rank!r}: must be an integer >= 1")
+        if self.alpha is not None and not self.alpha > 0:
+            raise SchemaError(f"base_adapter.alpha={self.alpha!r}: must be > 0 or None (= rank)")
+        if not 0 <= self.dropout < 1:
+            raise SchemaError(f"base_adapter.dropout={self.dropout!r}: must be in [0, 1)")
+        targets = tuple(self.target_modules)
+        if not targets or not all(isinstance(t, str) and t for t in targets):
+            raise SchemaError(f"base_adapter.target_modules={list(targets)!r}: a non-empty list of module names")
+        object.__setattr__(self, "target_modules", targets)
+
+    @property
+    def scaling(self) -> float:
+        return float(self.alpha if self.alpha is not None else self.rank) / self.rank
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None) -> "AdapterConfig | None":
+        """The TenantConfig's `base_adapter` ({} or None: no adapter); unknown keys are an error."""
+        if not d:
+            return None
+        allowed = {"kind", "rank", "alpha", "target_modules", "dropout"}
+        unknown = set(d) - allowed
+        if unknown:
+            raise SchemaError(f"base_adapter: unknown fields {sorted(unknown)}; allowed: {sorted(allowed)}")
+        if "rank" not in d:
+            raise SchemaError("base_adapter.rank: required")
+        return cls(**{**d, "target_modules": tuple(d.get("target_modules", ("q_proj", "v_proj")))})
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["target_modules"] = list(self.target_modules)
+        return out
+
+
+# ---- which layers of a base can be adapted ------------------------------------------------
+def decoder_linears(core: nn.Module, decoder: str) -> dict[str, nn.Linear]:
+    """Linear layers inside the language model's decoder layers (``<decoder>.layers.<i>.``), in
+    forward order: the only ones that see whole samples as rows."""
+    prefix = f"{decoder}.layers."
+    return {name: mod for name, mod in core.named_modules()
+            if isinstance(mod, nn.Linear) and name.startswith(prefix)}
+
+
+def _matches(path: str, target: str) -> bool:
+    return path == target or path.endswith("." + target)  # peft's rule for a list of names
+
+
+def adapter_errors(shapes: dict[str, tuple[int, int]], cfg: dict[str, Any] | AdapterConfig,
+                   field_prefix: str = "base_adapter") -> list[tuple[str, str, Any]]:
+    """(field, message, value) for each way an adapter config does not fit a base whose adaptable
+    layers have ``shapes`` (path -> (in, out)); [] when it fits."""
+    d = cfg.to_dict() if isinstance(cfg, AdapterConfig) else dict(cfg)
+    names = sorted({p.rsplit(".", 1)[-1] for p in shapes})
+    errors: list[tuple[str, str, Any]] = []
+    targets = list(d.get("target_modules") or [])
+    for i, t in enumerate(targets):
+        if not isinstance(t, str) or not any(_matches(p, t) for p in shapes):
+            errors.append((f"{field_prefix}.target_modules[{i}]", f"{t!r} is no linear layer of this base's language "
+                           f"model; allowed: {', '.join(names)}", t))
+    rank = d.get("rank")
+    chosen = [shapes[p] for p in shapes if any(isinstance(t, str) and _matches(p, t) for t in targets)]
+    width = min((min(s) for s in chosen), default=min((min(s) for s in shapes.values()), default=0))
+    if isinstance(rank, int) and not isinstance(rank, bool) and not 1 <= rank <= width:
+        errors.append((f"{field_prefix}.rank", f"{rank} is out of range; allowed for this base: 1..{width} (the "
+                       "narrowest adapted layer's width)", rank))
+    if not errors:
+        try:
+            AdapterConfig.from_dict(d)
+        except SchemaError as exc:
+            text = str(exc)
+            name, _, rest = text.partition(": ")
+            errors.append((name.partition("=")[0], rest or text, d))
+    return errors
+
+
+def target_paths(shapes: dict[str, Any], cfg: AdapterConfig) -> list[str]:
+    paths = [p for p in shapes if any(_matches(p, t) for t in cfg.target_modules)]
+    if not paths:
+        raise SchemaError(f"base_adapter.target_modules={list(cfg.target_modules)}: no linear layer of this base's "
+                          f"language model matches; allowed: {sorted({p.rsplit('.', 1)[-1] for p in shapes})}")
+    width = min(min(shapes[p]) for p in paths)
+    if cfg.rank > width:
+        raise SchemaError(f"base_adapter.rank={cfg.rank}: above the narrowest adapted layer's width; allowed 1..{width}")
+    return paths
+
+
+def peft_target_regex(paths: Sequence[str]) -> str:
+    """A regex that peft full-matches against module names: exactly ``paths`` (as a family of
+    layer indices and leaf names, so it stays short for a 36-layer base)."""
+    by_shape: dict[str, set[str]] = {}
+    for p in paths:
+        by_shape.setdefault(re.sub(r"\.layers\.\d+\.", ".layers.{i}.", p), set()).add(p.split(".layers.", 1)[1].split(".", 1)[0])
+    alts = []
+    for shape, layers in sorted(by_shape.items()):
+        head, tail = shape.split("{i}")
+        alts.append(re.escape(head) + "(?:" + "|".join(sorted(layers, key=int)) + ")" + re.escape(tail))
+    return "(?:" + "|".join(alts) + ")"
+
+
+# ---- one tenant's adapter --------------------------------------------------------------------
+class LoraAdapter(nn.Module):
+    """A (r, in) and B (out, r) per adapted layer; parameters in float32."""
+
+    def __init__(self, cfg: AdapterConfig, shapes: dict[str, tuple[int, int]], device: torch.device | str | None = None
+                 ) -> None:
+        super().__init__()
+        self.config = cfg
+        self.paths = list(shapes)
+        self.index = {p: i for i, p in enumerate(self.paths)}
+        self.shapes = dict(shapes)
+        self.lora_A = nn.ParameterList([nn.Parameter(torch.empty(cfg.rank, shapes[p][0], device=device))
+                                        for p in self.paths])
+        self.lora_B = nn.ParameterList([nn.Parameter(torch.zeros(shapes[p][1], cfg.rank, device=device))
+                                        for p in self.paths])
+        for a in self.lora_A:
+            # nn.Linear's default init, as peft (and microsoft/LoRA) initialise A; B stays zero.
+            nn.init.kaiming_uniform_(a, a=math.sqrt(5))
+
+    @property
+    def scaling(self) -> float:
+        return self.config.scaling
+
+    def delta(self, i: int, x: torch.Tensor, gen: torch.Generator | None) -> torch.Tensor:
+        a, b = self.lora_A[i], self.lora_B[i]
+        x = x.to(a.dtype)
+        p = self.config.dropout
+        if gen is not None and p > 0:
+            keep = torch.rand(x.shape, generator=gen, device=x.device) >= p
+            x = x * keep / (1 - p)
+        return (x @ a.t()) @ b.t() * self.scaling
+
+    # -- peft's on-disk format ----------------------------------------------------------
+    def peft_state_dict(self) -> dict[str, torch.Tensor]:
+        out: dict[str, torch.Tensor] = {}
+        for p, a, b in zip(self.paths, self.lora_A, self.lora_B):
+            out[f"{PEFT_PREFIX}{p}.lora_A.weight"] = a
+            out[f"{PEFT_PREFIX}{p}.lora_B.weight"] = b
+        return out
+
+    def load_peft_state_dict(self, tensors: dict[str, torch.Tensor]) -> None:
+        own = self.peft_state_dict()
+        if set(tensors) != set(own):
+            missing, extra = sorted(set(own) - set(tensors)), sorted(set(tensors) - set(own))
+            raise CheckpointError(f"adapter keys differ: missing {missing[:3]}, unexpected {extra[:3]}")
+        for k, v in tensors.items():
+            if v.shape != own[k].shape:
+                raise CheckpointError(f"adapter tensor {k}: shape {tuple(v.shape)}, the slot has {tuple(own[k].shape)}")
+        with torch.no_grad():
+            for k, t in own.items():
+                t.copy_(tensors[k].to(t.dtype))
+
+    def peft_config(self, base_id: str) -> dict[str, Any]:
+        """peft's adapter_config.json content for this adapter (via peft's own LoraConfig)."""
+        from peft import LoraConfig
+
+        cfg = LoraConfig(r=self.config.rank, lora_alpha=float(self.config.alpha or self.config.rank),
+                         lora_dropout=self.config.dropout, target_modules=peft_target_regex(self.paths),
+                         bias="none", init_lora_weights=True, base_model_name_or_path=base_id)
+        return cfg.to_dict()
+
+
+def is_adapter_key(key: str) -> bool:
+    return key.startswith(PEFT_PREFIX)
+
+
+def write_peft_dir(path: str | Path, config: dict[str, Any], tensors: dict[str, torch.Tensor]) -> Path:
+    """Write ``adapter_config.json`` + ``adapter_model.safetensors`` (what `PeftModel.from_pretrained` reads)."""
+    from safetensors.torch import save_file
+
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = dict(config)
+    for k, v in cfg.items():  # peft writes sets as lists
+        if isinstance(v, set):
+            cfg[k] = sorted(v)
+    (out / PEFT_CONFIG_FILE).write_text(json.dumps(cfg, indent=2, sort_keys=True, default=str))
+    save_file({k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}, str(out / PEFT_WEIGHTS_FILE),
+              metadata={"format": "pt"})
+    return out
+
+
+def read_peft_dir(path: str | Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    from safetensors.torch import load_file
+
+    p = Path(path)
+    try:
+        config = json.loads((p / PEFT_CONFIG_FILE).read_text())
+        tensors = load_file(str(p / PEFT_WEIGHTS_FILE))
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{p}: not a peft adapter directory ({exc})") from None
+    return config, tensors
+
+
+# ---- the row -> adapter assignment of one forward -------------------------------------------
+@dataclass
+class Segment:
+    """Rows [start, end) of one forward use ``adapter``; ``gen`` draws its dropout (training)."""
+
+    start: int
+    end: int
+    adapter: LoraAdapter
+    gen: torch.Generator | None = None
+
+
+@dataclass
+class LoraRouter:
+    """Forward hooks on a base's adaptable linears, reading the current forward's segments."""
+
+    decoder: str
+    linears: dict[str, nn.Linear]
+    segments: list[Segment] | None = None
+    handles: list[Any] = field(default_factory=list)
+    calls: int = 0  # deltas computed (tests check frozen rows cost none)
+
+    @classmethod
+    def install(cls, core: nn.Module, decoder: str) -> "LoraRouter":
+        linears = decoder_linears(core, decoder)
+        if not linears:
+            raise SchemaError(f"base_adapter: this base has no linear layers under {decoder}.layers to adapt")
+        router = cls(decoder, linears)
+        for path, mod in linears.items():
+            router.handles.append(mod.register_forward_hook(router._hook(path)))
+        return router
+
+    @property
+    def shapes(self) -> dict[str, tuple[int, int]]:
+        return {p: (m.in_features, m.out_features) for p, m in self.linears.items()}
+
+    def _hook(self, path: str):
+        def hook(module: nn.Module, args: tuple[Any, ...], out: torch.Tensor) -> torch.Tensor | None:
+            segs = self.segments
+            if not segs:
+                return None
+            x = args[0]
+            for s in segs:
+                i = s.adapter.index.get(path)
+                if i is None:
+                    continue
+                d = s.adapter.delta(i, x[s.start:s.end], s.gen)
+                out[s.start:s.end] += d.to(out.dtype)
+                self.calls += 1
+            return out
+
+        return hook
+
+    @contextlib.contextmanager
+    def route(self, segments: list[Segment]) -> Iterator[None]:
+        if self.segments is not None:
+            raise InputError("LoRA router: a base forward is already routing adapters (nested forwards)")
+        for s in segments:
+            if s.adapter.shapes.keys() - self.linears.keys():
+                raise InputError("LoRA router: an adapter built for another base was routed through this one")
+        self.segments = segments
+        try:
+            yield
+        finally:
+            self.segments = None
+
+
+_INSTALL = threading.Lock()
+
+
+def router_for(base: Any) -> LoraRouter:
+    """The base's router, installed on first use (bases without LoRA tenants carry no hooks).
+    Locked: an inferencer builds slots in worker threads, and two routers would add every
+    delta twice."""
+    if base.lora_router is None:
+        with _INSTALL:
+            if base.lora_router is None:
+                base.lora_router = LoraRouter.install(base.core, base.family.text_decoder)
+    return base.lora_router
+
+
+@functools.lru_cache(maxsize=16)
+def base_linear_shapes(source: str) -> dict[str, tuple[int, int]]:
+    """(in, out) of every adaptable linear of a base (preset name or save_pretrained directory),
+    from its config alone: what the master checks a spec's base_adapter against at submit.
+
+    One decoder layer of the language model is built on the meta device (no weights, no
+    memory) and its linears repeated for every layer: these decoders' layers are all alike, and
+    a whole 36-layer model took 15 s to build even on meta on a loaded host."""
+    import copy
+
+    from transformers import AutoConfig, AutoModel
+
+    from models.families import MODEL_TYPE_TO_FAMILY, get_family
+    from models.presets import PRESETS, get_preset
+
+    if source in PRESETS:
+        preset = get_preset(source)
+        hf_config, family_name = preset.build_config(None), preset.family
+    else:
+        hf_config = AutoConfig.from_pretrained(source, local_files_only=True)
+        family_name = MODEL_TYPE_TO_FAMILY.get(hf_config.model_type)
+        if family_name is None:
+            raise SchemaError(f"base={source!r}: model_type {hf_config.model_type!r} not supported")
+    text = copy.deepcopy(hf_config.get_text_config())
+    layers = int(text.num_hidden_layers)
+    text.num_hidden_layers = 1
+    with torch.device("meta"):
+        one = AutoModel.from_config(text)
+    decoder = get_family(family_name).text_decoder
+    first = {p.removeprefix("layers.0."): (m.in_features, m.out_features) for p, m in one.named_modules()
+             if isinstance(m, nn.Linear) and p.startswith("layers.0.")}
+    return {f"{decoder}.layers.{i}.{rest}": shape for i in range(layers) for rest, shape in first.items()}
