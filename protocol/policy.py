@@ -171,3 +171,60 @@ STORE_WRITE = RetryPolicy("store_write", deadline_s=20.0, backoff_s=0.25, max_ba
 # How often the master checks that the trainers holding leases and the env workers running
 # workloads still answer (a role that died unseen: the health manager restarted meanwhile).
 OWNER_CHECK_EVERY_S = 10.0
+
+
+# -- quotas and metering ---------------------------------------------------------------------
+# Scheduling priority: a small documented range, so one tenant cannot claim "infinity"
+# (`master.spec` bounds spec.schedule.priority by it; a tenant's quota max_priority may lower
+# the top, never raise it past PRIORITY_MAX).
+PRIORITY_MIN, PRIORITY_MAX = -10, 10
+
+
+def default_quotas():
+    """The quotas of a tenant that has none of its own (`protocol.messages.TenantQuotas`):
+    the dataclass defaults, each overridable by a plain env read (NEXUS_QUOTA_<FIELD>, e.g.
+    NEXUS_QUOTA_PREDICT_RATE_PER_S), read where the quota is enforced (master, inferencer).
+    (For the settings module to fold in.)"""
+    import dataclasses
+    import os
+
+    from protocol.messages import TenantQuotas
+
+    values = {}
+    for f in dataclasses.fields(TenantQuotas):
+        var = f"NEXUS_QUOTA_{f.name.upper()}"
+        raw = os.environ.get(var)
+        if raw is None:
+            continue
+        cast = float if f.type in ("float", float) else int
+        try:
+            values[f.name] = cast(raw)
+        except ValueError:
+            raise ValueError(f"{var}={raw!r}: must be {cast.__name__} (quotas.{f.name})") from None
+    quotas = TenantQuotas(**values)
+    if quotas.max_priority > PRIORITY_MAX:
+        raise ValueError(f"NEXUS_QUOTA_MAX_PRIORITY={quotas.max_priority}: at most {PRIORITY_MAX}")
+    return quotas
+
+
+@dataclass(frozen=True)
+class UsageFlush:
+    """How the trainer and inferencer send metered usage to the master.
+
+    Usage is summed in memory and sent as one `UsageReport` per ``every_s`` (not one write per
+    forward: an inferencer does hundreds a second); a report the master did not acknowledge is
+    sent again, unchanged, next time (the master applies each (instance, seq) once)."""
+
+    every_s: float = 2.0
+    # One report's request: short, the next period retries it anyway.
+    timeout_s: float = 5.0
+    # A draining role's last report waits at most this long for the master.
+    final_timeout_s: float = 10.0
+
+
+USAGE_FLUSH = UsageFlush()
+
+
+def usage_flush_from_env() -> UsageFlush:
+    """`USAGE_FLUSH` with NEXUS_USAGE_FLUSH_EVERY_S (tests make it short)."""
+    return UsageFlush(every_s=_env_float("NEXUS_USAGE_FLUSH_EVERY_S", USAGE_FLUSH.every_s, 0.01))

@@ -246,6 +246,17 @@ class Names:
         """Tenant -> `CheckpointRef`: which immutable checkpoint object is the committed state."""
         return f"{self.prefix}_ckpt_refs"
 
+    @property
+    def kv_usage(self) -> str:
+        """``<tenant>.<workload>`` -> `UsageRecord`: metered device time, requests, bytes.
+        The master is its only writer (roles send it `UsageReport`s, ``master.usage_report``)."""
+        return f"{self.prefix}_usage"
+
+    @staticmethod
+    def usage_key(tenant: str, workload: str) -> str:
+        """Key of a (tenant, workload) in the usage bucket; ``_`` for use outside a workload."""
+        return f"{check_token('tenant', tenant)}.{check_token('workload', workload) if workload else '_'}"
+
     # -- object store buckets ----------------------------------------------------------
     @property
     def obj_weights(self) -> str:
