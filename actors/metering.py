@@ -118,7 +118,8 @@ class Meter:
             pending = self._pending
             return {"busy_s": dict(self.busy_s), "intervals": self.intervals,
                     "reported_s": self.reported_s, "reports_acked": self.reports_acked,
-                    "unsent_s": charged, "pending_seq": pending.seq if pending else 0}
+                    "unsent_s": charged, "unsent_entries": len(self._deltas),
+                    "pending_seq": pending.seq if pending else 0}
 
 
 async def flush(bus: Any, names: Any, meter: Meter, role: str, instance: str, timeout_s: float,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
+import sys
 import time
 import uuid
 
@@ -39,6 +40,36 @@ from tests.tq_helpers import BASE, CALVIN_SCHEMA, micro_batch, tenant
 
 FLUSH_ENV = {"NEXUS_USAGE_FLUSH_EVERY_S": "0.2"}
 ROWS = {"a": 1, "b": 2, "c": 3}  # rows per tenant in every shared forward / step
+TRAIN_TENANTS = {k: tenant(f"ut{k}", seed=i) for i, k in enumerate(ROWS)}
+
+
+def spawn(procs: RoleProcs, role: str, **env: str):
+    """`RoleProcs.start` without the wait: roles boot side by side (the wait comes later)."""
+    procs._n += 1
+    instance = f"{role}-{procs._n}"
+    log = open(procs.data_dir / f"{instance}.log", "ab")  # noqa: SIM115 - closed with the process
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "actors.run", role, "--nats-url", procs.nats_url,
+         "--prefix", procs.prefix, "--data-dir", str(procs.data_dir), "--instance", instance],
+        env=python_env(NEXUS_HEARTBEAT_INTERVAL_S="0.3", NEXUS_HEALTH_TIMEOUT_S="1.2", **env),
+        stdout=log, stderr=subprocess.STDOUT)
+    proc.instance = instance
+    procs.procs.append((role, instance, proc))
+    return proc
+
+
+async def prepare_training(c: AsyncClient) -> dict[str, str]:
+    """Three tenants' SFT jobs, 3 micro-batches each of 1, 2 and 3 rows, all ready."""
+    jobs = {}
+    for k, cfg in TRAIN_TENANTS.items():
+        await c.create_tenant(cfg)
+        job = await c.reserve(cfg.name, "sft")
+        for seq in range(3):
+            await c.queue_put(micro_batch(cfg, job.job, seq, b=ROWS[k], seed=seq))
+        jobs[cfg.name] = job.job
+    for name, job in jobs.items():
+        await c.mark_ready(name, job)
+    return jobs
 
 
 @pytest.fixture(scope="module")
@@ -58,12 +89,21 @@ def deploy(nats_server, tmp_path_factory):
 
     asyncio.run(layout())
     procs = RoleProcs(nats_server.url, prefix, tmp_path_factory.mktemp("usage"))
-    procs.start("master", **FLUSH_ENV)
-    # A long wait window: one wave of concurrent predicts certainly meets in one group.
-    procs.infer = procs.start("inferencer", NEXUS_INFER_BASE=BASE, NEXUS_INFER_BATCH_WAIT_TIMEOUT_S="0.3",
-                              NEXUS_INFER_MAX_BATCH_SIZE="64", **FLUSH_ENV)
-    yield procs
-    procs.stop_all()
+    try:
+        master = spawn(procs, "master", **FLUSH_ENV)
+        # A long wait window: one wave of concurrent predicts certainly meets in one group.
+        procs.infer = spawn(procs, "inferencer", NEXUS_INFER_BASE=BASE, NEXUS_INFER_BATCH_WAIT_TIMEOUT_S="0.3",
+                            NEXUS_INFER_MAX_BATCH_SIZE="64", **FLUSH_ENV)
+        procs.wait_ready("master", master.instance, master)
+        procs.train_jobs = run(procs, prepare_training)
+        # The trainer boots with all three jobs ready: its first lease takes them into one
+        # round, so every step is one grouped step of the three tenants. It boots while the
+        # inference test runs.
+        procs.trainer = spawn(procs, "trainer", NEXUS_TRAINER_GROUP_MAX="4", **FLUSH_ENV)
+        procs.wait_ready("inferencer", procs.infer.instance, procs.infer)
+        yield procs
+    finally:
+        procs.stop_all()
 
 
 def run(deploy, fn):
@@ -86,7 +126,7 @@ async def flushed(c: AsyncClient, role: str, instance: str, timeout_s: float = 2
     deadline = time.monotonic() + timeout_s
     while True:
         u = (await info(c, role, instance)).extra["usage"]
-        if u["unsent_s"] == 0 and u["pending_seq"] == 0:
+        if u["unsent_entries"] == 0 and u["pending_seq"] == 0:
             return u
         assert time.monotonic() < deadline, u
         await asyncio.sleep(0.1)
@@ -167,25 +207,9 @@ def test_inference_charges_add_up_to_busy_time_and_follow_rows(deploy):
 
 # -- training: three tenants' jobs in grouped steps ---------------------------------------------
 def test_training_charges_add_up_to_busy_time_and_follow_rows(deploy):
-    cfgs = {k: tenant(f"ut{k}", seed=i) for i, k in enumerate(ROWS)}
-    names = [cfg.name for cfg in cfgs.values()]
-
-    async def prepare(c: AsyncClient):
-        jobs = {}
-        for k, cfg in cfgs.items():
-            await c.create_tenant(cfg)
-            job = await c.reserve(cfg.name, "sft")
-            for seq in range(3):
-                await c.queue_put(micro_batch(cfg, job.job, seq, b=ROWS[k], seed=seq))
-            jobs[cfg.name] = job.job
-        for name, job in jobs.items():
-            await c.mark_ready(name, job)
-        return jobs
-
-    jobs = run(deploy, prepare)
-    # The trainer starts with all three jobs ready: its first lease takes them into one round,
-    # so every step is one grouped step of the three tenants.
-    trainer = deploy.start("trainer", NEXUS_TRAINER_GROUP_MAX="4", **FLUSH_ENV)
+    names = [cfg.name for cfg in TRAIN_TENANTS.values()]
+    jobs, trainer = deploy.train_jobs, deploy.trainer
+    deploy.wait_ready("trainer", trainer.instance, trainer)
 
     async def go(c: AsyncClient):
         recs = [await c.wait_job(t, j, timeout_s=120) for t, j in jobs.items()]
