@@ -226,6 +226,7 @@ class Inferencer(Role):
         self.heads = ServingHeads(self.bus, self.names, base, self.base_source)
         await self.bus.nc.subscribe(self.names.weights_all, cb=self._on_weights)
         await self.bus.nc.subscribe(self.names.tenant_deleted_all, cb=self._on_tenant_deleted)
+        await self.bus.nc.subscribe(self.names.tenant_updated_all, cb=self._on_tenant_updated)
         # Elastic join: every live tenant's weights first, then take requests.
         synced = await self.heads.sync_all()
         for (tenant, version), exc in self.heads.refused.items():
@@ -277,6 +278,11 @@ class Inferencer(Role):
             self.heads.forget(tenant)
         self.rate.forget(tenant)
         self.meter.forget(tenant)
+
+    async def _on_tenant_updated(self, msg: Any) -> None:
+        # Its quotas changed: the next request reads the config again (the new predict rate).
+        if self.heads is not None:
+            self.heads.configs.pop(msg.subject.rsplit(".", 1)[-1], None)
 
     async def on_drain(self) -> None:
         # Every answered request's device time reaches the master before the process exits.

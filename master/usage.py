@@ -87,6 +87,8 @@ class UsageOps:
             cfg = self._tenant(req.tenant)
             cfg.quotas = req.quotas
             await store_put(self.kv_tenants, cfg.name, encode(cfg))
+        # Inferencers cache tenant configs (the predict rate is read from them): drop it.
+        await self.bus.publish(self.names.tenant_updated(cfg.name), cfg)
         self.log.info("tenant quotas set", tenant=cfg.name, quotas=str(req.quotas or "defaults"))
         return cfg
 

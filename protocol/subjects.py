@@ -149,6 +149,14 @@ class Names:
     def tenant_deleted_all(self) -> str:
         return f"{self.prefix}.tenants.deleted.*"
 
+    def tenant_updated(self, tenant: str) -> str:
+        """The master changed a tenant's config (its quotas): caches of it are stale."""
+        return f"{self.prefix}.tenants.updated.{check_token('tenant', tenant)}"
+
+    @property
+    def tenant_updated_all(self) -> str:
+        return f"{self.prefix}.tenants.updated.*"
+
     # -- inference ---------------------------------------------------------------------
     def infer(self, pool: str) -> str:
         return f"{self.prefix}.infer.{check_token('pool', pool)}"

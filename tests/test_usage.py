@@ -314,9 +314,21 @@ def test_predict_rate_quota(deploy):
         # The SDK waits a rate refusal out (Busy): a fourth call succeeds, a moment later.
         t0 = time.monotonic()
         reply = await c.predict(cfg.name, images, state, "pick")
-        return out, reply, time.monotonic() - t0
+        waited_s = time.monotonic() - t0
+        # A raised quota reaches the inferencer (tenants.updated): a burst of 5 goes through.
+        await c.set_quotas(cfg.name, TenantQuotas(predict_rate_per_s=1000.0, predict_burst=50))
+        deadline = time.monotonic() + 10
+        while True:
+            burst = [decode((await c.bus.nc.request(subject, encode(PredictRequest(
+                tenant=cfg.name, images=images, state=state, instruction="pick")), timeout=30)).data)
+                for _ in range(5)]
+            if all(isinstance(r, PredictReply) for r in burst) or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.2)
+        return out, reply, waited_s, burst
 
-    (first, second, third), reply, waited_s = run(deploy, go)
+    (first, second, third), reply, waited_s, burst = run(deploy, go)
+    assert all(isinstance(r, PredictReply) for r in burst), burst
     assert isinstance(first, PredictReply) and isinstance(second, PredictReply)  # the burst
     assert isinstance(third, ErrorReply) and third.code == "quota_exceeded"
     assert third.details["quota"] == "predict_rate_per_s" and third.details["limit"] == 1.0
