@@ -209,8 +209,9 @@ class Inferencer(Role):
         self.group_sizes: Counter[int] = Counter()
         # Metered device time (every group forward, charged to its tenants by rows) and the
         # predict rate quota (a token bucket per tenant, on this instance).
-        self.meter = Meter()
         self.usage_flush = usage_flush_from_env()
+        self.meter = Meter({"train": self.usage_flush.train_overhead_rows,
+                            "infer": self.usage_flush.infer_overhead_rows})
         self.default_quotas = default_quotas()
         self.rate = TenantBuckets()
 

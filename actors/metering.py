@@ -12,11 +12,13 @@ synchronize on CUDA) and charged here::
     meter.acked(report)
 
 The rule (docs/usage.md): a measured busy interval of ``busy_s`` that worked ``r_i`` rows of
-tenant i (sum R) charges tenant i ``busy_s * r_i / R``; the last share is the remainder, so
-the charges of one interval add up to ``busy_s`` exactly. Rows, because within one grouped
-forward every row has the same compatibility key (same image size, same prompt length), so
-the shared base forward, which is most of the cost, costs the same per row; the private
-head's cost differs by head but is small beside it (docs/usage.md has the measured split).
+tenant i charges tenant i ``busy_s * w_i / sum(w)`` with ``w_i = r_i + overhead_rows``; the
+last share is the remainder, so the charges of one interval add up to ``busy_s`` exactly.
+Rows, because within one grouped forward every row has the same compatibility key (same image
+size, same prompt length), so the shared base forward, which is most of the cost, costs the
+same per row. ``overhead_rows`` (default 0: plain rows) is a fitted fixed cost of each tenant
+in an interval, in row-equivalents: its head's launches cost about the same whatever its rows
+(measured by bench/metering_split.py; docs/usage.md has the figures).
 """
 
 from __future__ import annotations
@@ -33,13 +35,15 @@ Kind = Literal["train", "infer"]
 Key = tuple[str, str]  # (tenant, workload)
 
 
-def split_by_rows(busy_s: float, rows: list[int]) -> list[float]:
-    """``busy_s`` split in proportion to ``rows``; the shares add up to ``busy_s`` exactly
-    (the last is the remainder). Rows must be >= 0 with a positive sum."""
-    total = sum(rows)
-    if total <= 0 or any(r < 0 for r in rows):
-        raise ValueError(f"rows {rows}: need rows >= 0 with a positive sum")
-    shares = [busy_s * r / total for r in rows[:-1]]
+def split_by_rows(busy_s: float, rows: list[int], overhead_rows: float = 0.0) -> list[float]:
+    """``busy_s`` split in proportion to ``rows`` (each plus ``overhead_rows``); the shares add
+    up to ``busy_s`` exactly (the last is the remainder). Rows must be >= 0 with a positive sum."""
+    if sum(rows) <= 0 or any(r < 0 for r in rows) or overhead_rows < 0:
+        raise ValueError(f"rows {rows}, overhead_rows {overhead_rows}: need rows >= 0 with a positive sum "
+                         "and overhead_rows >= 0")
+    weights = [r + overhead_rows for r in rows]
+    total = sum(weights)
+    shares = [busy_s * w / total for w in weights[:-1]]
     shares.append(busy_s - sum(shares))
     return shares
 
@@ -48,7 +52,9 @@ class Meter:
     """Usage deltas of one role instance since its last acknowledged report. Thread-safe: the
     forwards run on worker threads, the flush on the event loop."""
 
-    def __init__(self) -> None:
+    def __init__(self, overhead_rows: dict[str, float] | None = None) -> None:
+        # kind -> a tenant's fixed cost per interval in row-equivalents (0: plain rows)
+        self.overhead_rows = {"train": 0.0, "infer": 0.0, **(overhead_rows or {})}
         self._lock = threading.Lock()
         self._deltas: dict[Key, UsageCounters] = {}
         self._pending: UsageReport | None = None  # sent, not yet acknowledged
@@ -68,7 +74,7 @@ class Meter:
             self.intervals += 1
             if not keys:
                 return  # nothing of anyone's was worked (every caller gave up): no one pays
-            for key, share in zip(keys, split_by_rows(busy_s, [rows[k] for k in keys])):
+            for key, share in zip(keys, split_by_rows(busy_s, [rows[k] for k in keys], self.overhead_rows[kind])):
                 c = self._deltas.setdefault(key, UsageCounters())
                 if kind == "train":
                     c.train_device_s += share

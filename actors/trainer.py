@@ -130,8 +130,9 @@ class Trainer(Role):
         self.leases_lost = 0
         self.released = 0
         # Metered device time: every grouped step's busy time, charged to its tenants by rows.
-        self.meter = Meter()
         self.usage_flush = usage_flush_from_env()
+        self.meter = Meter({"train": self.usage_flush.train_overhead_rows,
+                            "infer": self.usage_flush.infer_overhead_rows})
 
     async def setup(self) -> None:
         assert self.bus is not None

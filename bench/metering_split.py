@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> list[Row]:
     ap.add_argument("--rows", default="1,2,3", help="rows of each tenant in the grouped step")
     ap.add_argument("--heads", default="mlp,flow,gaussian")
     ap.add_argument("--device", default=None)
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> list[Row]:
             items.append((s, TenantBatch(tb.features.to(dev), tb.actions_B_H_A.to(dev))))
         vlas = [b.features for _, b in items]
         feats = encode_grouped(base, vlas)
-        timed(lambda: encode_grouped(base, vlas), dev, 1)  # warm-up
+        timed(lambda: encode_grouped(base, vlas), dev, 2)  # warm-up
 
         def private(i: int) -> None:
             slot, batch = items[i]
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> list[Row]:
             slot.optimizer_step()
 
         for i in range(len(items)):
-            private(i)  # warm-up
+            timed(lambda i=i: private(i), dev, 2)  # warm-up
         base_ms = timed(lambda: encode_grouped(base, vlas), dev, args.repeats)
         priv = [timed(lambda i=i: private(i), dev, args.repeats) for i in range(len(items))]
         step_ms, total_rows = base_ms + sum(priv), sum(rows_per)

@@ -220,11 +220,21 @@ class UsageFlush:
     timeout_s: float = 5.0
     # A draining role's last report waits at most this long for the master.
     final_timeout_s: float = 10.0
+    # The attribution rule's fixed cost of each tenant in a step / forward, in row-equivalents
+    # (`actors.metering.split_by_rows`). 0: plain rows, a bill a tenant can predict from its
+    # data. Measured on an H200 (qwen3-vl-4b, docs/usage.md): ~0.5 for mlp / gaussian heads,
+    # ~2 for flow; set it to charge the heads' launch cost to each tenant instead of by rows.
+    train_overhead_rows: float = 0.0
+    infer_overhead_rows: float = 0.0
 
 
 USAGE_FLUSH = UsageFlush()
 
 
 def usage_flush_from_env() -> UsageFlush:
-    """`USAGE_FLUSH` with NEXUS_USAGE_FLUSH_EVERY_S (tests make it short)."""
-    return UsageFlush(every_s=_env_float("NEXUS_USAGE_FLUSH_EVERY_S", USAGE_FLUSH.every_s, 0.01))
+    """`USAGE_FLUSH` with NEXUS_USAGE_FLUSH_EVERY_S (tests make it short) and
+    NEXUS_METER_TRAIN_OVERHEAD_ROWS / NEXUS_METER_INFER_OVERHEAD_ROWS (plain reads, for the
+    settings module to fold in)."""
+    return UsageFlush(every_s=_env_float("NEXUS_USAGE_FLUSH_EVERY_S", USAGE_FLUSH.every_s, 0.01),
+                      train_overhead_rows=_env_float("NEXUS_METER_TRAIN_OVERHEAD_ROWS", 0.0),
+                      infer_overhead_rows=_env_float("NEXUS_METER_INFER_OVERHEAD_ROWS", 0.0))

@@ -152,6 +152,8 @@ def test_split_by_rows_adds_up_exactly_and_follows_rows():
     assert sum(shares) == 0.1 and shares == pytest.approx([0.1 / 6, 0.2 / 6, 0.3 / 6])
     with pytest.raises(ValueError):
         split_by_rows(1.0, [0, 0])
+    # A fitted fixed cost per tenant (row-equivalents): rows 1 and 3 with 1 each weigh 2 : 4.
+    assert split_by_rows(0.6, [1, 3], overhead_rows=1.0) == pytest.approx([0.2, 0.4])
     m = Meter()
     m.charge("train", 0.3, {("x", "w"): 1, ("y", ""): 2})
     first = m.take_report("trainer", "t-1")
