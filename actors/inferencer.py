@@ -55,7 +55,7 @@ from actors.serving import ServingHeads
 from protocol.errors import Busy, Draining, InternalError, NexusError, QuotaExceeded
 from protocol.messages import ErrorReply, PredictReply, PredictRequest, WeightsRef
 from protocol.policy import INFERENCE_OUTAGE, default_quotas, usage_flush_from_env
-from protocol.subjects import pool_name
+from protocol.subjects import check_token, pool_name
 from protocol.wire import decode, encode
 
 
@@ -365,6 +365,8 @@ class Inferencer(Role):
         assert self.heads is not None
         try:
             p.slot, p.version = await self.heads.get(p.req.tenant, p.req.version)
+            if p.req.workload:
+                check_token("workload", p.req.workload)  # a usage key at the master
             self._check_rate(p.req.tenant)
         except NexusError as exc:
             await self._finish(p, ErrorReply.from_exception(exc))

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import uuid
 from typing import Any, Literal
 
 from protocol.errors import NexusError
@@ -56,6 +57,7 @@ class Meter:
         # kind -> a tenant's fixed cost per interval in row-equivalents (0: plain rows)
         self.overhead_rows = {"train": 0.0, "infer": 0.0, **(overhead_rows or {})}
         self._lock = threading.Lock()
+        self.boot = uuid.uuid4().hex[:12]
         self._deltas: dict[Key, UsageCounters] = {}
         self._pending: UsageReport | None = None  # sent, not yet acknowledged
         self._seq = 0
@@ -102,7 +104,7 @@ class Meter:
             entries = [UsageEntry(tenant=t, workload=w, usage=c) for (t, w), c in sorted(self._deltas.items())]
             self._deltas = {}
             self._pending = UsageReport(role=role, instance=instance, seq=self._seq, entries=entries,
-                                        busy_s=sum(self.busy_s.values()))
+                                        busy_s=sum(self.busy_s.values()), boot=self.boot)
             return self._pending
 
     def acked(self, report: UsageReport) -> None:

@@ -4,7 +4,7 @@ Ops (mixed into `master.service.Master`):
 
 | op | request | reply | what |
 |---|---|---|---|
-| usage_report | UsageReport | Ok | a trainer / inferencer's batch of usage deltas; applied once per (instance, seq) |
+| usage_report | UsageReport | Ok | a trainer / inferencer's batch of usage deltas; applied once per (instance, boot, seq) |
 | usage | UsageRequest | UsageReply | cumulative usage per (tenant, workload), and the bytes each tenant stores now |
 | tenant_quotas | TenantQuotasRequest | TenantConfig | set (or clear) a tenant's quotas (an operator op) |
 
@@ -105,6 +105,7 @@ class UsageOps:
         from master.service import store_put
 
         check_token("instance", req.instance)
+        writer = f"{req.instance}.{check_token('boot', req.boot)}" if req.boot else req.instance
         if req.seq < 1:
             raise InvalidField("seq", f"{req.seq}: reports are numbered from 1")
         # Entries that land on one record are summed first: the record's applied seq then
@@ -112,18 +113,23 @@ class UsageOps:
         merged: dict[str, tuple[str, str, UsageCounters]] = {}
         for e in req.entries:
             workload = e.workload or self.active_workload(e.tenant)
-            key = Names.usage_key(e.tenant, workload)
+            try:
+                key = Names.usage_key(e.tenant, workload)
+            except InvalidField as exc:
+                # One bad name must not block the rest of the report (it would be resent forever).
+                self.log.error("usage entry with a bad name dropped", instance=req.instance, error=exc.message)
+                continue
             _, _, counters = merged.setdefault(key, (e.tenant, workload, UsageCounters()))
             counters.add(e.usage)
         applied = 0
         async with self._usage_lock:
             for key, (tenant, workload, counters) in merged.items():
                 rec = self.usage.get(key) or UsageRecord(tenant=tenant, workload=workload, usage=UsageCounters())
-                if rec.applied.get(req.instance, 0) >= req.seq:
+                if rec.applied.get(writer, 0) >= req.seq:
                     continue  # a resent report: this record has it already
                 rec.usage.add(counters)
-                rec.applied.pop(req.instance, None)
-                rec.applied[req.instance] = req.seq  # most recent last
+                rec.applied.pop(writer, None)
+                rec.applied[writer] = req.seq  # most recent last
                 while len(rec.applied) > APPLIED_KEEP:
                     rec.applied.pop(next(iter(rec.applied)))
                 rec.updated_at = time.time()

@@ -957,13 +957,16 @@ class UsageReport:
     """A batch of usage deltas from one role instance to the master (``usage_report``).
 
     ``seq`` numbers the instance's reports from 1; a report is re-sent unchanged until the
-    master acknowledges it, and the master applies each (instance, seq) once."""
+    master acknowledges it, and the master applies each (instance, boot, seq) once."""
 
     role: str
     instance: str
     seq: int
     entries: list[UsageEntry]
     busy_s: float = 0.0  # the instance's measured busy time so far (all of it, informational)
+    # Random per process start: a process restarted under the same instance id (a container's
+    # restart policy) numbers its reports from 1 again without meeting its old seqs.
+    boot: str = ""
 
 
 @message("usage.record", 1)
@@ -976,7 +979,7 @@ class UsageRecord:
     workload: str
     usage: UsageCounters
     updated_at: float = 0.0
-    # instance -> the last report seq applied here: a retried report is not counted twice.
+    # "<instance>.<boot>" -> the last report seq applied here: a retried report is not counted twice.
     applied: dict[str, int] = field(default_factory=dict)
 
 

@@ -213,7 +213,7 @@ class UsageFlush:
 
     Usage is summed in memory and sent as one `UsageReport` per ``every_s`` (not one write per
     forward: an inferencer does hundreds a second); a report the master did not acknowledge is
-    sent again, unchanged, next time (the master applies each (instance, seq) once)."""
+    sent again, unchanged, next time (the master applies each (instance, boot, seq) once)."""
 
     every_s: float = 2.0
     # One report's request: short, the next period retries it anyway.

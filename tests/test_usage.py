@@ -247,10 +247,15 @@ def test_a_resent_usage_report_is_counted_once(deploy):
     async def go(c: AsyncClient):
         for _ in range(2):  # a retry after a lost reply
             await c.bus.request(c.names.master("usage_report"), report, Ok, timeout_s=10)
-        return (await c.usage(tenant="urep")).records
+        once = (await c.usage(tenant="urep")).records
+        # The same instance id in a new process (its own boot id) numbers from 1 again: counted.
+        report.boot = "b2"
+        await c.bus.request(c.names.master("usage_report"), report, Ok, timeout_s=10)
+        return once, (await c.usage(tenant="urep")).records
 
-    (rec,) = run(deploy, go)
+    (rec,), (again,) = run(deploy, go)
     assert (rec.workload, rec.usage.train_device_s, rec.usage.train_rows) == ("w1", 1.5, 4)
+    assert (again.usage.train_device_s, again.usage.train_rows) == (3.0, 8)
 
 
 # -- quotas --------------------------------------------------------------------------------------
