@@ -198,6 +198,8 @@ def test_inference_charges_add_up_to_busy_time_and_follow_rows(deploy):
     assert all(r.batch_size == sum(ROWS.values()) for w in replies for r in w), "a wave split over groups"
     busy = r1["busy_s"]["infer"] - r0["busy_s"]["infer"]
     charged = {t: after[t].infer_device_s - before[t].infer_device_s for t in names}
+    print(f"inference: measured busy {busy:.4f} s, charged {sum(charged.values()):.4f} s, "
+          f"shares {[round(charged[t] / busy, 4) for t in names]}")
     assert busy > 0
     assert sum(charged.values()) == pytest.approx(busy, rel=0.05)
     for k, t in zip(ROWS, names):
@@ -221,6 +223,8 @@ def test_training_charges_add_up_to_busy_time_and_follow_rows(deploy):
     recs, role, usage = run(deploy, go)
     assert [r.state for r in recs] == ["cleared"] * 3, [(r.state, r.reason) for r in recs]
     busy = role["busy_s"]["train"]
+    print(f"training: measured busy {busy:.4f} s, charged {sum(u.train_device_s for u in usage.values()):.4f} s, "
+          f"shares {[round(usage[t].train_device_s / busy, 4) for t in names]}")
     assert busy > 0
     assert sum(u.train_device_s for u in usage.values()) == pytest.approx(busy, rel=0.05)
     for k, t in zip(ROWS, names):
