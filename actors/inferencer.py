@@ -44,13 +44,16 @@ from typing import Any
 
 import numpy as np
 
+from actors.metering import Meter, final_flush, flush_loop
+from actors.ratelimit import TenantBuckets
 from actors.reply_cache import ReplyCache
 from actors.runtime import Role, RoleConfig
 from actors.serving import ServingHeads
-from protocol.errors import Busy, Draining, InternalError, NexusError
+from protocol.errors import Busy, Draining, InternalError, NexusError, QuotaExceeded
 from protocol.messages import ErrorReply, PredictReply, PredictRequest, WeightsRef
+from protocol.policy import INFERENCE_OUTAGE, default_quotas, usage_flush_from_env
 from protocol.settings import InferencerSettings
-from protocol.subjects import pool_name
+from protocol.subjects import check_token, pool_name
 from protocol.wire import decode, encode
 
 
@@ -179,6 +182,13 @@ class Inferencer(Role):
         self._predict_sub: Any = None
         # Forwarded requests per group -> groups: benchmarks replay this distribution in-process.
         self.group_sizes: Counter[int] = Counter()
+        # Metered device time (every group forward, charged to its tenants by rows) and the
+        # predict rate quota (a token bucket per tenant, on this instance).
+        self.usage_flush = usage_flush_from_env()
+        self.meter = Meter({"train": self.usage_flush.train_overhead_rows,
+                            "infer": self.usage_flush.infer_overhead_rows})
+        self.default_quotas = default_quotas()
+        self.rate = TenantBuckets()
 
     async def setup(self) -> None:
         assert self.bus is not None
@@ -192,11 +202,13 @@ class Inferencer(Role):
         self.heads = ServingHeads(self.bus, self.names, base, self.base_source)
         await self.bus.nc.subscribe(self.names.weights_all, cb=self._on_weights)
         await self.bus.nc.subscribe(self.names.tenant_deleted_all, cb=self._on_tenant_deleted)
+        await self.bus.nc.subscribe(self.names.tenant_updated_all, cb=self._on_tenant_updated)
         # Elastic join: every live tenant's weights first, then take requests.
         synced = await self.heads.sync_all()
         for (tenant, version), exc in self.heads.refused.items():
             self.log.error("weights refused", tenant=tenant, version=version, error=str(exc))
         self.spawn(self._batch_loop, "batcher", critical=True)
+        self.spawn(lambda: flush_loop(self, self.meter, self.usage_flush), "usage-flush", critical=True)
         # Kept out of self._subs: the runtime's drain unsubscribes those, which discards
         # messages already delivered but not yet read. This one is drained instead (every
         # delivered message is read and answered: worked before the drain, Draining after).
@@ -223,6 +235,7 @@ class Inferencer(Role):
             "held": self.held, "busy": self.busy, "replayed": self.replayed, "joined": self.joined,
             "draining_refused": self.draining_refused, "reply_cache": len(self.replies),
             "max_queue_per_key": self.admission.max_queue_per_key, "max_queued": self.admission.max_queued,
+            "usage": self.meter.info(), "rate_refused": dict(self.rate.refused),
         }
 
     async def _leave_group_on_stop(self) -> None:
@@ -236,8 +249,20 @@ class Inferencer(Role):
 
     # -- weight sync ---------------------------------------------------------------------
     async def _on_tenant_deleted(self, msg: Any) -> None:
+        tenant = msg.subject.rsplit(".", 1)[-1]
         if self.heads is not None:
-            self.heads.forget(msg.subject.rsplit(".", 1)[-1])
+            self.heads.forget(tenant)
+        self.rate.forget(tenant)
+        self.meter.forget(tenant)
+
+    async def _on_tenant_updated(self, msg: Any) -> None:
+        # Its quotas changed: the next request reads the config again (the new predict rate).
+        if self.heads is not None:
+            self.heads.configs.pop(msg.subject.rsplit(".", 1)[-1], None)
+
+    async def on_drain(self) -> None:
+        # Every answered request's device time reaches the master before the process exits.
+        await final_flush(self, self.meter, self.usage_flush)
 
     async def _on_weights(self, msg: Any) -> None:
         assert self.heads is not None
@@ -315,6 +340,9 @@ class Inferencer(Role):
         assert self.heads is not None
         try:
             p.slot, p.version = await self.heads.get(p.req.tenant, p.req.version)
+            if p.req.workload:
+                check_token("workload", p.req.workload)  # a usage key at the master
+            self._check_rate(p.req.tenant)
         except NexusError as exc:
             await self._finish(p, ErrorReply.from_exception(exc))
             return
@@ -334,6 +362,19 @@ class Inferencer(Role):
         q.items.append(p)
         self._arrival.set()
         await p.reply  # the batcher resolves it; keeps this task (and the drain) waiting
+
+    def _check_rate(self, tenant: str) -> None:
+        """The tenant's predict rate quota on this instance (after `heads.get`, which loaded
+        its config): QuotaExceeded naming the rate, with the wait until a token is back."""
+        assert self.heads is not None
+        cfg = self.heads.configs.get(tenant)
+        q = (cfg.quotas if cfg is not None else None) or self.default_quotas
+        wait_s = self.rate.take(tenant, q.predict_rate_per_s, q.predict_burst, time.monotonic())
+        if wait_s > 0:
+            raise QuotaExceeded.of("predict_rate_per_s", q.predict_rate_per_s,
+                                   f"tenant {tenant!r} sent more than {q.predict_rate_per_s:g} predicts/s "
+                                   f"(burst {q.predict_burst}) to inferencer {self.instance}",
+                                   round(wait_s, 4), tenant=tenant, burst=q.predict_burst)
 
     async def _finish(self, p: _Pending, result: Any) -> None:
         """Answer every caller of ``p`` (None: all gave up, no answer), remember a good reply
@@ -487,10 +528,35 @@ class Inferencer(Role):
                  ready: Any = None) -> list[Any]:
         """Device stage: one base forward for the group, then each (tenant, version) head;
         one host sync at the end, not one per head."""
-        import torch
-
         if not live:
             return results
+        t0 = time.perf_counter()
+        try:
+            return self._forward_group(group, results, live, packed, ready)
+        finally:
+            # Metered: the wall time of the device work (ended by a synchronize on CUDA),
+            # charged to the group's tenants by their rows; padding rows (capture sizes) are
+            # shared out with the rest, so the charges add up to the measured time.
+            if packed.device.type == "cuda":
+                import torch
+
+                torch.cuda.synchronize(packed.device)
+            busy_s = time.perf_counter() - t0
+            rows: dict[tuple[str, str], int] = {}
+            for i in live:
+                req = group[i].req
+                rows[(req.tenant, req.workload)] = rows.get((req.tenant, req.workload), 0) + 1
+            answered: dict[tuple[str, str], int] = {}
+            for i in live:
+                if isinstance(results[i], PredictReply):
+                    req = group[i].req
+                    answered[(req.tenant, req.workload)] = answered.get((req.tenant, req.workload), 0) + 1
+            self.meter.charge("infer", busy_s, rows, requests=answered)
+
+    def _forward_group(self, group: list[_Pending], results: list[Any], live: list[int], packed: Any,
+                       ready: Any = None) -> list[Any]:
+        import torch
+
         heads = self.heads
         assert heads is not None
         # One span per forward: the inferencer's busy timeline in the traces (examples/report.py).

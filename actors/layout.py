@@ -85,6 +85,8 @@ def kv_buckets(names: Names) -> dict[str, int]:
         names.kv_services: 1,
         # The tenants' checkpoint pointers (moved by the master at every commit).
         names.kv_ckpt_refs: 1,
+        # Metered usage per (tenant, workload), written by the master alone.
+        names.kv_usage: 1,
     }
 
 

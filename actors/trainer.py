@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from actors.bus import retry, retry_through_outage
+from actors.metering import Meter, final_flush, flush_loop
 from actors.runtime import Role, RoleConfig, op
 from actors.slots import Resident, SlotStore
 from actors.tq_read import read_job_items
@@ -59,7 +60,7 @@ from protocol.messages import (
     TrainBatchReply,
     WeightsRef,
 )
-from protocol.policy import DRAIN_RELEASE
+from protocol.policy import DRAIN_RELEASE, usage_flush_from_env
 from protocol.settings import FAULT_POINTS, TrainerSettings, leases_from_env
 from protocol.subjects import check_token
 
@@ -124,6 +125,10 @@ class Trainer(Role):
         self.released = 0
         # Grouped steps whose one base forward held LoRA and frozen-base tenants together.
         self.mixed_lora_steps = 0
+        # Metered device time: every grouped step's busy time, charged to its tenants by rows.
+        self.usage_flush = usage_flush_from_env()
+        self.meter = Meter({"train": self.usage_flush.train_overhead_rows,
+                            "infer": self.usage_flush.infer_overhead_rows})
 
     async def setup(self) -> None:
         assert self.bus is not None
@@ -135,13 +140,15 @@ class Trainer(Role):
         await self.bus.nc.subscribe(self.names.sched_ready, cb=self._on_ready)
         await self.bus.nc.subscribe(self.names.tenant_deleted_all, cb=self._on_tenant_deleted)
         self.spawn(self._loop, "train-loop", critical=True)
+        self.spawn(lambda: flush_loop(self, self.meter, self.usage_flush), "usage-flush", critical=True)
 
     def info_extra(self) -> dict[str, Any]:
         return {"jobs_done": self.jobs_done, "leases_lost": self.leases_lost, "released": self.released,
                 "mixed_lora_steps": self.mixed_lora_steps,
                 "round": sorted(self._round),
                 "slots": self.store.memory_report() if self.store else {},
-                "bases": sorted(self.store.bases) if self.store else []}
+                "bases": sorted(self.store.bases) if self.store else [],
+                "usage": self.meter.info()}
 
     async def _on_ready(self, msg: Any) -> None:
         self._wake.set()
@@ -150,6 +157,7 @@ class Trainer(Role):
         tenant = msg.subject.rsplit(".", 1)[-1]
         if self.store is not None and self.store.resident.pop(tenant, None) is not None:
             self.log.info("tenant slot dropped (tenant deleted)", tenant=tenant)
+        self.meter.forget(tenant)
 
     def _maybe_fault(self, point: str) -> None:
         assert point in FAULT_POINTS, point  # a point the settings do not list could never fire
@@ -334,8 +342,6 @@ class Trainer(Role):
 
     def _train_step(self, todo: list[_Work], i: int, base_by_tenant: dict[str, Any]) -> None:
         """Micro-batch i of every job in one grouped step; a failing tenant is isolated."""
-        from models import train_step
-
         live = [w for w in todo if i < len(w.batches) and not w.error and not w.lost]
         by_base: dict[int, list[_Work]] = {}
         for w in live:
@@ -343,7 +349,7 @@ class Trainer(Role):
         for group in by_base.values():
             base = base_by_tenant[group[0].job.tenant]
             try:
-                results = train_step(base, [(w.res.slot, w.batches[i]) for w in group], grouped=True)
+                results = self._metered_step(base, group, i, grouped=True)
                 if len({w.res.slot.adapter is None for w in group}) == 2:
                     self.mixed_lora_steps += 1
             except Exception:
@@ -351,7 +357,7 @@ class Trainer(Role):
                 results = []
                 for w in group:
                     try:
-                        results.extend(train_step(base, [(w.res.slot, w.batches[i])], grouped=False))
+                        results.extend(self._metered_step(base, [w], i, grouped=False))
                     except Exception as exc:  # noqa: BLE001 - reported as the job's failure reason
                         w.error = f"training step {i} failed: {type(exc).__name__}: {exc}"
                         results.append(None)
@@ -361,6 +367,20 @@ class Trainer(Role):
                 w.losses.append(r.loss)
                 for k, v in r.metrics.items():
                     w.metrics.setdefault(k, []).append(float(v))
+
+    def _metered_step(self, base: Any, group: list[_Work], i: int, grouped: bool) -> list[Any]:
+        """One `models.train_step`, timed (wall time ending in a device synchronize) and charged
+        to the group's tenants by their rows (`actors.metering`); a step that raises is charged
+        too: the device time was spent."""
+        from models import train_step
+
+        t0 = time.perf_counter()
+        try:
+            return train_step(base, [(w.res.slot, w.batches[i]) for w in group], grouped=grouped)
+        finally:
+            _sync(base)
+            self.meter.charge("train", time.perf_counter() - t0,
+                              {(w.job.tenant, w.job.workload): len(w.batches[i].features) for w in group})
 
     async def _finish(self, w: _Work) -> None:
         """Commit -> trained -> export -> exported -> announce -> synced -> cleared.
@@ -393,6 +413,7 @@ class Trainer(Role):
         if _before(job.state, "exported"):
             if every <= 0 or version - max(exported, 0) >= every:
                 ref = await self.store.export(tenant, metrics)
+                self.meter.add_bytes(tenant, job.workload, ref.size)
             else:
                 self.log.debug("export skipped", tenant=tenant, job=job.job, version=version,
                                last_export=exported, export_every_steps=every)
@@ -514,10 +535,19 @@ class Trainer(Role):
             await asyncio.wait_for(self._loop_done.wait(), timeout=self.leases.drain_finish_s + 60.0)
         except asyncio.TimeoutError:
             self.log.error("train loop did not stop in time; its jobs go back when the master sees this trainer gone")
+        await final_flush(self, self.meter, self.usage_flush)
         self.log.info("trainer drained", jobs_done=self.jobs_done, released=self.released)
 
 
 _ORDER = ("leased", "trained", "exported", "synced", "cleared")
+
+
+def _sync(base: Any) -> None:
+    """Wait for the device: a step's wall time then covers its kernels, not just their launch."""
+    if base.device.type == "cuda":
+        import torch
+
+        torch.cuda.synchronize(base.device)
 
 
 def _before(current: str, target: str) -> bool:

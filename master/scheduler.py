@@ -13,8 +13,9 @@ The master keeps every job record here (and in the jobs KV); `pick` decides, in 
 4. An RL job whose data came from a policy more than ``staleness_bound`` versions (optimizer
    steps = micro-batches) behind the tenant's current version is dropped, never trained.
 
-Caps enforced at `check_reserve`: at most ``max_inflight_jobs`` unfinished jobs per
-tenant-task (default 2), and at most ``sft_prefetch_items`` SFT micro-batches per tenant in
+Caps enforced at `check_reserve`: the tenant's quota ``max_inflight_jobs`` over all its tasks
+(`protocol.messages.TenantQuotas`, default 8: `QuotaExceeded`), then at most
+``max_inflight_jobs`` unfinished jobs per tenant-task (its spec's, default 2), and at most ``sft_prefetch_items`` SFT micro-batches per tenant in
 ready or leased jobs (default 16) so offline data cannot crowd out online RL. A job still being
 filled does not count: it waits for nobody, and a job larger than the cap is refused at submit
 (`master.spec`), so a producer's Busy put always clears once the trainer catches up.
@@ -25,8 +26,8 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
-from protocol.errors import Busy
-from protocol.messages import JobRecord, TenantConfig
+from protocol.errors import Busy, QuotaExceeded
+from protocol.messages import JobRecord, TenantConfig, TenantQuotas
 
 MAX_ATTEMPTS = 3
 # Unfinished = counts against the in-flight cap.
@@ -58,8 +59,15 @@ class Scheduler:
             self.versions[tenant] = version
 
     # -- reserve caps --------------------------------------------------------------------
-    def check_reserve(self, tenant: TenantConfig, task: str) -> None:
-        mine = [j for j in self.tenant_jobs(tenant.name) if j.task == task and j.state in UNFINISHED]
+    def check_reserve(self, tenant: TenantConfig, task: str, quotas: TenantQuotas | None = None) -> None:
+        unfinished = [j for j in self.tenant_jobs(tenant.name) if j.state in UNFINISHED]
+        if quotas is not None and len(unfinished) >= quotas.max_inflight_jobs:
+            # The operator's ceiling over all the tenant's tasks (a kind of Busy: a producer
+            # waits until one of its jobs is trained).
+            raise QuotaExceeded.of("max_inflight_jobs", quotas.max_inflight_jobs,
+                                   f"tenant {tenant.name} has {len(unfinished)} jobs in flight; retry when one is "
+                                   "trained", 0.5, tenant=tenant.name, inflight=len(unfinished))
+        mine = [j for j in unfinished if j.task == task]
         if len(mine) >= tenant.max_inflight_jobs:
             raise Busy(
                 f"tenant {tenant.name}: {len(mine)} {task} jobs in flight, the cap is {tenant.max_inflight_jobs}; "

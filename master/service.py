@@ -20,6 +20,7 @@ Serves ``<prefix>.master.<op>``:
 | queue_clear | JobRef | JobRecord | purge a job's partition |
 | rollout_begin, rollout_end | JobRef | Ok | the rollout gate: 1 active per tenant, 3 in all |
 | submit, workload, workloads, tenants, cancel | see `master/workloads.py` | | workload specs in, lifecycle out |
+| usage_report, usage, tenant_quotas | see `master/usage.py` | | metered usage in and out; a tenant's quotas |
 
 The master is the only writer of job records: its in-memory scheduler is authoritative and
 every change is written through to the jobs KV, from which a restarted master rebuilds. Run
@@ -52,10 +53,11 @@ from actors.layout import ensure_tq_stream, publish_tq, read_deployment_settings
 from actors.runtime import Role, RoleConfig, op
 from actors.tq_read import PartitionReader
 from master.scheduler import Scheduler
+from master.usage import UsageOps
 from master.workloads import WorkloadOps
 from master.validate import validate_put
 from protocol.errors import Unavailable
-from protocol.errors import Busy, Conflict, FailedPrecondition, InvalidField, NexusError, NotFound
+from protocol.errors import Busy, Conflict, FailedPrecondition, InvalidField, NexusError, NotFound, QuotaExceeded
 from protocol.messages import (
     TERMINAL_JOB_STATES,
     CheckpointCommitRequest,
@@ -112,7 +114,7 @@ def new_job_id() -> str:
     return f"j{int(time.time() * 1000):013d}{uuid.uuid4().hex[:6]}"
 
 
-class Master(WorkloadOps, Role):
+class Master(WorkloadOps, UsageOps, Role):
     name = "master"
 
     def __init__(self, cfg: RoleConfig) -> None:
@@ -147,6 +149,7 @@ class Master(WorkloadOps, Role):
         self.spawn(self._expire_loop, "lease-expiry", critical=True, max_quiet_s=30.0)
         self.spawn(self._compact_loop, "compaction", critical=True)
         self.spawn(self._owner_check_loop, "owner-check", critical=True)
+        await self.setup_usage()
         await self.setup_workloads()
         await self._release_dead_owners()
 
@@ -225,6 +228,7 @@ class Master(WorkloadOps, Role):
         check_token("config.name", cfg.name)
         cfg.signature = _schema_signature(cfg.schema)
         _check_config(cfg)
+        self.check_priority(cfg.priority, cfg, "config.priority")
         if cfg.base_adapter:
             # Off the loop: the first check imports transformers (seconds) to read the base's layers.
             errors = await asyncio.to_thread(adapter_errors, cfg)
@@ -325,12 +329,14 @@ class Master(WorkloadOps, Role):
                 known = self._keys.get((tenant.name, req.key))
                 if known is not None and (tenant.name, known) in self.sched.jobs:
                     return self.sched.jobs[(tenant.name, known)]  # a retried reserve: the same job
-            self.sched.check_reserve(tenant, req.task)
+            priority = tenant.priority if req.priority is None else req.priority
+            self.check_priority(priority, tenant)
+            self.sched.check_reserve(tenant, req.task, self.quotas(tenant))
             now = time.time()
             job = JobRecord(
                 tenant=tenant.name, job=new_job_id(), task=req.task, state="reserved",
                 created_at=now, updated_at=now, auto=req.auto,
-                priority=tenant.priority if req.priority is None else req.priority,
+                priority=priority,
                 key=req.key, workload=req.workload,
             )
             self.sched.put(job)
@@ -523,7 +529,7 @@ class Master(WorkloadOps, Role):
         await store_put(self.kv_ckpt, tenant, encode(ref))
         self.ckpt_refs[tenant] = ref
 
-    # -- rollout gate: at most 1 active rollout per tenant and 3 in all ---------------------
+    # -- rollout gate: the tenant's max_active_rollouts quota (1) and 3 in all ---------------
     @op("rollout_begin", JobRef)
     async def rollout_begin(self, req: JobRef) -> Ok:
         """A producer asks to start collecting a rollout batch (``job`` = its workload id)."""
@@ -536,8 +542,13 @@ class Master(WorkloadOps, Role):
             self.rollouts[key] = now + ROLLOUT_TTL_S
             return Ok(detail="already active")
         active_tenant = [k for k in self.rollouts if k.split("/", 1)[0] == req.tenant]
-        if active_tenant or len(self.rollouts) >= self.max_active_rollouts:
-            raise Busy(f"{len(self.rollouts)} rollouts active (cap {self.max_active_rollouts}, 1 per tenant)",
+        limit = self.quotas(self._tenant(req.tenant)).max_active_rollouts
+        if len(active_tenant) >= limit:
+            raise QuotaExceeded.of("max_active_rollouts", limit,
+                                   f"tenant {req.tenant!r} has {len(active_tenant)} rollouts active", 0.2,
+                                   tenant=req.tenant, active=len(active_tenant))
+        if len(self.rollouts) >= self.max_active_rollouts:
+            raise Busy(f"{len(self.rollouts)} rollouts active (the deployment's cap is {self.max_active_rollouts})",
                        details={"retry_after_s": 0.2})
         self.rollouts[key] = now + ROLLOUT_TTL_S
         return Ok(detail="granted")

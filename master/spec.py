@@ -74,8 +74,10 @@ CAMERA_PATTERN = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}"
 MAX_SIDE_PX = 4096
 MAX_DIM = 1024
 MAX_HORIZON = 256
-# Scheduling priority: a small documented range, so one tenant cannot claim "infinity".
-PRIORITY_MIN, PRIORITY_MAX = -10, 10
+# Scheduling priority: a small documented range, so one tenant cannot claim "infinity"
+# (protocol.policy holds it: the master bounds a reserve's priority by the same range and the
+# tenant's max_priority quota).
+from protocol.policy import PRIORITY_MAX, PRIORITY_MIN  # noqa: E402
 # "suite/name-v0": env ids are resolved by the env workers' registry, not here.
 ENV_ID_PATTERN = r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+"
 # A base that is not a preset must be a path, spelled with a '/' (./my_model), so a typo in a

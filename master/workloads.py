@@ -167,6 +167,9 @@ class WorkloadOps:
             if errors:
                 raise SpecError(errors)
         existing = self.sched.tenants.get(spec.tenant)
+        # The spec's priority within the tenant's quota (its tier's bound), checked before
+        # anything is created or changed.
+        self.check_priority(cfg.priority, existing or cfg, "schedule.priority")
         if existing is not None:
             # A tenant outlives its workloads: the next one (SFT, then RL from that policy,
             # then an eval) keeps the slot, versions and history, one workload at a time.
@@ -382,7 +385,8 @@ class WorkloadOps:
         await self._save_workload(rec)
         if state in TERMINAL_WORKLOAD_STATES:
             try:
-                path = await asyncio.to_thread(write_report, self.cfg.data_dir, rec)
+                path = await asyncio.to_thread(write_report, self.cfg.data_dir, rec,
+                                               self.workload_usage(rec.workload))
                 self.log.info("workload report written", workload=rec.workload, path=str(path))
             except (OSError, ValueError) as exc:  # the workload's end stands; the report is extra
                 self.log.error("workload report not written", workload=rec.workload, error=str(exc))
@@ -515,10 +519,13 @@ def report_file(data_dir: str | Path, rec: WorkloadRecord) -> Path:
     return path
 
 
-def write_report(data_dir: str | Path, rec: WorkloadRecord) -> Path:
+def write_report(data_dir: str | Path, rec: WorkloadRecord, usage: dict[str, Any] | None = None) -> Path:
+    """The report: the workload record, and the usage charged to it by the time it ended
+    (`master.usage`; the last seconds of device time may still be on their way: `nexus usage`
+    has the final figure)."""
     path = report_file(data_dir, rec)
     path.parent.mkdir(parents=True, exist_ok=True)
-    report = {"format": "vla-nexus/workload-report/1", **asdict(rec)}
+    report = {"format": "vla-nexus/workload-report/1", **asdict(rec), "usage": usage or {}}
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(report, indent=2, sort_keys=True, default=str))
     tmp.replace(path)  # never a half-written report

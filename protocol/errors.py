@@ -28,6 +28,9 @@ class ErrorCode(StrEnum):
     DRAINING = "draining"
     BUSY = "busy"  # back-pressure: a cap is reached; details.retry_after_s says when to retry
     FAILED_PRECONDITION = "failed_precondition"  # valid request, wrong state (job not ready, ...)
+    # A tenant's quota is reached (details.quota, details.limit; details.retry_after_s). A
+    # kind of busy: a caller that waits out back-pressure waits this out too.
+    QUOTA_EXCEEDED = "quota_exceeded"
     INTERNAL = "internal"
 
 
@@ -117,6 +120,31 @@ class FailedPrecondition(NexusError):
     code = ErrorCode.FAILED_PRECONDITION
 
 
+class QuotaExceeded(Busy):
+    """A tenant's quota (`protocol.messages.TenantQuotas`) is reached. A subclass of `Busy`:
+    every caller that waits out back-pressure (a producer's reserve, the rollout gate, the
+    SDK's predict failover) waits this out the same way instead of failing its workload.
+
+        raise QuotaExceeded.of("max_inflight_jobs", 8, "tenant acme has 8 jobs in flight", 0.5)
+    """
+
+    code = ErrorCode.QUOTA_EXCEEDED
+
+    @classmethod
+    def of(cls, quota: str, limit: float, message: str, retry_after_s: float,
+           **details: object) -> QuotaExceeded:
+        return cls(f"quota {quota}={limit:g} exceeded: {message}",
+                   details={"quota": quota, "limit": limit, "retry_after_s": retry_after_s, **details})
+
+    @property
+    def quota(self) -> str:
+        return str(self.details.get("quota", ""))
+
+    @property
+    def limit(self) -> float:
+        return float(self.details.get("limit", 0))
+
+
 class InternalError(NexusError, RuntimeError):
     code = ErrorCode.INTERNAL
 
@@ -134,6 +162,7 @@ _BY_CODE: dict[ErrorCode, type[NexusError]] = {
     ErrorCode.DRAINING: Draining,
     ErrorCode.BUSY: Busy,
     ErrorCode.FAILED_PRECONDITION: FailedPrecondition,
+    ErrorCode.QUOTA_EXCEEDED: QuotaExceeded,
     ErrorCode.INTERNAL: InternalError,
 }
 _FIELD_CODES: dict[ErrorCode, type[FieldError]] = {

@@ -258,6 +258,34 @@ class ListReply:
 TaskKind = Literal["sft", "rl"]
 
 
+@dataclass
+class TenantQuotas:
+    """What one tenant may hold at once, set by the operator (never by the tenant's spec).
+
+    Enforced where the thing lives: jobs and rollouts by the master, the predict rate by each
+    inferencer (a token bucket per tenant, so N inferencers admit up to N x the rate). Past
+    one, the caller gets `protocol.errors.QuotaExceeded` naming the quota and its value.
+    Defaults: `protocol.policy.DEFAULT_QUOTAS`. A tier (auth) is one of these per tenant."""
+
+    # Unfinished training jobs of the tenant, all tasks together (the spec's own
+    # schedule.max_inflight_jobs, per task, is the tenant's choice below this ceiling).
+    max_inflight_jobs: int = 8
+    # Rollouts collecting at once (the master's rollout gate), besides the deployment's cap.
+    max_active_rollouts: int = 1
+    # Predict requests admitted per second per inferencer, and the burst above that rate.
+    predict_rate_per_s: float = 1000.0
+    predict_burst: int = 256
+    # The highest scheduling priority its jobs may ask for (spec.schedule.priority, reserve).
+    max_priority: int = 10
+
+    def __post_init__(self) -> None:
+        for name in ("max_inflight_jobs", "max_active_rollouts", "predict_burst"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise InvalidField(f"quotas.{name}", f"must be an integer >= 1, got {getattr(self, name)!r}")
+        if not (isinstance(self.predict_rate_per_s, (int, float)) and self.predict_rate_per_s > 0):
+            raise InvalidField("quotas.predict_rate_per_s", f"must be > 0, got {self.predict_rate_per_s!r}")
+
+
 @message("tenant.config", 1)
 @dataclass
 class TenantConfig:
@@ -286,6 +314,9 @@ class TenantConfig:
     created_at: float = 0.0
     # LoRA adapters on the base (`models.lora.AdapterConfig` fields); {}: the base stays frozen.
     base_adapter: dict[str, Any] = field(default_factory=dict)
+    # The operator's limits for this tenant; None: the deployment's defaults
+    # (`protocol.policy.DEFAULT_QUOTAS`). Set with the master's ``tenant_quotas`` op.
+    quotas: TenantQuotas | None = None
 
 
 @message("tenant.create", 1)
@@ -299,6 +330,15 @@ class CreateTenantRequest:
 @dataclass
 class GetTenantRequest:
     tenant: str
+
+
+@message("tenant.quotas", 1)
+@dataclass
+class TenantQuotasRequest:
+    """Set a tenant's quotas (an operator op); ``quotas`` None: back to the defaults."""
+
+    tenant: str
+    quotas: TenantQuotas | None = None
 
 
 # -- training queue ------------------------------------------------------------------
@@ -629,6 +669,8 @@ class PredictRequest:
     # an instance that answered it replays that reply and one still working on it answers
     # both. Empty: no dedup (every request is worked).
     request_id: str = ""
+    # The workload the call serves, for metering (`usage`); empty: the tenant's active one.
+    workload: str = ""
 
     def __post_init__(self) -> None:
         # <= 0 or nan: dropped unworked without a reply; the caller would wait for nothing.
@@ -882,3 +924,77 @@ class DatasetBatch:
     images: dict[str, Array]  # camera key -> uint8 [B, H, W, 3]
     state: Array | None = None
     action: Array | None = None
+
+
+# -- metering ------------------------------------------------------------------------
+@dataclass
+class UsageCounters:
+    """Metered use of one (tenant, workload). Device-seconds are the role's measured busy time
+    of each grouped forward / step, split over the tenants in it by rows (docs/usage.md)."""
+
+    train_device_s: float = 0.0
+    infer_device_s: float = 0.0
+    train_rows: int = 0  # samples trained (rows of micro-batches, summed over steps)
+    infer_rows: int = 0  # rows forwarded (one per predict request)
+    train_steps: int = 0  # grouped steps the tenant took part in
+    requests: int = 0  # predict requests answered
+    stored_bytes: int = 0  # bytes of policy exports written for it
+
+    def add(self, other: UsageCounters) -> None:
+        for f in ("train_device_s", "infer_device_s", "train_rows", "infer_rows", "train_steps", "requests",
+                  "stored_bytes"):
+            setattr(self, f, getattr(self, f) + getattr(other, f))
+
+
+@dataclass
+class UsageEntry:
+    tenant: str
+    workload: str  # "" = not known to the role (the master charges the tenant's active workload)
+    usage: UsageCounters
+
+
+@message("usage.report", 1)
+@dataclass
+class UsageReport:
+    """A batch of usage deltas from one role instance to the master (``usage_report``).
+
+    ``seq`` numbers the instance's reports from 1; a report is re-sent unchanged until the
+    master acknowledges it, and the master applies each (instance, boot, seq) once."""
+
+    role: str
+    instance: str
+    seq: int
+    entries: list[UsageEntry]
+    busy_s: float = 0.0  # the instance's measured busy time so far (all of it, informational)
+    # Random per process start: a process restarted under the same instance id (a container's
+    # restart policy) numbers its reports from 1 again without meeting its old seqs.
+    boot: str = ""
+
+
+@message("usage.record", 1)
+@dataclass
+class UsageRecord:
+    """Cumulative usage of one (tenant, workload) in the usage KV (key ``<tenant>.<workload>``,
+    workload ``_`` for use outside any workload)."""
+
+    tenant: str
+    workload: str
+    usage: UsageCounters
+    updated_at: float = 0.0
+    # "<instance>.<boot>" -> the last report seq applied here: a retried report is not counted twice.
+    applied: dict[str, int] = field(default_factory=dict)
+
+
+@message("usage.request", 1)
+@dataclass
+class UsageRequest:
+    tenant: str = ""  # "" = every tenant
+    workload: str = ""  # "" = every workload
+
+
+@message("usage.reply", 1)
+@dataclass
+class UsageReply:
+    records: list[UsageRecord]
+    # tenant -> bytes its checkpoints and exported versions hold in the object store now.
+    stored_now: dict[str, int] = field(default_factory=dict)

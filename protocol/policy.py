@@ -145,3 +145,50 @@ STORE_WRITE = RetryPolicy("store_write", deadline_s=20.0, backoff_s=0.25, max_ba
 # How often the master checks that the trainers holding leases and the env workers running
 # workloads still answer (a role that died unseen: the health manager restarted meanwhile).
 OWNER_CHECK_EVERY_S = 10.0
+
+
+# -- quotas and metering ---------------------------------------------------------------------
+# Scheduling priority: a small documented range, so one tenant cannot claim "infinity"
+# (`master.spec` bounds spec.schedule.priority by it; a tenant's quota max_priority may lower
+# the top, never raise it past PRIORITY_MAX).
+PRIORITY_MIN, PRIORITY_MAX = -10, 10
+
+
+def default_quotas():
+    """The quotas of a tenant that has none of its own: `protocol.messages.TenantQuotas`'s
+    defaults, each overridable by NEXUS_QUOTA_<FIELD> (typed in `protocol.settings`)."""
+    from protocol.settings import QuotaSettings
+
+    return QuotaSettings.from_env().quotas()
+
+
+@dataclass(frozen=True)
+class UsageFlush:
+    """How the trainer and inferencer send metered usage to the master.
+
+    Usage is summed in memory and sent as one `UsageReport` per ``every_s`` (not one write per
+    forward: an inferencer does hundreds a second); a report the master did not acknowledge is
+    sent again, unchanged, next time (the master applies each (instance, boot, seq) once)."""
+
+    every_s: float = 2.0
+    # One report's request: short, the next period retries it anyway.
+    timeout_s: float = 5.0
+    # A draining role's last report waits at most this long for the master.
+    final_timeout_s: float = 10.0
+    # The attribution rule's fixed cost of each tenant in a step / forward, in row-equivalents
+    # (`actors.metering.split_by_rows`). 0: plain rows, a bill a tenant can predict from its
+    # data. Measured on an H200 (qwen3-vl-4b, docs/usage.md): ~0.5 for mlp / gaussian heads,
+    # ~2 for flow; set it to charge the heads' launch cost to each tenant instead of by rows.
+    train_overhead_rows: float = 0.0
+    infer_overhead_rows: float = 0.0
+
+
+USAGE_FLUSH = UsageFlush()
+
+
+def usage_flush_from_env() -> UsageFlush:
+    """`USAGE_FLUSH` with NEXUS_USAGE_FLUSH_EVERY_S and NEXUS_METER_{TRAIN,INFER}_OVERHEAD_ROWS
+    (typed in `protocol.settings`)."""
+    from protocol.settings import UsageSettings
+
+    return UsageSettings.from_env().usage_flush()

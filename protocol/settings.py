@@ -309,6 +309,51 @@ class SimulatorSettings(EnvSettings):
         default_text="`<sys.prefix>/vulkan`, then `.venv/vulkan`"))
 
 
+class UsageSettings(EnvSettings):
+    """Metering (`actors.metering`, `protocol.policy.UsageFlush`)."""
+
+    roles = ("trainer", "inferencer")
+    readers = "trainer, inferencer"
+
+    every_s: float = Field(2.0, ge=0.01, le=3600, **var(
+        "NEXUS_USAGE_FLUSH_EVERY_S", "seconds between a role's usage reports to the master"))
+    train_overhead_rows: float = Field(0.0, ge=0, le=1024, **var(
+        "NEXUS_METER_TRAIN_OVERHEAD_ROWS",
+        "a tenant's fixed cost per grouped step, in rows, when splitting its busy time (docs/usage.md)"))
+    infer_overhead_rows: float = Field(0.0, ge=0, le=1024, **var(
+        "NEXUS_METER_INFER_OVERHEAD_ROWS",
+        "a tenant's fixed cost per grouped forward, in rows, when splitting its busy time (docs/usage.md)"))
+
+    def usage_flush(self) -> Any:
+        from protocol.policy import UsageFlush
+
+        return UsageFlush(every_s=self.every_s, train_overhead_rows=self.train_overhead_rows,
+                          infer_overhead_rows=self.infer_overhead_rows)
+
+
+class QuotaSettings(EnvSettings):
+    """The quotas of a tenant the operator gave none (`protocol.messages.TenantQuotas`)."""
+
+    roles = ("master", "inferencer")
+    readers = "master, inferencer"
+
+    max_inflight_jobs: int = Field(8, ge=1, le=1_000_000, **var(
+        "NEXUS_QUOTA_MAX_INFLIGHT_JOBS", "default quota: a tenant's unfinished training jobs"))
+    max_active_rollouts: int = Field(1, ge=1, le=1_000_000, **var(
+        "NEXUS_QUOTA_MAX_ACTIVE_ROLLOUTS", "default quota: a tenant's rollouts collecting at once"))
+    predict_rate_per_s: float = Field(1000.0, gt=0, **var(
+        "NEXUS_QUOTA_PREDICT_RATE_PER_S", "default quota: predicts per second per tenant per inferencer"))
+    predict_burst: int = Field(256, ge=1, **var(
+        "NEXUS_QUOTA_PREDICT_BURST", "default quota: predicts above that rate in a burst"))
+    max_priority: int = Field(10, ge=-10, le=10, **var(
+        "NEXUS_QUOTA_MAX_PRIORITY", "default quota: the highest scheduling priority a tenant's jobs may ask"))
+
+    def quotas(self) -> Any:
+        from protocol.messages import TenantQuotas
+
+        return TenantQuotas(**self.model_dump())
+
+
 class CliSettings(EnvSettings):
     """Read by typer (``envvar=``) in sdk/cli.py; a test checks the names agree."""
 
@@ -320,7 +365,7 @@ class CliSettings(EnvSettings):
 
 GROUPS: tuple[type[EnvSettings], ...] = (
     RoleSettings, HealthSettings, LeaseSettings, RetentionSettings, MasterSettings, TrainerSettings,
-    InferencerSettings, EnvWorkerSettings, SimulatorSettings, CliSettings,
+    InferencerSettings, EnvWorkerSettings, SimulatorSettings, UsageSettings, QuotaSettings, CliSettings,
 )
 
 

@@ -149,6 +149,14 @@ class Names:
     def tenant_deleted_all(self) -> str:
         return f"{self.prefix}.tenants.deleted.*"
 
+    def tenant_updated(self, tenant: str) -> str:
+        """The master changed a tenant's config (its quotas): caches of it are stale."""
+        return f"{self.prefix}.tenants.updated.{check_token('tenant', tenant)}"
+
+    @property
+    def tenant_updated_all(self) -> str:
+        return f"{self.prefix}.tenants.updated.*"
+
     # -- inference ---------------------------------------------------------------------
     def infer(self, pool: str) -> str:
         return f"{self.prefix}.infer.{check_token('pool', pool)}"
@@ -245,6 +253,17 @@ class Names:
     def kv_ckpt_refs(self) -> str:
         """Tenant -> `CheckpointRef`: which immutable checkpoint object is the committed state."""
         return f"{self.prefix}_ckpt_refs"
+
+    @property
+    def kv_usage(self) -> str:
+        """``<tenant>.<workload>`` -> `UsageRecord`: metered device time, requests, bytes.
+        The master is its only writer (roles send it `UsageReport`s, ``master.usage_report``)."""
+        return f"{self.prefix}_usage"
+
+    @staticmethod
+    def usage_key(tenant: str, workload: str) -> str:
+        """Key of a (tenant, workload) in the usage bucket; ``_`` for use outside a workload."""
+        return f"{check_token('tenant', tenant)}.{check_token('workload', workload) if workload else '_'}"
 
     # -- object store buckets ----------------------------------------------------------
     @property

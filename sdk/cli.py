@@ -6,7 +6,7 @@
     nexus workloads list [--tenant T] [--json]     nexus tenants [--json]
     nexus tenant show NAME [--json] | delete NAME [--yes] [--json]
     nexus cancel ID [--json]   nexus download TENANT [--version N] | WORKLOAD --report [--json]
-    nexus logs ROLE
+    nexus logs ROLE                        nexus usage [--tenant T] [--workload W] [--json]
     nexus spec schema | validate FILE [--json]     nexus layout --nats-url URL [--replicas 3]
     nexus dataset info PATH [--json] | show PATH --index I | record --out DIR --episodes N
 
@@ -379,6 +379,40 @@ def tenants(
         return EXIT_OK
     table(("TENANT", "BASE", "HEAD", "VERSION", "WORKLOADS", "SIGNATURE"),
           [(r["tenant"], r["base"], r["head"], r["version"], len(r["workloads"]), r["signature"][:19]) for r in rows])
+    return EXIT_OK
+
+
+def usage_rows(reply: Any) -> list[dict]:
+    """One row per (tenant, workload): device-seconds, rows, requests, bytes (workload "_" =
+    use outside any workload), plus each tenant's bytes stored now."""
+    import dataclasses
+
+    return [{"tenant": r.tenant, "workload": r.workload, **dataclasses.asdict(r.usage),
+             "stored_now": reply.stored_now.get(r.tenant, 0)} for r in reply.records]
+
+
+@app.command()
+def usage(
+    tenant: Annotated[str, typer.Option("--tenant", help="only this tenant's usage")] = "",
+    workload: Annotated[str, typer.Option("--workload", help="only this workload's usage")] = "",
+    data_dir: DataDir = DEFAULT_DATA_DIR, nats_url: NatsUrl = None, prefix: Prefix = None,
+    json: Json = False, timeout_s: TimeoutS = 10.0,
+) -> int:
+    """Metered usage per tenant and workload: train / inference device-seconds, requests, bytes."""
+    from sdk.term import print_json, table
+
+    async def fetch():
+        async with _client(data_dir, nats_url, prefix, timeout_s) as client:
+            return await client.usage(tenant, workload)
+
+    rows = usage_rows(_run(fetch()))
+    if json:
+        print_json(rows)
+        return EXIT_OK
+    table(("TENANT", "WORKLOAD", "TRAIN_DEVICE_S", "INFER_DEVICE_S", "TRAIN_ROWS", "REQUESTS", "EXPORTED_BYTES",
+           "STORED_NOW"),
+          [(r["tenant"], r["workload"], f"{r['train_device_s']:.3f}", f"{r['infer_device_s']:.3f}", r["train_rows"],
+            r["requests"], r["stored_bytes"], r["stored_now"]) for r in rows])
     return EXIT_OK
 
 

@@ -63,7 +63,11 @@ from protocol.messages import (
     TenantConfig,
     TenantDeleted,
     TenantDeleteRequest,
+    TenantQuotas,
+    TenantQuotasRequest,
     TenantsReply,
+    UsageReply,
+    UsageRequest,
     TrainBatchReply,
     WeightsRef,
     WorkloadRecord,
@@ -172,6 +176,14 @@ class AsyncClient:
     async def tenant(self, name: str) -> TenantConfig:
         return await self._master("tenant_get", GetTenantRequest(tenant=name), TenantConfig)
 
+    async def set_quotas(self, tenant: str, quotas: TenantQuotas | None) -> TenantConfig:
+        """Set a tenant's quotas (None: the deployment's defaults); an operator op."""
+        return await self._master("tenant_quotas", TenantQuotasRequest(tenant=tenant, quotas=quotas), TenantConfig)
+
+    async def usage(self, tenant: str = "", workload: str = "") -> UsageReply:
+        """Metered usage per (tenant, workload): device-seconds, rows, requests, bytes."""
+        return await self._master("usage", UsageRequest(tenant=tenant, workload=workload), UsageReply)
+
     async def reserve(self, tenant: str, task: str, *, auto: bool = True, wait_s: float = 0.0,
                       priority: int | None = None, key: str = "", workload: str = "") -> JobRecord:
         """A new job id. With ``wait_s`` > 0, waits out back-pressure (busy) up to that long.
@@ -259,13 +271,15 @@ class AsyncClient:
     # -- inference -----------------------------------------------------------------------
     async def predict(self, tenant: str, images: dict[str, Any], state: Any, instruction: str, *,
                       version: int = -1, sample: bool = True, timeout_s: float | None = None,
-                      request_id: str = "", failover: PredictFailover = PREDICT_FAILOVER) -> PredictReply:
+                      request_id: str = "", failover: PredictFailover = PREDICT_FAILOVER,
+                      workload: str = "") -> PredictReply:
         """Actions for one observation in the tenant's own schema (group-batched server side).
 
         Fails over within ``timeout_s`` (the whole call's deadline): no instance (restarting),
         a lost reply (an instance killed), Draining and Busy are retried on whichever instance
         of the pool the queue group picks, every attempt with the same request id (generated
-        here unless given), so the request is worked once per instance."""
+        here unless given), so the request is worked once per instance. ``workload``: the
+        workload the call is metered to (default: the tenant's active workload)."""
         pool = self._pools.get(tenant)
         if pool is None:
             pool = pool_name((await self.tenant(tenant)).base)
@@ -291,7 +305,8 @@ class AsyncClient:
             sent += 1
             t = min(left, failover.attempt_timeout_s)
             req = PredictRequest(tenant=tenant, images=images, state=state, instruction=instruction,
-                                 version=version, sample=sample, timeout_s=t, request_id=request_id)
+                                 version=version, sample=sample, timeout_s=t, request_id=request_id,
+                                 workload=workload)
             return await self.bus.request(subject, req, PredictReply, timeout_s=t)
 
         return await retry(attempt, policy=policy, retry_on=failover.retry_on)

@@ -5,7 +5,8 @@
 
 Curves come from the workloads' own events (kept in the events stream); the timeline from the
 ``trainer.round`` and ``inferencer.forward`` spans in the JSONL traces of the data dir.
-Busy fraction = union of a role's span intervals / wall time of the run.
+Busy fraction = union of a role's span intervals / wall time of the run. Each tenant's entry
+also holds the usage metered to its workload (device-seconds, rows, requests: docs/usage.md).
 """
 
 from __future__ import annotations
@@ -34,6 +35,18 @@ async def workload_events(client: Any, workload: str) -> list[WorkloadEvent]:
             return out
         out.append(decode(raw.data, WorkloadEvent))
         seq = raw.seq + 1
+
+
+async def workload_usage(client: Any, workload: str) -> dict[str, Any]:
+    """Metered usage charged to one workload (`nexus usage --workload W`), summed."""
+    import dataclasses
+
+    from protocol.messages import UsageCounters
+
+    total = UsageCounters()
+    for r in (await client.usage(workload=workload)).records:
+        total.add(r.usage)
+    return dataclasses.asdict(total)
 
 
 def _ts(text: str) -> float:
@@ -82,7 +95,8 @@ async def write_report(client: Any, workloads: list[str], traces_dir: Path, out_
         curve = [{"t": e.at - started_at, "step": e.step, "episodes": e.episodes, **e.metrics}
                  for e in events if e.kind in ("progress", "done")]
         tenants[rec.tenant] = {"workload": wid, "task": rec.task, "state": rec.state, "version": rec.step,
-                               "episodes": rec.episodes, "metrics": rec.metrics, "curve": curve}
+                               "episodes": rec.episodes, "metrics": rec.metrics, "curve": curve,
+                               "usage": await workload_usage(client, wid)}
     busy = busy_intervals(traces_dir, started_at)
     wall = max(1e-9, ended_at - started_at)
     report = {"started_at": started_at, "wall_s": wall, "tenants": tenants,

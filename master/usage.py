@@ -1,0 +1,178 @@
+"""The metering half of the master: usage reports in, usage records out, and tenant quotas.
+
+Ops (mixed into `master.service.Master`):
+
+| op | request | reply | what |
+|---|---|---|---|
+| usage_report | UsageReport | Ok | a trainer / inferencer's batch of usage deltas; applied once per (instance, boot, seq) |
+| usage | UsageRequest | UsageReply | cumulative usage per (tenant, workload), and the bytes each tenant stores now |
+| tenant_quotas | TenantQuotasRequest | TenantConfig | set (or clear) a tenant's quotas (an operator op) |
+
+Why reports to the master, not each role writing the KV bucket itself: the master is then the
+bucket's only writer (no compare-and-set races between N trainers and M inferencers on one
+tenant's key), it knows which workload a tenant is running (an inferencer does not: predicts
+that name none are charged to the tenant's active workload, and a tenant runs one workload at
+a time), and it is where reads go anyway (a tenant gets no JetStream API under auth). A
+report is retried unchanged until acknowledged; each record remembers the last report seq of
+every instance applied to it, so a retry after a lost reply is not counted twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from nats.js.errors import NotFoundError
+
+from actors.runtime import op
+from protocol.errors import InvalidField
+from protocol.messages import (
+    Ok,
+    TenantConfig,
+    TenantQuotas,
+    TenantQuotasRequest,
+    UsageCounters,
+    UsageRecord,
+    UsageReply,
+    UsageReport,
+    UsageRequest,
+)
+from protocol.policy import PRIORITY_MAX, PRIORITY_MIN, default_quotas
+from protocol.subjects import Names, check_token
+from protocol.wire import decode, encode
+
+# Instances remembered per usage record (their last report seq): a role instance that
+# restarted under a new id no longer retries its old reports, so the oldest can go.
+APPLIED_KEEP = 64
+ACTIVE_STATES = ("pending", "running")
+
+
+class UsageOps:
+    """Mixed into `master.service.Master` (which provides bus, names, sched, workloads, log)."""
+
+    usage: dict[str, UsageRecord]
+
+    async def setup_usage(self) -> None:
+        from master.service import kv_keys
+
+        self.default_quotas = default_quotas()
+        self._usage_lock = asyncio.Lock()
+        self.kv_usage = await self.bus.js.key_value(self.names.kv_usage)
+        self.usage = {}
+        for key in await kv_keys(self.kv_usage):
+            entry = await self.kv_usage.get(key)
+            if entry.value:
+                self.usage[key] = decode(entry.value, UsageRecord)
+
+    # -- quotas --------------------------------------------------------------------------
+    def quotas(self, cfg: TenantConfig) -> TenantQuotas:
+        return cfg.quotas or self.default_quotas
+
+    def check_priority(self, priority: int, cfg: TenantConfig, field: str = "priority") -> None:
+        """Priority within PRIORITY_MIN..the tenant's max_priority quota (its tier's bound)."""
+        top = min(PRIORITY_MAX, self.quotas(cfg).max_priority)
+        if not PRIORITY_MIN <= priority <= top:
+            raise InvalidField(field, f"{priority} is outside {PRIORITY_MIN}..{top} (tenant {cfg.name!r}: "
+                                      f"quota max_priority={self.quotas(cfg).max_priority})",
+                               details={"quota": "max_priority", "limit": top})
+
+    @op("tenant_quotas", TenantQuotasRequest)
+    async def tenant_quotas(self, req: TenantQuotasRequest) -> TenantConfig:
+        from master.service import store_put
+
+        if req.quotas is not None and req.quotas.max_priority > PRIORITY_MAX:
+            raise InvalidField("quotas.max_priority", f"{req.quotas.max_priority}: at most {PRIORITY_MAX}")
+        async with self._lock:
+            cfg = self._tenant(req.tenant)
+            cfg.quotas = req.quotas
+            await store_put(self.kv_tenants, cfg.name, encode(cfg))
+        # Inferencers cache tenant configs (the predict rate is read from them): drop it.
+        await self.bus.publish(self.names.tenant_updated(cfg.name), cfg)
+        self.log.info("tenant quotas set", tenant=cfg.name, quotas=str(req.quotas or "defaults"))
+        return cfg
+
+    # -- usage ---------------------------------------------------------------------------
+    def active_workload(self, tenant: str) -> str:
+        """The workload a tenant runs now ("" if none): it runs one at a time."""
+        for rec in self.workloads.values():
+            if rec.tenant == tenant and rec.state in ACTIVE_STATES:
+                return rec.workload
+        return ""
+
+    @op("usage_report", UsageReport)
+    async def usage_report(self, req: UsageReport) -> Ok:
+        from master.service import store_put
+
+        check_token("instance", req.instance)
+        writer = f"{req.instance}.{check_token('boot', req.boot)}" if req.boot else req.instance
+        if req.seq < 1:
+            raise InvalidField("seq", f"{req.seq}: reports are numbered from 1")
+        # Entries that land on one record are summed first: the record's applied seq then
+        # covers all of them at once.
+        merged: dict[str, tuple[str, str, UsageCounters]] = {}
+        for e in req.entries:
+            workload = e.workload or self.active_workload(e.tenant)
+            try:
+                key = Names.usage_key(e.tenant, workload)
+            except InvalidField as exc:
+                # One bad name must not block the rest of the report (it would be resent forever).
+                self.log.error("usage entry with a bad name dropped", instance=req.instance, error=exc.message)
+                continue
+            _, _, counters = merged.setdefault(key, (e.tenant, workload, UsageCounters()))
+            counters.add(e.usage)
+        applied = 0
+        async with self._usage_lock:
+            for key, (tenant, workload, counters) in merged.items():
+                rec = self.usage.get(key) or UsageRecord(tenant=tenant, workload=workload, usage=UsageCounters())
+                if rec.applied.get(writer, 0) >= req.seq:
+                    continue  # a resent report: this record has it already
+                rec.usage.add(counters)
+                rec.applied.pop(writer, None)
+                rec.applied[writer] = req.seq  # most recent last
+                while len(rec.applied) > APPLIED_KEEP:
+                    rec.applied.pop(next(iter(rec.applied)))
+                rec.updated_at = time.time()
+                await store_put(self.kv_usage, key, encode(rec))
+                self.usage[key] = rec
+                applied += 1
+        return Ok(detail=f"report {req.seq} of {req.instance}: {applied} of {len(merged)} records updated")
+
+    def usage_records(self, tenant: str = "", workload: str = "") -> list[UsageRecord]:
+        return sorted((r for r in self.usage.values()
+                       if (not tenant or r.tenant == tenant) and (not workload or r.workload == workload)),
+                      key=lambda r: (r.tenant, r.workload))
+
+    def workload_usage(self, workload: str) -> dict[str, Any]:
+        """The usage charged to one workload so far (for its report)."""
+        import dataclasses
+
+        total = UsageCounters()
+        for r in self.usage_records(workload=workload):
+            total.add(r.usage)
+        return dataclasses.asdict(total)
+
+    @op("usage", UsageRequest)
+    async def usage_op(self, req: UsageRequest) -> UsageReply:
+        if req.tenant:
+            check_token("tenant", req.tenant)
+        records = self.usage_records(req.tenant, req.workload)
+        tenants = {r.tenant for r in records} | ({req.tenant} if req.tenant else set())
+        return UsageReply(records=records, stored_now=await self.stored_bytes(tenants))
+
+    async def stored_bytes(self, tenants: set[str]) -> dict[str, int]:
+        """Bytes each tenant's objects (checkpoints, exported versions) hold now."""
+        out = {t: 0 for t in tenants}
+        if not tenants:
+            return out
+        for bucket in (self.names.obj_weights, self.names.obj_checkpoints):
+            store = await self.bus.js.object_store(bucket)
+            try:
+                infos = await store.list(ignore_deletes=True)
+            except NotFoundError:
+                continue
+            for info in infos:
+                tenant = info.name.partition("/")[0]
+                if tenant in out:
+                    out[tenant] += int(info.size or 0)
+        return out
