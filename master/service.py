@@ -91,7 +91,7 @@ from protocol.messages import (
     TenantDeleteRequest,
     WeightsRef,
 )
-from protocol.policy import OWNER_CHECK_EVERY_S, STORE_WRITE
+from protocol.policy import OWNER_CHECK_EVERY_S, STORE_WRITE, default_quotas
 from protocol.settings import MasterSettings, leases_from_env, retention_from_env
 from protocol.subjects import canonical_base, check_token
 from protocol.wire import decode, encode
@@ -125,6 +125,7 @@ class Master(WorkloadOps, UsageOps, Role):
         self.leases = leases_from_env()
         self.retention = retention_from_env()
         self.max_active_rollouts = MasterSettings.from_env().max_active_rollouts
+        self.default_quotas = default_quotas()  # a tenant's quotas when the operator set none
         self.partitions: PartitionReader | None = None  # queue_get's reader (remembers item sequences)
 
     async def setup(self) -> None:

@@ -38,7 +38,7 @@ from protocol.messages import (
     UsageReport,
     UsageRequest,
 )
-from protocol.policy import PRIORITY_MAX, PRIORITY_MIN, default_quotas
+from protocol.policy import PRIORITY_MAX, PRIORITY_MIN
 from protocol.subjects import Names, check_token
 from protocol.wire import decode, encode
 
@@ -56,7 +56,6 @@ class UsageOps:
     async def setup_usage(self) -> None:
         from master.service import kv_keys
 
-        self.default_quotas = default_quotas()
         self._usage_lock = asyncio.Lock()
         self.kv_usage = await self.bus.js.key_value(self.names.kv_usage)
         self.usage = {}

@@ -337,9 +337,9 @@ class QuotaSettings(EnvSettings):
     roles = ("master", "inferencer")
     readers = "master, inferencer"
 
-    max_inflight_jobs: int = Field(8, ge=1, le=1_000_000, **var(
+    max_inflight_jobs: int = Field(8, ge=1, le=100_000, **var(
         "NEXUS_QUOTA_MAX_INFLIGHT_JOBS", "default quota: a tenant's unfinished training jobs"))
-    max_active_rollouts: int = Field(1, ge=1, le=1_000_000, **var(
+    max_active_rollouts: int = Field(1, ge=1, le=100_000, **var(
         "NEXUS_QUOTA_MAX_ACTIVE_ROLLOUTS", "default quota: a tenant's rollouts collecting at once"))
     predict_rate_per_s: float = Field(1000.0, gt=0, **var(
         "NEXUS_QUOTA_PREDICT_RATE_PER_S", "default quota: predicts per second per tenant per inferencer"))

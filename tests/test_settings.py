@@ -56,6 +56,14 @@ GOOD: dict[str, tuple[str, object]] = {
     "NEXUS_ENV_MAX_SESSIONS": ("5", 5),
     "NEXUS_ENV_PLUGINS": ("tests.crashy_env, json", ("tests.crashy_env", "json")),
     "NEXUS_VULKAN_DIR": ("/opt/vk", Path("/opt/vk")),
+    "NEXUS_USAGE_FLUSH_EVERY_S": ("0.5", 0.5),
+    "NEXUS_METER_TRAIN_OVERHEAD_ROWS": ("0.5", 0.5),
+    "NEXUS_METER_INFER_OVERHEAD_ROWS": ("2", 2.0),
+    "NEXUS_QUOTA_MAX_INFLIGHT_JOBS": ("3", 3),
+    "NEXUS_QUOTA_MAX_ACTIVE_ROLLOUTS": ("2", 2),
+    "NEXUS_QUOTA_PREDICT_RATE_PER_S": ("50", 50.0),
+    "NEXUS_QUOTA_PREDICT_BURST": ("7", 7),
+    "NEXUS_QUOTA_MAX_PRIORITY": ("4", 4),
     "NEXUS_NATS_PORT": ("4333", 4333),
 }
 # A value each variable refuses, and words its line must carry (the allowed values).
@@ -91,6 +99,14 @@ BAD: dict[str, tuple[str, str]] = {
     "NEXUS_INFER_MAX_JOINED_PER_REQUEST": ("1.0e1", "an integer >= 1"),
     "NEXUS_ENV_MAX_SESSIONS": ("-5", "an integer >= 1"),
     "NEXUS_ENV_PLUGINS": ("tests/crashy_env.py", "is not a module name"),
+    "NEXUS_USAGE_FLUSH_EVERY_S": ("0", "a number in [0.01, 3600]"),
+    "NEXUS_METER_TRAIN_OVERHEAD_ROWS": ("-1", "a number in [0, 1024]"),
+    "NEXUS_METER_INFER_OVERHEAD_ROWS": ("lots", "a number in [0, 1024]"),
+    "NEXUS_QUOTA_MAX_INFLIGHT_JOBS": ("0", "an integer in [1, 100000]"),
+    "NEXUS_QUOTA_MAX_ACTIVE_ROLLOUTS": ("x", "an integer in [1, 100000]"),
+    "NEXUS_QUOTA_PREDICT_RATE_PER_S": ("0", "a number > 0"),
+    "NEXUS_QUOTA_PREDICT_BURST": ("0", "an integer >= 1"),
+    "NEXUS_QUOTA_MAX_PRIORITY": ("11", "an integer in [-10, 10]"),
     "NEXUS_NATS_PORT": ("70000", "an integer in [1, 65535]"),
 }
 # Free text or a path: nothing to refuse (an empty value is unset).
@@ -228,6 +244,17 @@ def test_roles_read_every_variable(tmp_path, monkeypatch):
             "NEXUS_INFER_REPLY_CACHE_TTL_S": (inf.admission.reply_cache_ttl_s, 30.0),
             "NEXUS_INFER_MAX_JOINED_PER_REQUEST": (inf.admission.max_joined_per_request, 2),
         }
+        for who, role in (("trainer", trainer), ("inferencer", inf)):
+            reads[f"NEXUS_USAGE_FLUSH_EVERY_S ({who})"] = (role.usage_flush.every_s, 0.5)
+            reads[f"NEXUS_METER_TRAIN_OVERHEAD_ROWS ({who})"] = (role.usage_flush.train_overhead_rows, 0.5)
+            reads[f"NEXUS_METER_INFER_OVERHEAD_ROWS ({who})"] = (role.usage_flush.infer_overhead_rows, 2.0)
+        for who, role in (("master", master), ("inferencer", inf)):
+            q = role.default_quotas
+            reads[f"NEXUS_QUOTA_MAX_INFLIGHT_JOBS ({who})"] = (q.max_inflight_jobs, 3)
+            reads[f"NEXUS_QUOTA_MAX_ACTIVE_ROLLOUTS ({who})"] = (q.max_active_rollouts, 2)
+            reads[f"NEXUS_QUOTA_PREDICT_RATE_PER_S ({who})"] = (q.predict_rate_per_s, 50.0)
+            reads[f"NEXUS_QUOTA_PREDICT_BURST ({who})"] = (q.predict_burst, 7)
+            reads[f"NEXUS_QUOTA_MAX_PRIORITY ({who})"] = (q.max_priority, 4)
     finally:
         inf._forward_pool.shutdown(wait=False)
     env = EnvWorker(cfg)
