@@ -20,6 +20,7 @@ import pytest
 
 from master.spec import (
     PPOAlgorithm,
+    POLICY_FIELDS,
     SFTAlgorithm,
     SpecError,
     WorkloadSpec,
@@ -55,8 +56,8 @@ def doc(kind: str) -> dict[str, Any]:
     if kind == "rl":
         return {**base, "task": "rl", "action_module": {"kind": "gaussian"}, "env": {"id": "builtin/reach-v0"},
                 "schedule": {"budget": {"target": {"metric": "success_rate", "at_least": 0.9}}}}
-    return {**base, "task": "eval", "action_module": {"kind": "mlp"}, "env": {"id": "builtin/reach-v0"},
-            "eval": {"version": "latest"}}
+    # An eval names the policy it scores (tenant + version) and repeats nothing of it.
+    return {"tenant": "t", "task": "eval", "env": {"id": "builtin/reach-v0"}, "eval": {"version": "latest"}}
 
 
 # leaf path -> (baseline, non-default value). "algorithm.*" leaves appear once per algorithm
@@ -143,8 +144,8 @@ def _set(data: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
         if nxt == "[]":
             node = node[0]
     node[parts[-1]] = value
-    if path == "task":
-        out["action_module"] = {"kind": "gaussian"}
+    if path == "task":  # eval -> rl: the slot's sections become required
+        out.update({k: v for k, v in doc("rl").items() if k in POLICY_FIELDS})
         out.pop("eval")
     if path == "algorithm.steps_per_update":
         out["algorithm"]["episodes_per_update"] = None
@@ -155,7 +156,8 @@ def reach(spec: WorkloadSpec) -> dict[str, Any]:
     """Everything a spec turns into outside the spec itself."""
     rec = WorkloadRecord(workload="w1", tenant=spec.tenant, task=spec.task, state="completed",
                          spec=spec.model_dump(mode="json"), created_at=0.0, updated_at=0.0)
-    return {"tenant": asdict(compile_tenant(spec)), "producer": asdict(compile_producer(spec, "w1")),
+    tenant = asdict(compile_tenant(spec)) if spec.task != "eval" else None  # an eval makes no slot
+    return {"tenant": tenant, "producer": asdict(compile_producer(spec, "w1")),
             "pin": policy_pin(spec), "report": str(report_file("/data", rec))}
 
 
