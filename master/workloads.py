@@ -577,6 +577,7 @@ def policy_sections(policy: dict[str, Any]) -> dict[str, Any]:
 def policy_mismatches(spec: Any, sections: dict[str, Any], tenant: str, version: int) -> list[tuple[str, str, Any]]:
     """Each leaf of a section an eval spec repeats that differs from the policy it scores."""
     from master.spec import POLICY_FIELDS
+    from protocol.subjects import canonical_base
 
     which = f"tenant {tenant}'s policy" + (f" version {version}" if version >= 0 else "")
     errors: list[tuple[str, str, Any]] = []
@@ -586,6 +587,8 @@ def policy_mismatches(spec: Any, sections: dict[str, Any], tenant: str, version:
             continue
         mine = given if isinstance(given, str) else given.model_dump(mode="json")
         theirs = sections[name]
+        if name == "base" and canonical_base(given) == theirs:
+            continue  # './my_base' and its absolute path are one base (tenants store the latter)
         pairs = [(name, mine, theirs)] if isinstance(mine, str) else [
             (f"{name}.{k}", mine[k], theirs[k]) for k in mine]
         for path, a, b in pairs:

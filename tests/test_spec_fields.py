@@ -259,3 +259,27 @@ def test_dataset_errors_read_the_fixture():
     spec_doc["dataset"]["state_key"] = "observation.nope"
     (err,) = dataset_errors(parse_spec(spec_doc))
     assert err[0] == "dataset.state_key"
+
+
+def test_an_eval_takes_the_policy_sections_and_a_repeat_must_match():
+    """What the master fills into an eval's stored spec from the scored version's manifest,
+    and the field-named errors for a repeated section that differs (pure functions)."""
+    from master.workloads import policy_mismatches, policy_sections
+
+    manifest = {"base": "tiny-qwen3-vl-64", "head": "gaussian", "head_params": {"width": 64, "clip_ratio": 0.2},
+                "schema": {"cameras": CAMERAS, "state_dim": 4, "action_dim": 2, "action_horizon": 1,
+                           "instruction_template": "{instruction}"}}
+    sections = policy_sections(manifest)
+    assert sections["action_module"] == {"kind": "gaussian", "params": {"width": 64}}  # no loss settings
+    assert sections["action"] == {"dim": 2, "horizon": 1}
+    short = parse_spec(doc("eval"))
+    assert policy_mismatches(short, sections, "t", 3) == []
+    stored = parse_spec({**short.model_dump(mode="json"), **sections})  # the stored form parses
+    assert (stored.base, stored.observation.state_dim) == ("tiny-qwen3-vl-64", 4)
+    same = parse_spec({**doc("eval"), "base": "tiny-qwen3-vl-64", "action": {"dim": 2}})
+    assert policy_mismatches(same, sections, "t", 3) == []
+    other = parse_spec({**doc("eval"), "action_module": {"kind": "mlp", "params": {"width": 64}},
+                        "observation": {"cameras": CAMERAS, "state_dim": 3}})
+    errors = {path: message for path, message, _ in policy_mismatches(other, sections, "t", 3)}
+    assert set(errors) == {"action_module.kind", "observation.state_dim"}
+    assert errors["action_module.kind"].startswith("'mlp' differs from tenant t's policy version 3: 'gaussian'")
