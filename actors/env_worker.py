@@ -9,7 +9,7 @@ A session is a lease: every call renews it; a session not called for ``lease_s``
 died) is closed by a sweeper. A simulator that raises fails only its own session (closed,
 error reply naming it); the worker and every other session go on. Simulator calls run in a
 thread, so a slow renderer never stalls the worker's heartbeats. Producers (RL rollouts, SFT
-sampling, evaluation) also run here: see `actors/producers.py`.
+sampling, evaluation) also run here: the loops of `workflows/`, on the SDK's primitives.
 
 Run: ``python -m actors.run env --nats-url nats://127.0.0.1:4222``
 """
@@ -169,16 +169,25 @@ class EnvWorker(Role):
     # -- producers -----------------------------------------------------------------------
     @op("start_producer", ProducerSpec)
     async def start_producer(self, req: ProducerSpec) -> Ok:
-        from actors.producers import Producer
+        # The loops are user-level code on the SDK's public primitives (workflows/).
+        from sdk.client import AsyncClient
+        from workflows import workflow_for
 
         check_token("workload", req.workload)  # its events go to a subject named after it
         if req.workload in self.producers:
             return Ok(detail=f"producer of {req.workload} already running on {self.instance}")
-        producer = Producer(self, req)
+        client = AsyncClient(self.cfg.nats_url, self.cfg.prefix, timeout_s=60)
+        producer = workflow_for(client, req, data_dir=self.cfg.data_dir, log=self.log)
         self.producers[req.workload] = producer
-        producer.start()
+        producer.task = self.spawn(self._run_producer(producer), f"producer-{req.workload}")
         self.log.info("producer started", workload=req.workload, tenant=req.tenant, kind=req.kind)
         return Ok(detail=f"{req.kind} producer of {req.workload} running on {self.instance}")
+
+    async def _run_producer(self, producer: Any) -> None:
+        try:
+            await producer.main()
+        finally:
+            self.producers.pop(producer.spec.workload, None)
 
     @op("stop_producer", WorkloadRef)
     async def stop_producer(self, req: WorkloadRef) -> Ok:

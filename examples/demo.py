@@ -4,8 +4,9 @@
    free port in a fresh data dir; `nexus status` shows them live.
 2. Three tenants at once on the built-in reach task, through the shared services:
    examples/sft_reach.yaml (SFT on recorded expert demos), examples/rl_reach.yaml (async PPO
-   from scratch) and examples/eval_reach.yaml (evaluation of the SFT tenant's latest version;
-   the master starts it when the SFT workload has finished).
+   from scratch, done at its target: its last 50 training episodes all succeeded, or after
+   900 s) and examples/eval_reach.yaml (evaluation of the SFT tenant's latest version; the
+   master starts it when the SFT workload has finished).
 3. Live progress, a summary table, and a report (JSON + PNG: per-tenant curves and the
    trainer / inferencer busy timeline) under the data dir.
 4. `nexus down`.

@@ -416,8 +416,11 @@ class EvalSpec(_Section):
     """Read-only evaluation episodes on the env with a pinned policy version."""
 
     version: Annotated[int | str, WithJsonSchema(_VERSION_SCHEMA)] = _doc(
-        "policy version: an integer, 'latest' (this tenant's newest export), or 'tenant:<name>@latest' "
-        "/ 'tenant:<name>@<n>' (another tenant's export). Default 'latest'", "latest")
+        "policy version: an integer, or 'latest' (this tenant's newest export; for an eval resolved "
+        "at submit, or when the tenant's training workload ahead of it ends, and recorded as the "
+        "workload's eval_version); 'tenant:<name>@latest' / 'tenant:<name>@<n>' scores another "
+        "tenant's export under this workload's own name. A version that does not exist is an error "
+        "at submit. Default 'latest'", "latest")
     episodes: Int = _doc("episodes to run. Default 50: the success rate's standard error is at most 7 "
                          "points", 50, ge=1, le=100_000)
     seed: Int = _doc("first reset seed; episode i uses seed + i. Default 0: every version is scored on "
@@ -467,6 +470,13 @@ _BASE_SCHEMA = {"type": "string", "anyOf": [{"enum": list(known_presets())},
                                             {"pattern": f"^(?:{BASE_PATH_PATTERN})$"}]}
 
 
+# base, action_module, observation and action say what a tenant's slot *is*: sft and rl give
+# them; an eval scores an existing policy and takes them from that policy's export manifest.
+POLICY_FIELDS = ("base", "action_module", "observation", "action")
+_POLICY_FIELD = ("Required by sft and rl; eval: leave it out (taken from the scored policy's export "
+                 "manifest; if given it must match it). Default null")
+
+
 class WorkloadSpec(_Section):
     """One tenant's workload: model, schema, data source, algorithm, schedule and outputs."""
 
@@ -475,14 +485,14 @@ class WorkloadSpec(_Section):
     tenant: Annotated[Str, Allowed("letters, digits, _ and - (1-64 characters)")] = _doc(
         "tenant name, unique per deployment", pattern=f"^(?:{TENANT_PATTERN})$")
     task: TaskType = _doc("sft: supervised fine-tuning; rl: asynchronous PPO; eval: read-only evaluation")
-    base: Annotated[str, WithJsonSchema(_BASE_SCHEMA)] = _doc(
+    base: Annotated[str | None, WithJsonSchema({"anyOf": [_BASE_SCHEMA, {"type": "null"}]})] = _doc(
         "frozen base model: a preset name or a local save_pretrained directory written with a '/' "
-        "(./my_base)")
-    action_module: ActionModuleSpec = _doc("the tenant's trainable head")
+        f"(./my_base). {_POLICY_FIELD}", None)
+    action_module: ActionModuleSpec | None = _doc(f"the tenant's trainable head. {_POLICY_FIELD}", None)
     base_adapter: BaseAdapterSpec | None = _doc("LoRA adapters on the base, trained with the action "
                                                 "module. Default null: the base stays frozen", None)
-    observation: ObservationSpec = _doc("cameras, state and prompt template")
-    action: ActionSpec = _doc("action size and horizon")
+    observation: ObservationSpec | None = _doc(f"cameras, state and prompt template. {_POLICY_FIELD}", None)
+    action: ActionSpec | None = _doc(f"action size and horizon. {_POLICY_FIELD}", None)
     seed: Int = _doc("seeds head init, sampling and the SFT batch order. Default 0: reproducible runs",
                      0, ge=0)
     env: EnvSource | None = _doc("simulator: required by rl and eval; sft uses it with env.demos "
@@ -499,8 +509,8 @@ class WorkloadSpec(_Section):
 
     @field_validator("base", mode="plain")
     @classmethod
-    def _base(cls, value: Any) -> str:
-        return _check_base(value)
+    def _base(cls, value: Any) -> str | None:
+        return None if value is None else _check_base(value)
 
     @field_validator("algorithm", mode="wrap")
     @classmethod
@@ -543,13 +553,14 @@ class TaskRule(BaseModel):
 
 
 TASK_RULES: dict[str, TaskRule] = {
-    "sft": TaskRule(exactly_one=("dataset", "env"), demos="required",
+    "sft": TaskRule(required=POLICY_FIELDS, exactly_one=("dataset", "env"), demos="required",
                     why="sft learns from demonstrations: a LeRobot dataset, or an env whose scripted "
                         "expert records env.demos.episodes first"),
-    "rl": TaskRule(required=("env",), forbidden=("dataset",), heads=("gaussian",),
+    "rl": TaskRule(required=(*POLICY_FIELDS, "env"), forbidden=("dataset",), heads=("gaussian",),
                    why="rl rolls out in an env and PPO needs log-probs and values from a gaussian head"),
     "eval": TaskRule(required=("env", "eval"), forbidden=("dataset", "algorithm"),
-                     why="eval runs episodes in an env with a pinned version and trains nothing"),
+                     why="eval runs episodes in an env with a pinned version of an existing policy "
+                         "and trains nothing"),
 }
 
 
@@ -566,7 +577,9 @@ def _rule_errors(raw: dict[str, Any]) -> list[InitErrorDetails]:
     errors: list[InitErrorDetails] = []
     for key in rule_.required:
         if not _is_set(raw, key):
-            errors.append(rule((key,), f"required for task {task!r}: {rule_.why}"))
+            why = ("it says what the tenant's slot is (only an eval takes it from the policy it scores)"
+                   if key in POLICY_FIELDS else rule_.why)
+            errors.append(rule((key,), f"required for task {task!r}: {why}"))
     for key in rule_.forbidden:
         if _is_set(raw, key):
             errors.append(rule((key,), f"not allowed for task {task!r}; remove it", raw.get(key)))
@@ -600,7 +613,7 @@ def _rule_errors(raw: dict[str, Any]) -> list[InitErrorDetails]:
 def _cross_errors(spec: WorkloadSpec) -> list[InitErrorDetails]:
     """Rules across sections that need parsed values (all sections valid)."""
     errors: list[InitErrorDetails] = []
-    if spec.dataset is not None:
+    if spec.dataset is not None and spec.observation is not None:
         names = [c.name for c in spec.observation.cameras]
         mapped = list(spec.dataset.camera_map.values())
         for key, target in spec.dataset.camera_map.items():
@@ -612,7 +625,7 @@ def _cross_errors(spec: WorkloadSpec) -> list[InitErrorDetails]:
             if count != 1:
                 errors.append(rule(("dataset", "camera_map"), f"observation camera {name!r} is mapped {count} "
                                    "times; map exactly one dataset camera key to it", dict(spec.dataset.camera_map)))
-    if spec.task == "rl":
+    if spec.task == "rl" and spec.action_module is not None:
         clash = sorted(set(spec.action_module.params) & set(PPO_HEAD_FIELDS))
         if clash:
             errors.append(rule(("action_module", "params"), f"{clash} are PPO settings: set them under "
@@ -704,7 +717,11 @@ def spec_from_dict(data: dict[str, Any]) -> WorkloadSpec:
 
 def compile_tenant(spec: WorkloadSpec) -> TenantConfig:
     """The backend config of the spec's tenant. ``signature`` and ``created_at`` stay empty:
-    the master derives them (never trusted from a client)."""
+    the master derives them (never trusted from a client). sft / rl only: an eval makes no
+    slot (it scores an existing one)."""
+    missing = [name for name in POLICY_FIELDS if getattr(spec, name) is None]
+    if missing:
+        raise SpecError([(name, f"required to compile a tenant (task {spec.task!r} gives none)") for name in missing])
     schema = {
         "cameras": [c.model_dump() for c in spec.observation.cameras],
         "state_dim": spec.observation.state_dim,
@@ -747,7 +764,7 @@ def dataset_errors(spec: WorkloadSpec, root: str | Path | None = None) -> list[t
     """The dataset's declared features against the spec (state and action keys, cameras), when
     its meta/info.json can be read here; [] when it cannot (the env worker checks at start)."""
     ds = spec.dataset
-    if ds is None:
+    if ds is None or spec.observation is None or spec.action is None:
         return []
     info_path = Path(root if root is not None else ds.root) / "meta" / "info.json"
     try:
@@ -808,11 +825,16 @@ def _object(name: str) -> dict[str, Any]:
     return {"required": [name], "properties": {name: {"type": "object"}}}
 
 
+def _present(name: str) -> dict[str, Any]:
+    """Given and not null (a required section, or the base string)."""
+    return {"required": [name], "properties": {name: {"not": {"type": "null"}}}}
+
+
 def _rule_schema(task: str, r: TaskRule) -> dict[str, Any]:
     then: dict[str, Any] = {"properties": {}}
     conditions: list[dict[str, Any]] = []
     for key in r.required:
-        conditions.append(_object(key))
+        conditions.append(_present(key))
     for key in r.forbidden:
         then["properties"][key] = {"type": "null"}
     if r.exactly_one:

@@ -9,12 +9,15 @@ Two ways in, one path:
     sequence, so a message redelivered after a master crash is recognised, never run twice.
 
 Then, in order: 1. validate (`master.spec.parse_spec`); 2. create the tenant (sft / rl) from
-the compiled config, or check it exists (eval); 3. record the workload ``pending`` in KV;
+the compiled config, or (eval) resolve the policy it scores: that tenant must exist, the
+version too (``latest``: its newest export), and base, head and schema come from the
+version's export manifest; 3. record the workload ``pending`` in KV;
 4. start its producer on an env worker (``running``); 5. follow the producer's events
 (progress, done) into the record (``completed`` / ``failed``); ``cancel`` stops the producer
-(``cancelled``). Every state change is published as an event. An eval workload pins its
-version once, when it starts, and starts only when no training workload of its tenant is
-running (so "latest" means the trained result). A restarted master reloads every record and
+(``cancelled``). Every state change is published as an event. An eval workload's version
+is resolved at submit and recorded (``eval_version``); one submitted while a training
+workload of its tenant is pending or running waits for it and pins ``latest`` when it ends
+(the trained result). A restarted master reloads every record and
 keeps following; producers live on env workers and are not interrupted.
 """
 
@@ -157,7 +160,9 @@ class WorkloadOps:
         ds_errors = dataset_errors(spec)  # features vs schema, when the dataset is readable here
         if ds_errors:
             raise SpecError(ds_errors)
-        serving_note = await self._check_base_served(spec) if spec.task in ("rl", "eval") else ""
+        if spec.task == "eval":
+            return await self._accept_eval(spec, workload)
+        serving_note = await self._check_base_served(spec.tenant, spec.base) if spec.task == "rl" else ""
         cfg = compile_tenant(spec)
         if cfg.base_adapter:
             from master.service import adapter_errors
@@ -180,30 +185,83 @@ class WorkloadOps:
                                "at a time: wait for it to end or cancel it", details={"tenant": spec.tenant,
                                                                                        "workload": active[0]})
             _check_same_policy(cfg, existing, same_tenant=True)
-        if spec.task == "eval":
-            target, pin = policy_pin(spec)
-            known = set(self.sched.tenants) | {w.tenant for w in self.workloads.values()}
-            if target != spec.tenant and target not in known:
-                raise NotFound(f"eval.version names tenant {target!r}, which does not exist",
-                               details={"field": "eval.version", "tenant": target})
-            if target != spec.tenant and target in self.sched.tenants:
-                _check_same_policy(cfg, self.sched.tenants[target])
-            await self._check_pin_exists(target, pin, spec.tenant)
-        if existing is None:
-            await self.tenant_create(CreateTenantRequest(config=cfg))
-        else:
             await self._update_scheduling(existing, cfg)
+        else:
+            await self.tenant_create(CreateTenantRequest(config=cfg))
+        return await self._record(workload, spec, spec_to_dict(spec), serving_note)
+
+    async def _record(self, workload: str, spec: Any, stored: dict[str, Any], note: str,
+                      eval_version: int = -1) -> WorkloadRecord:
         now = time.time()
         rec = WorkloadRecord(workload=workload, tenant=spec.tenant, task=spec.task, state="pending",
-                             spec=spec_to_dict(spec), created_at=now, updated_at=now)
+                             spec=stored, created_at=now, updated_at=now, eval_version=eval_version)
         self.workloads[workload] = rec
         await self._save_workload(rec)
         await self._publish_event(rec, "accepted",
-                                  message=f"{spec.task} workload of tenant {spec.tenant} accepted{serving_note}")
+                                  message=f"{spec.task} workload of tenant {spec.tenant} accepted{note}")
         await self._try_start(rec)
         return rec
 
-    async def _check_base_served(self, spec: Any) -> str:
+    async def _accept_eval(self, spec: Any, workload: str) -> WorkloadRecord:
+        """An eval names an existing policy (its tenant and a version) and takes base, head and
+        schema from it: nothing is repeated, no slot is made. The version is resolved now and
+        recorded (``eval_version``); ``latest`` while a training workload of that tenant is
+        still ahead is resolved when it ends (the trained result). Sections the spec repeats
+        anyway must match the policy, each mismatch an error naming its field."""
+        from master.spec import SpecError, spec_to_dict
+
+        target, pin = policy_pin(spec)
+        cfg = self.sched.tenants.get(target)
+        if cfg is None:
+            field = "tenant" if target == spec.tenant else "eval.version"
+            raise NotFound(f"tenant {target!r} does not exist: an eval scores an existing tenant's policy "
+                           f"(train it first; tenants: {', '.join(sorted(self.sched.tenants)) or 'none'})",
+                           details={"field": field, "tenant": target})
+        training = [w for w in self.workloads.values() if w.tenant == target and w.task != "eval"
+                    and w.state in ("pending", "running")]
+        version, policy = await self._resolve_policy(cfg, pin, bool(training))
+        sections = policy_sections(policy)
+        errors = policy_mismatches(spec, sections, target, version)
+        if errors:
+            raise SpecError(errors)
+        note = await self._check_base_served(spec.tenant, sections["base"])
+        # The stored spec says what is scored: the policy's sections filled in.
+        stored = {**spec_to_dict(spec), **sections}
+        if version < 0:
+            note += f"; it starts when {training[0].workload} of tenant {target} ends and scores its latest version"
+        return await self._record(workload, spec, stored, note, eval_version=version)
+
+    async def _resolve_policy(self, cfg: TenantConfig, pin: int | str, training: bool) -> tuple[int, dict[str, Any]]:
+        """(version, export manifest) of the policy an eval pins; (-1, the tenant's config as a
+        manifest) for ``latest`` behind a training workload. A version that does not exist is
+        an error naming tenant and version, never a silent version 0."""
+        from actors.weights import get_manifest, weights_name
+
+        tenant = cfg.name
+        # A manifest of an older format may lack a key: the slot's config says the same.
+        as_manifest = {"base": cfg.base, "schema": cfg.schema, "head": cfg.head, "head_params": cfg.head_params}
+        if isinstance(pin, int):
+            store = await self.bus.js.object_store(self.names.obj_weights)
+            try:
+                await store.get_info(f"{weights_name(tenant, pin)}.manifest.json")
+            except ObjectNotFoundError:
+                latest = self.sched.versions.get(tenant)
+                raise NotFound(f"tenant {tenant!r} has no policy version {pin}"
+                               + (f" (its latest is {latest})" if latest is not None else " (it has none yet)"),
+                               details={"field": "eval.version", "tenant": tenant, "version": pin}) from None
+            manifest = await get_manifest(store, weights_name(tenant, pin))
+            return pin, {**as_manifest, **manifest}
+        if training:
+            return -1, as_manifest
+        try:
+            ref = decode((await self.kv_versions.get(tenant)).value, WeightsRef)
+        except KeyNotFoundError:
+            raise FailedPrecondition(
+                f"tenant {tenant!r} has no exported policy version and no training workload that would make one; "
+                "evaluate after it trained", details={"field": "eval.version", "tenant": tenant}) from None
+        return ref.version, {**as_manifest, **ref.manifest}
+
+    async def _check_base_served(self, tenant: str, base: str) -> str:
         """An rl / eval workload needs an inferencer serving its base. Rejected (naming the
         pools that exist) when inferencers are registered and none serves it; accepted with a
         note when none is registered at all (they may start later; tests without inference)."""
@@ -235,15 +293,15 @@ class WorkloadOps:
             if info.extra.get("pool"):
                 pools[str(info.extra["pool"])] = str(info.extra.get("base", ""))
         if not registered:
-            self.log.info("no inferencer registered: base check skipped", tenant=spec.tenant, base=spec.base)
-            return f"; note: no inferencer is registered yet, so nothing serves base {spec.base!r} until one starts"
+            self.log.info("no inferencer registered: base check skipped", tenant=tenant, base=base)
+            return f"; note: no inferencer is registered yet, so nothing serves base {base!r} until one starts"
         if not pools:
-            return f"; note: no inferencer answered, base {spec.base!r} not checked"
-        if spec.base in pools.values() or pool_name(spec.base) in pools:
+            return f"; note: no inferencer answered, base {base!r} not checked"
+        if base in pools.values() or pool_name(base) in pools:
             return ""
         known = ", ".join(f"{p} (base {b})" for p, b in sorted(pools.items()))
-        raise SpecError([("base", f"no inferencer serves {spec.base!r}; allowed: a base one of the inference "
-                                  f"pools serves: {known}", spec.base)])
+        raise SpecError([("base", f"no inferencer serves {base!r}; allowed: a base one of the inference "
+                                  f"pools serves: {known}", base)])
 
     async def _intake_loop(self) -> None:
         """Durable intake: plain NATS clients publish specs on <prefix>.workloads.submit."""
@@ -295,7 +353,8 @@ class WorkloadOps:
                     and w.state in ("pending", "running")]
             if busy:
                 return  # evaluate the trained result, not a moving target
-            eval_version = await self._pin_version(target, pin)
+            # Resolved at submit unless a training workload was ahead: then now, its result.
+            eval_version = rec.eval_version if rec.eval_version >= 0 else await self._pin_version(target, pin)
         producer = compile_producer(spec, rec.workload, eval_version)
         try:
             reply = await self.bus.request(self.names.env("start_producer"), producer, Ok, timeout_s=30)
@@ -316,26 +375,6 @@ class WorkloadOps:
         except KeyNotFoundError:
             raise NotFound(f"tenant {tenant!r} has no exported policy version to evaluate",
                            details={"tenant": tenant}) from None
-
-    async def _check_pin_exists(self, target: str, pin: Any, evaluator: str) -> None:
-        """At submit: a numbered version must exist; ``latest`` needs an export already, or a
-        training workload of that tenant that will make one."""
-        training = [w for w in self.workloads.values() if w.tenant == target and w.task != "eval"
-                    and w.state in ("pending", "running")]
-        if isinstance(pin, int):
-            store = await self.bus.js.object_store(self.names.obj_weights)
-            try:
-                await store.get_info(f"{target}/v{pin:08d}.manifest.json")
-            except ObjectNotFoundError:
-                latest = self.sched.versions.get(target)
-                raise NotFound(f"tenant {target!r} has no policy version {pin}"
-                               + (f" (its latest is {latest})" if latest is not None else " (it has none yet)"),
-                               details={"field": "eval.version", "tenant": target, "version": pin}) from None
-            return
-        if not training and target not in self.sched.versions:
-            raise FailedPrecondition(
-                f"tenant {target!r} has no exported policy version and no training workload that would make one; "
-                "evaluate after it trained", details={"field": "eval.version", "tenant": target})
 
     async def _update_scheduling(self, existing: TenantConfig, cfg: TenantConfig) -> None:
         """A later workload may change how the tenant is scheduled and optimised (not what it is)."""
@@ -530,6 +569,47 @@ def write_report(data_dir: str | Path, rec: WorkloadRecord, usage: dict[str, Any
     tmp.write_text(json.dumps(report, indent=2, sort_keys=True, default=str))
     tmp.replace(path)  # never a half-written report
     return path
+
+
+def policy_sections(policy: dict[str, Any]) -> dict[str, Any]:
+    """The spec sections (base, action_module, observation, action) of a policy, from its
+    export manifest (or its tenant config, which has the same keys), defaults filled in."""
+    from master.spec import PPO_HEAD_FIELDS, ActionModuleSpec, ActionSpec, ObservationSpec
+
+    schema = policy["schema"]
+    # PPO loss coefficients live in a gaussian head's params (compile_tenant): an eval computes no loss.
+    params = {k: v for k, v in dict(policy.get("head_params") or {}).items() if k not in PPO_HEAD_FIELDS}
+    return {
+        "base": policy["base"],
+        "action_module": ActionModuleSpec(kind=policy["head"], params=params).model_dump(mode="json"),
+        "observation": ObservationSpec(cameras=schema["cameras"], state_dim=schema["state_dim"],
+                                       instruction_template=schema["instruction_template"]).model_dump(mode="json"),
+        "action": ActionSpec(dim=schema["action_dim"], horizon=schema["action_horizon"]).model_dump(mode="json"),
+    }
+
+
+def policy_mismatches(spec: Any, sections: dict[str, Any], tenant: str, version: int) -> list[tuple[str, str, Any]]:
+    """Each leaf of a section an eval spec repeats that differs from the policy it scores."""
+    from master.spec import POLICY_FIELDS
+    from protocol.subjects import canonical_base
+
+    which = f"tenant {tenant}'s policy" + (f" version {version}" if version >= 0 else "")
+    errors: list[tuple[str, str, Any]] = []
+    for name in POLICY_FIELDS:
+        given = getattr(spec, name)
+        if given is None:
+            continue
+        mine = given if isinstance(given, str) else given.model_dump(mode="json")
+        theirs = sections[name]
+        if name == "base" and canonical_base(given) == theirs:
+            continue  # './my_base' and its absolute path are one base (tenants store the latter)
+        pairs = [(name, mine, theirs)] if isinstance(mine, str) else [
+            (f"{name}.{k}", mine[k], theirs[k]) for k in mine]
+        for path, a, b in pairs:
+            if a != b:
+                errors.append((path, f"{a!r} differs from {which}: {b!r}; an eval takes {name} from the policy "
+                                     "it scores: leave it out", a))
+    return errors
 
 
 def policy_pin_tenant(rec: WorkloadRecord) -> str:

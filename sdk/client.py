@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from actors.bus import DEFAULT_REQUEST_TIMEOUT_S, Bus, retry
+from actors.bus import retry_through_outage  # noqa: F401 - public: loops ride out a master restart with it
 from actors.supervisor import ClusterState
 from protocol.errors import Busy, InvalidField, NotFound, PayloadTooLarge, RequestTimeout, Unavailable
 from protocol.policy import INFERENCE_OUTAGE, RetryPolicy
@@ -70,6 +71,7 @@ from protocol.messages import (
     UsageRequest,
     TrainBatchReply,
     WeightsRef,
+    WorkloadEvent,
     WorkloadRecord,
     WorkloadRef,
     WorkloadsReply,
@@ -267,6 +269,23 @@ class AsyncClient:
             if time.monotonic() > deadline:
                 raise RequestTimeout(f"job {job} of {tenant} still {rec.state} after {timeout_s:g} s")
             await asyncio.sleep(0.1)
+
+    # -- workflow primitives (what workflows/ builds its producer loops on) ----------------
+    async def rollout_begin(self, tenant: str, workload: str, timeout_s: float | None = None) -> Ok:
+        """Take a turn at the master's rollout gate (1 active rollout per tenant, 3 in all):
+        Busy, with ``retry_after_s``, while the gate is full. Safe to repeat."""
+        return await self.bus.request(self.names.master("rollout_begin"), JobRef(tenant=tenant, job=workload), Ok,
+                                      timeout_s=self.timeout_s if timeout_s is None else timeout_s)
+
+    async def rollout_end(self, tenant: str, workload: str, timeout_s: float | None = None) -> Ok:
+        """Give the rollout gate's turn back (a turn not held is a no-op)."""
+        return await self.bus.request(self.names.master("rollout_end"), JobRef(tenant=tenant, job=workload), Ok,
+                                      timeout_s=self.timeout_s if timeout_s is None else timeout_s)
+
+    async def publish_event(self, event: WorkloadEvent) -> None:
+        """Publish a workload's lifecycle event (progress, done) on its events subject; the
+        master folds them into the workload record (a ``done`` ends it)."""
+        await self.bus.publish(self.names.workload_events(event.workload), event)
 
     # -- inference -----------------------------------------------------------------------
     async def predict(self, tenant: str, images: dict[str, Any], state: Any, instruction: str, *,

@@ -94,9 +94,11 @@ async def write_report(client: Any, workloads: list[str], traces_dir: Path, out_
         events = await workload_events(client, wid)
         curve = [{"t": e.at - started_at, "step": e.step, "episodes": e.episodes, **e.metrics}
                  for e in events if e.kind in ("progress", "done")]
-        tenants[rec.tenant] = {"workload": wid, "task": rec.task, "state": rec.state, "version": rec.step,
-                               "episodes": rec.episodes, "metrics": rec.metrics, "curve": curve,
-                               "usage": await workload_usage(client, wid)}
+        # A tenant runs workloads one after another (SFT, then an eval of it): one entry each.
+        key = rec.tenant if rec.tenant not in tenants else f"{rec.tenant} ({rec.task})"
+        tenants[key] = {"workload": wid, "task": rec.task, "state": rec.state, "version": rec.step,
+                        "episodes": rec.episodes, "metrics": rec.metrics, "curve": curve,
+                        "usage": await workload_usage(client, wid)}
     busy = busy_intervals(traces_dir, started_at)
     wall = max(1e-9, ended_at - started_at)
     report = {"started_at": started_at, "wall_s": wall, "tenants": tenants,

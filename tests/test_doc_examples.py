@@ -238,7 +238,7 @@ def test_cli_json_outputs(docs_cluster, tmp_path):
     assert Path(files["weights"]).stat().st_size > 0
     assert json.loads(Path(files["manifest"]).read_text())["version"] == tenants["sft-reach"]["version"]
 
-    evals = _json(nexus("workloads", "list", "--tenant", "eval-reach", "--json", cwd=checkout))
+    evals = [w for w in listed if w["task"] == "eval"]  # examples/eval_reach.yaml scores sft-reach, as sft-reach
     report = _json(nexus("download", evals[0]["workload"], "--report", "--out", str(tmp_path), "--json", cwd=checkout))
     assert json.loads(Path(report["report"]).read_text())  # the eval's report, as the master kept it
 

@@ -1,10 +1,10 @@
-"""GAE as the RL producers compute it, against a direct evaluation of its definition."""
+"""GAE as the RL workflow computes it, against a direct evaluation of its definition."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from actors.producers import gae
+from workflows.gae import gae
 
 
 def reference(rewards, values, dones, last_value, gamma, lam):

@@ -74,3 +74,28 @@ def test_rl_sft_and_eval_producers(roles):
     assert sorted(j.items for j in sft_jobs) == [1, 2]
     assert ev[-1].metrics["episodes"] == 5 and ev[-1].metrics["version"] == sft_version
     assert after_eval == sft_version  # evaluation changed nothing
+
+
+def test_workflows_stand_on_the_sdk_alone():
+    """workflows/ is user-level code: it imports the SDK, the message and error types, the
+    env library and the pure spec helpers, never a role's module, and reaches the cluster only
+    through the client's public methods (no ``client.bus`` / ``client.names``)."""
+    import ast
+    from pathlib import Path
+
+    allowed = ("sdk.client", "protocol.errors", "protocol.messages", "protocol.policy", "envs", "master.spec",
+               "workflows", "numpy", "__future__", "asyncio", "logging", "time", "uuid", "dataclasses", "pathlib",
+               "typing")
+    root = Path(__file__).resolve().parents[1] / "workflows"
+    bad = []
+    for path in sorted(root.glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom | ast.Import):
+                mods = [node.module] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
+                bad += [f"{path.name}: import {m}" for m in mods
+                        if not any(m == a or m.startswith(a + ".") for a in allowed)]
+            if isinstance(node, ast.Attribute) and node.attr in ("bus", "names", "_bus", "_master"):
+                bad.append(f"{path.name}:{node.lineno}: .{node.attr}")
+    assert len(list(root.glob("*.py"))) >= 5
+    assert not bad, bad

@@ -49,6 +49,8 @@ def validator() -> jsonschema.protocols.Validator:
 
 def minimal(task: str = "sft") -> dict[str, Any]:
     """The smallest valid spec of each task type (everything else defaulted)."""
+    if task == "eval":  # names the policy it scores; its base, head and schema come from it
+        return {"tenant": "t-sft", "task": "eval", "env": {"id": "builtin/reach-v0"}, "eval": {"version": "latest"}}
     spec: dict[str, Any] = {
         "tenant": f"t-{task}",
         "task": task,
@@ -61,8 +63,6 @@ def minimal(task: str = "sft") -> dict[str, Any]:
     }
     if task == "sft":
         spec["env"]["demos"] = {"episodes": 5}
-    if task == "eval":
-        spec["eval"] = {"version": "tenant:t-sft@latest"}
     return spec
 
 
@@ -107,7 +107,8 @@ def test_examples_say_what_the_brief_asks():
     rl = load_spec(ROOT / "examples/rl_reach.yaml")
     assert rl.action_module.kind == "gaussian" and isinstance(rl.algorithm, PPOAlgorithm)
     ev = load_spec(ROOT / "examples/eval_reach.yaml")
-    assert (ev.eval.version, ev.eval.episodes, ev.algorithm) == ("tenant:sft-reach@latest", 50, None)
+    assert (ev.eval.version, ev.eval.episodes, ev.algorithm) == ("latest", 50, None)
+    assert ev.tenant == "sft-reach" and ev.base is ev.action_module is ev.observation is ev.action is None
     lr = load_spec(ROOT / "examples/sft_lerobot.yaml")
     assert lr.dataset.root == "../shared/fixtures/lerobot/libero_like"
     assert (len(lr.observation.cameras), lr.observation.state_dim, lr.action.dim) == (2, 8, 7)
@@ -146,7 +147,11 @@ def test_generated_docs_are_current():
 def test_json_schema_shape():
     schema = spec_json_schema()
     assert schema["additionalProperties"] is False
-    assert set(schema["required"]) == {"tenant", "task", "base", "action_module", "observation", "action"}
+    assert set(schema["required"]) == {"tenant", "task"}
+    # sft and rl need the slot's sections; an eval takes them from the policy it scores.
+    for task in ("sft", "rl"):
+        rule_ = next(r["then"] for r in schema["allOf"] if r.get("if", {}).get("properties", {}).get("task") == {"const": task})
+        assert {"base", "action_module", "observation", "action"} <= {c["required"][0] for c in rule_["allOf"]}
     for name, body in schema["$defs"].items():
         assert body["additionalProperties"] is False, name
         for prop, sub in body["properties"].items():
@@ -279,6 +284,9 @@ INVALID = [
     ("rl", {"env.demos": {"episodes": 3}}, "env.demos"),
     ("rl", {"dataset": {"root": "/d", "camera_map": {"k": "top"}}}, "dataset"),
     ("rl", {"algorithm": {"batch_size": 8}}, "algorithm.batch_size"),
+    ("sft", {"observation": DELETE}, "observation"),
+    ("rl", {"base": DELETE}, "base"),
+    ("rl", {"action_module": None}, "action_module"),
     ("eval", {"eval": DELETE}, "eval"),
     ("eval", {"algorithm": {"lr": 1e-3}}, "algorithm"),
     ("eval", {"env": DELETE}, "env"),
@@ -302,8 +310,9 @@ VALID = [
     ("sft", {"env": DELETE, "dataset": {"root": "/d", "camera_map": {"a": "top", "b": "wrist"}}}),
     ("sft", {"action_module.kind": "flow", "action.horizon": 8, "algorithm": None, "eval": None}),
     ("rl", {"algorithm": {"steps_per_update": 512, "grad_clip": None}, "schedule": {"budget": {"max_wall_s": 60}}}),
-    ("eval", {"action_module.kind": "gaussian", "eval.version": 7, "dataset": None,
-              "outputs": {"report_path": "r.json"}}),
+    ("eval", {"action_module": {"kind": "gaussian"}, "eval.version": 7, "dataset": None,
+              "outputs": {"report_path": "r.json"}}),  # a repeated section: the master checks it
+    ("eval", {"eval.version": "tenant:sft-reach@3"}),  # another tenant's policy, under this name
 ]
 
 
@@ -342,7 +351,8 @@ def test_compile_tenant_rl_moves_ppo_fields_into_the_gaussian_head():
     assert cfg.head_params == {"width": 64, "clip_ratio": 0.1, "value_coef": 0.5, "entropy_coef": 0.01}
     assert cfg.optim == {"lr": 3e-4, "weight_decay": 0.0, "grad_clip": 0.5, "warmup_steps": 0}
     assert (cfg.priority, cfg.staleness_bound) == (3, 8)
-    assert compile_tenant(parse_spec(minimal("eval"))).optim == {}
+    with pytest.raises(SpecError, match="base: required to compile a tenant"):
+        compile_tenant(parse_spec(minimal("eval")))  # an eval makes no slot
 
 
 @pytest.mark.parametrize("name", EXAMPLES)
@@ -352,7 +362,10 @@ def test_compiled_configs_are_accepted_by_the_model_core(name):
     from models.schema import TenantSchema
     from models.slot import OptimConfig
 
-    cfg = compile_tenant(load_spec(ROOT / "examples" / name))
+    spec = load_spec(ROOT / "examples" / name)
+    if spec.task == "eval":
+        return  # an eval makes no slot: it scores an existing one
+    cfg = compile_tenant(spec)
     TenantSchema.from_dict(cfg.schema).signature()
     head_config(cfg.head, cfg.head_params)
     OptimConfig(**cfg.optim)

@@ -20,6 +20,7 @@ import pytest
 
 from master.spec import (
     PPOAlgorithm,
+    POLICY_FIELDS,
     SFTAlgorithm,
     SpecError,
     WorkloadSpec,
@@ -55,8 +56,8 @@ def doc(kind: str) -> dict[str, Any]:
     if kind == "rl":
         return {**base, "task": "rl", "action_module": {"kind": "gaussian"}, "env": {"id": "builtin/reach-v0"},
                 "schedule": {"budget": {"target": {"metric": "success_rate", "at_least": 0.9}}}}
-    return {**base, "task": "eval", "action_module": {"kind": "mlp"}, "env": {"id": "builtin/reach-v0"},
-            "eval": {"version": "latest"}}
+    # An eval names the policy it scores (tenant + version) and repeats nothing of it.
+    return {"tenant": "t", "task": "eval", "env": {"id": "builtin/reach-v0"}, "eval": {"version": "latest"}}
 
 
 # leaf path -> (baseline, non-default value). "algorithm.*" leaves appear once per algorithm
@@ -148,8 +149,8 @@ def _set(data: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
         if nxt == "[]":
             node = node[0]
     node[parts[-1]] = value
-    if path == "task":
-        out["action_module"] = {"kind": "gaussian"}
+    if path == "task":  # eval -> rl: the slot's sections become required
+        out.update({k: v for k, v in doc("rl").items() if k in POLICY_FIELDS})
         out.pop("eval")
     if path == "algorithm.steps_per_update":
         out["algorithm"]["episodes_per_update"] = None
@@ -160,7 +161,8 @@ def reach(spec: WorkloadSpec) -> dict[str, Any]:
     """Everything a spec turns into outside the spec itself."""
     rec = WorkloadRecord(workload="w1", tenant=spec.tenant, task=spec.task, state="completed",
                          spec=spec.model_dump(mode="json"), created_at=0.0, updated_at=0.0)
-    return {"tenant": asdict(compile_tenant(spec)), "producer": asdict(compile_producer(spec, "w1")),
+    tenant = asdict(compile_tenant(spec)) if spec.task != "eval" else None  # an eval makes no slot
+    return {"tenant": tenant, "producer": asdict(compile_producer(spec, "w1")),
             "pin": policy_pin(spec), "report": str(report_file("/data", rec))}
 
 
@@ -262,3 +264,27 @@ def test_dataset_errors_read_the_fixture():
     spec_doc["dataset"]["state_key"] = "observation.nope"
     (err,) = dataset_errors(parse_spec(spec_doc))
     assert err[0] == "dataset.state_key"
+
+
+def test_an_eval_takes_the_policy_sections_and_a_repeat_must_match():
+    """What the master fills into an eval's stored spec from the scored version's manifest,
+    and the field-named errors for a repeated section that differs (pure functions)."""
+    from master.workloads import policy_mismatches, policy_sections
+
+    manifest = {"base": "tiny-qwen3-vl-64", "head": "gaussian", "head_params": {"width": 64, "clip_ratio": 0.2},
+                "schema": {"cameras": CAMERAS, "state_dim": 4, "action_dim": 2, "action_horizon": 1,
+                           "instruction_template": "{instruction}"}}
+    sections = policy_sections(manifest)
+    assert sections["action_module"] == {"kind": "gaussian", "params": {"width": 64}}  # no loss settings
+    assert sections["action"] == {"dim": 2, "horizon": 1}
+    short = parse_spec(doc("eval"))
+    assert policy_mismatches(short, sections, "t", 3) == []
+    stored = parse_spec({**short.model_dump(mode="json"), **sections})  # the stored form parses
+    assert (stored.base, stored.observation.state_dim) == ("tiny-qwen3-vl-64", 4)
+    same = parse_spec({**doc("eval"), "base": "tiny-qwen3-vl-64", "action": {"dim": 2}})
+    assert policy_mismatches(same, sections, "t", 3) == []
+    other = parse_spec({**doc("eval"), "action_module": {"kind": "mlp", "params": {"width": 64}},
+                        "observation": {"cameras": CAMERAS, "state_dim": 3}})
+    errors = {path: message for path, message, _ in policy_mismatches(other, sections, "t", 3)}
+    assert set(errors) == {"action_module.kind", "observation.state_dim"}
+    assert errors["action_module.kind"].startswith("'mlp' differs from tenant t's policy version 3: 'gaussian'")

@@ -11,21 +11,27 @@ import pytest
 from nats.js.errors import NotFoundError as JsNotFound
 
 from protocol.errors import FailedPrecondition, InvalidField, NotFound
+from protocol.messages import TenantConfig
 from sdk.client import AsyncClient
 from tests.test_workloads import BASE_SPEC, cluster  # noqa: F401 - the fixture
 
 
+SCHEMA = {"cameras": BASE_SPEC["observation"]["cameras"], "state_dim": 4, "action_dim": 2, "action_horizon": 1,
+          "instruction_template": "{instruction}"}
+
+
 def spec(tenant: str, task: str, **extra) -> dict:
+    if task == "eval":  # the short form: the policy (tenant + version), the env, the episodes
+        return {"tenant": tenant, "task": "eval", "env": copy.deepcopy(BASE_SPEC["env"]),
+                "eval": {"version": "latest", "episodes": 3}, **extra}
     s = copy.deepcopy(BASE_SPEC)
     s.update(tenant=tenant, task=task, action_module={"kind": "gaussian"})
     if task == "sft":
         s["algorithm"] = {"lr": 1e-3, "batch_size": 8, "steps": 3}
         s["env"]["demos"] = {"episodes": 4}
-    elif task == "rl":
+    else:
         s["algorithm"] = {"lr": 1e-3, "episodes_per_update": 2, "micro_batch": 64}
         s["schedule"] = {"budget": {"max_episodes": 4}}
-    else:
-        s["eval"] = {"version": f"tenant:{tenant}@latest", "episodes": 3}
     s.update(extra)
     return s
 
@@ -39,10 +45,8 @@ def test_sft_then_rl_then_eval_on_one_tenant(cluster):  # noqa: F811
                 wl = await c.submit(spec("life", task))
                 done.append(await wl.wait(timeout_s=300))
                 versions.append((await c.latest_weights("life")).version)
-            # The eval scores the tenant's own latest version (its own slot: nothing repeated).
-            ev_spec = spec("life-eval", "eval")
-            ev_spec["eval"]["version"] = "tenant:life@latest"
-            ev = await (await c.submit(ev_spec)).wait(timeout_s=300)
+            # The eval names the policy (tenant life, its latest version) and repeats nothing.
+            ev = await (await c.submit(spec("life", "eval"))).wait(timeout_s=300)
             tenants = await c.tenants()
             return done, versions, ev, tenants
         finally:
@@ -51,8 +55,12 @@ def test_sft_then_rl_then_eval_on_one_tenant(cluster):  # noqa: F811
     (sft, rl), (v_sft, v_rl), ev, tenants = asyncio.run(go())
     assert sft.state == rl.state == ev.state == "completed", [(r.state, r.message) for r in (sft, rl, ev)]
     assert v_rl > v_sft >= 3  # RL went on from the SFT policy's version
-    assert ev.eval_version == v_rl
-    assert tenants.history["life"] == [sft.workload, rl.workload]
+    assert ev.eval_version == v_rl and ev.metrics["version"] == v_rl
+    # The record says what was scored: the policy's sections, from its export manifest.
+    assert ev.spec["base"] == "tiny-qwen3-vl-64" and ev.spec["action_module"]["kind"] == "gaussian"
+    assert ev.spec["observation"]["state_dim"] == 4 and ev.spec["action"] == {"dim": 2, "horizon": 1}
+    assert "clip_ratio" not in ev.spec["action_module"]["params"]  # a loss setting, not the policy
+    assert tenants.history["life"] == [sft.workload, rl.workload, ev.workload]
     assert [t.name for t in tenants.tenants].count("life") == 1
 
 
@@ -62,13 +70,27 @@ def test_eval_pins_that_do_not_exist_fail_at_submit(cluster):  # noqa: F811
         try:
             sft = await c.submit(spec("pinned", "sft"))
             await sft.wait(timeout_s=300)
-            bad = spec("pinned-eval", "eval")
-            bad["eval"]["version"] = "tenant:pinned@999"
-            with pytest.raises(NotFound, match="no policy version 999 \\(its latest is 3\\)"):
+            bad = spec("pinned", "eval")
+            bad["eval"]["version"] = 999
+            with pytest.raises(NotFound, match="tenant 'pinned' has no policy version 999 \\(its latest is 3\\)"):
                 await c.submit(bad)
-            # A tenant that never trained and has no training workload: nothing to score.
+            with pytest.raises(NotFound, match="tenant 'nobody' does not exist"):
+                await c.submit(spec("nobody", "eval"))
+            # A tenant that never exported and has no training workload: nothing to score.
+            await c.create_tenant(TenantConfig(name="lonely", base="tiny-qwen3-vl-64", schema=SCHEMA, head="mlp"))
             with pytest.raises(FailedPrecondition, match="no exported policy version"):
                 await c.submit(spec("lonely", "eval"))
+            # A section an eval repeats must match the policy: a mismatch names its field.
+            with pytest.raises(InvalidField, match="action_module.kind: 'mlp' differs from tenant pinned's policy "
+                                                   "version 3: 'gaussian'"):
+                await c.submit(spec("pinned", "eval", action_module={"kind": "mlp"}))
+            # Another tenant's policy under this workload's own name, sections repeated and equal.
+            other = spec("pinned-eval", "eval", base=BASE_SPEC["base"], observation=BASE_SPEC["observation"],
+                         action_module={"kind": "gaussian"})
+            other["eval"]["version"] = "tenant:pinned@3"
+            ev = await (await c.submit(other)).wait(timeout_s=300)
+            assert (ev.state, ev.eval_version, ev.tenant) == ("completed", 3, "pinned-eval"), ev.message
+            assert "pinned-eval" not in [t.name for t in (await c.tenants()).tenants]  # an eval makes no slot
             # A later workload must train the same slot: a different head is refused by field.
             with pytest.raises(InvalidField, match="action_module.kind: 'mlp', but this tenant's existing slot"):
                 await c.submit({**spec("pinned", "sft"), "action_module": {"kind": "mlp"}})

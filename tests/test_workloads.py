@@ -44,11 +44,10 @@ def rl_spec(tenant: str) -> dict:
     return spec
 
 
-def eval_spec(tenant: str, of: str, episodes: int = 3) -> dict:
-    spec = copy.deepcopy(BASE_SPEC)
-    spec.update(tenant=tenant, task="eval", action_module={"kind": "mlp"},
-                eval={"version": f"tenant:{of}@latest", "episodes": episodes})
-    return spec
+def eval_spec(tenant: str, episodes: int = 3) -> dict:
+    """An eval names the policy (tenant + version) and takes base, head and schema from it."""
+    return {"tenant": tenant, "task": "eval", "env": copy.deepcopy(BASE_SPEC["env"]),
+            "eval": {"version": "latest", "episodes": episodes}}
 
 
 @pytest.fixture
@@ -65,7 +64,8 @@ def test_sft_rl_and_eval_workloads_through_the_sdk(cluster, tmp_path):
         try:
             sft = await c.submit(sft_spec("w-sft"))
             rl = await c.submit(yaml.safe_dump(rl_spec("w-rl")))  # YAML text works too
-            ev = await c.submit(json.dumps(eval_spec("w-eval", "w-sft")))
+            # Submitted while w-sft trains: accepted, it waits and scores the trained result.
+            ev = await c.submit(json.dumps(eval_spec("w-sft")))
             with pytest.raises(Conflict, match="one workload at a time"):
                 await c.submit(sft_spec("w-sft"))
             with pytest.raises(NotFound, match="unknown workload"):

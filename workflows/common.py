@@ -1,0 +1,278 @@
+"""What every workflow shares: budget and target, reserve / put / mark_ready with their
+retries, waiting for the trained result, episodes through the inference service, events.
+
+Built only on the SDK's public primitives (`sdk.client.AsyncClient`), as a user's own loop
+would be (examples/custom_loop.py): nothing here reaches into a role's internals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from protocol.errors import Busy, FailedPrecondition, NexusError, NotFound
+from protocol.messages import ProducerSpec, QueuePutRequest, WorkloadEvent
+from protocol.policy import RetryPolicy
+from sdk.client import AsyncClient, retry_through_outage
+
+# A put refused with Busy (the tenant's SFT prefetch cap: the trainer is behind) waits for the
+# trainer; an hour without room means the trainers are gone, and the workload fails saying so.
+PUT_BUSY = RetryPolicy("put_busy", deadline_s=3600.0, backoff_s=0.2, max_backoff_s=2.0)
+
+
+@dataclass
+class Progress:
+    episodes: int = 0
+    successes: int = 0
+    returns: list[float] = field(default_factory=list)
+    jobs: list[str] = field(default_factory=list)
+    version: int = 0
+    items: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+
+class _StdLog:
+    """The structured-log calls a workflow makes (``log.warning("what", key=value)``), on the
+    stdlib logger, for a workflow run outside an env worker."""
+
+    def __init__(self, name: str) -> None:
+        self._log = logging.getLogger(name)
+
+    def _emit(self, level: int, event: str, exc_info: Any = None, **kw: Any) -> None:
+        self._log.log(level, "%s %s", event, " ".join(f"{k}={v}" for k, v in kw.items()), exc_info=exc_info)
+
+    def info(self, event: str, **kw: Any) -> None:
+        self._emit(logging.INFO, event, **kw)
+
+    def warning(self, event: str, **kw: Any) -> None:
+        self._emit(logging.WARNING, event, **kw)
+
+    def error(self, event: str, **kw: Any) -> None:
+        self._emit(logging.ERROR, event, **kw)
+
+
+class Workflow:
+    """One workload's data side: subclasses implement `train` (sft, rl) or are the eval.
+
+    ``client``: an `AsyncClient` (connected by `main`); ``spec``: the workload's
+    `ProducerSpec` (compiled by the master from its spec); ``data_dir``: where recorded demos
+    go; ``log``: a structured logger (an env worker's own, or the stdlib's)."""
+
+    kind = ""
+
+    def __init__(self, client: AsyncClient, spec: ProducerSpec, *, data_dir: str | Path = ".",
+                 log: Any = None) -> None:
+        self.client, self.spec = client, spec
+        self.data_dir = Path(data_dir)
+        self.log = log if log is not None else _StdLog(f"workflows.{spec.kind}")
+        self.progress = Progress()
+        self.task: asyncio.Task | None = None  # set by whoever runs `main` as a task
+        self.state = "starting"
+        self.error = ""
+        self.final: dict[str, float] = {}
+        self._life = uuid.uuid4().hex[:8]  # this incarnation (a resumed workload gets a new one)
+        self._reserves = 0
+        self.target_message = ""  # set once schedule.budget.target is reached
+
+    def status(self) -> dict[str, Any]:
+        return {"kind": self.spec.kind, "tenant": self.spec.tenant, "state": self.state,
+                "episodes": self.progress.episodes, "version": self.progress.version, "error": self.error}
+
+    async def stop(self) -> None:
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+            await asyncio.gather(self.task, return_exceptions=True)
+
+    async def train(self) -> None:
+        raise NotImplementedError
+
+    async def main(self) -> None:
+        """Connect, run the workflow (and, for sft / rl with eval episodes, the closing
+        evaluation of the final version), publish ``done`` (completed or failed), close."""
+        from workflows.eval import evaluate
+
+        await self.client.connect()
+        try:
+            self.state = "running"
+            await self.train()
+            if self.spec.kind != "eval" and self.spec.eval_episodes:
+                trained = dict(self.final)
+                self.progress = Progress(version=self.progress.version, jobs=self.progress.jobs)
+                await evaluate(self)  # the closing evaluation of the final version
+                self.final = {**trained, **{f"eval_{k}": v for k, v in self.final.items()}}
+            self.state = "done"
+            await self._event("done", message=self.target_message or "budget reached", metrics=self.final)
+        except asyncio.CancelledError:
+            self.state = "cancelled"
+            raise
+        except Exception as exc:
+            self.state, self.error = "failed", f"{type(exc).__name__}: {exc}"
+            self.log.error("producer failed", workload=self.spec.workload, exc_info=exc)
+            await self._event("done", state="failed", message=self.error)
+        finally:
+            await self.client.close()
+
+    async def _event(self, kind: str, state: str = "", message: str = "", metrics: dict[str, float] | None = None) -> None:
+        ev = WorkloadEvent(workload=self.spec.workload, tenant=self.spec.tenant, kind=kind, state=state,  # type: ignore[arg-type]
+                           step=self.progress.version, episodes=self.progress.episodes,
+                           metrics=metrics or {}, message=message, at=time.time())
+        try:
+            await self.client.publish_event(ev)
+        except NexusError as exc:
+            self.log.warning("event publish failed", error=str(exc))
+
+    async def _retry(self, fn, *args, **kwargs) -> Any:
+        """Ride out a master or inferencer restart (calls safe to repeat only)."""
+        return await retry_through_outage(
+            fn, *args, on_retry=lambda exc: self.log.warning(
+                "retrying after outage", call=getattr(fn, "__name__", "?"), error=exc.message), **kwargs)
+
+    def _target_reached(self, values: list[float]) -> bool:
+        """schedule.budget.target: the rolling mean of the last ``target_window`` values (the
+        window full) against its bound."""
+        s = self.spec
+        if not s.target_metric or len(values) < s.target_window:
+            return False
+        mean = float(np.mean(values[-s.target_window:]))
+        hit = ((s.target_at_least is not None and mean >= s.target_at_least)
+               or (s.target_at_most is not None and mean <= s.target_at_most))
+        if hit and not self.target_message:
+            bound = f">= {s.target_at_least:g}" if s.target_at_least is not None else f"<= {s.target_at_most:g}"
+            self.target_message = (f"target reached: {s.target_metric} {mean:.4g} {bound} "
+                                   f"(mean of the last {s.target_window})")
+        return hit
+
+    def _budget_left(self) -> bool:
+        s, p = self.spec, self.progress
+        if self.target_message:
+            return False
+        if s.max_steps and p.version >= s.max_steps:
+            return False
+        if s.max_episodes and p.episodes >= s.max_episodes:
+            return False
+        if s.max_wall_s and time.monotonic() - p.started >= s.max_wall_s:
+            return False
+        return True
+
+    async def _refresh_version(self) -> None:
+        ref = await self._retry(self.client.latest_weights, self.spec.tenant)
+        if ref is not None:
+            self.progress.version = ref.version
+
+    async def _reserve(self, task: str) -> str:
+        # One key per reserve of this producer's life: a retry after a lost reply (timeout)
+        # gets the same job back instead of leaving an orphan on the tenant's in-flight cap.
+        self._reserves += 1
+        key = f"{self.spec.workload}.{self._life}.{self._reserves}"
+        while True:
+            try:
+                return (await self._retry(self.client.reserve, self.spec.tenant, task, key=key,
+                                          workload=self.spec.workload)).job
+            except Busy as exc:  # back-pressure: the trainer is behind; wait, do not pile up
+                await asyncio.sleep(float(exc.details.get("retry_after_s", 0.5)))
+                await self._refresh_version()
+                if not self._budget_left():
+                    return ""
+
+    async def _wait_jobs(self) -> None:
+        """Wait until every job this producer queued is trained (or dropped / failed)."""
+        for job in self.progress.jobs:
+            try:
+                await self._retry(self.client.wait_job, self.spec.tenant, job, timeout_s=3600)
+            except NotFound:
+                pass  # compacted: the master deletes only finished records
+        await self._final_export()
+        await self._refresh_version()
+
+    async def _final_export(self) -> None:
+        """outputs.export_every_steps skips exports between every N steps: the workload's last
+        trained version is exported here if the trainer skipped it."""
+        if not self.progress.jobs:
+            return
+        try:
+            last = await self._retry(self.client.job, self.spec.tenant, self.progress.jobs[-1])
+        except NotFound:
+            return
+        ref = await self._retry(self.client.latest_weights, self.spec.tenant)
+        if last.trained_version > (ref.version if ref is not None else -1):
+            await self._retry(self.client.export_params, self.spec.tenant)
+
+    async def _put(self, item: QueuePutRequest) -> bool:
+        """queue_put that waits out the SFT prefetch cap (Busy) with the master's retry hint.
+
+        False when the job is no longer open (the master sealed or failed it while this
+        producer was thought gone): the caller moves on to a new job; what was put is kept."""
+        deadline = time.monotonic() + PUT_BUSY.deadline_s
+        attempt = 0
+        while True:
+            try:
+                await self._retry(self.client.queue_put, item)
+                return True
+            except FailedPrecondition:
+                rec = await self._retry(self.client.job, item.tenant, item.job)
+                if rec.state in ("reserved", "filling"):
+                    raise
+                self.log.warning("job closed under its producer; moving on", job=item.job, state=rec.state,
+                                 reason=rec.reason)
+                return False
+            except Busy as exc:
+                attempt += 1
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(PUT_BUSY.delay(attempt, float(exc.details.get("retry_after_s", 0.0))))
+
+    async def _mark_ready(self, job: str) -> None:
+        """mark_ready; a job the master already sealed (ready) is waited for like any other,
+        one it failed is left out."""
+        try:
+            await self._retry(self.client.mark_ready, self.spec.tenant, job)
+        except FailedPrecondition:
+            rec = await self._retry(self.client.job, self.spec.tenant, job)
+            if rec.state == "failed" or rec.state == "dropped_stale":
+                return
+            if rec.state in ("reserved", "filling"):
+                raise
+        self.progress.jobs.append(job)
+
+    # -- episodes ------------------------------------------------------------------------
+    async def _episode(self, env: Any, seed: int, sample: bool, version: int, exec_steps: int,
+                       record: list[dict[str, Any]] | None) -> tuple[bool, float]:
+        """One episode with the inference service's policy; transitions go to ``record``."""
+        obs, info = await asyncio.to_thread(env.reset, seed)
+        low, high = np.asarray(env.spec.action_low, np.float32), np.asarray(env.spec.action_high, np.float32)
+        total, success, done = 0.0, False, False
+        while not done:
+            reply = await self.client.predict(self.spec.policy_tenant or self.spec.tenant, obs.images, obs.state,
+                                              obs.instruction,
+                                              version=version, sample=sample, timeout_s=60)
+            chunk = np.asarray(reply.actions, np.float32)
+            n = len(chunk) if exec_steps <= 0 else min(exec_steps, len(chunk))
+            reward, terminated, truncated = 0.0, False, False
+            next_obs = obs
+            for a in chunk[:n]:
+                next_obs, r, terminated, truncated, info = await asyncio.to_thread(env.step, np.clip(a, low, high))
+                reward += float(r)
+                if terminated or truncated:
+                    break
+            if record is not None:
+                record.append({"obs": obs, "action": chunk, "log_prob": reply.log_prob, "value": reply.value,
+                               "reward": reward, "terminated": terminated, "truncated": truncated,
+                               "version": reply.version})
+            total += reward
+            success = success or bool(info.get("success", False))
+            done = terminated or truncated
+            obs = next_obs
+        return success, total
+
+    def _episode_done(self, success: bool, ret: float) -> None:
+        p = self.progress
+        p.episodes += 1
+        p.successes += int(success)
+        p.returns.append(ret)

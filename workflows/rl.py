@@ -1,0 +1,139 @@
+"""RL: episodes with the current policy through the inference service -> transitions with
+behaviour version, log-prob, value, reward, done -> GAE -> reserve / queue_put / mark_ready ->
+(trainer: PPO) -> new version synced back; asynchronous, bounded by the in-flight cap and the
+staleness bound; rollouts gated by the master (1 active per tenant, 3 globally).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+
+from protocol.errors import Busy, InvalidField
+from protocol.messages import QueuePutRequest
+from workflows.common import Workflow
+from workflows.gae import gae
+
+# Defaults with a reason each; a spec's algo dict overrides them.
+RL_DEFAULTS = {
+    "gamma": 0.99,  # episodes are short (<= 50 steps): little discounting needed
+    "gae_lambda": 0.95,
+    "episodes_per_update": 8,  # one job = the transitions of this many episodes
+    "micro_batch": 64,  # rows per queue item (a trainer step each)
+    "normalize_advantages": True,  # standardise over each rollout (master/spec.py)
+    "parallel_envs": 1,  # episodes rolled out at once (their requests share inferencer groups)
+    "exec_steps": 0,  # env steps per predicted chunk; 0 = the whole chunk
+}
+MAX_PARALLEL_ENVS = 256  # the spec's bound (master/spec.py PPOAlgorithm.parallel_envs)
+
+
+class RLWorkflow(Workflow):
+    kind = "rl"
+
+    async def train(self) -> None:
+        import envs
+
+        algo = {**RL_DEFAULTS, **self.spec.algo}
+        # Several episodes at once: their predict requests meet in the inferencer's groups
+        # (one base forward for all of them) instead of queueing one round trip at a time.
+        n_envs = max(1, int(algo.get("parallel_envs", 1)))
+        if n_envs > MAX_PARALLEL_ENVS:  # the spec bounds it too; a raw start_producer must not
+            raise InvalidField("algo.parallel_envs", f"{n_envs} is over the limit of {MAX_PARALLEL_ENVS}")
+        pool = [await asyncio.to_thread(envs.make, self.spec.env_id, **self.spec.env_options) for _ in range(n_envs)]
+        seed = self.spec.seed * 1_000_003
+        window: list[tuple[bool, float]] = []
+        try:
+            while self._budget_left():
+                await self._rollout_gate(True)
+                try:
+                    segments: list[list[dict[str, Any]]] = []
+                    # Either so many episodes, or episodes until so many policy steps.
+                    by_steps = int(algo.get("steps_per_update") or 0)
+                    while (sum(len(seg) for seg in segments) < by_steps if by_steps
+                           else len(segments) < int(algo["episodes_per_update"])):
+                        k = n_envs if by_steps else min(n_envs, int(algo["episodes_per_update"]) - len(segments))
+                        records: list[list[dict[str, Any]]] = [[] for _ in range(k)]
+                        results = await asyncio.gather(*(
+                            self._episode(pool[j], seed + j, True, -1, int(algo["exec_steps"]), records[j])
+                            for j in range(k)))
+                        seed += k
+                        for steps, (success, ret) in zip(records, results):
+                            segments.append(steps)
+                            self._episode_done(success, ret)
+                            window.append((success, ret))
+                finally:
+                    await self._rollout_gate(False)
+                await self._queue_rl(segments, algo)
+                if self.spec.target_metric:
+                    key = 0 if self.spec.target_metric == "success_rate" else 1
+                    self._target_reached([float(w[key]) for w in window])
+                window = window[-max(50, self.spec.target_window):]
+                await self._refresh_version()
+                await self._event("progress", metrics={
+                    "success_rate": float(np.mean([w[0] for w in window])),
+                    "mean_return": float(np.mean([w[1] for w in window])),
+                })
+            await self._wait_jobs()
+            self.final = {"success_rate": float(np.mean([w[0] for w in window])) if window else 0.0,
+                          "mean_return": float(np.mean([w[1] for w in window])) if window else 0.0}
+        finally:
+            for env in pool:
+                env.close()
+
+    async def _rollout_gate(self, begin: bool) -> None:
+        # The master's gate: 1 active rollout per tenant, 3 in all; Busy says wait for a turn.
+        gate = self.client.rollout_begin if begin else self.client.rollout_end
+        while True:
+            try:
+                await self._retry(gate, self.spec.tenant, self.spec.workload, timeout_s=30)
+                return
+            except Busy as exc:
+                await asyncio.sleep(float(exc.details.get("retry_after_s", 0.5)))
+
+    async def _queue_rl(self, segments: list[list[dict[str, Any]]], algo: dict[str, Any]) -> None:
+        rows: list[dict[str, Any]] = []
+        for steps in segments:
+            rewards = np.array([s["reward"] for s in steps], np.float32)
+            values = np.array([s["value"] for s in steps], np.float32)
+            dones = np.array([s["terminated"] for s in steps], bool)
+            # A truncated episode bootstraps from its last value estimate (time limit, not failure).
+            last_value = 0.0 if steps[-1]["terminated"] else float(values[-1])
+            adv, ret = gae(rewards, values, dones, last_value, float(algo["gamma"]), float(algo["gae_lambda"]))
+            for s, a, r in zip(steps, adv, ret):
+                rows.append({**s, "adv": a, "ret": r})
+        if not rows:
+            return
+        if algo.get("normalize_advantages", True) and len(rows) > 1:
+            adv_all = np.array([r["adv"] for r in rows], np.float32)
+            mean, std = float(adv_all.mean()), float(adv_all.std())
+            rows = [{**r, "adv": (r["adv"] - mean) / (std + 1e-8)} for r in rows]
+        # PPO epochs: each pass over the rollout, in a fresh order, is more micro-batches of
+        # the same job (the trainer applies them in order, one step each).
+        order_rng = np.random.default_rng(self.progress.episodes)
+        passes = []
+        for _ in range(max(1, int(algo.get("epochs", 1)))):
+            passes.extend(rows[i] for i in order_rng.permutation(len(rows)))
+        rows = passes
+        job = await self._reserve("rl")
+        if not job:
+            return
+        mb = int(algo["micro_batch"])
+        for seq, lo in enumerate(range(0, len(rows), mb)):
+            part = rows[lo: lo + mb]
+            item = QueuePutRequest(
+                tenant=self.spec.tenant, job=job, seq=seq,
+                images={k: np.stack([r["obs"].images[k] for r in part]) for k in part[0]["obs"].images},
+                state=np.stack([r["obs"].state for r in part]).astype(np.float32),
+                instructions=[r["obs"].instruction for r in part],
+                actions=np.stack([r["action"] for r in part]).astype(np.float32),
+                old_log_prob=np.array([r["log_prob"] for r in part], np.float32),
+                advantages=np.array([r["adv"] for r in part], np.float32),
+                returns=np.array([r["ret"] for r in part], np.float32),
+                behaviour_version=min(int(r["version"]) for r in part),
+            )
+            if not await self._put(item):
+                break
+            self.progress.items += 1
+        await self._mark_ready(job)
