@@ -176,17 +176,22 @@ class RoleProcs:
         return path.read_text(errors="replace") if path.exists() else ""
 
     def stop_all(self) -> None:
+        """Stop in the stages `nexus down` uses: workers (they hand work back and send their
+        last usage report to the master), then the master, then health and monitor."""
         import signal
 
-        for _, _, proc in reversed(self.procs):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for _, _, proc in self.procs:
-            try:
-                proc.wait(timeout=30)
-            except Exception:
-                proc.kill()
-                proc.wait()
+        stages = (("env", "trainer", "inferencer"), ("master",), None)
+        for stage in stages:
+            procs = [p for role, _, p in reversed(self.procs) if stage is None or role in stage]
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM)
+            for proc in procs:
+                try:
+                    proc.wait(timeout=30)
+                except Exception:
+                    proc.kill()
+                    proc.wait()
 
 
 @pytest.fixture
