@@ -251,7 +251,8 @@ class Workflow:
         while not done:
             reply = await self.client.predict(self.spec.policy_tenant or self.spec.tenant, obs.images, obs.state,
                                               obs.instruction,
-                                              version=version, sample=sample, timeout_s=60)
+                                              version=version, sample=sample, timeout_s=60,
+                                              workload=self.spec.workload)  # metered to this workload
             chunk = np.asarray(reply.actions, np.float32)
             n = len(chunk) if exec_steps <= 0 else min(exec_steps, len(chunk))
             reward, terminated, truncated = 0.0, False, False
