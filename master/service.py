@@ -157,6 +157,31 @@ class Master(WorkloadOps, Role):
         return {"tenants": len(self.sched.tenants), "jobs": states,
                 "dropped_stale": dict(self.sched.dropped_stale)}
 
+    def heartbeat_gauges(self) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+        """The monitor's control signals per tenant (docs/observability.md): queued jobs, jobs
+        on a trainer, how stale the oldest ready rollout is, stale drops, active rollouts."""
+        gauges, per_tenant = super().heartbeat_gauges()
+        depth: dict[str, float] = {t: 0.0 for t in self.sched.tenants}
+        in_flight, stale = dict(depth), dict(depth)
+        for j in self.sched.jobs.values():
+            if j.state in ("reserved", "filling", "ready"):
+                depth[j.tenant] = depth.get(j.tenant, 0.0) + 1
+                if j.state == "ready" and j.task == "rl" and j.behaviour_version >= 0:
+                    lag = self.sched.versions.get(j.tenant, 0) - j.behaviour_version
+                    stale[j.tenant] = max(stale.get(j.tenant, 0.0), float(lag))
+            elif j.state in ("leased", "trained", "exported", "synced"):
+                in_flight[j.tenant] = in_flight.get(j.tenant, 0.0) + 1
+        now = time.time()
+        rollouts = dict.fromkeys(depth, 0.0)
+        for key, expiry in self.rollouts.items():
+            if expiry > now:
+                tenant = key.split("/", 1)[0]
+                rollouts[tenant] = rollouts.get(tenant, 0.0) + 1
+        per_tenant.update(queue_depth=depth, jobs_in_flight=in_flight, staleness_versions=stale,
+                          dropped_stale={t: float(n) for t, n in self.sched.dropped_stale.items()},
+                          active_rollouts=rollouts)
+        return gauges, per_tenant
+
     # -- state ---------------------------------------------------------------------------
     async def _load_state(self) -> None:
         for key in await kv_keys(self.kv_tenants):
