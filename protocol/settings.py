@@ -331,7 +331,7 @@ class MonitorSettings(EnvSettings):
     """The monitor's retained series and its Prometheus endpoint (actors/monitor.py)."""
 
     roles = ("monitor",)
-    readers = "monitor; `nexus up` prints the endpoint"
+    readers = "monitor (`nexus up` prints where the endpoint is)"
 
     # 1 s beats: 600 points are ten minutes of each series.
     points: int = Field(600, ge=2, le=100_000, **var(

@@ -61,6 +61,7 @@ def deployment(nats_server, tmp_path_factory):
 
     asyncio.run(layout())
     procs = _Procs(nats_server.url, names.prefix, tmp_path_factory.mktemp("observe"))
+    t0 = time.monotonic()
     try:
         procs.start_all([("monitor", {"NEXUS_METRICS_PORT": "0"}), ("health", {}), ("master", {}), ("trainer", {}),
                          ("env", {}), ("inferencer", {"NEXUS_INFER_BASE": "tiny-qwen3-vl-64"})])
@@ -78,7 +79,9 @@ def deployment(nats_server, tmp_path_factory):
             finally:
                 await c.close()
 
+        t1 = time.monotonic()
         recs, info = asyncio.run(run())
+        print(f"roles up in {t1 - t0:.1f} s, workloads in {time.monotonic() - t1:.1f} s")
         assert [r.state for r in recs] == ["completed"] * 3, [(r.state, r.message) for r in recs]
         procs.metrics_url = info.extra["metrics_url"]  # type: ignore[attr-defined]
         time.sleep(1.0)  # a few more beats: rates need two of them after the work
@@ -110,6 +113,7 @@ def test_prometheus_endpoint_serves_every_signal(deployment):
     assert url.startswith("http://127.0.0.1:") and url.endswith("/metrics")
     ctype, text = _scrape(url)
     assert ctype.startswith("text/plain")
+    print("\n".join(line for line in text.splitlines() if "o-sft" in line or "trainer" in line))
     fams = list(text_string_to_metric_families(text))
     names = {f.name for f in fams}
     # The classic parser names a counter family without its _total suffix.
@@ -206,6 +210,7 @@ def test_nexus_top_once_and_json(deployment):
     out = subprocess.run(nexus_cmd("top", "--once", *flags), capture_output=True, text=True, env=python_env(),
                          timeout=60)
     assert out.returncode == 0, out.stderr
+    print(out.stdout)  # with -s: the frame docs/observability.md shows
     for word in ("roles", "tenants", "trainer", "inferencer", "o-sft", "o-rl", "BUSY", "QUEUE", "LOSS"):
         assert word in out.stdout, (word, out.stdout)
 
