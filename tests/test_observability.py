@@ -238,3 +238,48 @@ def test_series_store_bounds():
     assert s.forget(role="env", instance="e19") == 1
     with pytest.raises(ValueError, match="labels"):
         s.record("loss", 1.0, role="x", instance="y")
+
+
+def test_real_prometheus_scrapes_the_endpoint(deployment, tmp_path):
+    """Debian's `prometheus` scrapes the monitor (skipped where the binary is not installed)."""
+    import shutil
+    import urllib.parse
+
+    from actors.broker import free_port
+
+    binary = shutil.which("prometheus")
+    if binary is None:
+        pytest.skip("no prometheus binary (Debian package `prometheus`)")
+    target = deployment.metrics_url.removeprefix("http://").removesuffix("/metrics")
+    (tmp_path / "prometheus.yml").write_text(
+        "global: {scrape_interval: 1s}\n"
+        f"scrape_configs:\n  - job_name: vla-nexus\n    static_configs: [{{targets: ['{target}']}}]\n")
+    port = free_port()
+    log = open(tmp_path / "prometheus.log", "wb")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen([binary, f"--config.file={tmp_path / 'prometheus.yml'}",
+                             f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"],
+                            stdout=log, stderr=subprocess.STDOUT)
+
+    def query(expr: str) -> list:
+        url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return json.loads(resp.read())["data"]["result"]
+
+    try:
+        deadline, got = time.monotonic() + 30, []
+        while time.monotonic() < deadline:
+            try:
+                got = query('nexus_policy_version{tenant="o-sft"}')
+                if got:
+                    break
+            except OSError:  # not listening yet
+                pass
+            time.sleep(0.5)
+        assert got and float(got[0]["value"][1]) == 3, (got, (tmp_path / "prometheus.log").read_text()[-2000:])
+        assert float(query('up{job="vla-nexus"}')[0]["value"][1]) == 1
+        busy = query('nexus_busy_fraction{role="trainer"}')
+        assert busy and 0 <= float(busy[0]["value"][1]) <= 1
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        log.close()
