@@ -46,6 +46,8 @@ _LEVELS = {"memory_bytes": "memory_bytes", "device_memory_bytes": "device_memory
 _METRICS = {"loss": "loss", "version": "policy_version", "weight_sync_s": "weight_sync_seconds"}
 # Workload progress / done metrics kept as learning series.
 _PROGRESS = ("success_rate", "mean_return")
+# The queue curves in TensorBoard: one point per tenant this often, not one per master beat.
+TB_CONTROL_EVERY_S = 5.0
 
 
 class Monitor(Role):
@@ -66,6 +68,7 @@ class Monitor(Role):
         self._prev: dict[str, Heartbeat] = {}
         self._down_unreplaced: dict[str, int] = {}  # role -> instances gone, none new seen since
         self._restarts: dict[str, int] = {}
+        self._tb_control_at = float("-inf")
 
     async def setup(self) -> None:
         assert self.bus is not None
@@ -77,6 +80,7 @@ class Monitor(Role):
         await nc.subscribe(self.names.health_events_all, cb=self._on_health_event)
         await nc.subscribe(self.names.metrics_all, cb=self._on_metric)
         await nc.subscribe(self.names.workload_events_all, cb=self._on_workload_event)
+        await nc.subscribe(self.names.tenant_deleted_all, cb=self._on_tenant_deleted)
         self.spawn(self._tick_loop, "tick", critical=True)
 
     def _start_endpoint(self) -> None:
@@ -141,8 +145,10 @@ class Monitor(Role):
                     self.store.record("batch_wait_seconds", wait, at=at, **ri)
         for signal, per_tenant in hb.tenant_gauges.items():
             self.store.record_tenants(signal, per_tenant, at=at)
-            if self.boards is not None and signal in ("queue_depth", "jobs_in_flight"):
-                for tenant, value in per_tenant.items():
+        if self.boards is not None and hb.tenant_gauges and time.monotonic() - self._tb_control_at >= TB_CONTROL_EVERY_S:
+            self._tb_control_at = time.monotonic()
+            for signal in ("queue_depth", "jobs_in_flight"):
+                for tenant, value in hb.tenant_gauges.get(signal, {}).items():
                     self.boards.scalar(self.store.tenant_label(tenant), f"control/{signal}", value, at=at)
 
     def _went_down(self, entry: Entry) -> None:
@@ -199,6 +205,11 @@ class Monitor(Role):
         if ev.kind == "done" and self.boards is not None:
             for name, value in ev.metrics.items():
                 self.boards.scalar(tenant, f"eval/{name}", value, step=ev.step, at=at)
+
+    async def _on_tenant_deleted(self, msg: Any) -> None:
+        tenant = msg.subject.rsplit(".", 1)[-1]
+        dropped = self.store.drop_tenant(tenant)
+        self.log.info("tenant series dropped (tenant deleted)", tenant=tenant, series=dropped)
 
     # -- the periodic pass ---------------------------------------------------------------
     async def _tick_loop(self) -> None:

@@ -149,6 +149,12 @@ class SeriesStore:
                 del self._series[k]
         return len(keys)
 
+    def drop_tenant(self, tenant: str) -> int:
+        """A deleted tenant: its series go and its label's place under the cap is free again."""
+        if self._tenants.pop(tenant, 0) is None:
+            return self.forget(tenant=tenant)
+        return 0
+
     def __len__(self) -> int:
         return len(self._series)
 

@@ -236,6 +236,12 @@ def test_series_store_bounds():
         s.record("memory_bytes", 1.0, role="env", instance=f"e{i}")
     assert len(s) == 10 and s.evicted == 15
     assert s.forget(role="env", instance="e19") == 1
+    s2 = SeriesStore(points=4, retain_s=100.0, series_max=100, tenant_cap=1)
+    s2.record("loss", 1.0, tenant="a")
+    s2.record("loss", 1.0, tenant="b")  # over the cap
+    assert s2.drop_tenant("a") == 1 and s2.drop_tenant("nope") == 0
+    s2.record("loss", 2.0, tenant="b")  # a's place is b's now
+    assert {lab["tenant"] for _, lab, *_ in s2.latest()} == {"b", OTHER_TENANT}
     with pytest.raises(ValueError, match="labels"):
         s.record("loss", 1.0, role="x", instance="y")
 
