@@ -336,7 +336,7 @@ def top(
     json: Json = False, timeout_s: TimeoutS = 5.0,
 ) -> int:
     """A live view from the monitor, once a second: roles, busy fraction, tenants' queues and learning; q quits."""
-    from sdk.term import _console, print_json
+    from sdk.term import console, print_json
     from sdk.top import build_view, fetch, live, render
 
     async def go():
@@ -350,7 +350,7 @@ def top(
     if json:
         print_json(view)
     elif view is not None:
-        _console(sys.stdout).print(render(view))
+        console().print(render(view))
     return EXIT_OK
 
 

@@ -289,3 +289,23 @@ def test_real_prometheus_scrapes_the_endpoint(deployment, tmp_path):
         proc.terminate()
         proc.wait(timeout=30)
         log.close()
+
+
+def test_grafana_dashboard_and_prometheus_config_name_real_signals():
+    """deploy/compose's provisioned dashboard queries only families the monitor serves, and its
+    prometheus.yml passes promtool (where installed)."""
+    import re
+    import shutil
+
+    from tests.conftest import ROOT
+
+    served = {f"nexus_{n}" + ("_total" if s.kind == "counter" else "") for n, s in SIGNALS.items()}
+    dash = json.loads((ROOT / "deploy/compose/grafana/dashboards/vla-nexus.json").read_text())
+    queried = {m for p in dash["panels"] for t in p["targets"] for m in re.findall(r"nexus_[a-z_]+", t["expr"])}
+    assert queried and queried <= served, queried - served
+    assert served <= queried, served - queried  # every signal has a panel
+    promtool = shutil.which("promtool")
+    if promtool:
+        out = subprocess.run([promtool, "check", "config", str(ROOT / "deploy/compose/prometheus.yml")],
+                             capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0, out.stdout + out.stderr
