@@ -11,7 +11,7 @@ Bounded (docs/observability.md): traces are sampled parent-based, a root span by
 (``NEXUS_TRACE_SAMPLE_RATIO``), a child as its parent was, so every process keeps or skips the
 same traces; a span of an unsampled trace is still recorded and kept when it ends in an error,
 lasts ``NEXUS_TRACE_SLOW_MS`` or more, or is a timeline span (`KEEP_SPAN_NAMES`). Span files
-rotate past ``NEXUS_TRACE_FILE_MAX_MB`` (``.1`` ... ``.N``, ``NEXUS_TRACE_FILE_BACKUPS``).
+rotate past ``NEXUS_TRACE_FILE_MAX_MB`` (``x.1.jsonl`` ... ``x.N.jsonl``, ``NEXUS_TRACE_FILE_BACKUPS``).
 """
 
 from __future__ import annotations
@@ -42,8 +42,9 @@ from opentelemetry.trace import StatusCode
 from protocol.settings import TelemetrySettings
 
 TRACER_NAME = "vla-nexus"
-# The busy timelines sdk/report.py draws: one span per trainer round / inferencer forward (a
-# few a second), kept in every trace so utilisation never depends on the sampling ratio.
+# The busy timelines sdk/report.py draws (its TIMELINE_SPANS; a test checks they agree): one
+# span per trainer round / inferencer forward, a few a second, kept in every trace so the
+# utilisation it reports never depends on the sampling ratio.
 KEEP_SPAN_NAMES = frozenset({"trainer.round", "inferencer.forward"})
 
 
@@ -101,8 +102,9 @@ class KeepingSpanProcessor(BatchSpanProcessor):
 class JsonlSpanExporter(SpanExporter):
     """Append finished spans as JSON lines; safe to read while the process runs.
 
-    Past ``max_bytes`` the file is rotated: ``x.jsonl`` -> ``x.jsonl.1`` -> ... ->
-    ``x.jsonl.<backups>`` (the oldest is deleted); with no backups it starts again empty."""
+    Past ``max_bytes`` the file is rotated: ``x.jsonl`` -> ``x.1.jsonl`` -> ... ->
+    ``x.<backups>.jsonl`` (the oldest is deleted); with no backups it starts again empty. The
+    rotated names still end in ``.jsonl``, so readers of ``traces/*.jsonl`` see them."""
 
     def __init__(self, path: Path, max_bytes: int = 64 << 20, backups: int = 3) -> None:
         self.path, self.max_bytes, self.backups = path, max_bytes, backups
@@ -122,14 +124,16 @@ class JsonlSpanExporter(SpanExporter):
                 self._rotate()
         return SpanExportResult.SUCCESS
 
+    def rotated(self, i: int) -> Path:
+        return self.path.with_name(f"{self.path.stem}.{i}{self.path.suffix}")
+
     def _rotate(self) -> None:
         self._fh.close()
         if self.backups > 0:
             for i in range(self.backups - 1, 0, -1):
-                older = self.path.with_name(f"{self.path.name}.{i}")
-                if older.exists():
-                    older.replace(self.path.with_name(f"{self.path.name}.{i + 1}"))
-            self.path.replace(self.path.with_name(f"{self.path.name}.1"))
+                if self.rotated(i).exists():
+                    self.rotated(i).replace(self.rotated(i + 1))
+            self.path.replace(self.rotated(1))
         self._fh = open(self.path, "w", encoding="utf-8")  # noqa: SIM115 - closed in shutdown
         self.rotations += 1
 

@@ -322,7 +322,7 @@ class TelemetrySettings(EnvSettings):
     slow_ms: float = Field(1000.0, ge=0, **var(
         "NEXUS_TRACE_SLOW_MS", "a span at least this long (ms) is kept even in an unsampled trace"))
     file_max_mb: float = Field(64.0, gt=0, **var(
-        "NEXUS_TRACE_FILE_MAX_MB", "a span file is rotated (`.1`, `.2`, ...) past this size (MB)"))
+        "NEXUS_TRACE_FILE_MAX_MB", "a span file is rotated (`x.1.jsonl`, `x.2.jsonl`, ...) past this size (MB)"))
     file_backups: int = Field(3, ge=0, le=100, **var(
         "NEXUS_TRACE_FILE_BACKUPS", "rotated span files kept per process (0: truncate instead)"))
 

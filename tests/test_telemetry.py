@@ -81,10 +81,17 @@ def test_span_files_rotate_by_size(tmp_path):
         provider.force_flush()
     provider.shutdown()
     files = sorted(p.name for p in tmp_path.iterdir())
-    assert files == ["t.jsonl", "t.jsonl.1", "t.jsonl.2"], files
+    assert files == ["t.1.jsonl", "t.2.jsonl", "t.jsonl"], files  # all still *.jsonl for readers
     assert exporter.rotations >= 3  # more rotations than backups: the oldest were deleted
     for name in files:
         size = (tmp_path / name).stat().st_size
         assert size < 4096 + 16 * 1024, (name, size)  # one export batch past the bound at most
         for line in (tmp_path / name).read_text().splitlines():
             json.loads(line)  # every kept line whole
+
+
+def test_timeline_spans_are_the_reports():
+    from actors.tracing import KEEP_SPAN_NAMES
+    from sdk.report import TIMELINE_SPANS
+
+    assert KEEP_SPAN_NAMES == set(TIMELINE_SPANS)
