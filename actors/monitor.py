@@ -94,8 +94,8 @@ class Monitor(Role):
         self.log.info("metrics endpoint", url=self.metrics_url)
 
     async def on_drain(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
+        if self._server is not None:  # shutdown() waits out the server's poll: not on the loop
+            await asyncio.to_thread(self._server.shutdown)
         if self.boards is not None:
             self.boards.close()
 
