@@ -47,7 +47,7 @@ import numpy as np
 from actors.metering import Meter, final_flush, flush_loop
 from actors.ratelimit import TenantBuckets
 from actors.reply_cache import ReplyCache
-from actors.runtime import Role, RoleConfig
+from actors.runtime import Role, RoleConfig, device_memory_bytes
 from actors.serving import ServingHeads
 from protocol.errors import Busy, Draining, InternalError, NexusError, QuotaExceeded
 from protocol.messages import ErrorReply, PredictReply, PredictRequest, WeightsRef
@@ -168,6 +168,8 @@ class Inferencer(Role):
         self.queues: dict[Any, _Queue] = {}
         self._arrival = asyncio.Event()
         self.served = 0
+        self.busy_s = 0.0  # seconds in forwards (the device's busy time)
+        self.batch_wait_s = 0.0  # summed over served requests: arrival to their group's start
         self.groups = 0
         self.dropped = 0
         # Bounded work and dedup (see the module docstring).
@@ -237,6 +239,14 @@ class Inferencer(Role):
             "max_queue_per_key": self.admission.max_queue_per_key, "max_queued": self.admission.max_queued,
             "usage": self.meter.info(), "rate_refused": dict(self.rate.refused),
         }
+
+    def heartbeat_gauges(self) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+        gauges, per_tenant = super().heartbeat_gauges()
+        gauges.update(busy_s=self.busy_s, served=float(self.served), groups=float(self.groups),
+                      batch_wait_s=self.batch_wait_s, queued=float(sum(len(q.items) for q in self.queues.values())))
+        if self.heads is not None:
+            gauges["device_memory_bytes"] = float(device_memory_bytes(self.heads.base.device))
+        return gauges, per_tenant
 
     async def _leave_group_on_stop(self) -> None:
         """On a drain, leave the queue group at once (new requests go to the other instances)
@@ -430,7 +440,7 @@ class Inferencer(Role):
             started = time.monotonic()
             try:
                 prepared = await asyncio.to_thread(self._prepare, group, started)
-                fut = loop.run_in_executor(self._forward_pool, self._forward, group, *prepared)
+                fut = loop.run_in_executor(self._forward_pool, self._timed_forward, group, *prepared)
             except Exception as exc:  # a failed prepare fails its group, never the role
                 fut = loop.create_future()
                 fut.set_exception(exc)
@@ -453,6 +463,7 @@ class Inferencer(Role):
                     self.dropped += 1
                 elif isinstance(result, PredictReply):
                     result.queue_wait_s = started - p.arrived
+                    self.batch_wait_s += result.queue_wait_s
                     result.forward_s = forward_s
                     live += 1
                 await self._finish(p, result)
@@ -523,6 +534,14 @@ class Inferencer(Role):
             except (InputError, ValueError, TypeError) as exc:
                 results[i] = ErrorReply.from_exception(_input_error(exc))
         return ok, (VLABatch.cat(parts) if parts else None)
+
+    def _timed_forward(self, *args: Any) -> list[Any]:
+        """`_forward`, its time added to ``busy_s`` (one forward thread: the device's busy time)."""
+        started = time.perf_counter()
+        try:
+            return self._forward(*args)
+        finally:
+            self.busy_s += time.perf_counter() - started
 
     def _forward(self, group: list[_Pending], results: list[Any], live: list[int], packed: Any,
                  ready: Any = None) -> list[Any]:

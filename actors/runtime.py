@@ -130,6 +130,28 @@ class RoleConfig:
         return cls(**kwargs)
 
 
+def rss_bytes() -> int:
+    """This process's resident memory (Linux /proc; elsewhere the peak, from getrusage)."""
+    try:
+        with open("/proc/self/statm", "rb") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        import resource
+
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def device_memory_bytes(device: Any) -> int:
+    """Memory in use on a torch device: allocated tensors on CUDA, the process RSS on a CPU
+    device (there the device's memory is the process's)."""
+    import sys
+
+    torch = sys.modules.get("torch")  # never imported here: only a role that has torch asks
+    if torch is not None and torch.cuda.is_available() and (device is None or str(device).startswith("cuda")):
+        return int(torch.cuda.memory_allocated(device))  # None: the role's default, cuda when present
+    return rss_bytes()
+
+
 Handler = Callable[[Any, Any], Awaitable[Any]]
 LoopFactory = Callable[[], Awaitable[Any]]
 
@@ -208,6 +230,12 @@ class Role:
     def info_extra(self) -> dict[str, Any]:
         """Role-specific facts added to the ``info`` reply."""
         return {}
+
+    def heartbeat_gauges(self) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+        """Numbers each heartbeat carries for the monitor's series: role-level ones, and
+        signal -> tenant -> value. Cheap (read counters, never compute); subclasses add to
+        ``super()``'s. Every role reports its resident memory."""
+        return {"memory_bytes": float(rss_bytes())}, {}
 
     # -- built-in ops --------------------------------------------------------------------
     @op("info", InfoRequest)
@@ -480,6 +508,10 @@ class Role:
             loop_limits_s={n: s.max_quiet_s for n, s in self._loops.items() if s.max_quiet_s is not None},
             stalled=self.stalled_loops(),
         )
+        try:
+            hb.gauges, hb.tenant_gauges = self.heartbeat_gauges()
+        except Exception as exc:  # a broken gauge must not stop the beat that says the role lives
+            self.log.warning("heartbeat gauges failed", error=f"{type(exc).__name__}: {exc}")
         # Heartbeats are plain publishes without spans: one a second per role would bury
         # the traces worth reading.
         await self.bus.nc.publish(self.names.heartbeat(self.name, self.instance), encode(hb))

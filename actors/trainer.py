@@ -36,7 +36,7 @@ import numpy as np
 
 from actors.bus import retry, retry_through_outage
 from actors.metering import Meter, final_flush, flush_loop
-from actors.runtime import Role, RoleConfig, op
+from actors.runtime import Role, RoleConfig, device_memory_bytes, op
 from actors.slots import Resident, SlotStore
 from actors.tq_read import read_job_items
 from protocol.errors import Conflict, FailedPrecondition, NexusError, NotFound
@@ -121,6 +121,7 @@ class Trainer(Role):
         self._round: dict[str, JobRecord] = {}  # job id -> record: the leases being renewed
         self._lost: set[str] = set()
         self.jobs_done = 0
+        self.busy_s = 0.0  # seconds in grouped train steps (the device's busy time)
         self.leases_lost = 0
         self.released = 0
         # Grouped steps whose one base forward held LoRA and frozen-base tenants together.
@@ -149,6 +150,13 @@ class Trainer(Role):
                 "slots": self.store.memory_report() if self.store else {},
                 "bases": sorted(self.store.bases) if self.store else [],
                 "usage": self.meter.info()}
+
+    def heartbeat_gauges(self) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+        gauges, per_tenant = super().heartbeat_gauges()
+        gauges.update(busy_s=self.busy_s, group_size=float(len(self._round)), jobs_done=float(self.jobs_done))
+        if self.store is not None:
+            gauges["device_memory_bytes"] = float(device_memory_bytes(self.store.device))
+        return gauges, per_tenant
 
     async def _on_ready(self, msg: Any) -> None:
         self._wake.set()
@@ -246,7 +254,9 @@ class Trainer(Role):
                     await self._release(work, "trainer draining: the round did not finish in time")
                     return work
                 self._mark_lost(work)
+                started = time.perf_counter()
                 await asyncio.to_thread(self._train_step, todo, i, base_by_tenant)
+                self.busy_s += time.perf_counter() - started  # the device's share: nexus top, /metrics
             self._mark_lost(work)
             for w in todo:
                 if not w.error and not w.lost:
@@ -427,7 +437,7 @@ class Trainer(Role):
             self._maybe_fault("after_synced")
         await self._advance(job, "cleared", version)
         if "loss" in metrics:
-            await self.metric("loss", tenant, metrics["loss"])
+            await self.metric("loss", tenant, metrics["loss"], version=str(version))
         await self.metric("version", tenant, version)
         self.log.info("job done", tenant=tenant, job=job.job, version=version, step=w.res.slot.step_count,
                       items=job.items, skipped_compute=w.skip, loss=metrics.get("loss"))

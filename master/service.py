@@ -104,6 +104,9 @@ TRANSITIONS: dict[str, tuple[str, ...]] = {
     "synced": ("cleared",),
 }
 EXPIRE_EVERY_S = 1.0
+# Tenants in one heartbeat's gauges (about 30 bytes per tenant and signal: 256 keep a beat
+# near 40 KB, far under NATS's 1 MB payload); the rest ride as "other".
+BEAT_TENANTS_MAX = 256
 # Rollout gate: 1 active rollout per tenant, NEXUS_MAX_ACTIVE_ROLLOUTS across the deployment;
 # a slot not released within the TTL (its producer died) is reclaimed.
 ROLLOUT_TTL_S = 600.0
@@ -160,6 +163,43 @@ class Master(WorkloadOps, UsageOps, Role):
             states[j.state] = states.get(j.state, 0) + 1
         return {"tenants": len(self.sched.tenants), "jobs": states,
                 "dropped_stale": dict(self.sched.dropped_stale)}
+
+    def heartbeat_gauges(self) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+        """The monitor's control signals per tenant (docs/observability.md): queued jobs, jobs
+        on a trainer, how stale the oldest ready rollout is, stale drops, active rollouts.
+        At most `BEAT_TENANTS_MAX` tenants, busiest first (then by name); the rest are folded into
+        ``other`` (summed; staleness: the max), so a beat stays small with any tenant count."""
+        gauges, _ = super().heartbeat_gauges()
+        rows: dict[str, dict[str, float]] = {
+            t: {"queue_depth": 0.0, "jobs_in_flight": 0.0, "staleness_versions": 0.0,
+                "dropped_stale": float(self.sched.dropped_stale.get(t, 0)), "active_rollouts": 0.0}
+            for t in set(self.sched.tenants) | set(self.sched.dropped_stale)}
+        for j in self.sched.jobs.values():
+            row = rows.get(j.tenant)
+            if row is None:
+                continue
+            if j.state in ("reserved", "filling", "ready"):
+                row["queue_depth"] += 1
+                if j.state == "ready" and j.task == "rl" and j.behaviour_version >= 0:
+                    lag = self.sched.versions.get(j.tenant, 0) - j.behaviour_version
+                    row["staleness_versions"] = max(row["staleness_versions"], float(lag))
+            elif j.state in ("leased", "trained", "exported", "synced"):
+                row["jobs_in_flight"] += 1
+        now = time.time()
+        for key, expiry in self.rollouts.items():
+            row = rows.get(key.split("/", 1)[0])
+            if expiry > now and row is not None:
+                row["active_rollouts"] += 1
+        order = sorted(rows, key=lambda t: (-(rows[t]["queue_depth"] + rows[t]["jobs_in_flight"]
+                                              + rows[t]["active_rollouts"]), t))
+        per_tenant: dict[str, dict[str, float]] = {name: {} for name in next(iter(rows.values()), {})}
+        for i, tenant in enumerate(order):
+            label = tenant if i < BEAT_TENANTS_MAX else "other"
+            for name, value in rows[tenant].items():
+                have = per_tenant[name].get(label)
+                per_tenant[name][label] = value if have is None else (
+                    max(have, value) if name == "staleness_versions" else have + value)
+        return gauges, per_tenant
 
     # -- state ---------------------------------------------------------------------------
     async def _load_state(self) -> None:

@@ -114,6 +114,11 @@ class Heartbeat:
     loops: dict[str, float] = field(default_factory=dict)
     loop_limits_s: dict[str, float] = field(default_factory=dict)
     stalled: list[str] = field(default_factory=list)
+    # What the monitor keeps over time (docs/observability.md; defaults, so older beats
+    # decode): role-level levels and running totals (``busy_s``, ``memory_bytes``, ...), and
+    # per-tenant ones as signal -> tenant -> value (the master's queue depths, ...).
+    gauges: dict[str, float] = field(default_factory=dict)
+    tenant_gauges: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 @message("service.record", 1)
@@ -238,6 +243,36 @@ class ClusterStatus:
     roles: list[RoleStatus]
     metrics: dict[str, float]
     generated_at: float
+
+
+@message("monitor.snapshot_request", 1)
+@dataclass
+class SnapshotRequest:
+    """The monitor's ``snapshot`` op: its retained series (`nexus top`, scripts)."""
+
+    history: int = 0  # points per series besides the latest (0: the latest only)
+    family: str = ""  # control, learning or system; empty: all
+
+
+@dataclass
+class SeriesSnapshot:
+    """One retained series: its signal, labels and points, oldest first."""
+
+    signal: str
+    family: str
+    labels: dict[str, str]
+    at: list[float]
+    values: list[float]
+    versions: list[int] = field(default_factory=list)  # the policy version of each point (-1: none)
+
+
+@message("monitor.snapshot", 1)
+@dataclass
+class MonitorSnapshot:
+    roles: list[RoleStatus]
+    series: list[SeriesSnapshot]
+    generated_at: float
+    metrics_url: str = ""  # the Prometheus endpoint ("" when it is off)
 
 
 # -- master --------------------------------------------------------------------------

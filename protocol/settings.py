@@ -354,6 +354,46 @@ class QuotaSettings(EnvSettings):
         return TenantQuotas(**self.model_dump())
 
 
+class TelemetrySettings(EnvSettings):
+    """Span sampling and the span files' bound (actors/tracing.py)."""
+
+    roles = ROLES
+    readers = "every role (actors/tracing.py)"
+
+    # The three-tenant demo wrote 75,000 client predict spans in ten minutes: keep a tenth of
+    # the traces by default; errors and slow spans are kept whatever the ratio says.
+    sample_ratio: float = Field(0.1, ge=0, le=1, **var(
+        "NEXUS_TRACE_SAMPLE_RATIO", "share of traces kept (decided from the trace id, so every process agrees)"))
+    slow_ms: float = Field(1000.0, ge=0, **var(
+        "NEXUS_TRACE_SLOW_MS", "a span at least this long (ms) is kept even in an unsampled trace"))
+    file_max_mb: float = Field(64.0, gt=0, **var(
+        "NEXUS_TRACE_FILE_MAX_MB", "a span file is rotated (`x.1.jsonl`, `x.2.jsonl`, ...) past this size (MB)"))
+    file_backups: int = Field(3, ge=0, le=100, **var(
+        "NEXUS_TRACE_FILE_BACKUPS", "rotated span files kept per process (0: truncate instead)"))
+
+
+class MonitorSettings(EnvSettings):
+    """The monitor's retained series and its Prometheus endpoint (actors/monitor.py)."""
+
+    roles = ("monitor",)
+    readers = "monitor (`nexus up` prints where the endpoint is)"
+
+    # 1 s beats: 600 points are ten minutes of each series.
+    points: int = Field(600, ge=2, le=100_000, **var(
+        "NEXUS_MONITOR_POINTS", "points kept per series (a ring: the oldest goes first)"))
+    retain_s: float = Field(3600.0, gt=0, **var(
+        "NEXUS_MONITOR_RETAIN_S", "points older than this (s) are dropped even if the ring has room"))
+    series_max: int = Field(5000, ge=10, **var(
+        "NEXUS_MONITOR_SERIES_MAX", "series kept in all; past it the least recently updated goes"))
+    tenant_cap: int = Field(50, ge=1, **var(
+        "NEXUS_MONITOR_TENANT_CAP", "tenants with their own label; later tenants share `tenant=\"other\"`"))
+    metrics_port: int = Field(9464, ge=0, le=65535, **var(
+        "NEXUS_METRICS_PORT", "the monitor's Prometheus endpoint on 127.0.0.1 (0: a free port, shown by `nexus up`)",
+        allowed="a port, or 0 for a free one"))
+    tensorboard: bool = Field(True, **var(
+        "NEXUS_TENSORBOARD", "the monitor writes TensorBoard event files per tenant under `DATA_DIR/tensorboard/`"))
+
+
 class CliSettings(EnvSettings):
     """Read by typer (``envvar=``) in sdk/cli.py; a test checks the names agree."""
 
@@ -365,7 +405,8 @@ class CliSettings(EnvSettings):
 
 GROUPS: tuple[type[EnvSettings], ...] = (
     RoleSettings, HealthSettings, LeaseSettings, RetentionSettings, MasterSettings, TrainerSettings,
-    InferencerSettings, EnvWorkerSettings, SimulatorSettings, UsageSettings, QuotaSettings, CliSettings,
+    InferencerSettings, EnvWorkerSettings, SimulatorSettings, UsageSettings, QuotaSettings,
+    TelemetrySettings, MonitorSettings, CliSettings,
 )
 
 
@@ -562,8 +603,8 @@ def main(argv: list[str] | None = None) -> int:
 
 __all__ = [
     "FAULT_POINTS", "GROUPS", "STANDARD_VARIABLES", "CliSettings", "EnvSettings", "EnvWorkerSettings",
-    "HealthSettings", "InferencerSettings", "LeaseSettings", "MasterSettings", "RetentionSettings",
-    "RoleSettings", "SUPERVISOR_SETS", "SettingsError", "SimulatorSettings", "TrainerSettings",
+    "HealthSettings", "InferencerSettings", "LeaseSettings", "MasterSettings", "MonitorSettings", "RetentionSettings",
+    "RoleSettings", "SUPERVISOR_SETS", "SettingsError", "SimulatorSettings", "TelemetrySettings", "TrainerSettings",
     "check_supervised_roles", "env_table_markdown", "unknown_variables",
     "leases_from_env", "render_env_doc", "retention_from_env", "role_settings",
 ]

@@ -2,6 +2,7 @@
 
     nexus up [--data-dir DIR] [--nats-port PORT | --nats-url URL] [--nats-cluster 3] [--detach]
     nexus status [--json]                  nexus down [--data-dir DIR]
+    nexus top [--once] [--json]
     nexus submit SPEC [SPEC...] [--wait] [--json]
     nexus workloads list [--tenant T] [--json]     nexus tenants [--json]
     nexus tenant show NAME [--json] | delete NAME [--yes] [--json]
@@ -185,12 +186,23 @@ def _up_detached(shown_dir: Path, cfg: Any, ready_timeout_s: float) -> int:
             print(f"  nats    {state.nats_url}")
             print(f"  logs    {state.logs_dir}/ (supervisor.log, <role>.log)")
             print(f"  traces  {traces}")
+            print(f"  metrics {_metrics_where()}")
             print(f"  stop    nexus down --data-dir {shown_dir}")
             return EXIT_OK
         time.sleep(0.2)
     _err(f"the cluster did not become ready in time; see {log_path}")
     proc.terminate()
     return EXIT_FAILED
+
+
+def _metrics_where() -> str:
+    """The monitor's Prometheus endpoint, as its settings place it (or asked, for a free port)."""
+    from protocol.settings import MonitorSettings
+
+    port = MonitorSettings.from_env().metrics_port
+    if port:
+        return f"http://127.0.0.1:{port}/metrics (Prometheus; nexus top for a live view)"
+    return "a free port on 127.0.0.1: nexus top shows it"
 
 
 def _tail(path: Path, lines: int = 20) -> str:
@@ -314,6 +326,31 @@ def status(
     if wrows:
         print()
         _workloads_table(wrows)
+    return EXIT_OK
+
+
+@app.command()
+def top(
+    data_dir: DataDir = DEFAULT_DATA_DIR, nats_url: NatsUrl = None, prefix: Prefix = None,
+    once: Annotated[bool, typer.Option("--once", help="print one frame and exit")] = False,
+    json: Json = False, timeout_s: TimeoutS = 5.0,
+) -> int:
+    """A live view from the monitor, once a second: roles, busy fraction, tenants' queues and learning; q quits."""
+    from sdk.term import console, print_json
+    from sdk.top import build_view, fetch, live, render
+
+    async def go():
+        async with _client(data_dir, nats_url, prefix, timeout_s) as client:
+            if once or json:
+                return build_view(await fetch(client))
+            await live(client)
+            return None
+
+    view = _run(go())
+    if json:
+        print_json(view)
+    elif view is not None:
+        console().print(render(view))
     return EXIT_OK
 
 

@@ -21,6 +21,11 @@ def _console(file: TextIO) -> Any:
     return Console(file=file, width=None if tty else PIPE_WIDTH, highlight=False, soft_wrap=not tty)
 
 
+def console(file: TextIO | None = None) -> Any:
+    """A rich console on ``file`` (stdout) that wraps only on a terminal (`nexus top --once`)."""
+    return _console(file or sys.stdout)
+
+
 def err(text: str, *, prefix: str = "error: ") -> None:
     """One red line on stderr (plain text when stderr is not a terminal)."""
     from rich.text import Text

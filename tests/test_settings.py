@@ -64,6 +64,16 @@ GOOD: dict[str, tuple[str, object]] = {
     "NEXUS_QUOTA_PREDICT_RATE_PER_S": ("50", 50.0),
     "NEXUS_QUOTA_PREDICT_BURST": ("7", 7),
     "NEXUS_QUOTA_MAX_PRIORITY": ("4", 4),
+    "NEXUS_TRACE_SAMPLE_RATIO": ("0.5", 0.5),
+    "NEXUS_TRACE_SLOW_MS": ("250", 250.0),
+    "NEXUS_TRACE_FILE_MAX_MB": ("8", 8.0),
+    "NEXUS_TRACE_FILE_BACKUPS": ("1", 1),
+    "NEXUS_MONITOR_POINTS": ("120", 120),
+    "NEXUS_MONITOR_RETAIN_S": ("60", 60.0),
+    "NEXUS_MONITOR_SERIES_MAX": ("100", 100),
+    "NEXUS_MONITOR_TENANT_CAP": ("3", 3),
+    "NEXUS_METRICS_PORT": ("0", 0),
+    "NEXUS_TENSORBOARD": ("no", False),
     "NEXUS_NATS_PORT": ("4333", 4333),
 }
 # A value each variable refuses, and words its line must carry (the allowed values).
@@ -107,6 +117,16 @@ BAD: dict[str, tuple[str, str]] = {
     "NEXUS_QUOTA_PREDICT_RATE_PER_S": ("0", "a number > 0"),
     "NEXUS_QUOTA_PREDICT_BURST": ("0", "an integer >= 1"),
     "NEXUS_QUOTA_MAX_PRIORITY": ("11", "an integer in [-10, 10]"),
+    "NEXUS_TRACE_SAMPLE_RATIO": ("1.5", "a number in [0, 1]"),
+    "NEXUS_TRACE_SLOW_MS": ("-1", "a number >= 0"),
+    "NEXUS_TRACE_FILE_MAX_MB": ("0", "a number > 0"),
+    "NEXUS_TRACE_FILE_BACKUPS": ("101", "an integer in [0, 100]"),
+    "NEXUS_MONITOR_POINTS": ("1", "an integer in [2, 100000]"),
+    "NEXUS_MONITOR_RETAIN_S": ("0", "a number > 0"),
+    "NEXUS_MONITOR_SERIES_MAX": ("5", "an integer >= 10"),
+    "NEXUS_MONITOR_TENANT_CAP": ("0", "an integer >= 1"),
+    "NEXUS_METRICS_PORT": ("70000", "a port, or 0 for a free one"),
+    "NEXUS_TENSORBOARD": ("sometimes", "a boolean"),
     "NEXUS_NATS_PORT": ("70000", "an integer in [1, 65535]"),
 }
 # Free text or a path: nothing to refuse (an empty value is unset).
@@ -262,6 +282,22 @@ def test_roles_read_every_variable(tmp_path, monkeypatch):
         "NEXUS_ENV_MAX_SESSIONS": (env.max_sessions, 5),
         "NEXUS_ENV_PLUGINS": (env.env_settings.plugins, ("tests.crashy_env", "json")),
         "NEXUS_VULKAN_DIR": (vulkan_icd_candidates()[0], Path("/opt/vk") / ICD_FILE),
+    }
+    from actors.tracing import telemetry_settings
+
+    tel = telemetry_settings()
+    mon = Monitor(cfg).mcfg
+    reads |= {
+        "NEXUS_TRACE_SAMPLE_RATIO": (tel.sample_ratio, 0.5),
+        "NEXUS_TRACE_SLOW_MS": (tel.slow_ms, 250.0),
+        "NEXUS_TRACE_FILE_MAX_MB": (tel.file_max_mb, 8.0),
+        "NEXUS_TRACE_FILE_BACKUPS": (tel.file_backups, 1),
+        "NEXUS_MONITOR_POINTS": (mon.points, 120),
+        "NEXUS_MONITOR_RETAIN_S": (mon.retain_s, 60.0),
+        "NEXUS_MONITOR_SERIES_MAX": (mon.series_max, 100),
+        "NEXUS_MONITOR_TENANT_CAP": (mon.tenant_cap, 3),
+        "NEXUS_METRICS_PORT": (mon.metrics_port, 0),
+        "NEXUS_TENSORBOARD": (mon.tensorboard, False),
     }
     wrong = {k: got for k, (got, want) in reads.items() if got != want}
     assert not wrong

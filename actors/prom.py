@@ -1,0 +1,49 @@
+"""The monitor's Prometheus endpoint: every signal of `actors.series.SIGNALS`, newest points.
+
+A custom collector over the `SeriesStore` (nothing is copied into prometheus_client's own
+metric objects): each scrape reads the newest point of every series. The HTTP server is
+prometheus_client's (a daemon thread); it answers OpenMetrics text when the scraper asks for
+it (``Accept: application/openmetrics-text``, as Prometheus does), the classic text otherwise.
+It listens on 127.0.0.1 only: a remote Prometheus scrapes through its host's own agent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from actors.series import SIGNALS, SeriesStore
+
+HOST = "127.0.0.1"
+NAMESPACE = "nexus"
+
+
+class SeriesCollector:
+    def __init__(self, store: SeriesStore) -> None:
+        self.store = store
+
+    def collect(self) -> Iterator[Metric]:
+        by_signal: dict[str, list[tuple[dict[str, str], float]]] = {name: [] for name in SIGNALS}
+        for signal, labels, value, _at, _version in self.store.latest():
+            by_signal[signal.name].append((labels, value))
+        for name, signal in SIGNALS.items():
+            full = f"{NAMESPACE}_{name}"
+            doc = f"[{signal.family}] {signal.help}"
+            fam: Any = (CounterMetricFamily(full, doc, labels=signal.labels) if signal.kind == "counter"
+                        else GaugeMetricFamily(full, doc, labels=signal.labels))
+            for labels, value in by_signal[name]:
+                fam.add_metric([labels[k] for k in signal.labels], value)
+            yield fam
+
+
+def serve(store: SeriesStore, port: int) -> tuple[Any, str]:
+    """Start the endpoint on 127.0.0.1:``port`` (0: a free port); return (server, its URL).
+
+    Raises OSError when the port is taken."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SeriesCollector(store))  # type: ignore[arg-type]
+    server, _thread = start_http_server(port, addr=HOST, registry=registry)
+    return server, f"http://{HOST}:{server.server_port}/metrics"
