@@ -48,6 +48,7 @@ from typing import Any
 import numpy as np
 
 from actors.reply_cache import ReplyCache
+from actors.identity import caller_from_headers, require_tenant
 from actors.runtime import Role, RoleConfig
 from actors.serving import ServingHeads
 from protocol.errors import Busy, Draining, InternalError, NexusError
@@ -285,6 +286,8 @@ class Inferencer(Role):
         now = time.monotonic()
         try:
             req = decode(msg.data, PredictRequest)
+            # A tenant predicts with its own heads only (the broker asserts who is calling).
+            require_tenant(req.tenant, "predict", caller_from_headers(msg.headers))
         except NexusError as exc:
             await self._reply(msg, ErrorReply.from_exception(exc))
             return

@@ -64,7 +64,7 @@ class Monitor(Role):
             return
         self.metrics[f"{m.signal}.{m.scope}"] = m.value
 
-    @op("status", StatusRequest)
+    @op("status", StatusRequest, access="admin")
     async def status(self, req: StatusRequest) -> ClusterStatus:
         self.table.expire()
         self.table.forget_older_than(RETAIN_S)

@@ -49,6 +49,7 @@ from nats.js.errors import (
 from actors.bus import retry
 
 from actors.layout import ensure_tq_stream, publish_tq, read_deployment_settings
+from actors.identity import require_tenant
 from actors.runtime import Role, RoleConfig, op
 from actors.tq_read import PartitionReader
 from master.scheduler import Scheduler
@@ -218,10 +219,11 @@ class Master(WorkloadOps, Role):
         return rec
 
     # -- tenants -------------------------------------------------------------------------
-    @op("tenant_create", CreateTenantRequest)
+    @op("tenant_create", CreateTenantRequest, access="checked")
     async def tenant_create(self, req: CreateTenantRequest) -> TenantConfig:
         cfg = req.config
         check_token("config.name", cfg.name)
+        require_tenant(cfg.name, "tenant_create")
         cfg.signature = _schema_signature(cfg.schema)
         _check_config(cfg)
         async with self._lock:
@@ -243,7 +245,7 @@ class Master(WorkloadOps, Role):
         # Replicas, byte limit and dedup window come from the deployment (actors/layout.py).
         await ensure_tq_stream(self.bus.js, self.names, tenant, self.deployment)
 
-    @op("tenant_delete", TenantDeleteRequest)
+    @op("tenant_delete", TenantDeleteRequest, access="admin")
     async def tenant_delete(self, req: TenantDeleteRequest) -> TenantDeleted:
         """Remove everything of a tenant; trainers and inferencers drop it on the announcement."""
         assert self.bus is not None
@@ -306,7 +308,7 @@ class Master(WorkloadOps, Role):
     async def tenant_get(self, req: GetTenantRequest) -> TenantConfig:
         return self._tenant(req.tenant)
 
-    @op("list", ListRequest)
+    @op("list", ListRequest, access="admin")
     async def list(self, req: ListRequest) -> ListReply:
         return ListReply(tenants=sorted(self.sched.tenants), workloads=await kv_keys(self.kv_workloads))
 
@@ -381,7 +383,7 @@ class Master(WorkloadOps, Role):
         await self.bus.nc.publish(self.names.sched_ready, b"")
         return job
 
-    @op("lease", LeaseRequest)
+    @op("lease", LeaseRequest, access="admin")
     async def lease(self, req: LeaseRequest) -> LeaseReply:
         check_token("trainer", req.trainer)
         if not 1 <= req.max_jobs <= 256:
@@ -417,7 +419,7 @@ class Master(WorkloadOps, Role):
             self.log.warning("dropped stale job", tenant=job.tenant, job=job.job, reason=job.reason)
         return LeaseReply(jobs=leased, dropped_stale=stale)
 
-    @op("job_update", JobUpdate)
+    @op("job_update", JobUpdate, access="admin")
     async def job_update(self, req: JobUpdate) -> JobRecord:
         async with self._lock:
             job = self._job(req.tenant, req.job)
@@ -451,7 +453,7 @@ class Master(WorkloadOps, Role):
             await self._purge(job)
         return job
 
-    @op("lease_renew", LeaseRenewRequest)
+    @op("lease_renew", LeaseRenewRequest, access="admin")
     async def lease_renew(self, req: LeaseRenewRequest) -> LeaseRenewReply:
         check_token("trainer", req.trainer)
         if len(req.jobs) != len(req.epochs):
@@ -470,7 +472,7 @@ class Master(WorkloadOps, Role):
                     lost.append(ref.job)
         return LeaseRenewReply(held=held, lost=lost)
 
-    @op("lease_release", LeaseReleaseRequest)
+    @op("lease_release", LeaseReleaseRequest, access="admin")
     async def lease_release(self, req: LeaseReleaseRequest) -> Ok:
         check_token("trainer", req.trainer)
         if len(req.jobs) != len(req.epochs):
@@ -489,12 +491,12 @@ class Master(WorkloadOps, Role):
             await self.bus.nc.publish(self.names.sched_ready, b"")
         return Ok(detail=f"released {released} of {len(req.jobs)} jobs")
 
-    @op("checkpoint_get", CheckpointGetRequest)
+    @op("checkpoint_get", CheckpointGetRequest, access="admin")
     async def checkpoint_get(self, req: CheckpointGetRequest) -> CheckpointRef:
         self._tenant(req.tenant)
         return self.ckpt_refs.get(req.tenant) or CheckpointRef(tenant=req.tenant, object_name="")
 
-    @op("checkpoint_commit", CheckpointCommitRequest)
+    @op("checkpoint_commit", CheckpointCommitRequest, access="admin")
     async def checkpoint_commit(self, req: CheckpointCommitRequest) -> CheckpointRef:
         self._tenant(req.tenant)
         check_token("trainer", req.trainer)
@@ -518,7 +520,7 @@ class Master(WorkloadOps, Role):
         self.ckpt_refs[tenant] = ref
 
     # -- rollout gate: at most 1 active rollout per tenant and 3 in all ---------------------
-    @op("rollout_begin", JobRef)
+    @op("rollout_begin", JobRef, access="admin")
     async def rollout_begin(self, req: JobRef) -> Ok:
         """A producer asks to start collecting a rollout batch (``job`` = its workload id)."""
         self._tenant(req.tenant)
@@ -536,7 +538,7 @@ class Master(WorkloadOps, Role):
         self.rollouts[key] = now + ROLLOUT_TTL_S
         return Ok(detail="granted")
 
-    @op("rollout_end", JobRef)
+    @op("rollout_end", JobRef, access="admin")
     async def rollout_end(self, req: JobRef) -> Ok:
         self.rollouts.pop(f"{req.tenant}/{req.job}", None)
         return Ok(detail="released")

@@ -29,6 +29,8 @@ class ErrorCode(StrEnum):
     BUSY = "busy"  # back-pressure: a cap is reached; details.retry_after_s says when to retry
     FAILED_PRECONDITION = "failed_precondition"  # valid request, wrong state (job not ready, ...)
     INTERNAL = "internal"
+    PERMISSION_DENIED = "permission_denied"  # the caller's account may not do this op on this tenant
+    UNAUTHENTICATED = "unauthenticated"  # the broker refused the credentials (wrong, revoked, none)
 
 
 class NexusError(Exception):
@@ -121,6 +123,16 @@ class InternalError(NexusError, RuntimeError):
     code = ErrorCode.INTERNAL
 
 
+class PermissionDenied(NexusError, PermissionError):
+    """details: ``op``, ``tenant`` (the one touched), ``caller`` (the caller's account)."""
+
+    code = ErrorCode.PERMISSION_DENIED
+
+
+class Unauthenticated(NexusError, PermissionError):
+    code = ErrorCode.UNAUTHENTICATED
+
+
 _BY_CODE: dict[ErrorCode, type[NexusError]] = {
     ErrorCode.MALFORMED: ProtocolError,
     ErrorCode.UNKNOWN_KIND: UnknownKind,
@@ -135,6 +147,8 @@ _BY_CODE: dict[ErrorCode, type[NexusError]] = {
     ErrorCode.BUSY: Busy,
     ErrorCode.FAILED_PRECONDITION: FailedPrecondition,
     ErrorCode.INTERNAL: InternalError,
+    ErrorCode.PERMISSION_DENIED: PermissionDenied,
+    ErrorCode.UNAUTHENTICATED: Unauthenticated,
 }
 _FIELD_CODES: dict[ErrorCode, type[FieldError]] = {
     ErrorCode.MISSING_FIELD: MissingField,

@@ -118,17 +118,23 @@ def resolve_cluster(data_dir: str | Path | None, nats_url: str | None, prefix: s
 
 
 class AsyncClient:
+    """``creds``: a credentials file (a tenant's from `nexus tenant create`, or the admin's);
+    default ``NEXUS_CREDS``, else the URL's own userinfo (cluster.json's is the admin's)."""
+
     def __init__(self, url: str, prefix: str = DEFAULT_PREFIX,
-                 timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S) -> None:
+                 timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S, creds: str | Path | None = None) -> None:
+        from actors.auth import creds_from_env
+
         self.url = url
         self.names = Names(prefix)
         self.timeout_s = timeout_s
+        self.creds = Path(creds) if creds else creds_from_env()
         self._bus: Bus | None = None
         self._pools: dict[str, str] = {}
 
     async def connect(self) -> AsyncClient:
         if self._bus is None:
-            self._bus = await Bus.connect(self.url, name="sdk", reconnect_forever=False)
+            self._bus = await Bus.connect(self.url, name="sdk", reconnect_forever=False, creds=self.creds)
         return self
 
     async def close(self) -> None:
@@ -550,11 +556,11 @@ class Client:
     """Blocking facade: runs an `AsyncClient` on a private event-loop thread."""
 
     def __init__(self, url: str, prefix: str = DEFAULT_PREFIX,
-                 timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S) -> None:
+                 timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S, creds: str | Path | None = None) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="nexus-sdk", daemon=True)
         self._thread.start()
-        self._async = AsyncClient(url, prefix, timeout_s)
+        self._async = AsyncClient(url, prefix, timeout_s, creds=creds)
         try:
             self._run(self._async.connect())
         except BaseException:
