@@ -43,6 +43,7 @@ PLATFORM_ACCOUNT = "PLATFORM"
 # account back to the tenant (`actors.identity.Caller`).
 TENANT_ACCOUNT_PREFIX = "tenant_"
 AUTH_DIR = "auth"
+RESERVED_USERS = ("sys", "platform", "admin")
 ENV_CREDS = "NEXUS_CREDS"
 
 
@@ -52,8 +53,15 @@ def creds_from_env() -> Path | None:
     return Path(value) if value else None
 
 
-def tenant_account(tenant: str) -> str:
-    return TENANT_ACCOUNT_PREFIX + check_token("tenant", tenant)
+# Tenant accounts made beyond those issued, at every start: tenants `nexus tenant create`
+# can add before the next restart.
+SPARE_TENANT_ACCOUNTS = 64
+
+
+def slot_account(slot: int) -> str:
+    """The name of tenant account ``slot``; the tenant in it is its (only) user's name, which
+    the server asserts alongside the account (`actors.identity.Caller.tenant`)."""
+    return f"{TENANT_ACCOUNT_PREFIX}{slot:04d}"
 
 
 def tenant_services(prefix: str) -> list[str]:
@@ -206,6 +214,12 @@ class AuthStore:
             state.setdefault("platform", asdict(_new("platform", PLATFORM_ACCOUNT)))
             state.setdefault("admin", asdict(_new("admin", PLATFORM_ACCOUNT)))
             state.setdefault("tenants", {})
+            # Tenant accounts exist from the server's start, each with its imports: an account
+            # a config reload *adds* gets no working service imports on nats-server 2.15.1
+            # (requests from it find no responders), while users added to an account that
+            # was already there do work. So the pool is made at `up` and a tenant gets one.
+            state.setdefault("next_slot", 0)
+            state["slots"] = state["next_slot"] + SPARE_TENANT_ACCOUNTS
             Credentials(**state["platform"]).write(self.platform_creds)
             Credentials(**state["admin"]).write(self.admin_creds)
 
@@ -220,17 +234,33 @@ class AuthStore:
 
     def add_tenant(self, tenant: str) -> Path:
         """A tenant's account and credentials (new ones each call: a re-issue replaces the
-        old password). Returns the creds file; the running server needs a reload."""
+        old password, in the same account). Returns the creds file; the running server
+        needs a reload (`reload_servers`)."""
         check_token("tenant", tenant)
+        if tenant in RESERVED_USERS:
+            # User names are one namespace across the server's accounts.
+            raise InvalidField("tenant", f"{tenant!r} is the name of a platform user; pick another "
+                                         f"(reserved: {', '.join(RESERVED_USERS)})")
         self._state()  # refuses before `nexus up` made the base identities
-        creds = _new(tenant, tenant_account(tenant))
         with self._locked() as state:
+            old = state["tenants"].get(tenant)
+            if old is not None:
+                account = old["account"]
+            else:
+                slot = state.get("next_slot", 0)
+                if slot >= state.get("slots", 0):
+                    raise Unavailable(
+                        f"all {state.get('slots', 0)} tenant accounts of this server are issued; restart the "
+                        "cluster (`nexus down`, `nexus up`) to add more", details={"slots": state.get("slots", 0)})
+                state["next_slot"] = slot + 1
+                account = slot_account(slot)
+            creds = _new(tenant, account)
             state["tenants"][tenant] = asdict(creds)
         return creds.write(self.tenant_creds(tenant))
 
     def revoke_tenant(self, tenant: str) -> None:
-        """Remove a tenant's account: after the reload its connections are closed and its
-        credentials refused."""
+        """Remove a tenant's user: after the reload its connections are closed and its
+        credentials refused. Its account is never issued again (see `slot_account`)."""
         check_token("tenant", tenant)
         with self._locked() as state:
             if tenant not in state.get("tenants", {}):
@@ -269,12 +299,15 @@ def render_accounts(state: dict) -> str:
         f"    exports: [{exports}]",
         "  }",
     ]
-    for name, c in sorted(state.get("tenants", {}).items()):
-        # share: the server puts the requester's account in Nats-Request-Info (overwriting
-        # any header of that name the tenant set), which is how a responder knows the caller.
-        imports = ", ".join(
-            f"{{service: {{account: {PLATFORM_ACCOUNT}, subject: {_quote(s)}}}, share: true}}" for s in services)
-        lines += [f"  {tenant_account(name)} {{", f"    users: [{user(c)}]", f"    imports: [{imports}]", "  }"]
+    by_account = {c["account"]: c for c in state.get("tenants", {}).values()}
+    # share: the server puts the requester's account and user in Nats-Request-Info
+    # (overwriting any header of that name the tenant set): how a responder knows the caller.
+    imports = ", ".join(
+        f"{{service: {{account: {PLATFORM_ACCOUNT}, subject: {_quote(s)}}}, share: true}}" for s in services)
+    for slot in range(state.get("slots", 0)):
+        account = slot_account(slot)
+        users = f"[{user(by_account[account])}]" if account in by_account else "[]"
+        lines += [f"  {account} {{", f"    users: {users}", f"    imports: [{imports}]", "  }"]
     lines += ["}", f"system_account: {SYS_ACCOUNT}", ""]
     return "\n".join(lines)
 

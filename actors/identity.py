@@ -42,10 +42,11 @@ class Caller:
 
     @property
     def tenant(self) -> str | None:
-        """The tenant this account belongs to (None for the platform, and for an account
-        that is no tenant's: such a caller may do nothing a tenant may)."""
-        if self.account.startswith(TENANT_ACCOUNT_PREFIX):
-            return self.account[len(TENANT_ACCOUNT_PREFIX):]
+        """The tenant calling: the user of a tenant account (each holds one user, named after
+        its tenant). None for the platform, and for any other account: such a caller may do
+        nothing a tenant may."""
+        if self.account.startswith(TENANT_ACCOUNT_PREFIX) and self.user:
+            return self.user
         return None
 
     def describe(self) -> str:
@@ -85,7 +86,7 @@ def deny(caller: Caller, op: str, tenant: str | None, why: str) -> PermissionDen
     target = f" on tenant {tenant!r}" if tenant else ""
     return PermissionDenied(
         f"permission denied: {caller.describe()} may not {op}{target}: {why}",
-        details={"op": op, "tenant": tenant or "", "caller": caller.account},
+        details={"op": op, "tenant": tenant or "", "caller": caller.tenant or caller.account},
     )
 
 

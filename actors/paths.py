@@ -44,7 +44,7 @@ def confine(path: str, field: str, roots: list[Path], caller: Caller | None = No
         # Relative to which process's working directory? Not the tenant's to decide.
         raise PermissionDenied(f"{field}: {path!r} is relative; name an absolute path under the data roots "
                                f"({', '.join(str(r) for r in roots)})",
-                               details={"field": field, "path": path, "caller": caller.account})
+                               details={"field": field, "path": path, "caller": caller.tenant or caller.account})
     real = Path(os.path.realpath(os.path.expanduser(path)))
     for root in roots:
         if real == root or root in real.parents:
@@ -52,5 +52,5 @@ def confine(path: str, field: str, roots: list[Path], caller: Caller | None = No
     raise PermissionDenied(
         f"{field}: {path!r} is outside the data roots ({', '.join(str(r) for r in roots)}); "
         f"put the dataset under one of them (an operator adds roots with {ENV_DATA_ROOTS})",
-        details={"field": field, "path": path, "roots": [str(r) for r in roots], "caller": caller.account},
+        details={"field": field, "path": path, "roots": [str(r) for r in roots], "caller": caller.tenant or caller.account},
     )
