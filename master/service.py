@@ -58,6 +58,8 @@ from master.validate import validate_put
 from protocol.errors import Unavailable
 from protocol.errors import Busy, Conflict, FailedPrecondition, InvalidField, NexusError, NotFound
 from protocol.messages import (
+    WeightsChunk,
+    WeightsReadRequest,
     TERMINAL_JOB_STATES,
     CheckpointCommitRequest,
     CheckpointGetRequest,
@@ -106,6 +108,8 @@ EXPIRE_EVERY_S = 1.0
 # a slot not released within the TTL (its producer died) is reclaimed.
 MAX_ACTIVE_ROLLOUTS = int(os.environ.get("NEXUS_MAX_ACTIVE_ROLLOUTS", "3"))
 ROLLOUT_TTL_S = 600.0
+# Whole objects `weights_read` keeps between slices (a payload and its manifest, twice over).
+WEIGHTS_READ_CACHE = 4
 
 
 def new_job_id() -> str:
@@ -119,6 +123,7 @@ class Master(WorkloadOps, Role):
     def __init__(self, cfg: RoleConfig) -> None:
         super().__init__(cfg)
         self.sched = Scheduler()
+        self._read_cache: dict[str, bytes] = {}  # object name -> bytes, oldest first (weights_read)
         self._lock = asyncio.Lock()  # one job-state change at a time: records stay consistent
         self.rollouts: dict[str, float] = {}  # "<tenant>/<workload>" -> expiry (unix s)
         self.leases = leases_from_env()
@@ -307,6 +312,33 @@ class Master(WorkloadOps, Role):
     @op("tenant_get", GetTenantRequest)
     async def tenant_get(self, req: GetTenantRequest) -> TenantConfig:
         return self._tenant(req.tenant)
+
+    @op("weights_read", WeightsReadRequest)
+    async def weights_read(self, req: WeightsReadRequest) -> WeightsChunk:
+        """A slice of a tenant's exported policy (or its manifest): the download path of a
+        client without JetStream. The whole object is read, and the last few kept, so a
+        download in slices reads it from the store once."""
+        from actors.weights import manifest_name, weights_name
+
+        assert self.bus is not None
+        version = self.sched.versions.get(req.tenant, 0) if req.version < 0 else req.version
+        if version <= 0:
+            raise NotFound(f"tenant {req.tenant!r} has no exported version yet", details={"tenant": req.tenant})
+        name = weights_name(req.tenant, version)
+        name = manifest_name(name) if req.manifest else name
+        data = self._read_cache.get(name)
+        if data is None:
+            store = await self.bus.js.object_store(self.names.obj_weights)
+            try:
+                data = (await store.get(name)).data or b""
+            except ObjectNotFoundError:
+                raise NotFound(f"tenant {req.tenant!r} has no version {version}",
+                               details={"tenant": req.tenant, "version": version}) from None
+            self._read_cache[name] = data
+            while len(self._read_cache) > WEIGHTS_READ_CACHE:
+                self._read_cache.pop(next(iter(self._read_cache)))
+        return WeightsChunk(tenant=req.tenant, version=version, object_name=name, offset=req.offset,
+                            total=len(data), data=data[req.offset:req.offset + req.max_bytes])
 
     @op("list", ListRequest, access="admin")
     async def list(self, req: ListRequest) -> ListReply:

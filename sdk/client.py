@@ -353,8 +353,36 @@ class AsyncClient:
         out.write_text(json.dumps(rep.report, indent=2, sort_keys=True))
         return out
 
+    @property
+    def is_tenant(self) -> bool:
+        """Logged in with a tenant's credentials (its account has no JetStream)."""
+        from actors.auth import TENANT_ACCOUNT_PREFIX, Credentials
+
+        return self.creds is not None and Credentials.read(self.creds).account.startswith(TENANT_ACCOUNT_PREFIX)
+
+    async def _read_object(self, tenant: str, version: int, manifest: bool) -> tuple[int, bytes]:
+        """(version, bytes) of a tenant's export through the master, slice by slice."""
+        from protocol.messages import WeightsChunk, WeightsReadRequest
+
+        out, offset, total, v = bytearray(), 0, None, version
+        while total is None or offset < total:
+            chunk = await self._master("weights_read", WeightsReadRequest(
+                tenant=tenant, version=v, manifest=manifest, offset=offset), WeightsChunk)
+            v, total = chunk.version, chunk.total
+            out += chunk.data
+            offset += len(chunk.data)
+            if not chunk.data and offset < total:
+                raise Unavailable(f"download of {chunk.object_name} stopped at {offset} of {total} bytes")
+        return v, bytes(out)
+
     async def download_policy(self, tenant: str, version: int | None = None, out_dir: str | Path = ".") -> tuple[Path, Path]:
-        """Write ``<tenant>-v<version>.safetensors`` and its manifest JSON; return both paths."""
+        """Write ``<tenant>-v<version>.safetensors`` and its manifest JSON; return both paths.
+        A tenant's client downloads through the master (`weights_read`); the admin's reads
+        the object store."""
+        if self.is_tenant:
+            v, payload = await self._read_object(tenant, -1 if version is None else version, False)
+            _, mbytes = await self._read_object(tenant, v, True)
+            return _write_policy(Path(out_dir), tenant, v, payload, json.loads(mbytes))
         if version is None:
             ref = await self.latest_weights(tenant)
             if ref is None:
@@ -372,13 +400,7 @@ class AsyncClient:
             if isinstance(exc, ObjectNotFoundError):
                 raise NotFound(f"tenant {tenant!r} has no version {ref.version}") from None
             raise
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        weights = out / f"{tenant}-v{ref.version}.safetensors"
-        meta = out / f"{tenant}-v{ref.version}.manifest.json"
-        weights.write_bytes(payload)
-        meta.write_text(json.dumps(manifest, indent=2, sort_keys=True))
-        return weights, meta
+        return _write_policy(Path(out_dir), tenant, ref.version, payload, manifest)
 
     # -- environment service --------------------------------------------------------------
     async def env_create(self, env_id: str, lease_s: float = 30.0, **options: Any) -> EnvSession:
@@ -428,6 +450,15 @@ class AsyncClient:
         mbuf = io.BytesIO()
         await store.get(ref.object_name + ".manifest.json", writeinto=mbuf)
         return buf.getvalue(), json.loads(mbuf.getvalue())
+
+
+def _write_policy(out: Path, tenant: str, version: int, payload: bytes, manifest: dict[str, Any]) -> tuple[Path, Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    weights = out / f"{tenant}-v{version}.safetensors"
+    meta = out / f"{tenant}-v{version}.manifest.json"
+    weights.write_bytes(payload)
+    meta.write_text(json.dumps(manifest, indent=2, sort_keys=True))
+    return weights, meta
 
 
 class AsyncWorkload:

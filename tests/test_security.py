@@ -193,13 +193,13 @@ def test_deny_matrix_own_workload_and_revocation(deployment, tmp_path):
                 js_denied[what] = "ALLOWED"
             except Exception as exc:  # nats.js errors: JetStream not enabled for account
                 js_denied[what] = exc
-        # B's download of A's policy goes through the object store: refused.
+        # B's download of A's policy (a tenant downloads through the master): refused.
         bc = await AsyncClient(_url(state), state.prefix, timeout_s=10, creds=creds["bob"]).connect()
         try:
             await bc.download_policy("alice", out_dir=tmp_path)
-            js_denied["download_policy"] = "ALLOWED"
-        except Exception as exc:
-            js_denied["download_policy"] = exc
+            denied["download_policy"] = "ALLOWED"
+        except NexusError as exc:
+            denied["download_policy"] = exc
         await bc.close()
 
         # A's subjects are not in B's account: B hears nothing of A's puts, and B's publish
@@ -232,12 +232,14 @@ def test_deny_matrix_own_workload_and_revocation(deployment, tmp_path):
             own_jobs = exc
         # A's own workload runs to the end on A's credentials.
         done = await wl.wait(timeout_s=240)
+        weights, manifest = await wl.download_policy(out_dir=tmp_path / "alice")
+        policy = (weights.stat().st_size, json.loads(manifest.read_text()))
         await admin.close()
         await b.close()
         await a.close()
-        return denied, js_denied, heard, intake_before, intake_after, job_now, wl_now, own_jobs, done
+        return denied, js_denied, heard, intake_before, intake_after, job_now, wl_now, own_jobs, done, policy
 
-    denied, js_denied, heard, ib, ia, job_now, wl_now, own_jobs, done = asyncio.run(go())
+    denied, js_denied, heard, ib, ia, job_now, wl_now, own_jobs, done, policy = asyncio.run(go())
     allowed = [w for w, e in denied.items() if e == "ALLOWED"]
     assert not allowed, f"tenant B was allowed: {allowed}"
     wrong = {w: e for w, e in denied.items() if not isinstance(e, PermissionDenied)}
@@ -259,6 +261,7 @@ def test_deny_matrix_own_workload_and_revocation(deployment, tmp_path):
     assert wl_now.state != "cancelled"
     assert "'bob'" in str(own_jobs)  # an empty filter from B means B's own
     assert done.state == "completed", done
+    assert policy[0] > 0 and policy[1]  # A downloads its own policy (through the master)
 
 
 def test_anonymous_and_wrong_credentials_are_refused(deployment, tmp_path):
