@@ -196,7 +196,9 @@ def _up_detached(shown_dir: Path, cfg: Any, ready_timeout_s: float) -> int:
         if state is not None and state.supervisor_pid == proc.pid and state.ready:
             traces = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or f"{state.traces_dir}/"
             print(f"vla-nexus is up (supervisor pid {proc.pid})")
-            print(f"  nats    {state.nats_url}")
+            from actors.auth import redact_url
+
+            print(f"  nats    {redact_url(state.nats_url)}" + (f" (admin credentials: {state.creds})" if state.creds else ""))
             print(f"  logs    {state.logs_dir}/ (supervisor.log, <role>.log)")
             print(f"  traces  {traces}")
             print(f"  stop    nexus down --data-dir {shown_dir}")
