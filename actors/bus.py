@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import nats
+import structlog
 from nats.aio.client import Client as NATS
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
@@ -60,12 +61,18 @@ class Bus:
         URL's own userinfo (``nats://user:password@host``) or none."""
         login = (creds if isinstance(creds, Credentials) else Credentials.read(creds)).connect_options() \
             if creds is not None else {}
-        refused: list[str] = []
+        refused: list[str] = []  # the server's reasons while connecting (bounded below)
+        connecting = True
 
         async def on_error(exc: Exception) -> None:
-            # The server's reason for refusing us (e.g. 'Authorization Violation'); without a
-            # callback nats.py prints a traceback per attempt.
-            refused.append(str(exc))
+            # While connecting: the server's reason for refusing us (e.g. 'Authorization
+            # Violation'), raised below as one line; without a callback nats.py prints a
+            # traceback per attempt. After: logged like any connection error.
+            if connecting:
+                if len(refused) < 8:
+                    refused.append(str(exc))
+            else:
+                structlog.get_logger().warning("nats error", error=str(exc))
 
         callbacks.setdefault("error_cb", on_error)
         try:
@@ -95,6 +102,7 @@ class Bus:
                     "pass valid credentials with --creds FILE or NEXUS_CREDS",
                     details={"reason": reason}) from None
             raise Unavailable(f"cannot connect to NATS at {redact_url(url)}: {exc}") from None
+        connecting = False
         return cls(nc, tracer)
 
     @property

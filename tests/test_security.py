@@ -320,3 +320,35 @@ def test_revoked_tenant_is_disconnected_at_once(deployment):
     assert isinstance(again, Unauthenticated)
     assert not os.path.exists(path)
     assert "carol" not in AuthStore(state.data_dir).tenants()
+
+
+def test_access_rules_and_path_confinement(tmp_path):
+    """The runtime's rules on their own (the server-asserted caller as the header gives it)."""
+    from actors.identity import PLATFORM, Caller, authorize, caller_from_headers
+    from actors.paths import confine, data_roots
+
+    bob = caller_from_headers({"Nats-Request-Info": json.dumps({"acc": "tenant_0001", "user": "bob"})})
+    assert bob.tenant == "bob" and not bob.is_platform
+    assert caller_from_headers(None) is PLATFORM
+    assert caller_from_headers({"Nats-Request-Info": "not json"}).tenant is None  # unreadable: nobody
+    stranger = caller_from_headers({"Nats-Request-Info": json.dumps({"acc": "OTHER", "user": "bob"})})
+    assert stranger.tenant is None and not stranger.is_platform
+    assert authorize(bob, "jobs", "tenant", JobsRequest()).tenant == "bob"  # "all" means its own
+    assert authorize(bob, "jobs", "tenant", JobsRequest(tenant="bob")).tenant == "bob"
+    for access, req in (("tenant", JobsRequest(tenant="alice")), ("admin", JobsRequest(tenant="bob")),
+                        ("tenant", InfoRequest())):
+        with pytest.raises(PermissionDenied, match="permission denied: tenant 'bob' may not jobs"):
+            authorize(bob, "jobs", access, req)
+    with pytest.raises(PermissionDenied):
+        authorize(stranger, "jobs", "tenant", JobsRequest(tenant="bob"))
+    assert authorize(PLATFORM, "jobs", "admin", JobsRequest(tenant="alice")).tenant == "alice"
+
+    roots = data_roots(tmp_path)
+    (tmp_path / "datasets" / "mine").mkdir(parents=True)
+    (tmp_path / "datasets" / "escape").symlink_to("/etc")
+    assert confine(str(tmp_path / "datasets" / "mine"), "root", roots, bob)
+    assert confine(str(SHARED / "fixtures" / "lerobot"), "root", roots, bob)
+    for bad in ("/etc", str(tmp_path / "datasets" / "escape"), str(tmp_path / "datasets" / ".." / "x"), "datasets/mine"):
+        with pytest.raises(PermissionDenied, match="root: "):
+            confine(bad, "root", roots, bob)
+    assert confine("/etc", "root", roots, PLATFORM) == "/etc"  # the platform is not confined
