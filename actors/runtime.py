@@ -15,7 +15,9 @@ The runtime then, in order:
      ``<prefix>.svc.<role>.<instance>.*`` (this instance only);
   4. registers in the services KV bucket and heartbeats every ``heartbeat_interval_s``;
   5. serves: each request runs in its own task; a bad request gets an `ErrorReply` and the
-     role keeps serving;
+     role keeps serving; the caller (the account the broker asserts in ``Nats-Request-Info``)
+     is checked against the op's declared ``access`` before its handler runs
+     (`actors.identity`; a refusal is `permission_denied`);
   6. on SIGTERM/SIGINT (or a ``drain`` request) drains: stops taking requests, lets the
      in-flight ones finish, runs `on_drain()`, marks itself stopped, exits 0. A second
      signal exits at once with status 143.
