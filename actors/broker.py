@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from actors.auth import AUTH_DIR, AuthStore
 from protocol.errors import NexusError, Unavailable
 from protocol.subjects import Names
 
@@ -72,6 +73,9 @@ class EmbeddedBroker:
     host: str = "127.0.0.1"
     port_flag: str = "--nats-port"  # named in the error when the port is taken
     ready_timeout_s: float = 15.0
+    # With an AuthStore the server runs with accounts (and refuses anonymous clients);
+    # without one, open as before (a test or a trusted dev box).
+    auth: AuthStore | None = None
     proc: subprocess.Popen | None = None
 
     @property
@@ -92,17 +96,38 @@ class EmbeddedBroker:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         store = self.data_dir / "jetstream"
         store.mkdir(parents=True, exist_ok=True)
-        cmd = [
-            nats_server_binary(),
-            "-a", self.host,
-            "-p", str(self.port),
-            "-js",
-            "-sd", str(store),
-            "-l", str(self.log_path),
-        ]
+        if self.auth is not None:
+            cmd = [nats_server_binary(), "-c", str(self._write_config(store))]
+        else:
+            cmd = [
+                nats_server_binary(),
+                "-a", self.host,
+                "-p", str(self.port),
+                "-js",
+                "-sd", str(store),
+                "-l", str(self.log_path),
+            ]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL)
         self._wait_ready()
+
+    def _write_config(self, store: Path) -> Path:
+        assert self.auth is not None
+        self.auth.ensure()
+        path = self.auth.root / "server.conf"
+        # include is relative to this file: accounts.conf sits beside it.
+        path.write_text(
+            f"listen: {self.host}:{self.port}\n"
+            f'log_file: "{self.log_path}"\n'
+            f'jetstream {{\n  store_dir: "{store}"\n}}\n'
+            f"include {self.auth.accounts_conf.name}\n"
+        )
+        return path
+
+    def reload(self) -> None:
+        """Re-read the accounts (SIGHUP): tenants added or revoked take effect now."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGHUP)
 
     def _wait_ready(self) -> None:
         assert self.proc is not None
@@ -183,6 +208,7 @@ class EmbeddedCluster:
     monitoring: bool = False  # an HTTP monitoring port per node (/jsz, /routez)
     ready_timeout_s: float = CLUSTER_READY_TIMEOUT_S
     port_flag: str = "--nats-port"  # named in the error when a pinned port is taken
+    auth: AuthStore | None = None  # accounts on every node (see EmbeddedBroker.auth)
     nodes: list[ClusterNode] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -254,6 +280,12 @@ class EmbeddedCluster:
         if all(n.alive for n in self.nodes):
             _run_sync(self._wait_jetstream(deadline))
 
+    def reload(self) -> None:
+        """Every running node re-reads the accounts (SIGHUP)."""
+        for node in self.nodes:
+            if node.alive and node.proc is not None:
+                node.proc.send_signal(signal.SIGHUP)
+
     def stop(self, timeout_s: float = NODE_STOP_TIMEOUT_S) -> None:
         # SIGTERM all first, so the nodes shut down together instead of each one electing
         # new leaders for the streams of the one that just left.
@@ -301,6 +333,8 @@ class EmbeddedCluster:
                 config_path=conf_dir / f"{name}.conf",
                 log_path=self.data_dir / "logs" / f"nats-{name}.log",
             ))
+        if self.auth is not None:
+            self.auth.ensure()
         for node in self.nodes:
             node.store_dir.mkdir(parents=True, exist_ok=True)
             node.config_path.write_text(self._config(node))
@@ -310,7 +344,10 @@ class EmbeddedCluster:
         # config shape for all, and any single survivor knows where the others live.
         routes = "\n".join(f"    nats-route://{self.host}:{n.route_port}" for n in self.nodes)
         monitor = f"http: {self.host}:{node.monitor_port}\n" if node.monitor_port else ""
+        # include is relative to the node's config (<data>/nats/): the shared accounts file.
+        accounts = f"include ../{AUTH_DIR}/{self.auth.accounts_conf.name}\n" if self.auth is not None else ""
         return (
+            f"{accounts}"
             f"server_name: {node.server_name}\n"
             f"listen: {self.host}:{node.client_port}\n"
             f"{monitor}"
@@ -359,7 +396,8 @@ class EmbeddedCluster:
         probe = StreamConfig(name=names.stream_cluster_probe, subjects=[names.cluster_probe],
                              storage=StorageType.MEMORY, num_replicas=self.size)
         last_error = "no answer yet"
-        nc = await nats.connect(self.urls, name="cluster-probe", connect_timeout=2,
+        login = self.auth.platform().connect_options() if self.auth is not None else {}
+        nc = await nats.connect(self.urls, name="cluster-probe", connect_timeout=2, **login,
                                 max_reconnect_attempts=-1, reconnect_time_wait=0.2)
         try:
             js = nc.jetstream(timeout=2.0)

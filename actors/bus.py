@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 from typing import Any, TypeVar
 
 import nats
+import structlog
 from nats.aio.client import Client as NATS
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
@@ -22,7 +24,8 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
 from actors.tracing import inject
-from protocol.errors import PayloadTooLarge, RequestTimeout, Unavailable
+from actors.auth import Credentials, redact_url, strip_userinfo
+from protocol.errors import PayloadTooLarge, RequestTimeout, Unauthenticated, Unavailable
 from protocol.messages import ErrorReply, ok_or_raise
 from protocol.policy import MASTER_OUTAGE, RetryPolicy
 from protocol.wire import decode, encode
@@ -51,11 +54,32 @@ class Bus:
         connect_timeout_s: float = 5.0,
         reconnect_forever: bool = True,
         tracer: trace.Tracer | None = None,
+        creds: Path | Credentials | None = None,
         **callbacks: Any,
     ) -> Bus:
+        """``creds``: a credentials file (`actors.auth`) or its contents; without it, the
+        URL's own userinfo (``nats://user:password@host``) or none."""
+        login = (creds if isinstance(creds, Credentials) else Credentials.read(creds)).connect_options() \
+            if creds is not None else {}
+        refused: list[str] = []  # the server's reasons while connecting (bounded below)
+        connecting = True
+
+        async def on_error(exc: Exception) -> None:
+            # While connecting: the server's reason for refusing us (e.g. 'Authorization
+            # Violation'), raised below as one line; without a callback nats.py prints a
+            # traceback per attempt. After: logged like any connection error.
+            if connecting:
+                if len(refused) < 8:
+                    refused.append(str(exc))
+            else:
+                structlog.get_logger().warning("nats error", error=str(exc))
+
+        callbacks.setdefault("error_cb", on_error)
         try:
             # "nats://a:4222,nats://b:4222" names the servers of a cluster.
             servers = [u.strip() for u in url.split(",") if u.strip()]
+            if login:
+                servers = [strip_userinfo(u) for u in servers]
             nc = await nats.connect(
                 servers,
                 name=name,
@@ -64,10 +88,21 @@ class Bus:
                 max_reconnect_attempts=-1 if reconnect_forever else 3,
                 reconnect_time_wait=0.5,
                 allow_reconnect=True,
+                **login,
                 **callbacks,
             )
         except Exception as exc:  # nats raises OSError / NoServersError / TimeoutError
-            raise Unavailable(f"cannot connect to NATS at {url}: {exc}") from None
+            reasons = [str(exc), *refused]
+            auth = next((r for r in reasons if "authorization" in r.lower() or "authentication" in r.lower()), None)
+            if auth is not None:
+                who = f"user {login['user']!r}" if login else "no credentials"
+                reason = auth.removeprefix("nats: ").strip("'")
+                raise Unauthenticated(
+                    f"NATS at {redact_url(url)} refused the connection ({who}): {reason}; "
+                    "pass valid credentials with --creds FILE or NEXUS_CREDS",
+                    details={"reason": reason}) from None
+            raise Unavailable(f"cannot connect to NATS at {redact_url(url)}: {exc}") from None
+        connecting = False
         return cls(nc, tracer)
 
     @property

@@ -26,6 +26,9 @@ from typing import Any
 import numpy as np
 
 from actors.bus import retry
+from actors.auth import PLATFORM_ACCOUNT
+from actors.identity import current_caller, deny
+from actors.paths import confine, data_roots
 from actors.runtime import Role, RoleConfig, op
 from protocol.policy import DRAIN_RELEASE
 from protocol.errors import FailedPrecondition, InvalidField, NexusError, NotFound
@@ -64,6 +67,7 @@ class _Session:
     lock: asyncio.Lock
     steps: int = 0
     reset_done: bool = False
+    owner: str = PLATFORM_ACCOUNT  # the account that opened it: only it (or the platform) drives it
 
 
 class EnvWorker(Role):
@@ -96,10 +100,13 @@ class EnvWorker(Role):
         if s is None:
             raise NotFound(f"no session {sid!r} on worker {self.instance} (closed, expired or never opened)",
                            details={"session": sid})
+        caller = current_caller()
+        if not caller.is_platform and caller.account != s.owner:
+            raise deny(caller, "use env session", None, f"session {sid} belongs to another account")
         s.last_used = time.monotonic()
         return s
 
-    @op("create", EnvCreateRequest)
+    @op("create", EnvCreateRequest, access="any")
     async def create(self, req: EnvCreateRequest) -> EnvSession:
         import envs
 
@@ -109,11 +116,12 @@ class EnvWorker(Role):
             raise FailedPrecondition(f"worker {self.instance} holds {len(self.sessions)} sessions, its maximum")
         env = await asyncio.to_thread(envs.make, req.env_id, **req.options)
         sid = uuid.uuid4().hex[:12]
-        self.sessions[sid] = _Session(sid, req.env_id, env, req.lease_s, time.monotonic(), asyncio.Lock())
+        self.sessions[sid] = _Session(sid, req.env_id, env, req.lease_s, time.monotonic(), asyncio.Lock(),
+                                      owner=current_caller().account)
         self.log.info("session opened", session=sid, env_id=req.env_id)
         return EnvSession(session=sid, worker=self.instance, env_id=req.env_id, spec=spec_dict(env.spec))
 
-    @op("reset", EnvResetRequest)
+    @op("reset", EnvResetRequest, access="any")
     async def reset(self, req: EnvResetRequest) -> EnvObs:
         s = self._session(req.session)
         async with s.lock:
@@ -121,7 +129,7 @@ class EnvWorker(Role):
             s.reset_done = True
         return to_env_obs(s.id, obs, info=info)
 
-    @op("step", EnvStepRequest)
+    @op("step", EnvStepRequest, access="any")
     async def step(self, req: EnvStepRequest) -> EnvObs:
         s = self._session(req.session)
         try:
@@ -133,18 +141,19 @@ class EnvWorker(Role):
             s.steps += 1
         return to_env_obs(s.id, obs, reward, terminated, truncated, info)
 
-    @op("close", EnvCloseRequest)
+    @op("close", EnvCloseRequest, access="any")
     async def close(self, req: EnvCloseRequest) -> Ok:
         s = self._session(req.session)
         await self._drop(s, "closed by its client")
         return Ok(detail=f"session {s.id} closed")
 
     # -- datasets -----------------------------------------------------------------------
-    @op("sample", SampleRequest)
+    @op("sample", SampleRequest, access="checked")
     async def sample(self, req: SampleRequest) -> DatasetBatch:
         """Frames of a local LeRobot v3.0 dataset; readers stay open (bounded) between calls."""
         if not 1 <= req.n <= MAX_SAMPLE and not req.indices:
             raise InvalidField("n", f"must be in 1..{MAX_SAMPLE}")
+        confine(req.root, "root", data_roots(self.cfg.data_dir))
         reader = await self._reader(req.root)
         if req.indices:
             batch = await asyncio.to_thread(reader.get_batch, np.asarray(req.indices, np.int64))
@@ -167,7 +176,7 @@ class EnvWorker(Role):
         return reader
 
     # -- producers -----------------------------------------------------------------------
-    @op("start_producer", ProducerSpec)
+    @op("start_producer", ProducerSpec, access="admin")
     async def start_producer(self, req: ProducerSpec) -> Ok:
         # The loops are user-level code on the SDK's public primitives (workflows/).
         from sdk.client import AsyncClient
@@ -189,7 +198,7 @@ class EnvWorker(Role):
         finally:
             self.producers.pop(producer.spec.workload, None)
 
-    @op("stop_producer", WorkloadRef)
+    @op("stop_producer", WorkloadRef, access="admin")
     async def stop_producer(self, req: WorkloadRef) -> Ok:
         producer = self.producers.get(req.workload)
         if producer is None:

@@ -151,7 +151,7 @@ class HealthManager(Role):
         log("health event", health_event=event, target_role=hb.role, target_instance=hb.instance, reason=reason)
         await self.bus.publish(self.names.health_event(hb.role, hb.instance), ev, span_name=f"health {event}")
 
-    @op("report", HealthReportRequest)
+    @op("report", HealthReportRequest, access="admin")
     async def report(self, req: HealthReportRequest) -> HealthReport:
         alive = [k for k, e in self.table.entries.items() if e.state == "alive"]
         dead = [k for k, e in self.table.entries.items() if e.state == "dead"]

@@ -47,6 +47,7 @@ import numpy as np
 from actors.metering import Meter, final_flush, flush_loop
 from actors.ratelimit import TenantBuckets
 from actors.reply_cache import ReplyCache
+from actors.identity import caller_from_headers, require_tenant
 from actors.runtime import Role, RoleConfig, device_memory_bytes
 from actors.serving import ServingHeads
 from protocol.errors import Busy, Draining, InternalError, NexusError, QuotaExceeded
@@ -294,6 +295,8 @@ class Inferencer(Role):
         now = time.monotonic()
         try:
             req = decode(msg.data, PredictRequest)
+            # A tenant predicts with its own heads only (the broker asserts who is calling).
+            require_tenant(req.tenant, "predict", caller_from_headers(msg.headers))
         except NexusError as exc:
             await self._reply(msg, ErrorReply.from_exception(exc))
             return

@@ -239,7 +239,7 @@ class Monitor(Role):
             self.store.record("role_restarts", float(self._restarts.get(role, 0)), at=now, role=role)
 
     # -- ops -----------------------------------------------------------------------------
-    @op("status", StatusRequest)
+    @op("status", StatusRequest, access="admin")
     async def status(self, req: StatusRequest) -> ClusterStatus:
         self._expire()
         self.table.forget_older_than(RETAIN_S)
@@ -248,7 +248,7 @@ class Monitor(Role):
             rows = [r for r in rows if r.state == "alive"]
         return ClusterStatus(roles=rows, metrics=dict(self.metrics), generated_at=time.time())
 
-    @op("snapshot", SnapshotRequest)
+    @op("snapshot", SnapshotRequest, access="admin")
     async def snapshot(self, req: SnapshotRequest) -> MonitorSnapshot:
         from protocol.errors import InvalidField
 

@@ -15,7 +15,9 @@ The runtime then, in order:
      ``<prefix>.svc.<role>.<instance>.*`` (this instance only);
   4. registers in the services KV bucket and heartbeats every ``heartbeat_interval_s``;
   5. serves: each request runs in its own task; a bad request gets an `ErrorReply` and the
-     role keeps serving;
+     role keeps serving; the caller (the account the broker asserts in ``Nats-Request-Info``)
+     is checked against the op's declared ``access`` before its handler runs
+     (`actors.identity`; a refusal is `permission_denied`);
   6. on SIGTERM/SIGINT (or a ``drain`` request) drains: stops taking requests, lets the
      in-flight ones finish, runs `on_drain()`, marks itself stopped, exits 0. A second
      signal exits at once with status 143.
@@ -51,7 +53,9 @@ from nats.aio.msg import Msg
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
+from actors.auth import PLATFORM_ACCOUNT, creds_from_env, redact_url
 from actors.bus import Bus
+from actors.identity import ACCESS_LEVELS, Caller, authorize, caller_from_headers, check_reply, reset_caller, set_caller
 from actors.logs import bound_request, configure_logging
 from actors.tracing import extract, setup_tracing, shutdown_tracing, trace_id_hex
 from protocol.errors import Busy, Draining, InternalError, NexusError, PayloadTooLarge, UnknownOp
@@ -101,9 +105,14 @@ class RoleConfig:
     # The retry hint a `Busy` reply carries when the bound above is hit.
     busy_retry_after_s: float = 0.25
     log_level: str = "INFO"
+    # Credentials file the role connects with (the platform's, from `nexus up`); None: the
+    # URL's own userinfo, or none on a server without auth.
+    creds: Path | None = None
 
     def __post_init__(self) -> None:
         self.data_dir = Path(self.data_dir)
+        if self.creds is not None:
+            self.creds = Path(self.creds)
         check_token("instance", self.instance)
         Names(self.prefix)  # validates the prefix
         if self.heartbeat_interval_s <= 0:
@@ -126,6 +135,8 @@ class RoleConfig:
         env = RoleSettings.from_env()
         kwargs: dict[str, Any] = {name: getattr(env, name) for name in (
             "nats_url", "prefix", "data_dir", "heartbeat_interval_s", "max_concurrency", "max_pending")}
+        if creds_from_env() is not None:
+            kwargs["creds"] = creds_from_env()
         kwargs.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**kwargs)
 
@@ -176,13 +187,19 @@ class OpSpec:
     name: str
     request: type
     handler_name: str
+    access: str = "tenant"  # who may call it: see actors.identity
 
 
-def op(name: str, request: type) -> Callable[[Callable], Callable]:
-    """Mark a coroutine method as the handler of ``<prefix>.<role>.<name>``."""
+def op(name: str, request: type, access: str = "tenant") -> Callable[[Callable], Callable]:
+    """Mark a coroutine method as the handler of ``<prefix>.<role>.<name>``.
+
+    ``access`` (`actors.identity`): ``tenant`` (the request's tenant is the caller's),
+    ``checked`` (the handler calls `require_tenant`), ``admin`` or ``any``."""
+    if access not in ACCESS_LEVELS:
+        raise ValueError(f"access: {access!r} is not one of {ACCESS_LEVELS}")
 
     def wrap(fn: Callable) -> Callable:
-        fn.__nexus_op__ = OpSpec(name, request, fn.__name__)  # type: ignore[attr-defined]
+        fn.__nexus_op__ = OpSpec(name, request, fn.__name__, access)  # type: ignore[attr-defined]
         return fn
 
     return wrap
@@ -238,7 +255,8 @@ class Role:
         return {"memory_bytes": float(rss_bytes())}, {}
 
     # -- built-in ops --------------------------------------------------------------------
-    @op("info", InfoRequest)
+    # info carries role internals (an inferencer's tenants and versions): platform only.
+    @op("info", InfoRequest, access="admin")
     async def _op_info(self, req: InfoRequest) -> RoleInfo:
         return RoleInfo(
             role=self.name,
@@ -253,7 +271,7 @@ class Role:
             extra=self.info_extra(),
         )
 
-    @op("drain", DrainRequest)
+    @op("drain", DrainRequest, access="admin")
     async def _op_drain(self, req: DrainRequest) -> Ok:
         self.log.info("drain requested", reason=req.reason)
         self.request_stop()
@@ -390,6 +408,7 @@ class Role:
             self.cfg.nats_url,
             name=f"{self.name}.{self.instance}",
             tracer=self.tracer,
+            creds=self.cfg.creds,
             disconnected_cb=self._on_disconnect,
             reconnected_cb=self._on_reconnect,
             error_cb=self._on_nats_error,
@@ -413,7 +432,7 @@ class Role:
             self.state = "ready"
             await self._register()
             self.spawn(self._heartbeat_loop, "heartbeat", critical=True)
-            self.log.info("role ready", pid=self.pid, nats_url=self.cfg.nats_url, ops=sorted(self._ops))
+            self.log.info("role ready", pid=self.pid, nats_url=redact_url(self.cfg.nats_url), ops=sorted(self._ops))
             # 5. serve until asked to stop
             await self._stop.wait()
             # 6. drain
@@ -578,7 +597,7 @@ class Role:
                 tenant = None
                 with bound_request(op=op_name, trace_id=trace_id_hex()):
                     try:
-                        reply = await self._dispatch(op_name, msg.data)
+                        reply = await self._dispatch(op_name, msg.data, caller_from_headers(msg.headers))
                         tenant = getattr(reply, "tenant", None)
                     except NexusError as exc:
                         span.set_status(Status(StatusCode.ERROR, exc.message))
@@ -598,7 +617,7 @@ class Role:
                     if msg.reply:
                         await self._respond(msg, reply)
 
-    async def _dispatch(self, op_name: str, data: bytes) -> Any:
+    async def _dispatch(self, op_name: str, data: bytes, caller: Caller | None = None) -> Any:
         entry = self._ops.get(op_name)
         if entry is None:
             raise UnknownOp(
@@ -609,9 +628,19 @@ class Role:
             raise Draining(f"{self.name}.{self.instance} is draining; retry on another instance")
         spec, handler = entry
         req = decode(data, spec.request)
+        # The broker-asserted caller, checked once here for every op (actors.identity);
+        # handlers of `checked` ops find it in current_caller().
+        caller = caller or Caller(PLATFORM_ACCOUNT)
+        req = authorize(caller, op_name, spec.access, req)
         tenant = getattr(req, "tenant", None)
-        with bound_request(tenant=tenant if isinstance(tenant, str) else None):
-            return await handler(req)
+        token = set_caller(caller)
+        try:
+            with bound_request(tenant=tenant if isinstance(tenant, str) else None):
+                reply = await handler(req)
+        finally:
+            reset_caller(token)
+        check_reply(caller, op_name, reply)
+        return reply
 
     async def _respond(self, msg: Msg, reply: Any) -> None:
         try:

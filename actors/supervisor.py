@@ -37,6 +37,7 @@ from pathlib import Path
 import orjson
 
 from actors.bus import Bus
+from actors.auth import ENV_CREDS, AuthStore, creds_from_env
 from actors.broker import EmbeddedBroker, EmbeddedCluster
 from actors.layout import ensure_layout, read_deployment_settings
 from protocol.errors import Draining, FailedPrecondition, InternalError, NexusError, NotFound, Unavailable
@@ -91,10 +92,16 @@ class ClusterState:
     ready: bool = False
     roles: list[ChildRecord] = field(default_factory=list)
     broker_pids: list[int] = field(default_factory=list)  # every embedded nats-server
+    # The admin's credentials file (actors/auth.py) when the embedded broker runs with
+    # accounts; nats_url then carries the admin's userinfo too, so a client on this machine
+    # that reads cluster.json (mode 0600, beside admin.creds) is the admin by default.
+    creds: str = ""
 
     def write(self, data_dir: Path) -> None:
         tmp = data_dir / (STATE_FILE + ".tmp")
-        tmp.write_bytes(orjson.dumps(asdict(self), option=orjson.OPT_INDENT_2))
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(orjson.dumps(asdict(self), option=orjson.OPT_INDENT_2))
         tmp.replace(data_dir / STATE_FILE)  # atomic: readers never see half a file
 
     @classmethod
@@ -175,6 +182,10 @@ class Supervisor:
         self.out = out
         self.broker: EmbeddedBroker | EmbeddedCluster | None = None
         self.nats_url = cfg.nats_url or ""
+        # Accounts and credentials, when we start the broker; on --nats-url the operator's
+        # server decides (and NEXUS_CREDS, if set, is what we and the roles log in with).
+        self.auth: AuthStore | None = None
+        self.creds: Path | None = creds_from_env()
         self.children: dict[str, _Child] = {}
         self.state: ClusterState | None = None
         self._stopping = asyncio.Event()
@@ -202,21 +213,25 @@ class Supervisor:
         self.logs_dir.mkdir(exist_ok=True)
         self.traces_dir.mkdir(exist_ok=True)
         # 1. broker
+        if not self.cfg.nats_url:
+            self.auth = AuthStore(self.cfg.data_dir, prefix=self.cfg.prefix)
+            self.auth.ensure()
+            self.creds = self.auth.platform_creds
         if self.cfg.nats_cluster > 1:
             self.broker = EmbeddedCluster(data_dir=self.cfg.data_dir, size=self.cfg.nats_cluster,
-                                          client_ports=[self.cfg.nats_port])
+                                          client_ports=[self.cfg.nats_port], auth=self.auth)
             self.broker.start()
             self.nats_url = self.broker.url
             self.say(f"nats-server  {self.cfg.nats_cluster}-node JetStream cluster {self.nats_url} "
                      f"(stores {self.cfg.data_dir / 'jetstream'}/n<i>, logs {self.logs_dir}/nats-n<i>.log)")
         elif not self.cfg.nats_url:
-            self.broker = EmbeddedBroker(data_dir=self.cfg.data_dir, port=self.cfg.nats_port)
+            self.broker = EmbeddedBroker(data_dir=self.cfg.data_dir, port=self.cfg.nats_port, auth=self.auth)
             self.broker.start()
             self.nats_url = self.broker.url
             self.say(f"nats-server  {self.nats_url} (JetStream store {self.cfg.data_dir / 'jetstream'})")
         # 2. layout, at the replica count of the servers we started; on a server we did not
         # start, at the count its layout already records (so `up` never shrinks an R3 layout).
-        bus = await Bus.connect(self.nats_url, name="supervisor", reconnect_forever=False)
+        bus = await Bus.connect(self.nats_url, name="supervisor", reconnect_forever=False, creds=self.creds)
         try:
             if self.broker is None:
                 replicas = (await read_deployment_settings(bus.js, self.names)).replicas
@@ -233,7 +248,8 @@ class Supervisor:
             self._spawn(role)
         # 4. state file
         self.state = ClusterState(
-            nats_url=self.nats_url,
+            nats_url=self.auth.admin().url(self.nats_url) if self.auth else self.nats_url,
+            creds=str(self.auth.admin_creds) if self.auth else "",
             prefix=self.cfg.prefix,
             data_dir=str(self.cfg.data_dir),
             supervisor_pid=os.getpid(),
@@ -270,6 +286,7 @@ class Supervisor:
             NEXUS_NATS_URL=self.nats_url,
             NEXUS_PREFIX=self.cfg.prefix,
             NEXUS_DATA_DIR=str(self.cfg.data_dir),
+            **({ENV_CREDS: str(self.creds)} if self.creds else {}),
             OMP_NUM_THREADS="1",  # one BLAS thread per process: 2 cores are shared by all roles
             PYTHONUNBUFFERED="1",
         )
@@ -298,7 +315,7 @@ class Supervisor:
         self.state.write(self.cfg.data_dir)
 
     async def _wait_ready(self) -> None:
-        bus = await Bus.connect(self.nats_url, name="supervisor", reconnect_forever=False)
+        bus = await Bus.connect(self.nats_url, name="supervisor", reconnect_forever=False, creds=self.creds)
         try:
             kv = await bus.js.key_value(self.names.kv_services)
             deadline = time.monotonic() + self.cfg.ready_timeout_s
@@ -431,7 +448,7 @@ class Supervisor:
 
     # -- restart requests ----------------------------------------------------------------
     async def _serve_restarts(self) -> None:
-        self._control = await Bus.connect(self.nats_url, name="supervisor-control")
+        self._control = await Bus.connect(self.nats_url, name="supervisor-control", creds=self.creds)
         await self._control.nc.subscribe(self.names.supervisor("restart"), cb=self._on_restart)
 
     async def _close_control(self) -> None:

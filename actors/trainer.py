@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from actors.bus import retry, retry_through_outage
+from actors.identity import require_tenant
 from actors.metering import Meter, final_flush, flush_loop
 from actors.runtime import Role, RoleConfig, device_memory_bytes, op
 from actors.slots import Resident, SlotStore
@@ -515,6 +516,9 @@ class Trainer(Role):
     @op("load_weights", LoadWeightsRequest)
     async def load_weights(self, req: LoadWeightsRequest) -> Ok:
         assert self.store is not None
+        # The runtime checked the slot is the caller's; the object read must be too
+        # (objects are named <tenant>/v<version>: actors.weights.weights_name).
+        require_tenant(req.object_name.split("/", 1)[0], "load_weights from")
         async with self._compute:
             await self.store.slot(await self._tenant(req.tenant))
             try:

@@ -6,7 +6,10 @@
    examples/sft_reach.yaml (SFT on recorded expert demos), examples/rl_reach.yaml (async PPO
    from scratch, done at its target: its last 50 training episodes all succeeded, or after
    900 s) and examples/eval_reach.yaml (evaluation of the SFT tenant's latest version; the
-   master starts it when the SFT workload has finished).
+   master starts it when the SFT workload has finished). Each tenant gets its own
+   credentials (`nexus tenant create`: its own NATS account) and submits and watches its
+   workload with them; the evaluation reads another tenant's policy, which only the operator
+   may arrange, so the admin submits that one (docs/security.md).
 3. Live progress, a summary table, and a report (JSON + PNG: per-tenant curves and the
    trainer / inferencer busy timeline) under the data dir.
 4. `nexus down`.
@@ -38,13 +41,38 @@ def nexus(*args: str) -> int:
     return subprocess.call([sys.executable, "-m", "sdk.cli", *args])
 
 
+def tenant_creds(state: ClusterState, tenant: str) -> Path:
+    """Issue the tenant's credentials on the running cluster; return the creds file."""
+    if nexus("tenant", "create", tenant, "--data-dir", state.data_dir) != 0:
+        raise SystemExit(f"could not issue credentials for tenant {tenant}")
+    from actors.auth import AuthStore
+
+    return AuthStore(Path(state.data_dir)).tenant_creds(tenant)
+
+
 async def run_workloads(state: ClusterState, timeout_s: float) -> int:
+    import yaml
+
+    from actors.auth import strip_userinfo
+
     started = time.time()
-    async with AsyncClient(state.nats_url, state.prefix, timeout_s=60) as client:
-        handles = []
+    plain_url = ",".join(strip_userinfo(u) for u in state.nats_url.split(","))
+    async with AsyncClient(state.nats_url, state.prefix, timeout_s=60) as client:  # the admin
+        handles, tenant_clients = [], []
         for name in SPECS:
-            h = await client.submit((EXAMPLES / name).read_text())
-            print(f"submitted {name:<16} -> workload {h.id} (tenant {h.tenant})", flush=True)
+            text = (EXAMPLES / name).read_text()
+            spec = yaml.safe_load(text)
+            pin = str((spec.get("eval") or {}).get("version", ""))
+            if spec["task"] == "eval" and pin.startswith("tenant:") and not pin.startswith(f"tenant:{spec['tenant']}@"):
+                who = client  # another tenant's policy: the operator's to arrange
+                as_whom = "admin"
+            else:
+                who = await AsyncClient(plain_url, state.prefix, timeout_s=60,
+                                        creds=tenant_creds(state, spec["tenant"])).connect()
+                tenant_clients.append(who)
+                as_whom = f"{spec['tenant']}'s own credentials"
+            h = await who.submit(text)
+            print(f"submitted {name:<16} -> workload {h.id} (tenant {h.tenant}, as {as_whom})", flush=True)
             handles.append(h)
         print("\nprogress (one line per change):", flush=True)
         recs = await asyncio.gather(*(h.wait(progress=True, timeout_s=timeout_s, poll_s=2.0, out=sys.stdout)
@@ -61,6 +89,8 @@ async def run_workloads(state: ClusterState, timeout_s: float) -> int:
         json_path, png = await write_report(client, [h.id for h in handles], Path(state.traces_dir),
                                             Path(state.data_dir) / "report", started)
         print(f"\nreport: {json_path}" + (f" and {png}" if png else ""))
+        for c in tenant_clients:
+            await c.close()
         return 0 if all(r.state == "completed" for r in recs) else 1
 
 

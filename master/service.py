@@ -50,6 +50,7 @@ from nats.js.errors import (
 from actors.bus import retry
 
 from actors.layout import ensure_tq_stream, publish_tq, read_deployment_settings
+from actors.identity import require_tenant
 from actors.runtime import Role, RoleConfig, op
 from actors.tq_read import PartitionReader
 from master.scheduler import Scheduler
@@ -59,6 +60,8 @@ from master.validate import validate_put
 from protocol.errors import Unavailable
 from protocol.errors import Busy, Conflict, FailedPrecondition, InvalidField, NexusError, NotFound, QuotaExceeded
 from protocol.messages import (
+    WeightsChunk,
+    WeightsReadRequest,
     TERMINAL_JOB_STATES,
     CheckpointCommitRequest,
     CheckpointGetRequest,
@@ -110,6 +113,8 @@ BEAT_TENANTS_MAX = 256
 # Rollout gate: 1 active rollout per tenant, NEXUS_MAX_ACTIVE_ROLLOUTS across the deployment;
 # a slot not released within the TTL (its producer died) is reclaimed.
 ROLLOUT_TTL_S = 600.0
+# Whole objects `weights_read` keeps between slices (a payload and its manifest, twice over).
+WEIGHTS_READ_CACHE = 4
 
 
 def new_job_id() -> str:
@@ -123,6 +128,7 @@ class Master(WorkloadOps, UsageOps, Role):
     def __init__(self, cfg: RoleConfig) -> None:
         super().__init__(cfg)
         self.sched = Scheduler()
+        self._read_cache: dict[str, bytes] = {}  # object name -> bytes, oldest first (weights_read)
         self._lock = asyncio.Lock()  # one job-state change at a time: records stay consistent
         self.rollouts: dict[str, float] = {}  # "<tenant>/<workload>" -> expiry (unix s)
         self.leases = leases_from_env()
@@ -263,10 +269,11 @@ class Master(WorkloadOps, UsageOps, Role):
         return rec
 
     # -- tenants -------------------------------------------------------------------------
-    @op("tenant_create", CreateTenantRequest)
+    @op("tenant_create", CreateTenantRequest, access="checked")
     async def tenant_create(self, req: CreateTenantRequest) -> TenantConfig:
         cfg = req.config
         check_token("config.name", cfg.name)
+        require_tenant(cfg.name, "tenant_create")
         cfg.signature = _schema_signature(cfg.schema)
         _check_config(cfg)
         self.check_priority(cfg.priority, cfg, "config.priority")
@@ -294,7 +301,7 @@ class Master(WorkloadOps, UsageOps, Role):
         # Replicas, byte limit and dedup window come from the deployment (actors/layout.py).
         await ensure_tq_stream(self.bus.js, self.names, tenant, self.deployment)
 
-    @op("tenant_delete", TenantDeleteRequest)
+    @op("tenant_delete", TenantDeleteRequest, access="admin")
     async def tenant_delete(self, req: TenantDeleteRequest) -> TenantDeleted:
         """Remove everything of a tenant; trainers and inferencers drop it on the announcement."""
         assert self.bus is not None
@@ -357,7 +364,34 @@ class Master(WorkloadOps, UsageOps, Role):
     async def tenant_get(self, req: GetTenantRequest) -> TenantConfig:
         return self._tenant(req.tenant)
 
-    @op("list", ListRequest)
+    @op("weights_read", WeightsReadRequest)
+    async def weights_read(self, req: WeightsReadRequest) -> WeightsChunk:
+        """A slice of a tenant's exported policy (or its manifest): the download path of a
+        client without JetStream. The whole object is read, and the last few kept, so a
+        download in slices reads it from the store once."""
+        from actors.weights import manifest_name, weights_name
+
+        assert self.bus is not None
+        version = self.sched.versions.get(req.tenant, 0) if req.version < 0 else req.version
+        if version <= 0:
+            raise NotFound(f"tenant {req.tenant!r} has no exported version yet", details={"tenant": req.tenant})
+        name = weights_name(req.tenant, version)
+        name = manifest_name(name) if req.manifest else name
+        data = self._read_cache.get(name)
+        if data is None:
+            store = await self.bus.js.object_store(self.names.obj_weights)
+            try:
+                data = (await store.get(name)).data or b""
+            except ObjectNotFoundError:
+                raise NotFound(f"tenant {req.tenant!r} has no version {version}",
+                               details={"tenant": req.tenant, "version": version}) from None
+            self._read_cache[name] = data
+            while len(self._read_cache) > WEIGHTS_READ_CACHE:
+                self._read_cache.pop(next(iter(self._read_cache)))
+        return WeightsChunk(tenant=req.tenant, version=version, object_name=name, offset=req.offset,
+                            total=len(data), data=data[req.offset:req.offset + req.max_bytes])
+
+    @op("list", ListRequest, access="admin")
     async def list(self, req: ListRequest) -> ListReply:
         return ListReply(tenants=sorted(self.sched.tenants), workloads=await kv_keys(self.kv_workloads))
 
@@ -434,7 +468,7 @@ class Master(WorkloadOps, UsageOps, Role):
         await self.bus.nc.publish(self.names.sched_ready, b"")
         return job
 
-    @op("lease", LeaseRequest)
+    @op("lease", LeaseRequest, access="admin")
     async def lease(self, req: LeaseRequest) -> LeaseReply:
         check_token("trainer", req.trainer)
         if not 1 <= req.max_jobs <= 256:
@@ -470,7 +504,7 @@ class Master(WorkloadOps, UsageOps, Role):
             self.log.warning("dropped stale job", tenant=job.tenant, job=job.job, reason=job.reason)
         return LeaseReply(jobs=leased, dropped_stale=stale)
 
-    @op("job_update", JobUpdate)
+    @op("job_update", JobUpdate, access="admin")
     async def job_update(self, req: JobUpdate) -> JobRecord:
         async with self._lock:
             job = self._job(req.tenant, req.job)
@@ -504,7 +538,7 @@ class Master(WorkloadOps, UsageOps, Role):
             await self._purge(job)
         return job
 
-    @op("lease_renew", LeaseRenewRequest)
+    @op("lease_renew", LeaseRenewRequest, access="admin")
     async def lease_renew(self, req: LeaseRenewRequest) -> LeaseRenewReply:
         check_token("trainer", req.trainer)
         if len(req.jobs) != len(req.epochs):
@@ -523,7 +557,7 @@ class Master(WorkloadOps, UsageOps, Role):
                     lost.append(ref.job)
         return LeaseRenewReply(held=held, lost=lost)
 
-    @op("lease_release", LeaseReleaseRequest)
+    @op("lease_release", LeaseReleaseRequest, access="admin")
     async def lease_release(self, req: LeaseReleaseRequest) -> Ok:
         check_token("trainer", req.trainer)
         if len(req.jobs) != len(req.epochs):
@@ -542,12 +576,12 @@ class Master(WorkloadOps, UsageOps, Role):
             await self.bus.nc.publish(self.names.sched_ready, b"")
         return Ok(detail=f"released {released} of {len(req.jobs)} jobs")
 
-    @op("checkpoint_get", CheckpointGetRequest)
+    @op("checkpoint_get", CheckpointGetRequest, access="admin")
     async def checkpoint_get(self, req: CheckpointGetRequest) -> CheckpointRef:
         self._tenant(req.tenant)
         return self.ckpt_refs.get(req.tenant) or CheckpointRef(tenant=req.tenant, object_name="")
 
-    @op("checkpoint_commit", CheckpointCommitRequest)
+    @op("checkpoint_commit", CheckpointCommitRequest, access="admin")
     async def checkpoint_commit(self, req: CheckpointCommitRequest) -> CheckpointRef:
         self._tenant(req.tenant)
         check_token("trainer", req.trainer)
@@ -571,7 +605,7 @@ class Master(WorkloadOps, UsageOps, Role):
         self.ckpt_refs[tenant] = ref
 
     # -- rollout gate: the tenant's max_active_rollouts quota (1) and 3 in all ---------------
-    @op("rollout_begin", JobRef)
+    @op("rollout_begin", JobRef, access="admin")
     async def rollout_begin(self, req: JobRef) -> Ok:
         """A producer asks to start collecting a rollout batch (``job`` = its workload id)."""
         self._tenant(req.tenant)
@@ -594,7 +628,7 @@ class Master(WorkloadOps, UsageOps, Role):
         self.rollouts[key] = now + ROLLOUT_TTL_S
         return Ok(detail="granted")
 
-    @op("rollout_end", JobRef)
+    @op("rollout_end", JobRef, access="admin")
     async def rollout_end(self, req: JobRef) -> Ok:
         self.rollouts.pop(f"{req.tenant}/{req.job}", None)
         return Ok(detail="released")

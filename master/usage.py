@@ -76,7 +76,7 @@ class UsageOps:
                                       f"quota max_priority={self.quotas(cfg).max_priority})",
                                details={"quota": "max_priority", "limit": top})
 
-    @op("tenant_quotas", TenantQuotasRequest)
+    @op("tenant_quotas", TenantQuotasRequest, access="admin")
     async def tenant_quotas(self, req: TenantQuotasRequest) -> TenantConfig:
         from master.service import store_put
 
@@ -99,7 +99,7 @@ class UsageOps:
                 return rec.workload
         return ""
 
-    @op("usage_report", UsageReport)
+    @op("usage_report", UsageReport, access="admin")
     async def usage_report(self, req: UsageReport) -> Ok:
         from master.service import store_put
 

@@ -34,6 +34,8 @@ from typing import Any
 from nats.js.api import AckPolicy, ConsumerConfig
 from nats.js.errors import KeyNotFoundError, NotFoundError, ObjectNotFoundError
 
+from actors.identity import require_tenant
+from actors.paths import confine, data_roots
 from actors.runtime import op
 from protocol.errors import Conflict, FailedPrecondition, NexusError, NotFound
 from protocol.messages import (
@@ -144,7 +146,7 @@ class WorkloadOps:
         self.spawn(self._pending_loop, "workload-pending", critical=True, max_quiet_s=60.0)
 
     # -- submission ----------------------------------------------------------------------
-    @op("submit", SubmitRequest)
+    @op("submit", SubmitRequest, access="checked")
     async def submit(self, req: SubmitRequest) -> WorkloadRecord:
         data: Any = req.spec if req.spec else req.spec_text
         return await self._accept(data, new_workload_id())
@@ -157,6 +159,9 @@ class WorkloadOps:
         from master.spec import SpecError, dataset_errors
 
         spec = parse_spec(data)  # SpecError lists every bad field
+        require_tenant(spec.tenant, "submit")  # the platform's intake passes; a tenant submits its own
+        if spec.dataset is not None:
+            confine(spec.dataset.root, "dataset.root", data_roots(self.cfg.data_dir))
         ds_errors = dataset_errors(spec)  # features vs schema, when the dataset is readable here
         if ds_errors:
             raise SpecError(ds_errors)
@@ -211,6 +216,7 @@ class WorkloadOps:
         from master.spec import SpecError, spec_to_dict
 
         target, pin = policy_pin(spec)
+        require_tenant(target, "submit an eval of")  # another tenant's policy is not the caller's to read
         cfg = self.sched.tenants.get(target)
         if cfg is None:
             field = "tenant" if target == spec.tenant else "eval.version"
@@ -449,16 +455,19 @@ class WorkloadOps:
             raise NotFound(f"unknown workload {workload!r}", details={"workload": workload})
         return rec
 
-    @op("workload", WorkloadRef)
+    @op("workload", WorkloadRef, access="checked")
     async def workload(self, req: WorkloadRef) -> WorkloadRecord:
-        return self._workload(req.workload)
+        rec = self._workload(req.workload)
+        require_tenant(rec.tenant, "workload")
+        return rec
 
-    @op("workload_report", WorkloadRef)
+    @op("workload_report", WorkloadRef, access="checked")
     async def workload_report(self, req: WorkloadRef) -> WorkloadReport:
         """A finished workload's report, read back from where the master wrote it."""
         from protocol.errors import FailedPrecondition
 
         rec = self._workload(req.workload)
+        require_tenant(rec.tenant, "workload_report")
         if rec.state not in TERMINAL_WORKLOAD_STATES:
             raise FailedPrecondition(f"workload {rec.workload} is {rec.state}; its report is written when it ends")
         path = report_file(self.cfg.data_dir, rec)
@@ -473,7 +482,7 @@ class WorkloadOps:
         recs = [w for w in self.workloads.values() if not req.tenant or w.tenant == req.tenant]
         return WorkloadsReply(workloads=sorted(recs, key=lambda w: w.created_at))
 
-    @op("tenants", WorkloadsRequest)
+    @op("tenants", WorkloadsRequest, access="admin")
     async def list_tenants(self, req: WorkloadsRequest) -> TenantsReply:
         history: dict[str, list[str]] = {}
         for rec in sorted(self.workloads.values(), key=lambda w: w.created_at):
@@ -481,9 +490,10 @@ class WorkloadOps:
         return TenantsReply(tenants=[self.sched.tenants[t] for t in sorted(self.sched.tenants)],
                             versions=dict(self.sched.versions), history=history)
 
-    @op("cancel", WorkloadRef)
+    @op("cancel", WorkloadRef, access="checked")
     async def cancel(self, req: WorkloadRef) -> WorkloadRecord:
         rec = self._workload(req.workload)
+        require_tenant(rec.tenant, "cancel")  # before anything changes
         if rec.state in TERMINAL_WORKLOAD_STATES:
             return rec
         if rec.state == "running" and rec.worker:
@@ -513,7 +523,7 @@ class WorkloadOps:
                 out.setdefault(policy_pin_tenant(rec), set()).add(version)
         return out
 
-    @op("handback", HandbackRequest)
+    @op("handback", HandbackRequest, access="admin")
     async def handback(self, req: HandbackRequest) -> Ok:
         """A draining env worker's producers stopped: resume their workloads elsewhere."""
         n = 0

@@ -32,6 +32,8 @@ class ErrorCode(StrEnum):
     # kind of busy: a caller that waits out back-pressure waits this out too.
     QUOTA_EXCEEDED = "quota_exceeded"
     INTERNAL = "internal"
+    PERMISSION_DENIED = "permission_denied"  # the caller's account may not do this op on this tenant
+    UNAUTHENTICATED = "unauthenticated"  # the broker refused the credentials (wrong, revoked, none)
 
 
 class NexusError(Exception):
@@ -149,6 +151,16 @@ class InternalError(NexusError, RuntimeError):
     code = ErrorCode.INTERNAL
 
 
+class PermissionDenied(NexusError, PermissionError):
+    """details: ``op``, ``tenant`` (the one touched), ``caller`` (the caller's account)."""
+
+    code = ErrorCode.PERMISSION_DENIED
+
+
+class Unauthenticated(NexusError, PermissionError):
+    code = ErrorCode.UNAUTHENTICATED
+
+
 _BY_CODE: dict[ErrorCode, type[NexusError]] = {
     ErrorCode.MALFORMED: ProtocolError,
     ErrorCode.UNKNOWN_KIND: UnknownKind,
@@ -164,6 +176,8 @@ _BY_CODE: dict[ErrorCode, type[NexusError]] = {
     ErrorCode.FAILED_PRECONDITION: FailedPrecondition,
     ErrorCode.QUOTA_EXCEEDED: QuotaExceeded,
     ErrorCode.INTERNAL: InternalError,
+    ErrorCode.PERMISSION_DENIED: PermissionDenied,
+    ErrorCode.UNAUTHENTICATED: Unauthenticated,
 }
 _FIELD_CODES: dict[ErrorCode, type[FieldError]] = {
     ErrorCode.MISSING_FIELD: MissingField,

@@ -678,6 +678,36 @@ class WeightsRef:
     manifest: dict[str, Any]
 
 
+@message("weights.read", 1)
+@dataclass
+class WeightsReadRequest:
+    """A slice of one of a tenant's exported objects, for clients without JetStream (a
+    tenant's account has none): the payload, or its manifest. ``version`` -1: the latest."""
+
+    tenant: str
+    version: int = -1
+    manifest: bool = False
+    offset: int = 0
+    max_bytes: int = 512 * 1024
+
+    def __post_init__(self) -> None:
+        if self.offset < 0:
+            raise InvalidField("offset", f"must be >= 0, got {self.offset}")
+        if not 1 <= self.max_bytes <= 4 * 1024 * 1024:
+            raise InvalidField("max_bytes", f"must be in 1..{4 * 1024 * 1024}, got {self.max_bytes}")
+
+
+@message("weights.chunk", 1)
+@dataclass
+class WeightsChunk:
+    tenant: str
+    version: int
+    object_name: str
+    offset: int
+    total: int  # bytes in the whole object
+    data: bytes
+
+
 @message("weights.load", 1)
 @dataclass
 class LoadWeightsRequest:

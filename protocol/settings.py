@@ -394,6 +394,20 @@ class MonitorSettings(EnvSettings):
         "NEXUS_TENSORBOARD", "the monitor writes TensorBoard event files per tenant under `DATA_DIR/tensorboard/`"))
 
 
+class AuthSettings(EnvSettings):
+    """Who a process logs in as, and where tenants' datasets may lie (docs/security.md)."""
+
+    roles = ROLES
+    readers = "every role, `nexus`"
+
+    creds: Path | None = Field(None, **var(
+        "NEXUS_CREDS", "credentials file a client or role logs in with", flag="--creds (before the command)",
+        default_text="the admin's (`cluster.json`'s URL); roles: the platform's"))
+    data_roots: str = Field("", **var(
+        "NEXUS_DATA_ROOTS", "extra directories a tenant's dataset roots may lie under (os.pathsep-separated)",
+        allowed="directories, os.pathsep-separated", default_text="`DATA_DIR/datasets` and `../shared/fixtures` only"))
+
+
 class CliSettings(EnvSettings):
     """Read by typer (``envvar=``) in sdk/cli.py; a test checks the names agree."""
 
@@ -406,7 +420,7 @@ class CliSettings(EnvSettings):
 GROUPS: tuple[type[EnvSettings], ...] = (
     RoleSettings, HealthSettings, LeaseSettings, RetentionSettings, MasterSettings, TrainerSettings,
     InferencerSettings, EnvWorkerSettings, SimulatorSettings, UsageSettings, QuotaSettings,
-    TelemetrySettings, MonitorSettings, CliSettings,
+    TelemetrySettings, MonitorSettings, AuthSettings, CliSettings,
 )
 
 

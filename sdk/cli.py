@@ -6,6 +6,8 @@
     nexus submit SPEC [SPEC...] [--wait] [--json]
     nexus workloads list [--tenant T] [--json]     nexus tenants [--json]
     nexus tenant show NAME [--json] | delete NAME [--yes] [--json]
+    nexus tenant create NAME | revoke NAME       (credentials; the server keeps running)
+    nexus --creds FILE COMMAND ...               (log in as a tenant; default: the data dir's admin)
     nexus cancel ID [--json]   nexus download TENANT [--version N] | WORKLOAD --report [--json]
     nexus logs ROLE                        nexus usage [--tenant T] [--workload W] [--json]
     nexus spec schema | validate FILE [--json]     nexus layout --nats-url URL [--replicas 3]
@@ -39,7 +41,7 @@ app = typer.Typer(name="nexus", help="vla-nexus: multi-tenant VLA post-training"
 spec_app = typer.Typer(help="the workload spec: print its JSON Schema, or validate a file", no_args_is_help=True)
 workloads_app = typer.Typer(help="workloads: list (the default)", invoke_without_command=True)
 # One tenant at a time: show it, or delete it (slot, queue stream, objects and records).
-tenant_app = typer.Typer(help="one tenant: show or delete", no_args_is_help=True)
+tenant_app = typer.Typer(help="one tenant: show, delete, or issue / revoke its credentials", no_args_is_help=True)
 app.add_typer(spec_app, name="spec")
 app.add_typer(workloads_app, name="workloads")
 app.add_typer(tenant_app, name="tenant")
@@ -88,11 +90,33 @@ def _run(coro: Any) -> Any:
     return asyncio.run(coro)
 
 
+# --creds (before the command): set by the app callback; None falls back to NEXUS_CREDS, then
+# to the admin userinfo cluster.json's URL carries.
+_CREDS: Path | None = None
+
+
+@app.callback()
+def _global_options(
+    creds: Annotated[Path | None, typer.Option(
+        "--creds", metavar="FILE", show_default=False,
+        help="credentials file to log in with (a tenant's, from `nexus tenant create`); default "
+             "NEXUS_CREDS, else the data dir's admin")] = None,
+) -> None:
+    global _CREDS
+    _CREDS = creds
+
+
+def _creds() -> Path | None:
+    from actors.auth import creds_from_env
+
+    return _CREDS or creds_from_env()
+
+
 def _client(data_dir: Path, nats_url: str | None, prefix: str | None, timeout_s: float = 10.0) -> Any:
     from sdk.client import AsyncClient, resolve_cluster
 
     url, prefix = resolve_cluster(data_dir, nats_url, prefix)
-    return AsyncClient(url, prefix, timeout_s=timeout_s)
+    return AsyncClient(url, prefix, timeout_s=timeout_s, creds=_creds())
 
 
 def _asdict(obj: Any) -> dict:
@@ -183,7 +207,9 @@ def _up_detached(shown_dir: Path, cfg: Any, ready_timeout_s: float) -> int:
         if state is not None and state.supervisor_pid == proc.pid and state.ready:
             traces = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or f"{state.traces_dir}/"
             print(f"vla-nexus is up (supervisor pid {proc.pid})")
-            print(f"  nats    {state.nats_url}")
+            from actors.auth import redact_url
+
+            print(f"  nats    {redact_url(state.nats_url)}" + (f" (admin credentials: {state.creds})" if state.creds else ""))
             print(f"  logs    {state.logs_dir}/ (supervisor.log, <role>.log)")
             print(f"  traces  {traces}")
             print(f"  metrics {_metrics_where()}")
@@ -512,6 +538,63 @@ def tenant_delete(
     return EXIT_OK
 
 
+@tenant_app.command("create")
+def tenant_creds_create(
+    name: Annotated[str, typer.Argument(help="tenant name")],
+    data_dir: DataDir = DEFAULT_DATA_DIR, json: Json = False,
+    timeout_s: Annotated[float, typer.Option("--timeout-s", help="how long to wait for the server to accept them")] = 10.0,
+) -> int:
+    """Issue a tenant's credentials file (its own NATS account), live on the running server.
+    Again for the same name: new credentials; the old ones stop working."""
+    from actors.auth import AuthStore, reload_servers, wait_login
+    from actors.supervisor import ClusterState
+    from sdk.term import print_json
+
+    resolved = data_dir.resolve()
+    state = ClusterState.read(resolved)
+    store = AuthStore(resolved)
+    path = store.add_tenant(name)
+    live = state is not None and bool(state.broker_pids)
+    if live:
+        reload_servers(state.broker_pids)
+        _run(wait_login(state.nats_url, path, accepted=True, timeout_s=timeout_s))
+    if json:
+        print_json({"tenant": name, "creds": str(path), "live": live})
+    else:
+        print(f"tenant {name}: credentials in {path} ({'accepted by the running server' if live else 'used from the next `nexus up`'}); "
+              f"the tenant logs in with `nexus --creds {path} ...` or NEXUS_CREDS={path}")
+    return EXIT_OK
+
+
+@tenant_app.command("revoke")
+def tenant_creds_revoke(
+    name: Annotated[str, typer.Argument(help="tenant name")],
+    data_dir: DataDir = DEFAULT_DATA_DIR, json: Json = False,
+    timeout_s: Annotated[float, typer.Option("--timeout-s", help="how long to wait for the server to drop them")] = 10.0,
+) -> int:
+    """Revoke a tenant's credentials: its connections are closed now and it cannot log in
+    again. Its workloads, policies and data stay (`nexus tenant delete` removes those)."""
+    from actors.auth import AuthStore, Credentials, reload_servers, wait_login
+    from actors.supervisor import ClusterState
+    from sdk.term import print_json
+
+    resolved = data_dir.resolve()
+    state = ClusterState.read(resolved)
+    store = AuthStore(resolved)
+    old = Credentials.read(store.tenant_creds(name)) if store.tenant_creds(name).exists() else None
+    store.revoke_tenant(name)
+    live = state is not None and bool(state.broker_pids)
+    if live:
+        reload_servers(state.broker_pids)
+        if old is not None:
+            _run(wait_login(state.nats_url, old, accepted=False, timeout_s=timeout_s))
+    if json:
+        print_json({"tenant": name, "revoked": True, "live": live})
+    else:
+        print(f"tenant {name}: credentials revoked{' (its connections are closed)' if live else ''}")
+    return EXIT_OK
+
+
 # -- submit / cancel / download -----------------------------------------------------------------
 def _print_spec_errors(exc: Any, source: str) -> None:
     from sdk.term import err, err_detail
@@ -717,7 +800,7 @@ def layout(
     url, resolved_prefix = resolve_cluster(data_dir, nats_url, prefix)
 
     async def go() -> None:
-        bus = await Bus.connect(url, name="nexus-layout", reconnect_forever=False)
+        bus = await Bus.connect(url, name="nexus-layout", reconnect_forever=False, creds=_creds())
         try:
             settings = DeploymentSettings(replicas=replicas, tq_max_bytes=tq_max_bytes or DEFAULT_TQ_MAX_BYTES)
             await ensure_layout(bus.js, Names(resolved_prefix), replicas=replicas, settings=settings)
@@ -725,7 +808,9 @@ def layout(
             await bus.close()
 
     _run(go())
-    print(f"streams and buckets of prefix {resolved_prefix!r} are in place on {url} (replicas={replicas})")
+    from actors.auth import redact_url
+
+    print(f"streams and buckets of prefix {resolved_prefix!r} are in place on {redact_url(url)} (replicas={replicas})")
     return EXIT_OK
 
 

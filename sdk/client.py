@@ -124,17 +124,23 @@ def resolve_cluster(data_dir: str | Path | None, nats_url: str | None, prefix: s
 
 
 class AsyncClient:
+    """``creds``: a credentials file (a tenant's from `nexus tenant create`, or the admin's);
+    default ``NEXUS_CREDS``, else the URL's own userinfo (cluster.json's is the admin's)."""
+
     def __init__(self, url: str, prefix: str = DEFAULT_PREFIX,
-                 timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S) -> None:
+                 timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S, creds: str | Path | None = None) -> None:
+        from actors.auth import creds_from_env
+
         self.url = url
         self.names = Names(prefix)
         self.timeout_s = timeout_s
+        self.creds = Path(creds) if creds else creds_from_env()
         self._bus: Bus | None = None
         self._pools: dict[str, str] = {}
 
     async def connect(self) -> AsyncClient:
         if self._bus is None:
-            self._bus = await Bus.connect(self.url, name="sdk", reconnect_forever=False)
+            self._bus = await Bus.connect(self.url, name="sdk", reconnect_forever=False, creds=self.creds)
         return self
 
     async def close(self) -> None:
@@ -381,10 +387,38 @@ class AsyncClient:
         out.write_text(json.dumps(rep.report, indent=2, sort_keys=True))
         return out
 
+    @property
+    def is_tenant(self) -> bool:
+        """Logged in with a tenant's credentials (its account has no JetStream)."""
+        from actors.auth import TENANT_ACCOUNT_PREFIX, Credentials
+
+        return self.creds is not None and Credentials.read(self.creds).account.startswith(TENANT_ACCOUNT_PREFIX)
+
+    async def _read_object(self, tenant: str, version: int, manifest: bool) -> tuple[int, bytes]:
+        """(version, bytes) of a tenant's export through the master, slice by slice."""
+        from protocol.messages import WeightsChunk, WeightsReadRequest
+
+        out, offset, total, v = bytearray(), 0, None, version
+        while total is None or offset < total:
+            chunk = await self._master("weights_read", WeightsReadRequest(
+                tenant=tenant, version=v, manifest=manifest, offset=offset), WeightsChunk)
+            v, total = chunk.version, chunk.total
+            out += chunk.data
+            offset += len(chunk.data)
+            if not chunk.data and offset < total:
+                raise Unavailable(f"download of {chunk.object_name} stopped at {offset} of {total} bytes")
+        return v, bytes(out)
+
     async def download_policy(self, tenant: str, version: int | None = None, out_dir: str | Path = ".") -> tuple[Path, Path]:
         """Write ``<tenant>-v<version>.safetensors`` and its manifest JSON; return both paths.
         A LoRA tenant's export also becomes ``<tenant>-v<version>.peft/`` (adapter_config.json +
-        adapter_model.safetensors), which `PeftModel.from_pretrained` loads on the same base."""
+        adapter_model.safetensors), which `PeftModel.from_pretrained` loads on the same base.
+        A tenant's client downloads through the master (`weights_read`); the admin's reads
+        the object store."""
+        if self.is_tenant:
+            v, payload = await self._read_object(tenant, -1 if version is None else version, False)
+            _, mbytes = await self._read_object(tenant, v, True)
+            return _write_policy(Path(out_dir), tenant, v, payload, json.loads(mbytes))
         if version is None:
             ref = await self.latest_weights(tenant)
             if ref is None:
@@ -402,15 +436,7 @@ class AsyncClient:
             if isinstance(exc, ObjectNotFoundError):
                 raise NotFound(f"tenant {tenant!r} has no version {ref.version}") from None
             raise
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        weights = out / f"{tenant}-v{ref.version}.safetensors"
-        meta = out / f"{tenant}-v{ref.version}.manifest.json"
-        weights.write_bytes(payload)
-        meta.write_text(json.dumps(manifest, indent=2, sort_keys=True))
-        if manifest.get("peft_config"):
-            _write_peft_dir(out / f"{tenant}-v{ref.version}.peft", manifest["peft_config"], payload)
-        return weights, meta
+        return _write_policy(Path(out_dir), tenant, ref.version, payload, manifest)
 
     # -- environment service --------------------------------------------------------------
     async def env_create(self, env_id: str, lease_s: float = 30.0, **options: Any) -> EnvSession:
@@ -470,6 +496,17 @@ def _write_peft_dir(path: Path, config: dict[str, Any], payload: bytes) -> None:
     tensors = {k: v for k, v in load(payload).items() if k.startswith("base_model.model.")}
     save_file(tensors, str(path / "adapter_model.safetensors"), metadata={"format": "pt"})
     (path / "adapter_config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+
+
+def _write_policy(out: Path, tenant: str, version: int, payload: bytes, manifest: dict[str, Any]) -> tuple[Path, Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    weights = out / f"{tenant}-v{version}.safetensors"
+    meta = out / f"{tenant}-v{version}.manifest.json"
+    weights.write_bytes(payload)
+    meta.write_text(json.dumps(manifest, indent=2, sort_keys=True))
+    if manifest.get("peft_config"):
+        _write_peft_dir(out / f"{tenant}-v{version}.peft", manifest["peft_config"], payload)
+    return weights, meta
 
 
 class AsyncWorkload:
@@ -598,11 +635,11 @@ class Client:
     """Blocking facade: runs an `AsyncClient` on a private event-loop thread."""
 
     def __init__(self, url: str, prefix: str = DEFAULT_PREFIX,
-                 timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S) -> None:
+                 timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S, creds: str | Path | None = None) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="nexus-sdk", daemon=True)
         self._thread.start()
-        self._async = AsyncClient(url, prefix, timeout_s)
+        self._async = AsyncClient(url, prefix, timeout_s, creds=creds)
         try:
             self._run(self._async.connect())
         except BaseException:

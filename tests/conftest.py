@@ -23,9 +23,13 @@ SHARED = ROOT.parent / "shared"
 
 @pytest.fixture(scope="session")
 def nats_server(tmp_path_factory):
+    """The session's nats-server, with accounts as `nexus up` runs it (anonymous clients are
+    refused). Its accounts export every prefix's subjects (``*``), since each test has its own."""
+    from actors.auth import AuthStore
     from actors.broker import EmbeddedBroker, free_port
 
-    broker = EmbeddedBroker(data_dir=tmp_path_factory.mktemp("nats"), port=free_port())
+    data_dir = tmp_path_factory.mktemp("nats")
+    broker = EmbeddedBroker(data_dir=data_dir, port=free_port(), auth=AuthStore(data_dir, prefix="*"))
     broker.start()
     yield broker
     broker.stop()
@@ -33,7 +37,9 @@ def nats_server(tmp_path_factory):
 
 @pytest.fixture
 def nats_url(nats_server) -> str:
-    return nats_server.url
+    """The server's URL with the platform's credentials in it: roles started on it (and test
+    clients) log in as the platform, as under `nexus up`."""
+    return nats_server.auth.platform().url(nats_server.url)
 
 
 @pytest.fixture

@@ -74,6 +74,8 @@ GOOD: dict[str, tuple[str, object]] = {
     "NEXUS_MONITOR_TENANT_CAP": ("3", 3),
     "NEXUS_METRICS_PORT": ("0", 0),
     "NEXUS_TENSORBOARD": ("no", False),
+    "NEXUS_CREDS": ("/tmp/x.creds", Path("/tmp/x.creds")),
+    "NEXUS_DATA_ROOTS": ("/data/a:/data/b", "/data/a:/data/b"),
     "NEXUS_NATS_PORT": ("4333", 4333),
 }
 # A value each variable refuses, and words its line must carry (the allowed values).
@@ -130,7 +132,7 @@ BAD: dict[str, tuple[str, str]] = {
     "NEXUS_NATS_PORT": ("70000", "an integer in [1, 65535]"),
 }
 # Free text or a path: nothing to refuse (an empty value is unset).
-UNREFUSED = {"NEXUS_DATA_DIR", "NEXUS_INFER_BASE", "NEXUS_VULKAN_DIR"}
+UNREFUSED = {"NEXUS_DATA_DIR", "NEXUS_INFER_BASE", "NEXUS_VULKAN_DIR", "NEXUS_CREDS", "NEXUS_DATA_ROOTS"}
 
 
 def _fields():
@@ -299,6 +301,10 @@ def test_roles_read_every_variable(tmp_path, monkeypatch):
         "NEXUS_METRICS_PORT": (mon.metrics_port, 0),
         "NEXUS_TENSORBOARD": (mon.tensorboard, False),
     }
+    from actors.paths import data_roots
+
+    reads["NEXUS_CREDS"] = (cfg.creds, Path("/tmp/x.creds"))
+    reads["NEXUS_DATA_ROOTS"] = (data_roots(tmp_path)[-2:], [Path("/data/a"), Path("/data/b")])
     wrong = {k: got for k, (got, want) in reads.items() if got != want}
     assert not wrong
     read = {k.split(" ")[0] for k in reads} | {"NEXUS_NATS_PORT"}  # the CLI's: test_cli_envvars_agree
@@ -386,11 +392,11 @@ def test_role_process_with_a_bad_value_exits_with_one_line():
 
 
 def test_unknown_variables_are_named_with_the_nearest():
-    env = {"NEXUS_INFER_MAX_BATCH": "4", "NEXUS_PREFIX": "x", "NEXUS_REQUIRE_MANISKILL": "1", "NEXUS_ZZZ": "",
+    env = {"NEXUS_INFER_MAX_BATCH": "4", "NEXUS_PREFIX": "x", "NEXUS_REQUIRE_MANISKILL": "1", "NEXUS_QQQQQQQQQQQQ": "",
            "HOME": "/root"}
     assert S.unknown_variables(env) == [
         "NEXUS_INFER_MAX_BATCH is set but nothing reads it (did you mean NEXUS_INFER_MAX_BATCH_SIZE?)",
-        "NEXUS_ZZZ is set but nothing reads it"]
+        "NEXUS_QQQQQQQQQQQQ is set but nothing reads it"]
     assert S.unknown_variables({alias: "1" for alias in GOOD}) == []
 
 

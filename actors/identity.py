@@ -1,0 +1,135 @@
+"""Who is calling: the account the broker asserts, and what that account may do.
+
+A tenant reaches a role only through a service import with ``share: true`` (`actors.auth`):
+the server then writes the requester's account into the ``Nats-Request-Info`` header,
+replacing any header of that name the tenant sent. A request with no such header came from
+inside the platform account (a role, the admin's CLI, or a deployment without auth).
+
+Every op declares its access (`actors.runtime.op`):
+
+- ``tenant`` (the default): the request's ``tenant`` field must be the caller's (an empty
+  one, meaning "all tenants" on a listing, becomes the caller's); an op whose request has
+  no ``tenant`` field is refused to tenants unless it is marked ``checked``;
+- ``checked``: the handler calls `require_tenant` itself, once it knows the tenant (a
+  workload id, a spec);
+- ``admin``: platform callers only (drain, layout, leases, tenant delete, ...);
+- ``any``: every authenticated caller (``info``, env sessions).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from actors.auth import PLATFORM_ACCOUNT, TENANT_ACCOUNT_PREFIX
+from protocol.errors import PermissionDenied
+
+REQUEST_INFO_HEADER = "Nats-Request-Info"
+ACCESS_LEVELS = ("tenant", "checked", "admin", "any")
+
+
+@dataclass(frozen=True)
+class Caller:
+    account: str  # as the server asserted it; PLATFORM_ACCOUNT when no header came
+    user: str = ""
+
+    @property
+    def is_platform(self) -> bool:
+        return self.account == PLATFORM_ACCOUNT
+
+    @property
+    def tenant(self) -> str | None:
+        """The tenant calling: the user of a tenant account (each holds one user, named after
+        its tenant). None for the platform, and for any other account: such a caller may do
+        nothing a tenant may."""
+        if self.account.startswith(TENANT_ACCOUNT_PREFIX) and self.user:
+            return self.user
+        return None
+
+    def describe(self) -> str:
+        return f"tenant {self.tenant!r}" if self.tenant else f"account {self.account!r}"
+
+
+PLATFORM = Caller(PLATFORM_ACCOUNT)
+_current: contextvars.ContextVar[Caller] = contextvars.ContextVar("nexus_caller", default=PLATFORM)
+
+
+def caller_from_headers(headers: dict[str, str] | None) -> Caller:
+    raw = (headers or {}).get(REQUEST_INFO_HEADER)
+    if not raw:
+        return PLATFORM
+    try:
+        info = json.loads(raw)
+        return Caller(account=str(info["acc"]), user=str(info.get("user", "")))
+    except (ValueError, KeyError, TypeError):
+        # Only the server writes this header across accounts; one we cannot read is no
+        # platform caller either.
+        return Caller(account="?")
+
+
+def current_caller() -> Caller:
+    return _current.get()
+
+
+def set_caller(caller: Caller) -> contextvars.Token:
+    return _current.set(caller)
+
+
+def reset_caller(token: contextvars.Token) -> None:
+    _current.reset(token)
+
+
+def deny(caller: Caller, op: str, tenant: str | None, why: str) -> PermissionDenied:
+    target = f" on tenant {tenant!r}" if tenant else ""
+    return PermissionDenied(
+        f"permission denied: {caller.describe()} may not {op}{target}: {why}",
+        details={"op": op, "tenant": tenant or "", "caller": caller.tenant or caller.account},
+    )
+
+
+def require_tenant(tenant: str, op: str, caller: Caller | None = None) -> None:
+    """Raise `PermissionDenied` unless the caller is the platform or ``tenant`` itself."""
+    caller = caller or current_caller()
+    if caller.is_platform or (caller.tenant is not None and caller.tenant == tenant):
+        return
+    raise deny(caller, op, tenant, "a tenant reaches only its own work")
+
+
+def require_admin(op: str, caller: Caller | None = None) -> None:
+    caller = caller or current_caller()
+    if not caller.is_platform:
+        raise deny(caller, op, None, "an admin op (the platform's credentials only)")
+
+
+def authorize(caller: Caller, op: str, access: str, req: Any) -> Any:
+    """Check ``req`` for ``op`` under ``access``; return it (a listing's empty tenant filled
+    in with the caller's). Platform callers pass unchanged."""
+    if caller.is_platform or access == "any":
+        return req
+    if access == "admin":
+        raise deny(caller, op, getattr(req, "tenant", None) or None,
+                   "an admin op (the platform's credentials only)")
+    if access == "checked":
+        if caller.tenant is None:
+            raise deny(caller, op, None, "the account is no tenant's")
+        return req
+    tenant = getattr(req, "tenant", None)
+    if not isinstance(tenant, str):
+        raise deny(caller, op, None, "the op names no tenant of the caller's")
+    if tenant == "" and caller.tenant is not None:
+        # "every tenant" from a tenant means its own.
+        return dataclasses.replace(req, tenant=caller.tenant) if dataclasses.is_dataclass(req) else req
+    require_tenant(tenant, op, caller)
+    return req
+
+
+def check_reply(caller: Caller, op: str, reply: Any) -> None:
+    """Second line: a reply about another tenant never goes to a tenant caller."""
+    if caller.is_platform:
+        return
+    tenant = getattr(reply, "tenant", None)
+    if isinstance(tenant, str) and tenant and tenant != caller.tenant:
+        raise deny(caller, op, tenant, "a tenant reaches only its own work")

@@ -1,0 +1,354 @@
+"""Tenants isolated by the broker, for real: `nexus up` with accounts, `nexus tenant create`.
+
+One deployment for the module. Tenant B (its own credentials, its own NATS account) is denied
+every operation on tenant A's work: the platform's request-reply ops (each answered
+`permission_denied` naming the tenant and the op, and nothing changes), the platform's
+streams, KV and object buckets (B's account has no JetStream), A's subjects (B's account does
+not see them). An anonymous client and a wrong password are refused; a revoked tenant is
+disconnected at once; A's own workload runs end to end on A's credentials.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import time
+
+import numpy as np
+import pytest
+
+from actors.auth import AuthStore, Credentials
+from actors.broker import free_port
+from actors.bus import Bus
+from actors.supervisor import ClusterState
+from protocol.errors import NexusError, PermissionDenied, Unauthenticated, Unavailable
+from protocol.messages import (
+    CheckpointCommitRequest,
+    CreateTenantRequest,
+    DrainRequest,
+    EnvStepRequest,
+    ExportRequest,
+    GetTenantRequest,
+    InfoRequest,
+    JobRef,
+    JobsReply,
+    JobsRequest,
+    LeaseReply,
+    LeaseRequest,
+    LoadWeightsRequest,
+    Ok,
+    PredictReply,
+    PredictRequest,
+    QueueGetReply,
+    QueueGetRequest,
+    QueuePutRequest,
+    ReserveRequest,
+    RoleInfo,
+    SampleRequest,
+    SubmitRequest,
+    TenantConfig,
+    TenantDeleteRequest,
+    TrainBatchReply,
+    WeightsRef,
+    WorkloadRecord,
+    WorkloadRef,
+    WorkloadsReply,
+    WorkloadsRequest,
+    JobRecord,
+    ListReply,
+    ListRequest,
+    TenantsReply,
+    TenantDeleted,
+)
+from protocol.subjects import Names, pool_name
+from sdk.client import AsyncClient
+from tests.conftest import SHARED, nexus_cmd, python_env
+from tests.test_workloads import sft_spec
+
+BASE = "tiny-qwen3-vl-64"
+
+
+def nexus(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(nexus_cmd(*args), capture_output=True, text=True, timeout=timeout,
+                          env=python_env(NEXUS_INFER_BASE=BASE))
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory):
+    data_dir = tmp_path_factory.mktemp("secure")
+    up = nexus("up", "--detach", "--data-dir", str(data_dir), "--nats-port", str(free_port()), timeout=240)
+    assert up.returncode == 0, up.stdout + up.stderr
+    state = ClusterState.read(data_dir)
+    assert state is not None and state.creds
+    creds = {}
+    for tenant in ("alice", "bob"):
+        out = nexus("tenant", "create", tenant, "--data-dir", str(data_dir), "--json")
+        assert out.returncode == 0, out.stdout + out.stderr
+        info = json.loads(out.stdout)
+        assert info["live"] is True
+        creds[tenant] = info["creds"]
+    yield state, creds
+    down = nexus("down", "--data-dir", str(data_dir))
+    assert down.returncode == 0, down.stdout + down.stderr
+
+
+def _url(state: ClusterState) -> str:
+    from actors.auth import strip_userinfo
+
+    return ",".join(strip_userinfo(u) for u in state.nats_url.split(","))
+
+
+async def _tenant_bus(state: ClusterState, creds_path: str) -> Bus:
+    return await Bus.connect(_url(state), name="test-tenant", reconnect_forever=False, creds=creds_path)
+
+
+def _item(tenant: str, job: str) -> QueuePutRequest:
+    b = 2
+    return QueuePutRequest(tenant=tenant, job=job, seq=0,
+                           images={"top": np.zeros((b, 64, 64, 3), np.uint8), "wrist": np.zeros((b, 64, 64, 3), np.uint8)},
+                           state=np.zeros((b, 4), np.float32), instructions=["reach"] * b,
+                           actions=np.zeros((b, 1, 2), np.float32))
+
+
+def test_deny_matrix_own_workload_and_revocation(deployment, tmp_path):
+    state, creds = deployment
+    names = Names(state.prefix)
+
+    async def go():
+        # A (alice) submits its own small SFT workload and keeps a job of its own open.
+        a = await AsyncClient(_url(state), state.prefix, timeout_s=30, creds=creds["alice"]).connect()
+        wl = await a.submit(sft_spec("alice", steps=2))
+        job = await a.reserve("alice", "sft", auto=False, key="sec-1")
+        await a.queue_put(_item("alice", job.job))
+        session = await a.env_create("builtin/reach-v0")
+
+        b = await _tenant_bus(state, creds["bob"])
+        m = names.master
+        trainer = lambda op: names.role_op("trainer", op)  # noqa: E731
+        a_cfg = (await a.tenant("alice"))
+        cases = {
+            "tenant_get": (m("tenant_get"), GetTenantRequest(tenant="alice"), TenantConfig),
+            "tenant_create": (m("tenant_create"), CreateTenantRequest(config=a_cfg, exist_ok=True), TenantConfig),
+            "tenant_delete": (m("tenant_delete"), TenantDeleteRequest(tenant="alice"), TenantDeleted),
+            "tenants": (m("tenants"), WorkloadsRequest(), TenantsReply),
+            "list": (m("list"), ListRequest(), ListReply),
+            "reserve": (m("reserve"), ReserveRequest(tenant="alice", task="sft", auto=False), JobRecord),
+            "queue_put": (m("queue_put"), _item("alice", job.job), JobRecord),
+            "mark_ready": (m("mark_ready"), JobRef(tenant="alice", job=job.job), JobRecord),
+            "job": (m("job"), JobRef(tenant="alice", job=job.job), JobRecord),
+            "jobs": (m("jobs"), JobsRequest(tenant="alice"), JobsReply),
+            "queue_get": (m("queue_get"), QueueGetRequest(tenant="alice", job=job.job), QueueGetReply),
+            "queue_clear": (m("queue_clear"), JobRef(tenant="alice", job=job.job), JobRecord),
+            "lease": (m("lease"), LeaseRequest(trainer="x", tenant="alice", job=job.job), LeaseReply),
+            "checkpoint_commit": (m("checkpoint_commit"), CheckpointCommitRequest(
+                tenant="alice", object_name="alice/x", base_checkpoint="", trainer="x"), Ok),
+            "workload": (m("workload"), WorkloadRef(workload=wl.id), WorkloadRecord),
+            "workload_report": (m("workload_report"), WorkloadRef(workload=wl.id), WorkloadRecord),
+            "workloads": (m("workloads"), WorkloadsRequest(tenant="alice"), WorkloadsReply),
+            "cancel": (m("cancel"), WorkloadRef(workload=wl.id), WorkloadRecord),
+            "submit": (m("submit"), SubmitRequest(spec=sft_spec("alice")), WorkloadRecord),
+            "train_batch": (trainer("train_batch"), JobRef(tenant="alice", job=job.job), TrainBatchReply),
+            "export_params": (trainer("export_params"), ExportRequest(tenant="alice"), WeightsRef),
+            "load_weights into A": (trainer("load_weights"), LoadWeightsRequest(tenant="alice", object_name="bob/v00000001"), Ok),
+            "load_weights from A": (trainer("load_weights"), LoadWeightsRequest(tenant="bob", object_name="alice/v00000001"), Ok),
+            "master drain": (m("drain"), DrainRequest(reason="b"), Ok),
+            "trainer info": (trainer("info"), InfoRequest(), RoleInfo),
+            "env step of A's session": (names.instance_op("env", session.worker, "step"),
+                                        EnvStepRequest(session=session.session, action=np.zeros(2, np.float32)), Ok),
+            "sample outside the data roots": (names.env("sample"), SampleRequest(root="/etc", n=1), Ok),
+            "sample relative path": (names.env("sample"), SampleRequest(root="../../etc", n=1), Ok),
+        }
+        denied = {}
+        for what, (subject, msg, expect) in cases.items():
+            try:
+                await b.request(subject, msg, expect, timeout_s=30)
+                denied[what] = "ALLOWED"
+            except NexusError as exc:  # asserted to be PermissionDenied below
+                denied[what] = exc
+        # predict on A's heads, on A's pool
+        try:
+            await b.request(names.infer(pool_name(BASE)), PredictRequest(
+                tenant="alice", images={"top": np.zeros((64, 64, 3), np.uint8), "wrist": np.zeros((64, 64, 3), np.uint8)},
+                state=np.zeros(4, np.float32), instruction="reach", timeout_s=20), PredictReply, timeout_s=30)
+            denied["predict"] = "ALLOWED"
+        except NexusError as exc:
+            denied["predict"] = exc
+
+        # No JetStream at all in B's account: A's stream, the KV buckets, the object store.
+        js_denied = {}
+        for what, call in {
+            "stream_info tq": lambda: b.js.stream_info(names.tq_stream("alice")),
+            "stream msg get tq": lambda: b.js.get_msg(names.tq_stream("alice"), 1),
+            "consumer on tq": lambda: b.js.pull_subscribe(names.tq_tenant_all("alice"), durable="steal",
+                                                          stream=names.tq_stream("alice")),
+            "kv tenants": lambda: b.js.key_value(names.kv_tenants),
+            "kv versions": lambda: b.js.key_value(names.kv_versions),
+            "object weights": lambda: b.js.object_store(names.obj_weights),
+            "stream intake": lambda: b.js.stream_info(names.stream_intake),
+        }.items():
+            try:
+                await call()
+                js_denied[what] = "ALLOWED"
+            except Exception as exc:  # nats.js errors: JetStream not enabled for account
+                js_denied[what] = exc
+        # B's download of A's policy (a tenant downloads through the master): refused.
+        bc = await AsyncClient(_url(state), state.prefix, timeout_s=10, creds=creds["bob"]).connect()
+        try:
+            await bc.download_policy("alice", out_dir=tmp_path)
+            denied["download_policy"] = "ALLOWED"
+        except NexusError as exc:
+            denied["download_policy"] = exc
+        await bc.close()
+
+        # A's subjects are not in B's account: B hears nothing of A's puts, and B's publish
+        # to the intake subject reaches no platform stream.
+        heard = []
+
+        async def hear(msg):
+            heard.append(msg)
+
+        sub = await b.nc.subscribe(names.tq_tenant_all("alice"), cb=hear)
+        await b.nc.subscribe(">", cb=hear)
+        await b.nc.flush()
+        admin = await Bus.connect(state.nats_url, name="test-admin", reconnect_forever=False)
+        intake_before = (await admin.js.stream_info(names.stream_intake)).state.messages
+        second = _item("alice", job.job)
+        second.seq = 1
+        await a.queue_put(second)
+        await b.nc.publish(names.workloads_submit, json.dumps(sft_spec("alice")).encode())
+        await b.nc.flush()
+        await asyncio.sleep(1.0)
+        intake_after = (await admin.js.stream_info(names.stream_intake)).state.messages
+        await sub.unsubscribe()
+
+        # Nothing changed for A: its job still filling, its workload not cancelled.
+        job_now = await a.job("alice", job.job)
+        wl_now = await a.workload(wl.id)
+        try:  # B's listing of "every tenant" means B's own (and B has no tenant config yet)
+            own_jobs = await b.request(m("jobs"), JobsRequest(), JobsReply, timeout_s=10)
+        except NexusError as exc:
+            own_jobs = exc
+        # A's own workload runs to the end on A's credentials.
+        done = await wl.wait(timeout_s=240)
+        weights, manifest = await wl.download_policy(out_dir=tmp_path / "alice")
+        policy = (weights.stat().st_size, json.loads(manifest.read_text()))
+        await admin.close()
+        await b.close()
+        await a.close()
+        return denied, js_denied, heard, intake_before, intake_after, job_now, wl_now, own_jobs, done, policy
+
+    denied, js_denied, heard, ib, ia, job_now, wl_now, own_jobs, done, policy = asyncio.run(go())
+    allowed = [w for w, e in denied.items() if e == "ALLOWED"]
+    assert not allowed, f"tenant B was allowed: {allowed}"
+    wrong = {w: e for w, e in denied.items() if not isinstance(e, PermissionDenied)}
+    assert not wrong, wrong
+    for what, exc in denied.items():
+        assert exc.details["caller"] == "bob", (what, exc.details)
+    # The message names the op and the tenant touched.
+    assert "queue_clear" in denied["queue_clear"].message and "'alice'" in denied["queue_clear"].message
+    assert "outside the data roots" in denied["sample outside the data roots"].message
+    js_allowed = [w for w, e in js_denied.items() if e == "ALLOWED"]
+    assert not js_allowed, f"tenant B reached JetStream: {js_allowed}"
+    assert "JetStream not enabled" in str(js_denied["kv tenants"]), js_denied["kv tenants"]
+    assert len(denied) + len(js_denied) >= 20 + 10
+    # B hears only its own traffic (its publishes, its requests and their replies), never A's puts.
+    assert not [m for m in heard if ".tq." in m.subject], [m.subject for m in heard]
+    assert any(m.subject.endswith("workloads.submit") for m in heard)  # the subscription did work
+    assert ia == ib
+    assert job_now.state in ("reserved", "filling") and job_now.items == 2
+    assert wl_now.state != "cancelled"
+    assert "'bob'" in str(own_jobs)  # an empty filter from B means B's own
+    assert done.state == "completed", done
+    assert policy[0] > 0 and policy[1]  # A downloads its own policy (through the master)
+
+
+def test_anonymous_and_wrong_credentials_are_refused(deployment, tmp_path):
+    state, _ = deployment
+
+    async def go():
+        errors = []
+        for creds in (None, Credentials(user="bob", password="wrong", account="")):
+            try:
+                await Bus.connect(_url(state), name="test-anon", reconnect_forever=False, creds=creds)
+                errors.append("CONNECTED")
+            except Unauthenticated as exc:
+                errors.append(exc)
+        return errors
+
+    anon, wrong = asyncio.run(go())
+    assert isinstance(anon, Unauthenticated) and "Authorization Violation" in anon.message
+    assert isinstance(wrong, Unauthenticated) and "user 'bob'" in wrong.message
+    bad = Credentials(user="bob", password="wrong", account="").write(tmp_path / "bad.creds")
+    out = nexus("--creds", str(bad), "workloads", "--data-dir", state.data_dir, timeout=60)
+    assert out.returncode == 1
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "refused the connection" in lines[0] and "Authorization Violation" in lines[0], out.stderr
+
+
+def test_revoked_tenant_is_disconnected_at_once(deployment):
+    state, _ = deployment
+    out = nexus("tenant", "create", "carol", "--data-dir", state.data_dir, "--json")
+    assert out.returncode == 0, out.stderr
+    path = json.loads(out.stdout)["creds"]
+    creds = Credentials.read(path)
+
+    async def connect():
+        return await Bus.connect(_url(state), name="test-carol", reconnect_forever=False, creds=creds)
+
+    async def go():
+        bus = await connect()
+        names = Names(state.prefix)
+        await bus.request(names.master("workloads"), WorkloadsRequest(), WorkloadsReply, timeout_s=10)  # works now
+        revoke = await asyncio.to_thread(nexus, "tenant", "revoke", "carol", "--data-dir", state.data_dir)
+        assert revoke.returncode == 0, revoke.stderr
+        deadline = time.monotonic() + 5
+        while bus.nc.is_connected and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        still = bus.nc.is_connected
+        try:
+            await connect()
+            again = "CONNECTED"
+        except Unauthenticated as exc:
+            again = exc
+        await bus.nc.close()
+        return still, again
+
+    still, again = asyncio.run(go())
+    assert not still, "the revoked tenant's connection stayed open"
+    assert isinstance(again, Unauthenticated)
+    assert not os.path.exists(path)
+    assert "carol" not in AuthStore(state.data_dir).tenants()
+
+
+def test_access_rules_and_path_confinement(tmp_path):
+    """The runtime's rules on their own (the server-asserted caller as the header gives it)."""
+    from actors.identity import PLATFORM, Caller, authorize, caller_from_headers
+    from actors.paths import confine, data_roots
+
+    bob = caller_from_headers({"Nats-Request-Info": json.dumps({"acc": "tenant_0001", "user": "bob"})})
+    assert bob.tenant == "bob" and not bob.is_platform
+    assert caller_from_headers(None) is PLATFORM
+    assert caller_from_headers({"Nats-Request-Info": "not json"}).tenant is None  # unreadable: nobody
+    stranger = caller_from_headers({"Nats-Request-Info": json.dumps({"acc": "OTHER", "user": "bob"})})
+    assert stranger.tenant is None and not stranger.is_platform
+    assert authorize(bob, "jobs", "tenant", JobsRequest()).tenant == "bob"  # "all" means its own
+    assert authorize(bob, "jobs", "tenant", JobsRequest(tenant="bob")).tenant == "bob"
+    for access, req in (("tenant", JobsRequest(tenant="alice")), ("admin", JobsRequest(tenant="bob")),
+                        ("tenant", InfoRequest())):
+        with pytest.raises(PermissionDenied, match="permission denied: tenant 'bob' may not jobs"):
+            authorize(bob, "jobs", access, req)
+    with pytest.raises(PermissionDenied):
+        authorize(stranger, "jobs", "tenant", JobsRequest(tenant="bob"))
+    assert authorize(PLATFORM, "jobs", "admin", JobsRequest(tenant="alice")).tenant == "alice"
+
+    roots = data_roots(tmp_path)
+    (tmp_path / "datasets" / "mine").mkdir(parents=True)
+    (tmp_path / "datasets" / "escape").symlink_to("/etc")
+    assert confine(str(tmp_path / "datasets" / "mine"), "root", roots, bob)
+    assert confine(str(SHARED / "fixtures" / "lerobot"), "root", roots, bob)
+    for bad in ("/etc", str(tmp_path / "datasets" / "escape"), str(tmp_path / "datasets" / ".." / "x"), "datasets/mine"):
+        with pytest.raises(PermissionDenied, match="root: "):
+            confine(bad, "root", roots, bob)
+    assert confine("/etc", "root", roots, PLATFORM) == "/etc"  # the platform is not confined
