@@ -496,19 +496,26 @@ class WorkloadOps:
         require_tenant(rec.tenant, "cancel")  # before anything changes
         if rec.state in TERMINAL_WORKLOAD_STATES:
             return rec
-        if rec.state == "running" and rec.worker:
-            try:
-                await self.bus.request(self.names.instance_op("env", rec.worker, "stop_producer"),
-                                       WorkloadRef(workload=rec.workload), Ok, timeout_s=30)
-            except NexusError as exc:  # the worker may be gone: the workload is cancelled anyway
-                self.log.warning("stop_producer failed", workload=rec.workload, error=exc.message)
+        worker = rec.worker if rec.state == "running" else ""
         await self._set_state(rec, "cancelled", "cancelled by request")
         # Nothing of a cancelled workload trains any more, and it holds no cap or rollout.
         # A leased one too: its trainer's renewal or commit is refused from now on.
         await self.fail_unready_jobs(rec.workload, "its workload was cancelled",
                                      ("reserved", "filling", "ready", "leased"), seal=False)
         self._release_rollouts(rec.workload)
+        if worker:
+            # Not awaited by the caller: a producer inside a simulator step stops when the step
+            # returns, and until then it can change nothing (its jobs are failed, its events
+            # ignored past the terminal state), so the cancel answers at once.
+            self.spawn(self._stop_producer(rec.workload, worker), f"stop-producer-{rec.workload}")
         return rec
+
+    async def _stop_producer(self, workload: str, worker: str) -> None:
+        try:
+            await self.bus.request(self.names.instance_op("env", worker, "stop_producer"),
+                                   WorkloadRef(workload=workload), Ok, timeout_s=30)
+        except NexusError as exc:  # the worker may be gone: the workload is cancelled anyway
+            self.log.warning("stop_producer failed", workload=workload, worker=worker, error=exc.message)
 
     def pinned_versions(self) -> dict[str, set[int]]:
         """Policy versions a live workload reads (an eval's pinned version): never compacted."""

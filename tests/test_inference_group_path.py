@@ -29,8 +29,11 @@ class _Heads:
 def _inferencer(base: BaseModel, fast: bool = False) -> Inferencer:
     from opentelemetry import trace
 
-    inf = Inferencer.__new__(Inferencer)  # the group path needs only these three attributes
+    from actors.metering import Meter
+
+    inf = Inferencer.__new__(Inferencer)  # the group path needs only these attributes
     inf.heads, inf.fast, inf.tracer = _Heads(base), fast, trace.get_tracer("test")
+    inf.meter, inf.busy_s = Meter({"train": 0.0, "infer": 0.0}), 0.0  # metering: the busy time is charged
     return inf
 
 
