@@ -264,7 +264,12 @@ def test_submit_wait_prints_plain_progress_lines(docs_cluster, tmp_path):
     checkout, _ = docs_cluster
     spec = yaml.safe_load((checkout / "examples" / "sft_reach.yaml").read_text())
     small = tmp_path / "small.yaml"
-    small.write_text(yaml.safe_dump({**spec, "tenant": "cli-progress", "eval": {**spec["eval"], "episodes": 1}}))
+    # The example's own spec, made small: 64 steps on 20 demos (the progress lines are what is tested).
+    spec = {**spec, "tenant": "cli-progress", "eval": {**spec["eval"], "episodes": 1},
+            "algorithm": {**spec["algorithm"], "steps": 64, "warmup_steps": 8},
+            "env": {**spec["env"], "demos": {**spec["env"]["demos"], "episodes": 20}},
+            "outputs": {**spec.get("outputs", {}), "export_every_steps": 32}}
+    small.write_text(yaml.safe_dump(spec))
     out = nexus("submit", str(small), "--wait", "--json", cwd=checkout, timeout=300)
     recs = _json(out)
     assert [(r["tenant"], r["state"]) for r in recs] == [("cli-progress", "completed")], out.stderr

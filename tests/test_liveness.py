@@ -250,6 +250,7 @@ def test_restart_request_for_unknown_instance_or_role_is_a_clear_error(cluster):
     assert pid_alive(live.pid)  # nothing was restarted
 
 
+@pytest.mark.slow  # the default suite has the global restart through the master's exhausted budget
 def test_global_restart_replaces_every_role(cluster):
     # Last on the module's cluster: every role comes back under a new instance, all ready.
     data_dir, state = cluster

@@ -40,14 +40,14 @@ def deployment(nats_server, tmp_path_factory):
     prefix = f"t{uuid.uuid4().hex[:10]}"
 
     async def layout():
-        bus = await Bus.connect(nats_server.url, name="test-layout", reconnect_forever=False)
+        bus = await Bus.connect(nats_server.auth.platform().url(nats_server.url), name="test-layout", reconnect_forever=False)
         try:
             await ensure_layout(bus.js, Names(prefix))
         finally:
             await bus.close()
 
     asyncio.run(layout())
-    roles = RoleProcs(nats_server.url, prefix, tmp_path_factory.mktemp("lora-services"))
+    roles = RoleProcs(nats_server.auth.platform().url(nats_server.url), prefix, tmp_path_factory.mktemp("lora-services"))
     try:
         for role in ("master", "trainer", "env"):
             roles.start(role)

@@ -338,6 +338,7 @@ def _nats_servers_of(data_dir: Path) -> list[int]:
     return found
 
 
+@pytest.mark.slow  # the CLI path of the same cluster; the default suite tests it via EmbeddedCluster above
 def test_nexus_up_nats_cluster_3(tmp_path):
     data_dir = tmp_path / "nexus"
 

@@ -51,16 +51,17 @@ def deployment(nats_server, tmp_path_factory):
     from protocol.subjects import Names
 
     names = Names(f"t{uuid.uuid4().hex[:10]}")
+    url = nats_server.auth.platform().url(nats_server.url)  # the roles' own login
 
     async def layout():
-        bus = await Bus.connect(nats_server.url, name="test-layout", reconnect_forever=False)
+        bus = await Bus.connect(url, name="test-layout", reconnect_forever=False)
         try:
             await ensure_layout(bus.js, names)
         finally:
             await bus.close()
 
     asyncio.run(layout())
-    procs = _Procs(nats_server.url, names.prefix, tmp_path_factory.mktemp("observe"))
+    procs = _Procs(url, names.prefix, tmp_path_factory.mktemp("observe"))
     t0 = time.monotonic()
     try:
         procs.start_all([("monitor", {"NEXUS_METRICS_PORT": "0"}), ("health", {}), ("master", {}), ("trainer", {}),

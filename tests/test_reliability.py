@@ -279,7 +279,8 @@ async def _wait_workload(c: AsyncClient, workload: str, pred, timeout_s: float =
         await asyncio.sleep(0.1)
 
 
-@pytest.mark.parametrize("how", ["drain", "kill", "master_restart"])
+# master_restart: slow (test_workloads' master-killed test and the chaos kills restart the master too).
+@pytest.mark.parametrize("how", ["drain", "kill", pytest.param("master_restart", marks=pytest.mark.slow)])
 def test_workload_resumes_on_another_env_worker(services, how):
     """drain: SIGTERM the env worker running an SFT workload: it hands the workload back and
     another worker finishes it. kill: SIGKILL it; the health manager's role_down re-pends it.

@@ -81,14 +81,14 @@ def deploy(nats_server, tmp_path_factory):
     prefix = f"t{uuid.uuid4().hex[:10]}"
 
     async def layout():
-        bus = await Bus.connect(nats_server.url, name="test-layout", reconnect_forever=False)
+        bus = await Bus.connect(nats_server.auth.platform().url(nats_server.url), name="test-layout", reconnect_forever=False)
         try:
             await ensure_layout(bus.js, Names(prefix))
         finally:
             await bus.close()
 
     asyncio.run(layout())
-    procs = RoleProcs(nats_server.url, prefix, tmp_path_factory.mktemp("usage"))
+    procs = RoleProcs(nats_server.auth.platform().url(nats_server.url), prefix, tmp_path_factory.mktemp("usage"))
     try:
         master = spawn(procs, "master", **FLUSH_ENV)
         # A long wait window: one wave of concurrent predicts certainly meets in one group.
