@@ -28,9 +28,13 @@ $(STAMP): pyproject.toml Makefile deploy/setup/vulkan.sh deploy/setup/libero.sh
 
 setup: $(STAMP)
 
-# The default suite: everything not marked slow (about 15 minutes at most on 2 cores).
+# The default suite: everything not marked slow, in two processes (pytest-xdist; a module's
+# tests stay in one, so module-scoped deployments are shared). Most of a role-process test is
+# waiting (leases, heartbeats, restarts), so two run side by side on 2 cores. TEST_WORKERS=0:
+# one process.
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not slow" $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
 
 # Everything, slow tests included.
 test-all: $(STAMP)

@@ -482,6 +482,12 @@ class Trainer(Role):
         self.log.error("job failed", tenant=job.tenant, job=job.job, reason=reason)
         try:
             await self._update(job, "failed", reason=reason)
+        except Conflict as exc:
+            # The fence: the job's lease went to another trainer while this one could not run
+            # (e.g. it read the partition after the new owner had trained and purged it).
+            self.leases_lost += 1
+            self.log.warning("lease lost; the failure is not recorded", tenant=job.tenant, job=job.job,
+                             error=str(exc))
         except NexusError as exc:
             self.log.error("could not report failure", tenant=job.tenant, job=job.job, error=str(exc))
 

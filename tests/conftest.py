@@ -47,9 +47,8 @@ def prefix() -> str:
     return f"t{uuid.uuid4().hex[:10]}"
 
 
-@pytest.fixture
-def layout(nats_url, prefix):
-    """Create the streams and buckets for this test's prefix; return its Names."""
+def make_layout(nats_url: str, prefix: str):
+    """Create the streams and buckets of ``prefix`` on the server; return its Names."""
     from actors.bus import Bus
     from actors.layout import ensure_layout
     from protocol.subjects import Names
@@ -65,6 +64,20 @@ def layout(nats_url, prefix):
 
     asyncio.run(go())
     return names
+
+
+@pytest.fixture
+def layout(nats_url, prefix):
+    """Create the streams and buckets for this test's prefix; return its Names."""
+    return make_layout(nats_url, prefix)
+
+
+def module_roles(nats_server, tmp_path_factory, name: str) -> "RoleProcs":
+    """Role processes on a prefix of their own, for a module-scoped deployment (one set of
+    roles shared by a module's tests); the caller starts the roles and calls `stop_all`."""
+    url = nats_server.auth.platform().url(nats_server.url)
+    names = make_layout(url, f"t{uuid.uuid4().hex[:10]}")
+    return RoleProcs(url, names.prefix, tmp_path_factory.mktemp(name))
 
 
 def python_env(**extra: str) -> dict[str, str]:

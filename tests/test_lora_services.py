@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import uuid
 
 import numpy as np
 import pytest
 
 from protocol.errors import FailedPrecondition, InvalidField
 from sdk.client import AsyncClient
-from tests.conftest import RoleProcs
+from tests.conftest import module_roles
 from tests.test_workloads import BASE_SPEC
 
 LORA = {"kind": "lora", "rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj", "down_proj"]}
@@ -33,21 +32,7 @@ def sft(tenant: str, adapter: dict | None, steps: int = 3) -> dict:
 
 @pytest.fixture(scope="module")
 def deployment(nats_server, tmp_path_factory):
-    from actors.bus import Bus
-    from actors.layout import ensure_layout
-    from protocol.subjects import Names
-
-    prefix = f"t{uuid.uuid4().hex[:10]}"
-
-    async def layout():
-        bus = await Bus.connect(nats_server.auth.platform().url(nats_server.url), name="test-layout", reconnect_forever=False)
-        try:
-            await ensure_layout(bus.js, Names(prefix))
-        finally:
-            await bus.close()
-
-    asyncio.run(layout())
-    roles = RoleProcs(nats_server.auth.platform().url(nats_server.url), prefix, tmp_path_factory.mktemp("lora-services"))
+    roles = module_roles(nats_server, tmp_path_factory, "lora-services")
     try:
         for role in ("master", "trainer", "env"):
             roles.start(role)

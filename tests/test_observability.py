@@ -46,21 +46,10 @@ class _Procs(RoleProcs):
 
 @pytest.fixture(scope="module")
 def deployment(nats_server, tmp_path_factory):
-    from actors.bus import Bus
-    from actors.layout import ensure_layout
-    from protocol.subjects import Names
+    from tests.conftest import make_layout
 
-    names = Names(f"t{uuid.uuid4().hex[:10]}")
     url = nats_server.auth.platform().url(nats_server.url)  # the roles' own login
-
-    async def layout():
-        bus = await Bus.connect(url, name="test-layout", reconnect_forever=False)
-        try:
-            await ensure_layout(bus.js, names)
-        finally:
-            await bus.close()
-
-    asyncio.run(layout())
+    names = make_layout(url, f"t{uuid.uuid4().hex[:10]}")
     procs = _Procs(url, names.prefix, tmp_path_factory.mktemp("observe"))
     t0 = time.monotonic()
     try:

@@ -13,7 +13,6 @@ import json
 import subprocess
 import sys
 import time
-import uuid
 
 import numpy as np
 import pytest
@@ -35,7 +34,7 @@ from protocol.messages import (
 )
 from protocol.wire import decode, encode
 from sdk.client import AsyncClient
-from tests.conftest import RoleProcs, nexus_cmd, python_env
+from tests.conftest import RoleProcs, module_roles, nexus_cmd, python_env
 from tests.tq_helpers import BASE, CALVIN_SCHEMA, micro_batch, tenant
 
 FLUSH_ENV = {"NEXUS_USAGE_FLUSH_EVERY_S": "0.2"}
@@ -74,21 +73,7 @@ async def prepare_training(c: AsyncClient) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def deploy(nats_server, tmp_path_factory):
-    from actors.bus import Bus
-    from actors.layout import ensure_layout
-    from protocol.subjects import Names
-
-    prefix = f"t{uuid.uuid4().hex[:10]}"
-
-    async def layout():
-        bus = await Bus.connect(nats_server.auth.platform().url(nats_server.url), name="test-layout", reconnect_forever=False)
-        try:
-            await ensure_layout(bus.js, Names(prefix))
-        finally:
-            await bus.close()
-
-    asyncio.run(layout())
-    procs = RoleProcs(nats_server.auth.platform().url(nats_server.url), prefix, tmp_path_factory.mktemp("usage"))
+    procs = module_roles(nats_server, tmp_path_factory, "usage")
     try:
         master = spawn(procs, "master", **FLUSH_ENV)
         # A long wait window: one wave of concurrent predicts certainly meets in one group.
