@@ -553,6 +553,10 @@ class Master(WorkloadOps, UsageOps, Role):
                 if job is not None and self.sched.renew(job, req.trainer, epoch, req.lease_s, now):
                     await self._save(job)  # a restarted master must not expire a renewed lease
                     held.append(ref.job)
+                elif job is not None and job.state == "cleared" and job.lease_epoch == epoch:
+                    # This lease's own commit cleared it while the renewal was on its way: done, not
+                    # lost (another trainer's lease would carry a higher epoch).
+                    held.append(ref.job)
                 else:
                     lost.append(ref.job)
         return LeaseRenewReply(held=held, lost=lost)
