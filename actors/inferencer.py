@@ -592,12 +592,7 @@ class Inferencer(Role):
                 packed.images_B_S_C_H_W.record_stream(current)
             feats = heads.base.encode(packed, inference=True, adapters=_lora_segments(group, live))
             outs = []
-            start = 0
-            while start < len(live):
-                slot = group[live[start]].slot
-                end = start
-                while end < len(live) and group[live[end]].slot is slot:
-                    end += 1
+            for start, end, slot in _slot_runs(group, live):
                 f = feats.split([start, end - start, len(feats) - end])[1]
                 vla = packed.index(slice(start, end))
                 head = slot.head
@@ -610,7 +605,6 @@ class Inferencer(Role):
                 else:
                     actions = head.predict(f, vla, slot.generator)
                 outs.append((live[start:end], actions, log_prob, value))
-                start = end
             for rows, actions, log_prob, value in outs:
                 actions = actions.float().cpu().numpy()
                 log_prob = None if log_prob is None else log_prob.float().cpu().numpy()
@@ -677,18 +671,23 @@ def _lora_segments(group: list[_Pending], live: list[int]) -> list[Any]:
     """Row segments of the packed group whose slot has a LoRA adapter (rows of one slot are
     contiguous; padding rows past ``live`` get none): LoRA and frozen-base tenants share the
     forward, each adapter adds its delta to its own rows only (models/lora.py)."""
-    out: list[Any] = []
+    segments = (slot.adapter_segment(start, end, train=False) for start, end, slot in _slot_runs(group, live))
+    return [seg for seg in segments if seg is not None]
+
+
+def _slot_runs(group: list[_Pending], live: list[int]) -> list[tuple[int, int, Any]]:
+    """(start, end, slot) of each run of packed rows ``live[start:end]`` served by one slot:
+    a group is packed slot by slot, so each slot's rows are contiguous."""
+    runs: list[tuple[int, int, Any]] = []
     start = 0
     while start < len(live):
         slot = group[live[start]].slot
         end = start
         while end < len(live) and group[live[end]].slot is slot:
             end += 1
-        seg = slot.adapter_segment(start, end, train=False)
-        if seg is not None:
-            out.append(seg)
+        runs.append((start, end, slot))
         start = end
-    return out
+    return runs
 
 
 def _input_error(exc: Exception) -> NexusError:

@@ -135,8 +135,9 @@ class RoleConfig:
         env = RoleSettings.from_env()
         kwargs: dict[str, Any] = {name: getattr(env, name) for name in (
             "nats_url", "prefix", "data_dir", "heartbeat_interval_s", "max_concurrency", "max_pending")}
-        if creds_from_env() is not None:
-            kwargs["creds"] = creds_from_env()
+        creds = creds_from_env()
+        if creds is not None:
+            kwargs["creds"] = creds
         kwargs.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**kwargs)
 

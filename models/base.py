@@ -31,7 +31,7 @@ from models.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
 
 # Config attribute where presets record family and token ids, so a save_pretrained copy of a
 # preset loads back with the same input layout.
-NEXUS_CONFIG_ATTR = "vla_nexus"
+HF_CONFIG_ATTR = "vla_nexus"
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -152,7 +152,7 @@ class BaseModel:
         preset = get_preset(cfg.source)
         hf_config = preset.build_config(cfg.image_size)
         hf_config._attn_implementation = cfg.attn_implementation
-        setattr(hf_config, NEXUS_CONFIG_ATTR, {"family": preset.family, "token_ids": preset.token_ids})
+        setattr(hf_config, HF_CONFIG_ATTR, {"family": preset.family, "token_ids": preset.token_ids})
         core_cls, _ = _model_classes(preset.family)
         prev = torch.get_default_dtype()
         # Build straight on the device in the target dtype: a 4B model never exists in fp32 on CPU.
@@ -300,11 +300,11 @@ def _directory_image_size(hf_config: Any, family: str, override: int | None) -> 
 
 
 def _directory_tokens(path: Path, hf_config: Any, family: str) -> tuple[Tokenizer, list[int], TokenIds]:
-    nexus = getattr(hf_config, NEXUS_CONFIG_ATTR, None)
+    nexus = getattr(hf_config, HF_CONFIG_ATTR, None)
     has_tok = any((path / f).is_file() for f in ("tokenizer.json", "tokenizer.model", "tokenizer_config.json"))
     if not has_tok:
         if not nexus:
-            raise SchemaError(f"source={str(path)!r}: no tokenizer files and no {NEXUS_CONFIG_ATTR} token ids")
+            raise SchemaError(f"source={str(path)!r}: no tokenizer files and no {HF_CONFIG_ATTR} token ids")
         vocab = int(hf_config.get_text_config().vocab_size)
         return ByteTokenizer(offset=4, vocab_size=vocab), [], TokenIds.from_dict(nexus["token_ids"])
     from transformers import AutoTokenizer

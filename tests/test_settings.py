@@ -344,7 +344,6 @@ def test_every_nexus_name_in_the_code_is_known():
     """A NEXUS_* name spelled in code, compose or scripts is a setting or listed as read elsewhere."""
     known = {info.alias for _, _, info in _fields()}
     known |= {n for name, _, _ in S.STANDARD_VARIABLES for n in name.split(" / ")}
-    known |= {"NEXUS_CONFIG_ATTR"}  # models/base.py: a Python constant, not a variable
     files = list(_code_files()) + sorted((ROOT / "deploy").rglob("*.sh")) + sorted((ROOT / "deploy").rglob("*.yml"))
     files += [p for p in sorted((ROOT / "tests").rglob("*.py")) if p.name != "test_settings.py"]  # its typos are on purpose
     unknown = {}
