@@ -63,6 +63,8 @@ class SlotStore:
         self.resident: dict[str, Resident] = {}
         self._ckpt = None
         self._weights = None
+        # Jobs are prepared concurrently: two tenants of a base not loaded yet must get one copy.
+        self._base_lock = asyncio.Lock()
 
     async def _stores(self):
         if self._ckpt is None:
@@ -73,12 +75,16 @@ class SlotStore:
     # -- bases and slots -----------------------------------------------------------------
     async def base(self, source: str):
         base = self.bases.get(source)
-        if base is None:
-            from models import BaseConfig, BaseModel
+        if base is not None:
+            return base
+        async with self._base_lock:
+            base = self.bases.get(source)
+            if base is None:
+                from models import BaseConfig, BaseModel
 
-            # Loading a base takes seconds: off the event loop, so heartbeats keep flowing.
-            base = await asyncio.to_thread(BaseModel.load, BaseConfig(source=source, device=self.device))
-            self.bases[source] = base
+                # Loading a base takes seconds: off the event loop, so heartbeats keep flowing.
+                base = await asyncio.to_thread(BaseModel.load, BaseConfig(source=source, device=self.device))
+                self.bases[source] = base
         return base
 
     async def committed(self, tenant: str) -> CheckpointRef:

@@ -1,20 +1,18 @@
 """Trainer (Training Model Service): resident base(s), many tenant slots, the training loop.
 
-The loop, in order (one round):
-  1. lease up to ``group_max`` jobs from the master's scheduler (one per tenant); when none is
-     ready, wait for ``<prefix>.sched.ready`` or ``idle_poll_s``;
-  2. bring each tenant's slot up to its committed checkpoint (idle slots live in CPU memory);
-  3. read each job's micro-batches from its partition and canonicalise them; a job whose
-     data cannot be used fails alone;
-  4. train: step i takes micro-batch i of every job, compatible tenants share one base forward
-     (`models.train_step(grouped=True)`); a job already in the slot's applied ids is not
-     trained again (a redelivery after a crash). Between steps the round's leases are renewed
-     (a job whose lease was lost is dropped from the round, never committed) and a drain is
-     noticed (past ``Leases.drain_finish_s`` the round stops and its jobs are released);
-  5. per tenant: commit (a new checkpoint object with the applied job ids; the master moves
-     the tenant's checkpoint pointer when it accepts ``trained`` under the job's lease epoch)
-     -> export payload + manifest -> ``exported`` -> announce the version on
-     ``<prefix>.weights.<tenant>`` -> ``synced`` -> purge the partition -> ``cleared``.
+The loop is continuous (iteration-level scheduling, `actors.train_loop`): a running group of at
+most ``group_max`` jobs (one per tenant) takes one grouped step at a time, the next micro-batch
+of every job, canonicalised at that step; compatible tenants share one base forward
+(`models.train_step(grouped=True)`). A job whose last micro-batch is done leaves the group at
+once and, per job, in the background:
+commit (a new checkpoint object with the applied job ids; the master moves the tenant's
+checkpoint pointer when it accepts ``trained`` under the job's lease epoch) -> export payload +
+manifest -> ``exported`` -> announce the version on ``<prefix>.weights.<tenant>`` -> ``synced``
+-> purge the partition -> ``cleared``; the next ready job the master's scheduler picks joins at
+the next step. Leases are renewed per job from lease to clear (a job whose lease was lost is
+dropped, never committed); a job already in the slot's applied ids is not trained again (a
+redelivery after a crash); a drain stops leasing at once and, past ``Leases.drain_finish_s``,
+releases every job not yet trained.
 
 An exception in one tenant's job restores that tenant's slot from its checkpoint and fails
 the job with the reason; every other tenant goes on. Low-level ops for custom algorithms:
@@ -26,11 +24,12 @@ Run: ``python -m actors.run trainer --nats-url nats://127.0.0.1:4222``
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import time
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, AsyncIterator
 
 import numpy as np
 
@@ -39,8 +38,8 @@ from actors.identity import require_tenant
 from actors.metering import Meter, final_flush, flush_loop
 from actors.runtime import Role, RoleConfig, device_memory_bytes, op
 from actors.slots import Resident, SlotStore
-from actors.tq_read import read_job_items
-from protocol.errors import Conflict, FailedPrecondition, NexusError, NotFound
+from actors.train_loop import TrainLoop, Work
+from protocol.errors import Busy, Conflict, FailedPrecondition, NexusError, NotFound
 from protocol.messages import (
     CheckpointCommitRequest,
     CheckpointRef,
@@ -69,6 +68,8 @@ from protocol.subjects import check_token
 # first job it handles (FAULT_POINTS, in lifecycle order).
 FAULT_ENV = TrainerSettings.model_fields["fault"].alias
 _ENV_DEFAULTS = TrainerSettings()
+# export_params / load_weights wait this long for the tenant's job on this trainer to clear.
+QUIET_WAIT_S = 60.0
 
 
 @dataclass
@@ -86,26 +87,6 @@ class TrainerConfig:
         return cls(group_max=env.group_max, lease_s=env.lease_s, device=env.device)
 
 
-@dataclass
-class _Work:
-    job: JobRecord
-    res: Resident
-    items: list[QueuePutRequest] = field(default_factory=list)
-    batches: list[Any] = field(default_factory=list)  # models.TenantBatch per micro-batch
-    losses: list[float] = field(default_factory=list)
-    metrics: dict[str, list[float]] = field(default_factory=dict)
-    skip: bool = False  # already applied before a crash: no compute, just finish
-    error: str = ""
-    lost: bool = False  # the lease went to another trainer: drop the work, commit nothing
-
-    def summary(self) -> dict[str, float]:
-        """Mean of each step metric over the job, plus its mean loss."""
-        out = {k: float(np.nanmean(v)) for k, v in self.metrics.items()}
-        if self.losses:
-            out["loss"] = float(np.mean(self.losses))
-        return out
-
-
 class Trainer(Role):
     name = "trainer"
 
@@ -115,12 +96,13 @@ class Trainer(Role):
         self.fault = TrainerSettings.from_env().fault or ""
         self.leases = leases_from_env()
         self.store: SlotStore | None = None
-        self._compute = asyncio.Lock()  # one round at a time on the accelerator
-        self._wake = asyncio.Event()
+        # One grouped step at a time on the accelerator; export_params / load_weights go between.
+        self.compute = asyncio.Lock()
+        self.loop = TrainLoop(self)
         self._loop_done = asyncio.Event()
         self._drain_started: float | None = None
-        self._round: dict[str, JobRecord] = {}  # job id -> record: the leases being renewed
-        self._lost: set[str] = set()
+        self._held: dict[str, JobRecord] = {}  # job id -> record: the leases being renewed
+        self.lost_jobs: set[str] = set()  # jobs whose lease the renewer found lost
         self.jobs_done = 0
         self.busy_s = 0.0  # seconds in grouped train steps (the device's busy time)
         self.leases_lost = 0
@@ -147,20 +129,22 @@ class Trainer(Role):
     def info_extra(self) -> dict[str, Any]:
         return {"jobs_done": self.jobs_done, "leases_lost": self.leases_lost, "released": self.released,
                 "mixed_lora_steps": self.mixed_lora_steps,
-                "round": sorted(self._round),
+                "round": self.loop.held(), "steps": self.loop.steps,
+                "joined_running": self.loop.joined_running,
                 "slots": self.store.memory_report() if self.store else {},
                 "bases": sorted(self.store.bases) if self.store else [],
                 "usage": self.meter.info()}
 
     def heartbeat_gauges(self) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
         gauges, per_tenant = super().heartbeat_gauges()
-        gauges.update(busy_s=self.busy_s, group_size=float(len(self._round)), jobs_done=float(self.jobs_done))
+        gauges.update(busy_s=self.busy_s, group_size=float(len(self.loop.running)),
+                      jobs_done=float(self.jobs_done))
         if self.store is not None:
             gauges["device_memory_bytes"] = float(device_memory_bytes(self.store.device))
         return gauges, per_tenant
 
     async def _on_ready(self, msg: Any) -> None:
-        self._wake.set()
+        self.loop.poke()
 
     async def _on_tenant_deleted(self, msg: Any) -> None:
         tenant = msg.subject.rsplit(".", 1)[-1]
@@ -168,153 +152,64 @@ class Trainer(Role):
             self.log.info("tenant slot dropped (tenant deleted)", tenant=tenant)
         self.meter.forget(tenant)
 
-    def _maybe_fault(self, point: str) -> None:
+    def fault_point(self, point: str) -> None:
         assert point in FAULT_POINTS, point  # a point the settings do not list could never fire
         if self.fault == point:
             self.log.warning("fault injection: SIGKILL", point=point)
             os.kill(os.getpid(), signal.SIGKILL)
 
-    # -- the loop ------------------------------------------------------------------------
+    # -- the loop (actors.train_loop) and what it calls -------------------------------------
     async def _loop(self) -> None:
         assert self.bus is not None
         self._loop_done.clear()  # a restarted loop (critical: restarted after a failure)
+        self.loop = TrainLoop(self)
         try:
-            await self._lease_loop()
+            await self.loop.run()
         finally:
             self._loop_done.set()
 
-    async def _lease_loop(self) -> None:
-        assert self.bus is not None
-        # A drain stops leasing at once; the round in progress finishes or is released.
-        while not self._stop.is_set():
-            try:
-                async with self._compute:
-                    reply = await self.bus.request(
-                        self.names.master("lease"),
-                        LeaseRequest(trainer=self.instance, max_jobs=self.tcfg.group_max, lease_s=self.tcfg.lease_s),
-                        LeaseReply, timeout_s=10)
-                    if reply.jobs:
-                        await self._run(reply.jobs)
-                        continue
-            except NexusError as exc:
-                self.log.warning("lease failed", error=str(exc))
-            self._wake.clear()
-            try:
-                await asyncio.wait_for(self._wake.wait(), timeout=self.tcfg.idle_poll_s)
-            except asyncio.TimeoutError:
-                pass
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def hold(self, job: JobRecord) -> None:
+        """Renew ``job``'s lease from now until `unhold` (its clear, failure, loss or release)."""
+        self._held[job.job] = job
+
+    def unhold(self, job_id: str) -> None:
+        self._held.pop(job_id, None)
+        self.lost_jobs.discard(job_id)
 
     async def _tenant(self, name: str) -> TenantConfig:
         assert self.bus is not None
         return await retry_through_outage(self.bus.request, self.names.master("tenant_get"),
                                           GetTenantRequest(tenant=name), TenantConfig, timeout_s=10)
 
-    async def _run(self, jobs: list[JobRecord]) -> list[_Work]:
-        """Steps 2-5 for a set of leased jobs (at most one per tenant). One span per round:
-        the busy timeline of the trainer in the traces (see examples/report.py)."""
-        with self.tracer.start_as_current_span("trainer.round", attributes={
-                "nexus.tenants": ",".join(sorted(j.tenant for j in jobs)), "nexus.jobs": len(jobs)}):
-            return await self._run_round(jobs)
-
-    async def _run_round(self, jobs: list[JobRecord]) -> list[_Work]:
-        # The round's leases are renewed in the background from lease to clear: slot loads,
-        # canonicalisation, every step and the commit all stay inside a live lease.
-        self._round = {j.job: j for j in jobs}
-        self._lost = set()
-        renewer = asyncio.ensure_future(self._renew_loop())
-        try:
-            return await self._round_body(jobs)
-        finally:
-            renewer.cancel()
-            await asyncio.gather(renewer, return_exceptions=True)
-            self._round = {}
-
-    async def _round_body(self, jobs: list[JobRecord]) -> list[_Work]:
+    async def slot_for(self, job: JobRecord) -> Resident:
+        """The job's tenant slot, brought up to its committed checkpoint."""
         assert self.store is not None
-        self._maybe_fault("after_lease")
-        work: list[_Work] = []
-        # 2-3. slots and data; failures stay with their job
-        for job in jobs:
-            try:
-                res = await self.store.slot(await self._tenant(job.tenant))
-                w = _Work(job=job, res=res, skip=job.job in res.applied or job.state != "leased")
-                if not w.skip:
-                    w.items = await read_job_items(self.bus, self.names, job, 0, job.items)
-                    if len(w.items) != job.items:
-                        raise FailedPrecondition(f"partition holds {len(w.items)} of {job.items} micro-batches")
-                    w.batches = await asyncio.to_thread(self._canonicalise, res, job, w.items)
-                work.append(w)
-            except Exception as exc:
-                await self._fail(job, f"{type(exc).__name__}: {exc}")
-        # 4. grouped training, a step at a time: leases renewed, drains noticed in between
-        todo = [w for w in work if not w.skip]
-        if todo:
-            base_by_tenant = {w.job.tenant: self.store.bases[w.res.config.base] for w in todo}
-            for i in range(max(len(w.batches) for w in todo)):
-                if self._drain_overdue():
-                    await self._release(work, "trainer draining: the round did not finish in time")
-                    return work
-                self._mark_lost(work)
-                started = time.perf_counter()
-                await asyncio.to_thread(self._train_step, todo, i, base_by_tenant)
-                self.busy_s += time.perf_counter() - started  # the device's share: nexus top, /metrics
-            self._mark_lost(work)
-            for w in todo:
-                if not w.error and not w.lost:
-                    w.res.applied[w.job.job] = None
-        self._maybe_fault("after_train")
-        # 5. commit, export, announce, clear
-        for w in work:
-            self._mark_lost([w])
-            if w.lost:
-                # Another trainer holds the job now: our in-memory state is not committed.
-                await self.store.reload(w.job.tenant)
-                continue
-            if w.error:
-                await self.store.reload(w.job.tenant)
-                await self._fail(w.job, w.error)
-                continue
-            try:
-                await self._finish(w)
-                self._round.pop(w.job.job, None)
-                self.jobs_done += 1
-            except Conflict as exc:
-                # The fence: the lease was lost (or the checkpoint moved) before the commit.
-                self._round.pop(w.job.job, None)
-                self.leases_lost += 1
-                self.log.warning("commit refused; job left to its current owner", tenant=w.job.tenant,
-                                 job=w.job.job, error=exc.message)
-                await self.store.reload(w.job.tenant)
-            except Exception as exc:
-                self.log.error("finishing job failed", tenant=w.job.tenant, job=w.job.job, exc_info=exc)
-                await self.store.reload(w.job.tenant)
-        self.store.offload_idle(keep={w.job.tenant for w in work})
-        return work
+        return await self.store.slot(await self._tenant(job.tenant))
 
-    def _canonicalise(self, res: Resident, job: JobRecord, items: list[QueuePutRequest]) -> list[Any]:
-        return [item_to_batch(res.slot, item) for item in items]
-
-    def _drain_overdue(self) -> bool:
+    def drain_overdue(self) -> bool:
         if not self._stop.is_set():
             return False
         if self._drain_started is None:
             self._drain_started = time.monotonic()
-            self.log.info("draining: finishing the round", finish_s=self.leases.drain_finish_s)
+            self.log.info("draining: finishing the running jobs", finish_s=self.leases.drain_finish_s)
         return time.monotonic() - self._drain_started > self.leases.drain_finish_s
 
-    def _mark_lost(self, work: list[_Work]) -> None:
-        for w in work:
-            if w.job.job in self._lost:
-                w.lost = True
+    def count_lost(self, job: JobRecord, why: str) -> None:
+        self.leases_lost += 1
+        self.log.warning("commit refused; job left to its current owner", tenant=job.tenant, job=job.job, error=why)
 
-    async def _renew_loop(self) -> None:
-        """Extend the leases of the round's unfinished jobs every ``renew_every_s`` (at most a
-        quarter of the lease); a job the master says is lost is dropped, never committed."""
+    async def renew_loop(self) -> None:
+        """Extend the leases of the held jobs every ``renew_every_s`` (at most a quarter of the
+        lease); a job the master says is lost is dropped, never committed."""
         assert self.bus is not None
         every = min(self.leases.renew_every_s, self.tcfg.lease_s / 4)
         while True:
             await asyncio.sleep(every)
-            held = list(self._round.values())
+            held = [j for j in self._held.values() if j.job not in self.lost_jobs]
             if not held:
                 continue
             req = LeaseRenewRequest(trainer=self.instance, jobs=[JobRef(tenant=j.tenant, job=j.job) for j in held],
@@ -326,74 +221,93 @@ class Trainer(Role):
                 self.log.warning("lease renewal failed", error=exc.message)
                 continue
             for job in held:
-                if job.job in reply.lost and self._round.pop(job.job, None) is not None:
-                    self._lost.add(job.job)
+                if job.job in reply.lost and job.job in self._held:
+                    self.lost_jobs.add(job.job)
                     self.leases_lost += 1
-                    self.log.warning("lease lost mid-round; dropping the job", tenant=job.tenant, job=job.job)
+                    self.log.warning("lease lost; dropping the job", tenant=job.tenant, job=job.job)
 
-    async def _release(self, work: list[_Work], reason: str) -> None:
-        """Hand the round's jobs back (drain): nothing of them is committed by this trainer."""
-        assert self.bus is not None and self.store is not None
-        mine = [w for w in work if not w.lost]
-        for w in mine:
-            self._round.pop(w.job.job, None)
-            await self.store.reload(w.job.tenant)
-        if not mine:
+    async def release(self, jobs: list[JobRecord], reason: str) -> None:
+        """Hand jobs back (drain): nothing of them is committed by this trainer."""
+        assert self.bus is not None
+        for job in jobs:
+            self.unhold(job.job)
+        if not jobs:
             return
-        req = LeaseReleaseRequest(trainer=self.instance, jobs=[JobRef(tenant=w.job.tenant, job=w.job.job) for w in mine],
-                                  epochs=[w.job.lease_epoch for w in mine], reason=reason)
+        req = LeaseReleaseRequest(trainer=self.instance, jobs=[JobRef(tenant=j.tenant, job=j.job) for j in jobs],
+                                  epochs=[j.lease_epoch for j in jobs], reason=reason)
         try:
             await retry(self.bus.request, self.names.master("lease_release"), req, Ok, timeout_s=5,
                         policy=DRAIN_RELEASE)
-            self.released += len(mine)
-            self.log.info("released the round's jobs", jobs=[w.job.job for w in mine], reason=reason)
+            self.released += len(jobs)
+            self.log.info("released jobs", jobs=[j.job for j in jobs], reason=reason)
         except NexusError as exc:
             # The master is gone too: its successor releases a gone trainer's jobs at start.
-            self.log.warning("could not release jobs", error=exc.message, jobs=[w.job.job for w in mine])
+            self.log.warning("could not release jobs", error=exc.message, jobs=[j.job for j in jobs])
 
-    def _train_step(self, todo: list[_Work], i: int, base_by_tenant: dict[str, Any]) -> None:
-        """Micro-batch i of every job in one grouped step; a failing tenant is isolated."""
-        live = [w for w in todo if i < len(w.batches) and not w.error and not w.lost]
-        by_base: dict[int, list[_Work]] = {}
-        for w in live:
-            by_base.setdefault(id(base_by_tenant[w.job.tenant]), []).append(w)
-        for group in by_base.values():
-            base = base_by_tenant[group[0].job.tenant]
+    async def train_step(self, group: list[Work]) -> None:
+        """One grouped step of the running group, off the event loop; one span per step (the
+        trainer's busy timeline in the traces: sdk/report.py)."""
+        assert self.store is not None
+        bases = {w.tenant: self.store.bases[w.res.config.base] for w in group if w.res is not None}
+        with self.tracer.start_as_current_span("trainer.round", attributes={
+                "nexus.tenants": ",".join(sorted(w.tenant for w in group)), "nexus.jobs": len(group)}):
+            started = time.perf_counter()
+            await asyncio.to_thread(self._train_step, group, bases)
+            self.busy_s += time.perf_counter() - started  # the device's share: nexus top, /metrics
+
+    def _train_step(self, group: list[Work], bases: dict[str, Any]) -> None:
+        """The next micro-batch of every job, canonicalised now, in one grouped step per base;
+        a failing tenant is isolated (its job fails, the others step on)."""
+        live = []
+        for w in group:
             try:
-                results = self._metered_step(base, group, i, grouped=True)
-                if len({w.res.slot.adapter is None for w in group}) == 2:
+                w.batch = item_to_batch(w.res.slot, w.items[w.cursor])
+                live.append(w)
+            except Exception as exc:  # noqa: BLE001 - reported as the job's failure reason
+                w.error = f"micro-batch {w.cursor}: {type(exc).__name__}: {exc}"
+        by_base: dict[int, list[Work]] = {}
+        for w in live:
+            by_base.setdefault(id(bases[w.tenant]), []).append(w)
+        for part in by_base.values():
+            base = bases[part[0].tenant]
+            try:
+                results = self._metered_step(base, part, grouped=True)
+                if len({w.res.slot.adapter is None for w in part}) == 2:
                     self.mixed_lora_steps += 1
             except Exception:
                 # Find the culprit: run the tenants one by one; only the failing one fails.
                 results = []
-                for w in group:
+                for w in part:
                     try:
-                        results.extend(self._metered_step(base, [w], i, grouped=False))
+                        results.extend(self._metered_step(base, [w], grouped=False))
                     except Exception as exc:  # noqa: BLE001 - reported as the job's failure reason
-                        w.error = f"training step {i} failed: {type(exc).__name__}: {exc}"
+                        w.error = f"training step {w.cursor} failed: {type(exc).__name__}: {exc}"
                         results.append(None)
-            for w, r in zip(group, results):
+            for w, r in zip(part, results):
                 if r is None:
                     continue
+                w.cursor += 1
                 w.losses.append(r.loss)
                 for k, v in r.metrics.items():
                     w.metrics.setdefault(k, []).append(float(v))
+        for w in group:
+            w.batch = None  # canonical tensors live for one step only
 
-    def _metered_step(self, base: Any, group: list[_Work], i: int, grouped: bool) -> list[Any]:
+    def _metered_step(self, base: Any, part: list[Work], grouped: bool) -> list[Any]:
         """One `models.train_step`, timed (wall time ending in a device synchronize) and charged
-        to the group's tenants by their rows (`actors.metering`); a step that raises is charged
+        to the part's tenants by their rows (`actors.metering`); a step that raises is charged
         too: the device time was spent."""
         from models import train_step
 
         t0 = time.perf_counter()
         try:
-            return train_step(base, [(w.res.slot, w.batches[i]) for w in group], grouped=grouped)
+            return train_step(base, [(w.res.slot, w.batch) for w in part], grouped=grouped)
         finally:
             _sync(base)
             self.meter.charge("train", time.perf_counter() - t0,
-                              {(w.job.tenant, w.job.workload): len(w.batches[i].features) for w in group})
+                              {(w.tenant, w.job.workload): len(w.batch.features) for w in part})
 
-    async def _finish(self, w: _Work) -> None:
+    async def finish(self, w: Work) -> None:
         """Commit -> trained -> export -> exported -> announce -> synced -> cleared.
 
         A job handed over half-finished (its trainer died) resumes after its current state."""
@@ -405,7 +319,7 @@ class Trainer(Role):
             if not w.skip:
                 # A new object nobody points at yet; the master's acceptance below is the commit.
                 name = await self.store.write_checkpoint(tenant, f"{job.job}-e{job.lease_epoch}")
-                self._maybe_fault("after_commit")
+                self.fault_point("after_commit")
                 try:
                     await self._update(job, "trained", version, metrics, checkpoint=name,
                                        base_checkpoint=w.res.checkpoint_name)
@@ -415,7 +329,7 @@ class Trainer(Role):
                 await self.store.committed_as(tenant, name)
             else:
                 await self._update(job, "trained", version, metrics)
-        self._maybe_fault("after_trained")
+        self.fault_point("after_trained")
         # outputs.export_every_steps: between exports a job still walks trained -> exported ->
         # synced -> cleared (its lifecycle stays whole), it just announces no new version.
         every = w.res.config.export_every_steps
@@ -429,17 +343,18 @@ class Trainer(Role):
                 self.log.debug("export skipped", tenant=tenant, job=job.job, version=version,
                                last_export=exported, export_every_steps=every)
             await self._advance(job, "exported", version)
-            self._maybe_fault("after_export")
+            self.fault_point("after_export")
         elif every <= 0 or exported == version:
             # Exported by a trainer that died before announcing: announce again (same version).
             ref = await self.store.export(tenant, metrics)
         if _before(job.state, "synced"):
             await self._advance(job, "synced", version)
-            self._maybe_fault("after_synced")
+            self.fault_point("after_synced")
         await self._advance(job, "cleared", version)
         if "loss" in metrics:
             await self.metric("loss", tenant, metrics["loss"], version=str(version))
         await self.metric("version", tenant, version)
+        self.jobs_done += 1
         self.log.info("job done", tenant=tenant, job=job.job, version=version, step=w.res.slot.step_count,
                       items=job.items, skipped_compute=w.skip, loss=metrics.get("loss"))
 
@@ -477,8 +392,8 @@ class Trainer(Role):
         job.state = rec.state
         return rec
 
-    async def _fail(self, job: JobRecord, reason: str) -> None:
-        self._round.pop(job.job, None)
+    async def fail(self, job: JobRecord, reason: str) -> None:
+        self.unhold(job.job)
         self.log.error("job failed", tenant=job.tenant, job=job.job, reason=reason)
         try:
             await self._update(job, "failed", reason=reason)
@@ -497,25 +412,43 @@ class Trainer(Role):
         """Train one ready job now (a custom algorithm's step), then export it."""
         assert self.bus is not None
         check_token("job", req.job)  # an empty job would make the lease pick any ready jobs
-        async with self._compute:
-            reply = await self.bus.request(
-                self.names.master("lease"),
-                LeaseRequest(trainer=self.instance, job=req.job, tenant=req.tenant, lease_s=self.tcfg.lease_s),
-                LeaseReply, timeout_s=10)
-            if not reply.jobs:
-                raise FailedPrecondition(f"job {req.job} was dropped as stale: {reply.dropped_stale[0].reason}")
-            (w,) = await self._run(reply.jobs) or [None]
-        if w is None or w.error or w.job.state != "cleared":
-            reason = (w.error if w else "") or "see the job record"
-            raise FailedPrecondition(f"job {req.job} failed: {reason}")
+        reply = await self.bus.request(
+            self.names.master("lease"),
+            LeaseRequest(trainer=self.instance, job=req.job, tenant=req.tenant, lease_s=self.tcfg.lease_s),
+            LeaseReply, timeout_s=10)
+        if not reply.jobs:
+            raise FailedPrecondition(f"job {req.job} was dropped as stale: {reply.dropped_stale[0].reason}")
+        # It joins the running group at the next step (after its tenant's job here, if any).
+        w = await self.loop.submit(reply.jobs[0])
+        if w.error or w.lost or w.released or w.job.state != "cleared":
+            reason = w.error or ("its lease was lost" if w.lost else "released by a drain" if w.released else "")
+            raise FailedPrecondition(f"job {req.job} failed: {reason or 'see the job record'}")
         slot = w.res.slot
         return TrainBatchReply(tenant=req.tenant, job=req.job, version=slot.policy_version,
                                step=slot.step_count, metrics=w.summary())
 
+    @contextlib.asynccontextmanager
+    async def _quiet(self, tenant: str) -> AsyncIterator[None]:
+        """Between steps, with no job of ``tenant`` on this trainer: its slot is nobody's but
+        the caller's (a job mid-training would otherwise export, or be overwritten, half-way)."""
+        deadline = time.monotonic() + QUIET_WAIT_S
+        while True:
+            if not await self.loop.wait_idle(tenant, max(0.0, deadline - time.monotonic())):
+                raise Busy(f"tenant {tenant} has a job training on this trainer; retry when it is cleared",
+                           details={"retry_after_s": 1.0})
+            await self.compute.acquire()
+            if not self.loop.busy(tenant):
+                break
+            self.compute.release()  # a job of the tenant joined meanwhile
+        try:
+            yield
+        finally:
+            self.compute.release()
+
     @op("export_params", ExportRequest)
     async def export_params(self, req: ExportRequest) -> WeightsRef:
         assert self.store is not None
-        async with self._compute:
+        async with self._quiet(req.tenant):
             await self.store.slot(await self._tenant(req.tenant))
             return await self.store.export(req.tenant, {})
 
@@ -525,7 +458,7 @@ class Trainer(Role):
         # The runtime checked the slot is the caller's; the object read must be too
         # (objects are named <tenant>/v<version>: actors.weights.weights_name).
         require_tenant(req.object_name.split("/", 1)[0], "load_weights from")
-        async with self._compute:
+        async with self._quiet(req.tenant):
             await self.store.slot(await self._tenant(req.tenant))
             try:
                 meta = await self.store.load_weights(req.tenant, req.object_name)
@@ -549,7 +482,7 @@ class Trainer(Role):
         return Ok(detail=f"{req.tenant} loaded {req.object_name} (version {meta.get('policy_version')})")
 
     async def on_drain(self) -> None:
-        # The loop stopped leasing when the drain began; wait for its round to finish or be
+        # The loop stopped leasing when the drain began; wait for its jobs to finish or be
         # released (bounded: drain_finish_s of training, then commit/export or release).
         try:
             await asyncio.wait_for(self._loop_done.wait(), timeout=self.leases.drain_finish_s + 60.0)
