@@ -130,6 +130,7 @@ class Trainer(Role):
         return {"jobs_done": self.jobs_done, "leases_lost": self.leases_lost, "released": self.released,
                 "mixed_lora_steps": self.mixed_lora_steps,
                 "round": self.loop.held(), "steps": self.loop.steps,
+                "running": {j: w.cursor for j, w in self.loop.running.items()},  # job -> micro-batches done
                 "joined_running": self.loop.joined_running,
                 "slots": self.store.memory_report() if self.store else {},
                 "bases": sorted(self.store.bases) if self.store else [],
