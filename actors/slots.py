@@ -21,6 +21,7 @@ import json
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from nats.js.errors import ObjectNotFoundError
@@ -53,11 +54,32 @@ class Resident:
     last_used: float = 0.0
 
 
+def fast_engine_applies(source: str, device: str | None) -> bool:
+    """The fast engine (models.fast) serves Qwen3-VL bases, and the trainer uses it on CUDA only:
+    its CUDA graphs are what make it fast (on CPU the plain forward is the reference). A forward
+    that routes LoRA rows takes the plain path inside the base either way (models.base.encode)."""
+    import torch
+
+    from models.families import MODEL_TYPE_TO_FAMILY
+    from models.presets import PRESETS, get_preset
+
+    on_cuda = (device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
+    if not on_cuda:
+        return False
+    if source in PRESETS:
+        return get_preset(source).family == "qwen3_vl"
+    config = Path(source) / "config.json"
+    model_type = json.loads(config.read_text()).get("model_type") if config.is_file() else None
+    return MODEL_TYPE_TO_FAMILY.get(model_type) == "qwen3_vl"
+
+
 class SlotStore:
-    def __init__(self, bus, names: Names, device: str | None = None, max_on_device: int = 16) -> None:
+    def __init__(self, bus, names: Names, device: str | None = None, max_on_device: int = 16,
+                 fast: bool = False) -> None:
         self.bus = bus
         self.names = names
         self.device = device
+        self.fast = fast
         self.max_on_device = max_on_device
         self.bases: dict[str, Any] = {}
         self.resident: dict[str, Resident] = {}
@@ -82,8 +104,10 @@ class SlotStore:
             if base is None:
                 from models import BaseConfig, BaseModel
 
+                fast = self.fast and fast_engine_applies(source, self.device)
+                cfg = BaseConfig(source=source, device=self.device, fast=fast)
                 # Loading a base takes seconds: off the event loop, so heartbeats keep flowing.
-                base = await asyncio.to_thread(BaseModel.load, BaseConfig(source=source, device=self.device))
+                base = await asyncio.to_thread(BaseModel.load, cfg)
                 self.bases[source] = base
         return base
 

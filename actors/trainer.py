@@ -80,11 +80,12 @@ class TrainerConfig:
     idle_poll_s: float = 1.0
     max_on_device: int = 16  # slots kept on the accelerator; the rest wait in CPU memory
     device: str | None = None  # None: cuda if available, else cpu
+    fast: bool = _ENV_DEFAULTS.fast  # the fast engine for frozen-base forwards on CUDA
 
     @classmethod
     def from_env(cls) -> TrainerConfig:
         env = TrainerSettings.from_env()
-        return cls(group_max=env.group_max, lease_s=env.lease_s, device=env.device)
+        return cls(group_max=env.group_max, lease_s=env.lease_s, device=env.device, fast=env.fast)
 
 
 class Trainer(Role):
@@ -120,7 +121,7 @@ class Trainer(Role):
 
         torch.set_num_threads(1)
         self.store = SlotStore(self.bus, self.names, device=self.tcfg.device,
-                               max_on_device=self.tcfg.max_on_device)
+                               max_on_device=self.tcfg.max_on_device, fast=self.tcfg.fast)
         await self.bus.nc.subscribe(self.names.sched_ready, cb=self._on_ready)
         await self.bus.nc.subscribe(self.names.tenant_deleted_all, cb=self._on_tenant_deleted)
         self.spawn(self._loop, "train-loop", critical=True)
@@ -510,17 +511,20 @@ def _before(current: str, target: str) -> bool:
 
 
 def item_to_batch(slot: Any, item: QueuePutRequest) -> Any:
-    """One queued micro-batch (tenant schema) -> `models.TenantBatch` (canonical VLAFeature)."""
+    """One queued micro-batch (tenant schema) -> `models.TenantBatch` (canonical VLAFeature) on
+    the slot's device. The frames cross to the device as uint8 and are resized there (as the
+    inferencer does); the same math as ``slot.preprocessor`` on the host, bit-equal on CPU."""
     import torch
     from models import Observation, TenantBatch
 
     cams = slot.schema.camera_names
-    obs = [Observation(images={c: np.asarray(item.images[c][i]) for c in cams},
-                       state=np.asarray(item.state[i]), instruction=item.instructions[i])
+    obs = [Observation(images={c: item.images[c][i] for c in cams}, state=item.state[i],
+                       instruction=item.instructions[i])
            for i in range(len(item.instructions))]
-    vla = slot.preprocessor(obs).to(slot.device)
+    device = slot.device
+    vla = slot.preprocessor(obs, device=device).to(device)
 
     def t(x: Any) -> Any:
-        return None if x is None else torch.tensor(np.asarray(x), dtype=torch.float32)
+        return None if x is None else torch.as_tensor(np.asarray(x, dtype=np.float32), device=device)
 
     return TenantBatch(vla, t(item.actions), t(item.old_log_prob), t(item.advantages), t(item.returns))

@@ -173,9 +173,9 @@ class LeaseSettings(EnvSettings):
     readers = "master, trainer"
 
     renew_every_s: float = Field(LEASES.renew_every_s, ge=0.01, **var(
-        "NEXUS_LEASE_RENEW_EVERY_S", "a trainer renews its round's leases at most this often (s)"))
+        "NEXUS_LEASE_RENEW_EVERY_S", "a trainer renews its jobs' leases at most this often (s)"))
     drain_finish_s: float = Field(LEASES.drain_finish_s, ge=0, **var(
-        "NEXUS_TRAINER_DRAIN_FINISH_S", "a draining trainer trains its round this long, then releases it (s)"))
+        "NEXUS_TRAINER_DRAIN_FINISH_S", "a draining trainer trains its running jobs this long, then releases them (s)"))
     orphan_ttl_s: float = Field(LEASES.orphan_ttl_s, ge=0.1, **var(
         "NEXUS_ORPHAN_TTL_S", "a job idle this long while reserved or filling is failed and purged (s)"))
 
@@ -213,14 +213,18 @@ class TrainerSettings(EnvSettings):
     readers = "trainer"
 
     group_max: int = Field(4, ge=1, le=256, **var(
-        "NEXUS_TRAINER_GROUP_MAX", "jobs (tenants) per trainer round: the grouped base forward's width"))
-    # Leases are renewed while a round trains, so this bounds how long a hung trainer holds
-    # work, not how long a round may take.
+        "NEXUS_TRAINER_GROUP_MAX", "jobs (tenants) in the trainer's running group: the grouped base forward's width"))
+    # Leases are renewed while a job trains, so this bounds how long a hung trainer holds
+    # work, not how long a job may take.
     lease_s: float = Field(60.0, gt=0, **var(
-        "NEXUS_TRAINER_LEASE_S", "a training job's lease (s), renewed while its round runs"))
+        "NEXUS_TRAINER_LEASE_S", "a training job's lease (s), renewed from lease to clear"))
     device: str | None = Field(None, pattern=_DEVICE, **var(
         "NEXUS_TRAINER_DEVICE", "the trainer's torch device", allowed="cpu, cuda, cuda:N, mps or xpu",
         default_text="cuda if available, else cpu"))
+    # Off by default, like the inferencer's: each new group size captures a CUDA graph.
+    fast: bool = Field(False, **var(
+        "NEXUS_TRAINER_FAST", "on CUDA, the frozen-base forward of tenants without a LoRA adapter through the "
+        "fast engine (models.fast: CUDA graphs; Qwen3-VL bases)"))
     fault: Literal[FAULT_POINTS] | None = Field(None, **var(  # type: ignore[valid-type]
         "NEXUS_TRAINER_FAULT", "tests only: SIGKILL the trainer at this point of its first job",
         default_text="unset"))
