@@ -43,6 +43,9 @@ from protocol.messages import JobRecord, LeaseReply, LeaseRequest, QueuePutReque
 if TYPE_CHECKING:
     from actors.trainer import Trainer
 
+# How often `wait_idle` (export_params / load_weights) looks whether a tenant's job is done.
+IDLE_POLL_S = 0.05
+
 
 @dataclass
 class Work:
@@ -106,14 +109,9 @@ class TrainLoop:
         """Wait until ``tenant`` has no job here; False if it still has one after ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
         while self.busy(tenant):
-            left = deadline - time.monotonic()
-            if left <= 0:
+            if time.monotonic() >= deadline:
                 return False
-            self._changed.clear()
-            try:
-                await asyncio.wait_for(self._changed.wait(), timeout=min(left, 0.5))
-            except asyncio.TimeoutError:
-                pass
+            await asyncio.sleep(IDLE_POLL_S)
         return True
 
     def poke(self) -> None:
@@ -135,11 +133,16 @@ class TrainLoop:
         renewer = asyncio.ensure_future(self.t.renew_loop())
         try:
             await self._iterate()
+        except Exception:
+            # A bug in the loop: hand back what it held (the restarted loop starts empty) rather
+            # than leave the leases renewed by nobody until they expire.
+            await self._release_all("trainer loop failed")
+            raise
         finally:
+            if self._tasks:  # jobs finishing their commit: their leases stay renewed meanwhile
+                await asyncio.gather(*self._tasks.values(), return_exceptions=True)
             renewer.cancel()
             await asyncio.gather(renewer, return_exceptions=True)
-            if self._tasks:
-                await asyncio.gather(*self._tasks.values(), return_exceptions=True)
             for job_id, fut in list(self._waiters.items()):
                 if not fut.done():
                     fut.set_exception(FailedPrecondition(f"job {job_id}: the trainer's loop stopped"))
