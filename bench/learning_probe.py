@@ -117,6 +117,10 @@ class ProbeConfig:
     eval_every: int = 500
     cache_features: bool = True
     demo_noise: float = 0.0  # DART: noise on the executed expert action (labels stay clean)
+    # SFT: the evaluations around the training (each costs --eval-episodes episodes); a short
+    # guard run (tests/test_learning_short.py) skips both.
+    initial_eval: bool = True
+    reload_check: bool = True
     reward: str = "dense"
     # PPO
     envs: int = 16
@@ -248,10 +252,11 @@ def run_sft(cfg: ProbeConfig, log) -> dict[str, Any]:
     tgt_t = torch.from_numpy(tgt)
     g = torch.Generator().manual_seed(cfg.seed)
     curve = []
-    init = evaluate_slot(cfg, base, slot, cfg.eval_episodes)
-    curve.append({"step": 0, "loss": None, **init, "wall_s": time.perf_counter() - t_all})
+    init = evaluate_slot(cfg, base, slot, cfg.eval_episodes) if cfg.initial_eval else None
     log(f"{'step':>6} {'loss':>9} {'success':>8} {'steps':>6} {'wall_s':>7}")
-    log(f"{0:>6} {'-':>9} {init['success_rate']:>8.2f} {init['mean_steps']:>6.1f} {curve[-1]['wall_s']:>7.1f}")
+    if init is not None:
+        curve.append({"step": 0, "loss": None, **init, "wall_s": time.perf_counter() - t_all})
+        log(f"{0:>6} {'-':>9} {init['success_rate']:>8.2f} {init['mean_steps']:>6.1f} {curve[-1]['wall_s']:>7.1f}")
     train_s = 0.0
     losses = []
     for step in range(1, cfg.steps + 1):
@@ -275,10 +280,13 @@ def run_sft(cfg: ProbeConfig, log) -> dict[str, Any]:
             curve.append({"step": step, "loss": loss, **ev, "wall_s": time.perf_counter() - t_all})
             log(f"{step:>6} {loss:>9.4f} {ev['success_rate']:>8.2f} {ev['mean_steps']:>6.1f} {curve[-1]['wall_s']:>7.1f}")
     # (c) reproduce: export, load into a fresh slot, re-evaluate
-    fresh = make_slot(cfg, base, cfg.steps)
-    fresh.load_params(slot.export_params())
-    repro = evaluate_slot(cfg, base, fresh, cfg.eval_episodes)
-    log(f"reload of exported params: success {repro['success_rate']:.2f} (trained slot: {curve[-1]['success_rate']:.2f})")
+    repro = None
+    if cfg.reload_check:
+        fresh = make_slot(cfg, base, cfg.steps)
+        fresh.load_params(slot.export_params())
+        repro = evaluate_slot(cfg, base, fresh, cfg.eval_episodes)
+        log(f"reload of exported params: success {repro['success_rate']:.2f} "
+            f"(trained slot: {curve[-1]['success_rate']:.2f})")
     return {"curve": curve, "initial": init, "final": curve[-1], "reloaded": repro, "data": data_info,
             "train_s": train_s, "prep_s": t_prep, "wall_s": time.perf_counter() - t_all}
 
@@ -420,6 +428,10 @@ def parse(argv: list[str] | None = None) -> ProbeConfig:
     p.add_argument("--eval-episodes", type=int, default=d.eval_episodes)
     p.add_argument("--eval-every", type=int, default=d.eval_every)
     p.add_argument("--no-cache-features", dest="cache_features", action="store_false")
+    p.add_argument("--no-initial-eval", dest="initial_eval", action="store_false",
+                   help="SFT: skip the evaluation of the untrained head")
+    p.add_argument("--no-reload-check", dest="reload_check", action="store_false",
+                   help="SFT: skip re-evaluating the exported params in a fresh slot")
     p.add_argument("--demo-noise", type=float, default=d.demo_noise,
                    help="DART: std of noise added to the executed expert action while recording")
     p.add_argument("--reward", default=d.reward, choices=["dense", "sparse"])

@@ -60,10 +60,10 @@ DEDUP_WINDOW_S = LONGEST_RETRY_HORIZON_S + 60.0
 class Leases:
     """Training-job leases and what counts as abandoned work."""
 
-    # A trainer renews its round's leases at most this often while it trains (every step
-    # otherwise): a round longer than its lease is never re-leased under it.
+    # A trainer renews the leases of the jobs it holds this often, from lease to clear (at most
+    # a quarter of the lease): a job longer than its lease is never re-leased under it.
     renew_every_s: float = 2.0
-    # A draining trainer keeps training its round this long, then releases what is left.
+    # A draining trainer keeps training its running jobs this long, then releases what is left.
     drain_finish_s: float = 30.0
     # A job idle this long while reserved or filling has lost its producer: failed, purged,
     # and off the tenant's in-flight cap.

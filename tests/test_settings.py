@@ -43,6 +43,7 @@ GOOD: dict[str, tuple[str, object]] = {
     "NEXUS_INFER_BASE": ("tiny-qwen3-vl-32", "tiny-qwen3-vl-32"),
     "NEXUS_INFER_DEVICE": ("cuda:1", "cuda:1"),
     "NEXUS_INFER_FAST": ("yes", True),
+    "NEXUS_TRAINER_FAST": ("on", True),
     "NEXUS_INFER_MAX_BATCH_SIZE": ("17", 17),
     "NEXUS_INFER_BATCH_WAIT_TIMEOUT_S": ("0.25", 0.25),
     "NEXUS_INFER_PIPELINE_DEPTH": ("3", 3),
@@ -99,6 +100,7 @@ BAD: dict[str, tuple[str, str]] = {
     "NEXUS_TRAINER_FAULT": ("after_lunch", "one of 'after_lease'"),
     "NEXUS_INFER_DEVICE": ("cuda0", "cpu, cuda, cuda:N"),
     "NEXUS_INFER_FAST": ("maybe", "a boolean"),
+    "NEXUS_TRAINER_FAST": ("sometimes", "a boolean"),
     "NEXUS_INFER_MAX_BATCH_SIZE": ("2048", "an integer in [1, 1024]"),
     "NEXUS_INFER_BATCH_WAIT_TIMEOUT_S": ("11", "a number in [0, 10]"),
     "NEXUS_INFER_PIPELINE_DEPTH": ("0", "an integer in [1, 8]"),
@@ -247,6 +249,7 @@ def test_roles_read_every_variable(tmp_path, monkeypatch):
         "NEXUS_TRAINER_GROUP_MAX": (trainer.tcfg.group_max, 6),
         "NEXUS_TRAINER_LEASE_S": (trainer.tcfg.lease_s, 45.0),
         "NEXUS_TRAINER_DEVICE": (trainer.tcfg.device, "cpu"),
+        "NEXUS_TRAINER_FAST": (trainer.tcfg.fast, True),
         "NEXUS_TRAINER_FAULT": (trainer.fault, "after_commit"),
     }
     inf = Inferencer(cfg)
@@ -386,7 +389,7 @@ def test_role_process_with_a_bad_value_exits_with_one_line():
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.splitlines() == [
         "error: NEXUS_LEASE_RENEW_EVERY_S='abc': must be a number >= 0.01 -- "
-        "a trainer renews its round's leases at most this often (s)"]
+        "a trainer renews its jobs' leases at most this often (s)"]
     assert proc.stdout == ""
 
 
