@@ -38,6 +38,7 @@ import uuid
 from typing import Any
 
 import nats.errors
+from opentelemetry.trace import SpanKind
 from nats.js.errors import (
     KeyNotFoundError,
     NoKeysError,
@@ -52,6 +53,7 @@ from actors.bus import retry
 from actors.layout import ensure_tq_stream, publish_tq, read_deployment_settings
 from actors.identity import require_tenant
 from actors.runtime import Role, RoleConfig, op
+from actors.tracing import carrier, hop_name, messaging, nexus_attrs
 from actors.tq_read import PartitionReader
 from master.scheduler import Scheduler
 from master.usage import UsageOps
@@ -431,10 +433,18 @@ class Master(WorkloadOps, UsageOps, Role):
         b = validate_put(req, tenant.schema, job.task)
         if job.task == "sft":
             self.sched.check_sft_prefetch(tenant, adding=1)
-        ack = await publish_tq(
-            self.bus.js, self.names, req.tenant, self.names.tq_job(req.tenant, req.job), encode(req),
-            headers={"Nats-Msg-Id": f"{req.job}:{req.seq}"}, settings=self.deployment,
-        )
+        subject = self.names.tq_job(req.tenant, req.job)
+        # A PRODUCER span per stored micro-batch; its context goes into the message headers,
+        # kept in the stream with the data (and the first one into the job record, which the
+        # trainer reads at the lease): the trainer's work on the job joins this trace.
+        with self.tracer.start_as_current_span(hop_name(subject, "publish"), kind=SpanKind.PRODUCER,
+                                               attributes={**messaging(subject, "send"), **nexus_attrs(req),
+                                                           "nexus.seq": req.seq}):
+            context = carrier()
+            ack = await publish_tq(
+                self.bus.js, self.names, req.tenant, subject, encode(req),
+                headers={"Nats-Msg-Id": f"{req.job}:{req.seq}", **context}, settings=self.deployment,
+            )
         # The partition itself says how many micro-batches the job holds: right even when a
         # master died between this publish and saving the record, and the client's retry
         # came back as a duplicate.
@@ -449,6 +459,8 @@ class Master(WorkloadOps, UsageOps, Role):
                     # Staleness is judged by the oldest data in the job.
                     job.behaviour_version = (req.behaviour_version if job.behaviour_version < 0
                                              else min(job.behaviour_version, req.behaviour_version))
+            if not job.trace and context:
+                job.trace = context
             job.state, job.updated_at = "filling", time.time()
             await self._save(job)
         return QueuePutReply(tenant=job.tenant, job=job.job, items=job.items, duplicate=bool(ack.duplicate))

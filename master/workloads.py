@@ -37,6 +37,7 @@ from nats.js.errors import KeyNotFoundError, NotFoundError, ObjectNotFoundError
 from actors.identity import require_tenant
 from actors.paths import confine, data_roots
 from actors.runtime import op
+from actors.tracing import consumer_span
 from protocol.errors import Conflict, FailedPrecondition, NexusError, NotFound
 from protocol.messages import (
     TERMINAL_WORKLOAD_STATES,
@@ -328,7 +329,10 @@ class WorkloadOps:
             for msg in msgs:
                 workload = f"i{msg.metadata.sequence.stream:010d}"
                 try:
-                    await self._accept(msg.data, workload)
+                    # The publisher's context (a CONSUMER span: its child, or a new root).
+                    with consumer_span(self.tracer, "master.intake", msg.subject, msg.headers,
+                                       {"nexus.workload": workload}):
+                        await self._accept(msg.data, workload)
                 except NexusError as exc:
                     tenant = _tenant_guess(msg.data)
                     await self.bus.publish(self.names.workload_events(workload), WorkloadEvent(
