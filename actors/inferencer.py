@@ -723,11 +723,13 @@ class Inferencer(Role):
         await self._send(msg, encode(reply), span)
 
     async def _send(self, msg: Any, data: bytes, span: Any = None) -> None:
-        """Reply; the headers carry the request span's context (the caller links to it)."""
+        """Reply; a sampled request's reply headers carry its span's context (the caller's span
+        links to it; an unsampled one's would be dropped anyway, so none is made)."""
         if not msg.reply:
             return
+        headers = carrier_of(span) if span is not None and is_sampled(span) else None
         try:
-            await self.bus.nc.publish(msg.reply, data, headers=carrier_of(span) if span is not None else None)
+            await self.bus.nc.publish(msg.reply, data, headers=headers)
         except Exception as exc:  # the caller's connection is gone
             self.log.warning("predict reply failed", error=str(exc))
 

@@ -164,6 +164,16 @@ def test_nexus_trace_prints_the_breakdown_and_writes_chrome_json(deployment, tmp
     report = json.loads(run.stdout)
     assert report["traces"] == 1 and report["spans"] == len(spans)
     assert sum(r["share"] for r in report["stages"]) == pytest.approx(1.0)
+    # A time window: the last hour holds the update; a window long ago holds nothing; a bad time is named.
+    run = subprocess.run(nexus_cmd("trace", "--since", "1h", "--data-dir", data_dir, "--json"),
+                         capture_output=True, text=True, env=python_env(), timeout=60)
+    assert run.returncode == 0 and json.loads(run.stdout)["traces"] >= 1, run.stderr
+    run = subprocess.run(nexus_cmd("trace", "--since", "2000-01-01T00:00", "--until", "2000-01-02T00:00",
+                                   "--data-dir", data_dir), capture_output=True, text=True, env=python_env(), timeout=60)
+    assert run.returncode == 1 and "no spans" in run.stderr, run.stderr
+    run = subprocess.run(nexus_cmd("trace", "--since", "yesterday", "--data-dir", data_dir), capture_output=True,
+                         text=True, env=python_env(), timeout=60)
+    assert run.returncode == 2 and "'yesterday' is neither a duration ago" in run.stderr, run.stderr
     # An unknown id says so and lists the nearest ids.
     wrong = "f" * 32
     run = subprocess.run(nexus_cmd("trace", wrong, "--data-dir", data_dir), capture_output=True, text=True,

@@ -102,12 +102,18 @@ class Workflow:
     async def main(self) -> None:
         """Connect, run the workflow (and, for sft / rl with eval episodes, the closing
         evaluation of the final version), publish ``done`` (completed or failed), close."""
-        from workflows.eval import evaluate
-
         self._origin = otel_context.get_current()
         # This task's spans start traces of their own (an update, an episode), not children of
         # the start_producer request that spawned it (asyncio copied its context into the task).
-        otel_context.attach(otel_context.Context())
+        detached = otel_context.attach(otel_context.Context())
+        try:
+            await self._main()
+        finally:
+            otel_context.detach(detached)  # a caller's own task gets its context back
+
+    async def _main(self) -> None:
+        from workflows.eval import evaluate
+
         await self.client.connect()
         try:
             self.state = "running"
