@@ -288,3 +288,41 @@ def test_a_spec_on_the_intake_stream_joins_its_publishers_trace(deployment):
     assert len(intake) == 1 and intake[0].parent_id == span_id and intake[0].kind == "CONSUMER", intake
     assert intake[0].error and intake[0].attributes["nexus.workload"].startswith("i")
     assert intake[0].attributes["messaging.destination.name"].endswith(".workloads.submit")
+
+
+def test_sdk_calls_are_the_parents_of_env_session_ops_and_predicts(deployment):
+    # A user's own tracer on the SDK client: env session ops and a predict become children of
+    # the user's spans in the env worker and the inferencer.
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("test")
+
+    async def go():
+        c = await AsyncClient(deployment.nats_url, deployment.prefix, timeout_s=30, tracer=tracer).connect()
+        try:
+            with tracer.start_as_current_span("user.session") as root:
+                session = await c.env_create(BASE_SPEC["env"]["id"])
+                obs = await c.env_reset(session, seed=1)
+                await c.env_step(session, np.zeros(2, np.float32))
+                await c.env_close(session)
+                await c.predict(TENANT, obs.images, obs.state, obs.instruction, workload="sdk-call")
+                return format(root.get_span_context().trace_id, "032x")
+        finally:
+            await c.close()
+
+    trace_id = asyncio.run(go())
+    clients = {format(s.context.span_id, "016x"): s for s in exporter.get_finished_spans() if s.kind.name == "CLIENT"}
+    want = {"env.create", "env.reset", "env.step", "env.close", "inferencer.predict"}
+    spans = _wait_for(deployment.traces, lambda spans: want <= {s.name for s in spans if s.trace_id == trace_id})
+    server = {s.name: s for s in spans if s.trace_id == trace_id and s.name in want}
+    assert set(server) == want, sorted(server)
+    for name, s in server.items():
+        assert s.kind == "SERVER" and s.parent_id in clients, (name, s.parent_id)  # the SDK's span, another process
+    assert server["env.step"].attributes["messaging.destination.name"] == f"{deployment.prefix}.svc.env.{{instance}}.step"
+    assert server["env.create"].service == "nexus-env" and server["inferencer.predict"].service == "nexus-inferencer"
+    provider.shutdown()
