@@ -159,7 +159,8 @@ def select(spans: list[Span], *, trace_id: str = "", workload: str = "", since: 
         if not holding:
             known = sorted({str(s.attributes["nexus.workload"]) for s in spans if s.attributes.get("nexus.workload")})
             near = nearest(workload, known)
-            raise NotFound(f"no trace of workload {workload!r} in the trace files; nearest: "
+            raise NotFound(f"no trace of workload {workload!r} in the trace files (traces are sampled: "
+                           f"NEXUS_TRACE_SAMPLE_RATIO keeps that share of updates); nearest: "
                            + (", ".join(near) if near else "none (no workload spans)"),
                            details={"workload": workload, "nearest": near})
         ids &= holding
