@@ -231,9 +231,11 @@ class TenantSlot:
     def _check_meta(self, meta: dict[str, Any], strict_schema: bool) -> None:
         mine = self.adapter.config.to_dict() if self.adapter is not None else {}
         theirs = meta.get("base_adapter") or {}
-        if theirs and meta.get("base_id") and meta["base_id"] != self.base_id:
-            # An adapter's deltas only mean something on the weights they were trained against.
-            raise CheckpointError(f"adapter payload was exported for base {meta['base_id']!r}, this slot's base is "
+        if (theirs or self.head.needs_prefix_kv) and meta.get("base_id") and meta["base_id"] != self.base_id:
+            # An adapter's deltas, and an expert's attention over the base's cache, only mean
+            # something on the weights they were trained against.
+            what = "adapter" if theirs else "expert"
+            raise CheckpointError(f"{what} payload was exported for base {meta['base_id']!r}, this slot's base is "
                                   f"{self.base_id!r}: refusing to load it")
         if theirs != mine:
             raise CheckpointError(f"payload base_adapter {theirs or 'none'}, the slot has {mine or 'none'}")

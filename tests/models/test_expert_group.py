@@ -16,7 +16,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import pytest
 import torch
 
-from models import BaseConfig, BaseModel, OptimConfig, SchemaError, TenantSlot, forward_backward, predict, train_step
+from models import (BaseConfig, BaseModel, CheckpointError, OptimConfig, SchemaError, TenantSlot, forward_backward,
+                    predict, train_step)
 from models.errors import InputError
 from models.group import encode_grouped
 from models.heads.expert import base_expert_errors, expert_errors
@@ -188,6 +189,13 @@ def test_export_and_checkpoint_carry_the_expert(base: BaseModel) -> None:
                                  head_options={"width": 32, "euler_steps": 3}, seed=5)
     restored.restore(src.checkpoint())
     assert restored.step_count == 1 and restored.optimizer.state
+    # The same shapes on another base (another preset's weights) read another cache: refused.
+    name = "tiny-qwen3-vl-64" if base.family.name == "qwen3_vl" else "tiny-paligemma"
+    elsewhere = BaseModel.load(BaseConfig(name, image_size=64, device="cpu", seed=1))
+    stranger = TenantSlot.create("expert", src.schema, elsewhere, head_kind="expert",
+                                 head_options={"width": 32, "euler_steps": 3})
+    with pytest.raises(CheckpointError, match="expert payload was exported for base 'preset:"):
+        stranger.load_params(src.export_params())
 
 
 def test_features_without_the_cache_are_refused(base: BaseModel) -> None:
