@@ -11,7 +11,9 @@ Per row, on canonical batches already on the device (preprocessing excluded), me
   cache   base forward returning the prefix KV cache (inference_mode): serial vs grouped;
   infer   `predict`: that forward, then each expert's Euler steps on its rows: serial vs grouped;
   train   `forward_backward`: the forward, each expert's flow-matching loss and backward (no
-          optimizer step): serial vs grouped.
+          optimizer step): serial vs grouped;
+  experts the experts' Euler sampling alone, on the features of one grouped and of one serial
+          forward (both orders, the better per side).
 `--frozen K` makes the last K tenants frozen-base mlp tenants sharing the group.
 Prints a table and writes one JSON record.
 """
@@ -44,15 +46,18 @@ class Row:
     expert_depth: int
     euler_steps: int
     expert_params_m: float
-    serial_cache_ms: float
-    grouped_cache_ms: float
-    cache_speedup: float
-    serial_infer_ms: float
-    grouped_infer_ms: float
-    infer_speedup: float
-    serial_train_ms: float
-    grouped_train_ms: float
-    train_speedup: float
+    serial_cache_ms: float | None
+    grouped_cache_ms: float | None
+    cache_speedup: float | None
+    serial_infer_ms: float | None
+    grouped_infer_ms: float | None
+    infer_speedup: float | None
+    serial_train_ms: float | None
+    grouped_train_ms: float | None
+    train_speedup: float | None
+    serial_experts_ms: float | None
+    grouped_experts_ms: float | None
+    experts_speedup: float | None
 
 
 def run(args: argparse.Namespace) -> Row:
@@ -78,22 +83,44 @@ def run(args: argparse.Namespace) -> Row:
             return (encode_grouped(base, vlas, inference=True, slots=slots) if grouped
                     else encode_serial(base, vlas, inference=True, slots=slots))
 
-    t = {}
+    def experts(feats):
+        with torch.inference_mode():
+            return [s.head.predict(f, v, s.generator) for s, v, f in zip(slots, vlas, feats)]
+
+    stages = {
+        "cache": lambda grouped: lambda: cache(grouped),
+        "infer": lambda grouped: lambda: predict(base, pairs, grouped=grouped),
+        "train": lambda grouped: lambda: forward_backward(base, items, grouped=grouped),
+    }
+    t: dict[str, float] = {}
     for grouped in (False, True):
         name = "grouped" if grouped else "serial"
-        t[f"{name}_cache"] = _time(lambda: cache(grouped), base.device, args.warmup, args.repeats)
-        t[f"{name}_infer"] = _time(lambda: predict(base, pairs, grouped=grouped), base.device, args.warmup,
-                                   args.repeats)
-        t[f"{name}_train"] = _time(lambda: forward_backward(base, items, grouped=grouped), base.device,
-                                   args.warmup, args.repeats)
+        for stage in args.stages:
+            if stage in stages:
+                t[f"{name}_{stage}"] = _time(stages[stage](grouped), base.device, args.warmup, args.repeats)
+    if "experts" in args.stages:
+        # The heads alone, on features of one grouped and of one serial forward, timed in both
+        # orders (the better of the two per side): does reading split caches cost the experts?
+        feats = {g: cache(g) for g in (False, True)}
+        for order in ((False, True), (True, False)):
+            for g in order:
+                key = f"{'grouped' if g else 'serial'}_experts"
+                ms = _time(lambda: experts(feats[g]), base.device, args.warmup, args.repeats)
+                t[key] = min(t.get(key, ms), ms)
     experts = [s for s in slots if s.head_kind == "expert"]
     params = sum(p.numel() for p in experts[0].head.parameters()) / 1e6 if experts else 0.0
     depth = len(experts[0].head.layers) if experts else 0
     return Row(args.preset, str(base.device), args.tenants, args.frozen, args.batch, args.width, depth,
                args.euler_steps, round(params, 2),
-               *(v for stage in ("cache", "infer", "train")
-                 for v in (round(t[f"serial_{stage}"], 2), round(t[f"grouped_{stage}"], 2),
-                           round(t[f"serial_{stage}"] / t[f"grouped_{stage}"], 2))))
+               *(v for stage in ("cache", "infer", "train", "experts") for v in _triple(t, stage)))
+
+
+def _triple(t: dict[str, float], stage: str) -> tuple[float | None, float | None, float | None]:
+    """(serial ms, grouped ms, speedup) of a stage, None where it was not run."""
+    s, g = t.get(f"serial_{stage}"), t.get(f"grouped_{stage}")
+    if s is None or g is None:
+        return None, None, None
+    return round(s, 2), round(g, 2), round(s / g, 2)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -106,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--width", type=int, default=64, help="expert hidden size")
     p.add_argument("--depth", type=int, default=0, help="expert layers (0: the base's text layers)")
     p.add_argument("--euler-steps", type=int, default=10)
+    p.add_argument("--stages", type=lambda v: v.split(","), default=["cache", "infer", "train", "experts"],
+                   help="comma-separated: cache, infer, train, experts (the heads alone on precomputed features)")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--json", type=Path, default=None, help="write the row here")
