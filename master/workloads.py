@@ -170,11 +170,11 @@ class WorkloadOps:
             return await self._accept_eval(spec, workload)
         serving_note = await self._check_base_served(spec.tenant, spec.base) if spec.task == "rl" else ""
         cfg = compile_tenant(spec)
-        if cfg.base_adapter:
-            from master.service import adapter_errors
+        if cfg.base_adapter or cfg.head == "expert":
+            from master.service import base_fit_errors
 
             # Against the base's own layers (config only, no weights), before anything is created.
-            errors = await asyncio.to_thread(adapter_errors, cfg)
+            errors = await asyncio.to_thread(base_fit_errors, cfg)
             if errors:
                 raise SpecError(errors)
         existing = self.sched.tenants.get(spec.tenant)
