@@ -207,12 +207,15 @@ class TrainLoop:
         t = self.t
         try:
             t.fault_point("after_lease")
-            w.res = await t.slot_for(w.job)
-            w.skip = w.job.job in w.res.applied or w.job.state != "leased"
-            if not w.skip:
-                w.items = await read_job_items(t.bus, t.names, w.job, 0, w.job.items)
-                if len(w.items) != w.job.items:
-                    raise FailedPrecondition(f"partition holds {len(w.items)} of {w.job.items} micro-batches")
+            # The trace's job.canonicalise stage: slot and data made ready (each micro-batch is
+            # canonicalised at its own step, inside job.step).
+            with t.stage(w.job, "job.canonicalise"):
+                w.res = await t.slot_for(w.job)
+                w.skip = w.job.job in w.res.applied or w.job.state != "leased"
+                if not w.skip:
+                    w.items = await read_job_items(t.bus, t.names, w.job, 0, w.job.items)
+                    if len(w.items) != w.job.items:
+                        raise FailedPrecondition(f"partition holds {len(w.items)} of {w.job.items} micro-batches")
         except asyncio.CancelledError:
             raise
         except Exception as exc:

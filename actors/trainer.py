@@ -38,6 +38,7 @@ from actors.identity import require_tenant
 from actors.metering import Meter, final_flush, flush_loop
 from actors.runtime import Role, RoleConfig, device_memory_bytes, op
 from actors.slots import Resident, SlotStore
+from actors.tracing import JobSpans
 from actors.train_loop import TrainLoop, Work
 from protocol.errors import Busy, Conflict, FailedPrecondition, NexusError, NotFound
 from protocol.messages import (
@@ -110,10 +111,14 @@ class Trainer(Role):
         self.released = 0
         # Grouped steps whose one base forward held LoRA and frozen-base tenants together.
         self.mixed_lora_steps = 0
+        # Grouped steps whose one base forward (and its prefix KV cache) held action-expert and
+        # other tenants together.
+        self.mixed_expert_steps = 0
         # Metered device time: every grouped step's busy time, charged to its tenants by rows.
         self.usage_flush = usage_flush_from_env()
         self.meter = Meter({"train": self.usage_flush.train_overhead_rows,
                             "infer": self.usage_flush.infer_overhead_rows})
+        self.job_spans = JobSpans(self.tracer, self.names)  # a trace per job (actors/tracing.py)
 
     async def setup(self) -> None:
         assert self.bus is not None
@@ -129,7 +134,7 @@ class Trainer(Role):
 
     def info_extra(self) -> dict[str, Any]:
         return {"jobs_done": self.jobs_done, "leases_lost": self.leases_lost, "released": self.released,
-                "mixed_lora_steps": self.mixed_lora_steps,
+                "mixed_lora_steps": self.mixed_lora_steps, "mixed_expert_steps": self.mixed_expert_steps,
                 "round": self.loop.held(), "steps": self.loop.steps,
                 "running": {j: w.cursor for j, w in self.loop.running.items()},  # job -> micro-batches done
                 "joined_running": self.loop.joined_running,
@@ -175,12 +180,16 @@ class Trainer(Role):
         return self._stop.is_set()
 
     def hold(self, job: JobRecord) -> None:
-        """Renew ``job``'s lease from now until `unhold` (its clear, failure, loss or release)."""
+        """Renew ``job``'s lease from now until `unhold` (its clear, failure, loss or release);
+        its trace span opens (a child of its queued data)."""
         self._held[job.job] = job
+        self.job_spans.open([job], self.tcfg.lease_s)
 
     def unhold(self, job_id: str) -> None:
-        self._held.pop(job_id, None)
+        job = self._held.pop(job_id, None)
         self.lost_jobs.discard(job_id)
+        if job is not None:
+            self.job_spans.close([job])
 
     async def _tenant(self, name: str) -> TenantConfig:
         assert self.bus is not None
@@ -191,6 +200,10 @@ class Trainer(Role):
         """The job's tenant slot, brought up to its committed checkpoint."""
         assert self.store is not None
         return await self.store.slot(await self._tenant(job.tenant))
+
+    def stage(self, job: JobRecord, name: str) -> Any:
+        """A stage span of ``job`` (`actors.tracing.JOB_STAGES`), current inside the block."""
+        return self.job_spans.stage(job, name)
 
     def drain_overdue(self) -> bool:
         if not self._stop.is_set():
@@ -247,12 +260,18 @@ class Trainer(Role):
             self.log.warning("could not release jobs", error=exc.message, jobs=[j.job for j in jobs])
 
     async def train_step(self, group: list[Work]) -> None:
-        """One grouped step of the running group, off the event loop; one span per step (the
-        trainer's busy timeline in the traces: sdk/report.py)."""
+        """One grouped step of the running group, off the event loop. Its `trainer.round` span
+        (one per step, linked to the running jobs' spans) is the trainer's busy timeline in the
+        traces (sdk/report.py); each job's trace gets a `job.step`."""
         assert self.store is not None
         bases = {w.tenant: self.store.bases[w.res.config.base] for w in group if w.res is not None}
+        from opentelemetry import trace
+
+        links = [trace.Link(self.job_spans.spans[w.job.job].get_span_context())
+                 for w in group if w.job.job in self.job_spans.spans]
         with self.tracer.start_as_current_span("trainer.round", attributes={
-                "nexus.tenants": ",".join(sorted(w.tenant for w in group)), "nexus.jobs": len(group)}):
+                "nexus.tenants": ",".join(sorted(w.tenant for w in group)), "nexus.jobs": len(group)}, links=links), \
+                self.job_spans.steps([w.job for w in group], self.loop.steps):
             started = time.perf_counter()
             await asyncio.to_thread(self._train_step, group, bases)
             self.busy_s += time.perf_counter() - started  # the device's share: nexus top, /metrics
@@ -276,6 +295,8 @@ class Trainer(Role):
                 results = self._metered_step(base, part, grouped=True)
                 if len({w.res.slot.adapter is None for w in part}) == 2:
                     self.mixed_lora_steps += 1
+                if len({w.res.slot.head.needs_prefix_kv for w in part}) == 2:
+                    self.mixed_expert_steps += 1
             except Exception:
                 # Find the culprit: run the tenants one by one; only the failing one fails.
                 results = []
@@ -317,20 +338,21 @@ class Trainer(Role):
         job, tenant = w.job, w.job.tenant
         metrics = w.summary()
         version = w.res.slot.policy_version
-        if _before(job.state, "trained"):
-            if not w.skip:
-                # A new object nobody points at yet; the master's acceptance below is the commit.
-                name = await self.store.write_checkpoint(tenant, f"{job.job}-e{job.lease_epoch}")
-                self.fault_point("after_commit")
-                try:
-                    await self._update(job, "trained", version, metrics, checkpoint=name,
-                                       base_checkpoint=w.res.checkpoint_name)
-                except NexusError:  # refused (lease lost) or its tenant is gone: nobody points at it
-                    await self.store.delete_checkpoint(name)
-                    raise
-                await self.store.committed_as(tenant, name)
-            else:
-                await self._update(job, "trained", version, metrics)
+        with self.job_spans.stage(job, "job.commit"):
+            if _before(job.state, "trained"):
+                if not w.skip:
+                    # A new object nobody points at yet; the master's acceptance below is the commit.
+                    name = await self.store.write_checkpoint(tenant, f"{job.job}-e{job.lease_epoch}")
+                    self.fault_point("after_commit")
+                    try:
+                        await self._update(job, "trained", version, metrics, checkpoint=name,
+                                           base_checkpoint=w.res.checkpoint_name)
+                    except NexusError:  # refused (lease lost) or its tenant is gone: nobody points at it
+                        await self.store.delete_checkpoint(name)
+                        raise
+                    await self.store.committed_as(tenant, name)
+                else:
+                    await self._update(job, "trained", version, metrics)
         self.fault_point("after_trained")
         # outputs.export_every_steps: between exports a job still walks trained -> exported ->
         # synced -> cleared (its lifecycle stays whole), it just announces no new version.
@@ -339,7 +361,8 @@ class Trainer(Role):
         ref = None
         if _before(job.state, "exported"):
             if every <= 0 or version - max(exported, 0) >= every:
-                ref = await self.store.export(tenant, metrics)
+                with self.job_spans.stage(job, "job.export"):  # its announcement: job.announce
+                    ref = await self.store.export(tenant, metrics)
                 self.meter.add_bytes(tenant, job.workload, ref.size)
             else:
                 self.log.debug("export skipped", tenant=tenant, job=job.job, version=version,
@@ -348,11 +371,13 @@ class Trainer(Role):
             self.fault_point("after_export")
         elif every <= 0 or exported == version:
             # Exported by a trainer that died before announcing: announce again (same version).
-            ref = await self.store.export(tenant, metrics)
-        if _before(job.state, "synced"):
-            await self._advance(job, "synced", version)
-            self.fault_point("after_synced")
-        await self._advance(job, "cleared", version)
+            with self.job_spans.stage(job, "job.export"):
+                ref = await self.store.export(tenant, metrics)
+        with self.job_spans.stage(job, "job.sync"):
+            if _before(job.state, "synced"):
+                await self._advance(job, "synced", version)
+                self.fault_point("after_synced")
+            await self._advance(job, "cleared", version)
         if "loss" in metrics:
             await self.metric("loss", tenant, metrics["loss"], version=str(version))
         await self.metric("version", tenant, version)
@@ -395,7 +420,6 @@ class Trainer(Role):
         return rec
 
     async def fail(self, job: JobRecord, reason: str) -> None:
-        self.unhold(job.job)
         self.log.error("job failed", tenant=job.tenant, job=job.job, reason=reason)
         try:
             await self._update(job, "failed", reason=reason)
@@ -407,6 +431,8 @@ class Trainer(Role):
                              error=str(exc))
         except NexusError as exc:
             self.log.error("could not report failure", tenant=job.tenant, job=job.job, error=str(exc))
+        finally:
+            self.unhold(job.job)  # after the report: its span closes with the failed state
 
     # -- low-level ops -------------------------------------------------------------------
     @op("train_batch", JobRef)
