@@ -13,13 +13,16 @@ from __future__ import annotations
 
 import pytest
 
-# Fewer demos and steps than the slow run (200 demos, 300 x 128 at lr 1e-3); the larger lr
-# makes up for the steps. Measured in docs/results.md ("The default suite's learning guard").
-SHORT_SFT = ["--episodes", "200", "--demo-noise", "0.5", "--steps", "250", "--batch-size", "128", "--lr", "2e-3",
-             "--warmup", "20", "--eval-every", "250", "--eval-episodes", "50", "--no-initial-eval", "--no-reload-check"]
+# The slow run's demos (200, DART noise 0.5) with about half its steps (160 x 128 instead of
+# 300 x 128 at lr 1e-3): the larger lr and shorter warm-up make up for them. Measured in
+# docs/results.md ("The default suite's learning guard"): 100 % at 160 steps.
+STEPS = 160
+SHORT_SFT = ["--episodes", "200", "--demo-noise", "0.5", "--steps", str(STEPS), "--batch-size", "128",
+             "--lr", "3e-3", "--warmup", "20", "--eval-every", str(STEPS), "--eval-episodes", "50",
+             "--no-initial-eval", "--no-reload-check"]
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)  # ~2 min of CPU; a loaded shared host stretches the wall time
 def test_short_sft_reaches_80_percent_on_held_out_episodes(tmp_path):
     from bench.learning_probe import main
 
@@ -27,5 +30,5 @@ def test_short_sft_reaches_80_percent_on_held_out_episodes(tmp_path):
                 "--head-options", '{"image_channels": 16, "image_pool": "keypoints", "instruction_encoder": true}'])
     assert res["initial"] is None and res["reloaded"] is None  # the short run's two skips
     final = res["final"]
-    assert final["step"] == 250
+    assert final["step"] == STEPS
     assert final["success_rate"] >= 0.8, res["curve"]
