@@ -169,12 +169,21 @@ def breakdown(run: dict[str, Any]) -> dict[str, dict[str, float]]:
     return out
 
 
+def planned_tenants(run: dict[str, Any]) -> int:
+    """Tenants of a scaling run: those it recorded, else the count in its name (``scale:<n>``:
+    a run that failed before recording them)."""
+    if run.get("tenants"):
+        return len(run["tenants"])
+    _, _, n = run["name"].partition(":")
+    return int(n) if n.isdigit() else 0
+
+
 def scaling(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per shared run of the scaling curve: tenants, device time, per-unit cost, util."""
     rows = []
     for r in runs:
         tot, work = run_totals(r), tenant_work(r)
-        rows.append({"tenants": len(r["tenants"]), "ok": not failures([r]), "wall_s": tot["wall_s"],
+        rows.append({"tenants": planned_tenants(r), "ok": not failures([r]), "wall_s": tot["wall_s"],
                      "device_s": tot["device_s"], "device_ready_s": tot["device_ready_s"], **work,
                      "device_s_per_opt_step": _ratio(tot["device_s"], work["optimizer_steps"]),
                      "device_s_per_1k_env_steps": _ratio(1000 * tot["device_s"], work["infer_rows"]),
@@ -323,17 +332,20 @@ def plot_scaling(rows: list[dict[str, Any]], runs: list[dict[str, Any]], path: P
     ax1b.plot(n, [r["device_s_per_1k_env_steps"] for r in ok], "s--", color="C1", label="device s per 1k env steps")
     ax1.set(xscale="log", xlabel="tenants", ylabel="device s / opt step", title="device time per unit of tenant work")
     ax1b.set_ylabel("device s / 1k env steps")
+    ax1.minorticks_off()
     ax1.set_xticks(n, [str(v) for v in n])
-    ax1.legend(loc="upper left", fontsize=8)
+    ax1.legend(loc="lower left", fontsize=8)
     ax1b.legend(loc="upper right", fontsize=8)
     ax2.plot(n, [r["trainer_util"] for r in ok], "o-", label="trainer")
     ax2.plot(n, [r["inferencer_util"] for r in ok], "s-", label="inferencer")
     ax2.set(xscale="log", xlabel="tenants", ylabel="busy / held", ylim=(0, 1.05), title="utilisation vs tenants")
+    ax2.minorticks_off()
     ax2.set_xticks(n, [str(v) for v in n])
     ax2.legend(fontsize=8)
     for i, r in enumerate(runs):
         x, y = utilisation_series(r["timeline"].get("trainer", []), bin_s)
-        ax3.step(x, y, where="post", lw=0.9, color=f"C{i}", label=f"{len(r['tenants'])} tenants")
+        ax3.step(x, y, where="post", lw=0.9, color=f"C{i}",
+                 label=f"{planned_tenants(r)} tenants" + (" (failed)" if failures([r]) else ""))
     ax3.set(ylim=(0, 1.05), xlabel="seconds since `nexus up`", ylabel="trainer busy fraction",
             title="trainer busy timelines")
     ax3.legend(fontsize=8)

@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from bench.chaos import ROOT, Deployment, Poll, _example
-from bench.mt_report import compare, failures, plot, plot_scaling, scaling, scaling_table, table
+from bench.mt_report import compare, failures, planned_tenants, plot, plot_scaling, scaling, scaling_table, table
 
 RESULTS = ROOT / "bench" / "results"
 TERMINAL = ("completed", "failed", "cancelled")
@@ -61,6 +61,7 @@ POLL = Poll("multitenant_poll", every_s=0.5, deadline_s=0.0)  # busy / state sam
 REQUEST_TIMEOUT_S = 15.0  # each request of the harness (2 busy cores: replies have taken > 5 s)
 MAX_TENANTS = 64  # a deployment's tenants in one run (the scaling curve goes to 16)
 MAX_BUDGET = 100_000
+INFO_ATTEMPTS = 3  # a role's info that fails (internal error) this often in a row fails the run
 # Heartbeat silence before the health manager declares a role dead. The default (3 s) trips
 # on this 2-core machine while an env worker imports ManiSkill / SAPIEN for a producer (~30 s
 # holding the GIL in bursts): the worker is killed and its producers restart, so every run
@@ -260,6 +261,7 @@ class RunRecord:
     tenants: dict[str, dict[str, Any]] = field(default_factory=dict)
     weight_sync_s: list[float] = field(default_factory=list)
     settings: dict[str, str] = field(default_factory=dict)
+    info_errors: list[str] = field(default_factory=list)  # transient info failures, retried
 
 
 def proc_start_time(pid: int) -> float | None:
@@ -362,22 +364,33 @@ class Runner:
         return self.rec
 
     async def _info(self, client: Any, role: str) -> Any:
-        """The role's info; when no instance answers, say whether its process died (and the
-        last line of its log: a native crash prints nothing else)."""
-        from protocol.errors import Unavailable
+        """The role's info, retried on an internal error; when no instance answers, say
+        whether its process died (and the last line of its log: a native crash prints
+        nothing else)."""
+        from protocol.errors import InternalError, Unavailable
 
-        try:
-            return await client.info(role)
-        except Unavailable as exc:
-            pid = self.pids.get(role, 0)
-            gone = pid and not Path(f"/proc/{pid}").exists()
-            last = ""
-            log = self.dep.data_dir / "logs" / f"{role}.log"
-            if log.exists():
-                lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
-                last = lines[-1][-300:] if lines else ""
-            raise RuntimeError(f"{role} did not answer info ({exc.message})"
-                               + (f"; its process {pid} exited, last log line: {last!r}" if gone else "")) from None
+        for attempt in range(1, INFO_ATTEMPTS + 1):
+            try:
+                return await client.info(role)
+            except InternalError as exc:
+                # A role whose info raced its own work (seen: the trainer's slot memory report
+                # meeting a step that set the grads to None) answers the next one: counted, retried.
+                self.rec.info_errors.append(f"{role}: {exc.message}"[:300])
+                if attempt == INFO_ATTEMPTS:
+                    raise RuntimeError(f"{role} info failed {INFO_ATTEMPTS} times in a row: {exc.message}") from None
+                await asyncio.sleep(POLL.every_s)
+            except Unavailable as exc:
+                raise RuntimeError(self._gone(role, exc.message)) from None
+        raise AssertionError("INFO_ATTEMPTS must be >= 1")
+
+    def _gone(self, role: str, why: str) -> str:
+        pid = self.pids.get(role, 0)
+        if not pid or Path(f"/proc/{pid}").exists():
+            return f"{role} did not answer info ({why})"
+        log = self.dep.data_dir / "logs" / f"{role}.log"
+        lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()] if log.exists() else []
+        return (f"{role} did not answer info ({why}); its process {pid} exited, last log line: "
+                f"{lines[-1][-300:] if lines else ''!r}")
 
     def _restarted(self, first: dict[str, Any]) -> list[str]:
         now = {r["role"]: r for r in (self.dep.state() or {}).get("roles", [])}
@@ -571,19 +584,37 @@ def _config_json(cfg: Config) -> dict[str, Any]:
             "settings_shared": cfg.settings(max([len(cfg.plans), *cfg.scaling]))}
 
 
-def replot(path: Path) -> int:
-    report = json.loads(path.read_text())
-    png = path.with_suffix(".png")
+def replot(paths: list[Path], out: Path | None = None) -> int:
+    """The PNG and table again from saved JSON. Several scaling files (counts run in separate
+    invocations) merge into one curve, written to ``out``."""
+    reports = [json.loads(p.read_text()) for p in paths]
+    if len(reports) > 1:
+        if any(r.get("kind") != "scaling" for r in reports):
+            print("error: --replot: only scaling files (--scaling runs) can be merged", file=sys.stderr)
+            return 2
+        if out is None or out.suffix != ".json":
+            print("error: --out: merging several files needs --out FILE.json", file=sys.stderr)
+            return 2
+        runs = [run for r in reports for run in r["runs"]]
+        good = {run["name"] for run in runs if not failures([run])}
+        # A count that failed in one invocation and ran clean in another: the clean run counts.
+        dropped = [run["name"] for run in runs if failures([run]) and run["name"] in good]
+        runs = sorted((run for run in runs if not (failures([run]) and run["name"] in good)), key=planned_tenants)
+        merged = {"kind": "scaling", "config": [r["config"] for r in reports], "runs": runs,
+                  "rows": scaling(runs), "refused": failures(runs),
+                  "replaced_failed_runs": [f"{n}: failed in one file, ran clean in another" for n in dropped],
+                  "merged_from": [str(p) for p in paths]}
+        _write(merged, out)
+        reports, paths = [merged], [out]
+    report, path = reports[0], paths[0]
     if report.get("kind") == "scaling":
-        plot_scaling(report["rows"], report["runs"], png)
+        report["rows"] = scaling(report["runs"])  # the current definitions, not the file's
         print(scaling_table(report["rows"]))
+        print(f"PNG: {_plotted(plot_scaling, report['rows'], report['runs'], path)}")
     else:
-        plot(report, png)
-        if report.get("comparison"):
-            print(table(report["comparison"]))
-        else:
-            print("NO COMPARISON: " + " | ".join(report.get("refused", [])))
-    print(f"PNG: {png}")
+        print(table(report["comparison"]) if report.get("comparison")
+              else "NO COMPARISON: " + " | ".join(report.get("refused", [])))
+        print(f"PNG: {_plotted(plot, report, path)}")
     return 0
 
 
@@ -632,14 +663,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, help="JSON path (PNG beside it); default bench/results/multitenant[-scaling].json")
     p.add_argument("--keep-data", action="store_true", help="keep each run's temp data dir (logs)")
-    p.add_argument("--replot", type=Path, help="rebuild the PNG and table from a saved JSON; runs nothing")
+    p.add_argument("--replot", type=Path, nargs="+", metavar="JSON",
+                   help="rebuild the PNG and table from saved JSON (several scaling files: merged into --out); runs nothing")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.replot:
-        return replot(args.replot)
+        return replot(args.replot, args.out)
     try:
         cfg = build_config(args)
     except BadArgument as exc:

@@ -191,3 +191,23 @@ def test_scaling_rows_and_plots(runs, tmp_path):
     report = {"runs": {"shared": shared, "alone": alone}}
     png2 = plot(report, tmp_path / "c.png")
     assert png.stat().st_size > 1000 and png2.stat().st_size > 1000
+
+
+def test_replot_merges_scaling_files_and_a_clean_rerun_replaces_a_failed_count(runs, tmp_path, capsys):
+    shared, _ = runs
+    one = {**copy.deepcopy(shared), "name": "scale:2"}
+    failed16 = {**copy.deepcopy(shared), "name": "scale:16", "ok": False, "error": "trainer info failed", "tenants": {}}
+    clean16 = {**copy.deepcopy(shared), "name": "scale:16",
+               "tenants": {f"t{i}": _tenant("rl-reach", "rl", 0.0) for i in range(16)}}
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps({"kind": "scaling", "config": {}, "runs": [one, failed16], "rows": [], "refused": ["x"]}))
+    b.write_text(json.dumps({"kind": "scaling", "config": {}, "runs": [clean16], "rows": [], "refused": []}))
+    out = tmp_path / "merged.json"
+    assert mt.replot([a, b], out) == 0
+    merged = json.loads(out.read_text())
+    assert [r["tenants"] for r in merged["rows"]] == [2, 16] and all(r["ok"] for r in merged["rows"])
+    assert merged["refused"] == [] and merged["replaced_failed_runs"] == ["scale:16: failed in one file, ran clean in another"]
+    assert (tmp_path / "merged.png").stat().st_size > 1000
+    # a failed run that nothing replaced keeps its count (from its name) and stays refused
+    assert [r["tenants"] for r in scaling([failed16])] == [16] and scaling([failed16])[0]["ok"] is False
+    assert mt.replot([a, b], None) == 2 and "--out" in capsys.readouterr().err
