@@ -16,7 +16,7 @@ What it does (issue 14, items 3-6):
   2. (a) **shared**: one ``nexus up`` (a fresh temp data dir, a free port), every tenant
      submitted at once; (b) **alone**: for each tenant, a fresh ``nexus up`` holding only it,
      one after another. The deployment settings are the same for every run.
-  3. While a run goes, every ``POLL.every_s``: each service's metered busy seconds (its
+  3. While a run goes, every ``--poll-s`` (default ``POLL.every_s``): each service's metered busy seconds (its
      `info` op: the meter that charges tenants, `actors.metering`: each grouped train step or
      forward, ended by a device synchronize on a GPU) -> the busy timeline; the weight-sync
      lags the inferencers publish (``metrics.weight_sync_s.<tenant>``); workload states.
@@ -378,7 +378,7 @@ class Runner:
                 self.rec.info_errors.append(f"{role}: {exc.message}"[:300])
                 if attempt == INFO_ATTEMPTS:
                     raise RuntimeError(f"{role} info failed {INFO_ATTEMPTS} times in a row: {exc.message}") from None
-                await asyncio.sleep(POLL.every_s)
+                await asyncio.sleep(self.cfg.poll_s)
             except Unavailable as exc:
                 raise RuntimeError(self._gone(role, exc.message)) from None
         raise AssertionError("INFO_ATTEMPTS must be >= 1")
@@ -435,7 +435,7 @@ class Runner:
                 left = [n for n, r in records.items() if r.state not in TERMINAL]
                 raise RuntimeError(f"run timed out after {self.cfg.run_timeout_s:g} s (--run-timeout-s) with "
                                    f"{left} unfinished")
-            await asyncio.sleep(POLL.every_s)
+            await asyncio.sleep(self.cfg.poll_s)
 
     async def _tenants(self, client: Any, ids: dict[str, str], records: dict[str, Any]) -> None:
         from sdk.report import workload_events, workload_usage
@@ -475,6 +475,10 @@ class Config:
     keep_data: bool = False
     health_timeout_s: float = HEALTH_TIMEOUT_S
     trainer_group_max: int = 0  # 0: wide enough for every tenant of the shared run
+    # Each poll is an `info` of the trainer and the inferencer; the trainer's info reads its
+    # slots' memory while a step thread runs (a race: docs/results.md), so fewer polls = less
+    # exposure, at a coarser busy timeline.
+    poll_s: float = POLL.every_s
 
     def settings(self, n_tenants: int) -> dict[str, str]:
         """The deployment's settings: the same for the shared and every isolated run, except
@@ -580,7 +584,7 @@ def run_scaling(cfg: Config) -> tuple[int, dict[str, Any]]:
 
 def _config_json(cfg: Config) -> dict[str, Any]:
     return {"plans": [asdict(p) for p in cfg.plans], "base": cfg.base, "fast": cfg.fast, "sizes": asdict(cfg.sizes),
-            "run_timeout_s": cfg.run_timeout_s, "seed": cfg.seed, "scaling": cfg.scaling, "notes": cfg.notes,
+            "run_timeout_s": cfg.run_timeout_s, "poll_s": cfg.poll_s, "seed": cfg.seed, "scaling": cfg.scaling, "notes": cfg.notes,
             "settings_shared": cfg.settings(max([len(cfg.plans), *cfg.scaling]))}
 
 
@@ -634,6 +638,8 @@ def build_config(args: argparse.Namespace) -> Config:
                                 ("--rl-parallel-envs", sizes.rl_parallel_envs, 1, 64)):
         if not lo <= value <= hi:
             raise BadArgument(f"{name}: {value} is outside {lo}..{hi}")
+    if not 0.1 <= args.poll_s <= 10:
+        raise BadArgument(f"--poll-s: {args.poll_s}: must be in [0.1, 10]")
     if not 0 <= args.trainer_group_max <= 256:
         raise BadArgument(f"--trainer-group-max: {args.trainer_group_max} is outside 0..256 (0: fit the tenants)")
     out = args.out or RESULTS / ("multitenant-scaling.json" if scaling_counts else "multitenant.json")
@@ -641,7 +647,7 @@ def build_config(args: argparse.Namespace) -> Config:
         raise BadArgument(f"--out: {str(out)!r} must end in .json (the PNG goes beside it)")
     return Config(plans=plans, base=args.base, fast=args.fast, sizes=sizes, run_timeout_s=args.run_timeout_s,
                   seed=args.seed, out=out, scaling=scaling_counts, notes=notes, keep_data=args.keep_data,
-                  trainer_group_max=args.trainer_group_max)
+                  trainer_group_max=args.trainer_group_max, poll_s=args.poll_s)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -659,6 +665,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--rl-parallel-envs", type=int, default=Sizes.rl_parallel_envs)
     p.add_argument("--trainer-group-max", type=int, default=0,
                    help="jobs per trainer round in every run (default: the shared run's tenant count, at least 4)")
+    p.add_argument("--poll-s", type=float, default=POLL.every_s,
+                   help="seconds between samples of the services' busy time (each an info request)")
     p.add_argument("--run-timeout-s", type=float, default=600.0, help="one run (deployment) at most this long")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, help="JSON path (PNG beside it); default bench/results/multitenant[-scaling].json")

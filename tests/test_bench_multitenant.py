@@ -77,6 +77,8 @@ def test_scaled_mix_cycles_kinds_with_unique_names():
     (["--mix", "rl-reach", "--rl-parallel-envs", "100"], "--rl-parallel-envs: 100"),
     (["--mix", "rl-reach", "--out", "/tmp/x.txt"], "must end in .json"),
     (["--scaling", "8,4"], "--scaling"),
+    (["--mix", "rl-reach", "--poll-s", "0"], "--poll-s: 0.0"),
+    (["--mix", "rl-reach", "--trainer-group-max", "300"], "--trainer-group-max: 300"),
     (["--mix", "bogus"], "unknown kind"),
 ])
 def test_main_refuses_bad_arguments_before_starting_anything(argv, needle, capsys):
