@@ -23,7 +23,7 @@ from nats.errors import TimeoutError as NatsTimeoutError
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
-from actors.tracing import inject
+from actors.tracing import hop_name, inject, messaging, nexus_attrs, reply_link
 from actors.auth import Credentials, redact_url, strip_userinfo, url_creds
 from protocol.errors import PayloadTooLarge, RequestTimeout, Unauthenticated, Unavailable
 from protocol.messages import ErrorReply, ok_or_raise
@@ -121,11 +121,11 @@ class Bus:
         data = encode(msg)
         self._check_size(subject, data)
         with self.tracer.start_as_current_span(
-            span_name or f"publish {subject}",
+            span_name or hop_name(subject, "publish"),
             kind=SpanKind.PRODUCER,
-            attributes={"messaging.system": "nats", "messaging.destination.name": subject},
+            attributes={**messaging(subject, "send"), **nexus_attrs(msg)},
         ):
-            await self.nc.publish(subject, data, headers=inject())
+            await self.nc.publish(subject, data, headers=inject() or None)
 
     async def request(
         self,
@@ -145,12 +145,12 @@ class Bus:
         self._check_size(subject, data)
         allowed = (expect if isinstance(expect, tuple) else (expect,)) + (ErrorReply,)
         with self.tracer.start_as_current_span(
-            f"request {subject}",
+            hop_name(subject, "request"),
             kind=SpanKind.CLIENT,
-            attributes={"messaging.system": "nats", "messaging.destination.name": subject},
+            attributes={**messaging(subject, "send"), **nexus_attrs(msg)},
         ) as span:
             try:
-                reply = await self.nc.request(subject, data, timeout=timeout_s, headers=inject())
+                reply = await self.nc.request(subject, data, timeout=timeout_s, headers=inject() or None)
             except NoRespondersError:
                 raise Unavailable(f"no role is serving {subject}", details={"subject": subject}) from None
             except (NatsTimeoutError, asyncio.TimeoutError):
@@ -158,6 +158,7 @@ class Bus:
                     f"no reply on {subject} within {timeout_s:g} s",
                     details={"subject": subject, "timeout_s": timeout_s},
                 ) from None
+            reply_link(span, reply.headers)
             result = decode(reply.data, allowed)
             if isinstance(result, ErrorReply):
                 span.set_attribute("nexus.error_code", result.code)

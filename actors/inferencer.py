@@ -50,12 +50,25 @@ from actors.reply_cache import ReplyCache
 from actors.identity import caller_from_headers, require_tenant
 from actors.runtime import Role, RoleConfig, device_memory_bytes
 from actors.serving import ServingHeads
+from actors.tracing import (
+    carrier_of,
+    consumer_span,
+    extract,
+    is_sampled,
+    messaging,
+    nexus_attrs,
+    now_ns,
+    record_span,
+)
 from protocol.errors import Busy, Draining, InternalError, NexusError, QuotaExceeded
 from protocol.messages import ErrorReply, PredictReply, PredictRequest, WeightsRef
 from protocol.policy import INFERENCE_OUTAGE, default_quotas, usage_flush_from_env
 from protocol.settings import InferencerSettings
 from protocol.subjects import check_token, pool_name
 from protocol.wire import decode, encode
+
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
 
 
 # Every default below comes from the variables' settings (with its reason there).
@@ -135,6 +148,12 @@ class _Pending:
     key: tuple[str, str] | None = None  # (tenant, request_id); None: no dedup
     reply: Any = None
     joined: list[Any] = field(default_factory=list)  # retries' messages
+    # Tracing: the request's `inferencer.predict` span, wall-clock stamps of its own stages
+    # and the stamps its group shares (`_stage_spans` turns them into the stage spans).
+    span: Any = None
+    arrived_ns: int = 0
+    enqueued_ns: int = 0
+    stamps: dict[str, int] | None = None
 
     def __post_init__(self) -> None:
         if self.expires is None:
@@ -277,12 +296,17 @@ class Inferencer(Role):
 
     async def _on_weights(self, msg: Any) -> None:
         assert self.heads is not None
-        try:
-            ref = decode(msg.data, WeightsRef)
-            lag = await self.heads.on_announce(ref)
-        except Exception as exc:
-            self.log.error("weight sync failed", subject=msg.subject, error=str(exc))
-            return
+        # The trainer's announcement span is the parent: the load joins the job's trace.
+        with consumer_span(self.tracer, "inferencer.weights_load", msg.subject, msg.headers) as span:
+            try:
+                ref = decode(msg.data, WeightsRef)
+                span.set_attributes({**nexus_attrs(ref), "nexus.version": ref.version})
+                lag = await self.heads.on_announce(ref)
+                span.set_attribute("nexus.loaded", lag is not None)
+            except Exception as exc:
+                self.log.error("weight sync failed", subject=msg.subject, error=str(exc))
+                span.set_status(Status(StatusCode.ERROR, str(exc)))
+                return
         if lag is not None:
             self.log.info("weights synced", tenant=ref.tenant, version=ref.version, export_to_servable_s=round(lag, 4))
             await self.metric("weight_sync_s", ref.tenant, lag)
@@ -291,43 +315,68 @@ class Inferencer(Role):
     async def _on_predict(self, msg: Any) -> None:
         """Intake, in order, all before any task is made: decode; a retry of an answered
         request gets its reply again, one of a request still held joins it; a draining
-        instance refuses; past ``max_queued`` the caller hears Busy. Only then a task."""
+        instance refuses; past ``max_queued`` the caller hears Busy. Only then a task.
+
+        The request's span (`inferencer.predict`, SERVER) has the caller's context as its
+        parent (a missing or malformed one makes it a new root); it ends here on an answer
+        given at once, else when the held request's reply goes (`_finish`)."""
+        span = self.tracer.start_span(
+            "inferencer.predict", context=extract(msg.headers, where="inferencer.predict"), kind=SpanKind.SERVER,
+            attributes={**messaging(msg.subject, "process"), "nexus.role": self.name, "nexus.instance": self.instance})
+        held = False
+        try:
+            held = await self._intake(msg, span)
+        finally:
+            if not held:
+                span.end()
+
+    async def _intake(self, msg: Any, span: Any) -> bool:
+        """`_on_predict`'s work; True when the request is held (its span then ends later)."""
         now = time.monotonic()
+        arrived_ns = now_ns()
         try:
             req = decode(msg.data, PredictRequest)
+            span.set_attributes(nexus_attrs(req))
             # A tenant predicts with its own heads only (the broker asserts who is calling).
             require_tenant(req.tenant, "predict", caller_from_headers(msg.headers))
         except NexusError as exc:
-            await self._reply(msg, ErrorReply.from_exception(exc))
-            return
+            span.set_status(Status(StatusCode.ERROR, exc.message))
+            await self._reply(msg, ErrorReply.from_exception(exc), span)
+            return False
         key = (req.tenant, req.request_id) if req.request_id else None
         if key is not None:
             cached = self.replies.get(key, now)
             if cached is not None:
                 self.replayed += 1
-                await self._send(msg, cached)
-                return
+                span.set_attribute("nexus.outcome", "replayed")
+                await self._send(msg, cached, span)
+                return False
             first = self._by_id.get(key)
             if first is not None:
                 if len(first.joined) >= self.admission.max_joined_per_request:
                     await self._refuse_busy(msg, f"request {req.request_id!r} is already held with "
-                                                 f"{len(first.joined)} copies", self.held)
-                    return
+                                                 f"{len(first.joined)} copies", self.held, span)
+                    return False
                 self.joined += 1
                 first.joined.append(msg)
                 first.expires = max(first.expires, now + req.timeout_s)
-                return
+                span.set_attribute("nexus.outcome", "joined")
+                if first.span is not None:
+                    span.add_link(first.span.get_span_context(), {"nexus.link": "joined"})
+                return False
         if self.state in ("draining", "stopped"):
             # Tasks made now would outlive the drain's wait: refuse, the caller retries elsewhere.
             self.draining_refused += 1
+            span.set_attribute("nexus.outcome", "draining")
             await self._reply(msg, ErrorReply.from_exception(Draining(
-                f"inferencer {self.instance} is draining; retry on another instance")))
-            return
+                f"inferencer {self.instance} is draining; retry on another instance")), span)
+            return False
         if self.held >= self.admission.max_queued:
             await self._refuse_busy(msg, f"inferencer {self.instance} holds {self.held} requests "
-                                         f"(max_queued={self.admission.max_queued})", self.held)
-            return
-        p = _Pending(req=req, msg=msg, arrived=now, expires=now + req.timeout_s, key=key)
+                                         f"(max_queued={self.admission.max_queued})", self.held, span)
+            return False
+        p = _Pending(req=req, msg=msg, arrived=now, expires=now + req.timeout_s, key=key, span=span,
+                     arrived_ns=arrived_ns)
         p.reply = asyncio.get_running_loop().create_future()
         self.held += 1
         if key is not None:
@@ -336,6 +385,36 @@ class Inferencer(Role):
         task = asyncio.ensure_future(self._admit(p))
         self._inflight.add(task)
         task.add_done_callback(self._inflight.discard)
+        return True
+
+    def _end_request_span(self, p: _Pending, result: Any, replied_ns: int) -> None:
+        """End ``p``'s span; a sampled one first gets its `PREDICT_STAGES` children, made now
+        from the stamps (never on the device thread)."""
+        span = p.span
+        if span is None:
+            return
+        end = now_ns()
+        if result is None:
+            span.set_attribute("nexus.outcome", "expired")
+        elif isinstance(result, ErrorReply):
+            span.set_status(Status(StatusCode.ERROR, result.message))
+            span.set_attribute("nexus.error_code", result.code)
+        else:
+            span.set_attributes({"nexus.version": p.version, "nexus.batch_size": result.batch_size})
+        st = p.stamps or {}
+        if is_sampled(span) and p.enqueued_ns:
+            prep = st.get("prep_start", replied_ns)
+            marks = [("predict.queue_wait", p.arrived_ns, p.enqueued_ns),
+                     ("predict.batch_wait", p.enqueued_ns, prep)]
+            if "prep_end" in st:
+                marks.append(("predict.canonicalise", prep, st["prep_end"]))
+            if "fwd_end" in st:
+                marks += [("predict.forward", st["fwd_start"], st["fwd_end"]),
+                          ("predict.head", st["fwd_end"], st["head_end"])]
+            marks.append(("predict.reply", st.get("head_end", replied_ns), end))
+            for name, start, stop in marks:
+                record_span(self.tracer, name, span, start, stop)
+        span.end(end_time=end)
 
     def _busy_hint_s(self, queued: int) -> float:
         """Roughly when the queue ahead will have drained: its groups x a recent forward."""
@@ -343,11 +422,13 @@ class Inferencer(Role):
         groups = -(-queued // self.batching.max_batch_size)
         return round(min(cfg.busy_max_retry_after_s, max(cfg.busy_retry_after_s, groups * self._forward_ewma_s)), 3)
 
-    async def _refuse_busy(self, msg: Any, why: str, queued: int) -> None:
+    async def _refuse_busy(self, msg: Any, why: str, queued: int, span: Any = None) -> None:
         self.busy += 1
         hint = self._busy_hint_s(queued)
+        if span is not None:
+            span.set_attribute("nexus.outcome", "busy")
         await self._reply(msg, ErrorReply.from_exception(Busy(
-            f"{why}; retry in {hint:g} s or on another instance", details={"retry_after_s": hint})))
+            f"{why}; retry in {hint:g} s or on another instance", details={"retry_after_s": hint})), span)
 
     async def _admit(self, p: _Pending) -> None:
         assert self.heads is not None
@@ -372,6 +453,7 @@ class Inferencer(Role):
                 f"(max_queue_per_key={self.admission.max_queue_per_key}); retry in {hint:g} s or on another instance",
                 details={"retry_after_s": hint})))
             return
+        p.enqueued_ns = now_ns()
         q.items.append(p)
         self._arrival.set()
         await p.reply  # the batcher resolves it; keeps this task (and the drain) waiting
@@ -392,6 +474,7 @@ class Inferencer(Role):
     async def _finish(self, p: _Pending, result: Any) -> None:
         """Answer every caller of ``p`` (None: all gave up, no answer), remember a good reply
         for retries, and release ``p``'s place in the bounds."""
+        replied_ns = now_ns()
         try:
             if result is not None:
                 data = encode(result)
@@ -400,8 +483,9 @@ class Inferencer(Role):
                     # not hold on a retry, which is then worked afresh.
                     self.replies.put(p.key, data, time.monotonic())
                 for m in [p.msg, *p.joined]:
-                    await self._send(m, data)
+                    await self._send(m, data, p.span)
         finally:
+            self._end_request_span(p, result, replied_ns)
             if p.key is not None and self._by_id.get(p.key) is p:
                 del self._by_id[p.key]
             self.held -= 1
@@ -439,6 +523,9 @@ class Inferencer(Role):
                 except asyncio.TimeoutError:
                     pass
                 continue
+            stamps = {"picked": now_ns()}  # shared by the group's requests (their stage spans)
+            for p in group:
+                p.stamps = stamps
             await in_flight.acquire()
             started = time.monotonic()
             try:
@@ -486,6 +573,8 @@ class Inferencer(Role):
         which serialises the pipeline. The forward waits on the returned event instead."""
         from models import VLABatch
 
+        stamps = group[0].stamps if group and group[0].stamps is not None else {}
+        stamps["prep_start"] = now_ns()
         results: list[Any] = [None] * len(group)
         by_slot: dict[int, list[int]] = {}
         for i, p in enumerate(group):
@@ -512,6 +601,7 @@ class Inferencer(Role):
 
                 ready = torch.cuda.Event()
                 ready.record(stream)
+        stamps["prep_end"] = now_ns()
         return results, live, packed, ready
 
     @staticmethod
@@ -581,8 +671,13 @@ class Inferencer(Role):
 
         heads = self.heads
         assert heads is not None
-        # One span per forward: the inferencer's busy timeline in the traces (examples/report.py).
-        with self.tracer.start_as_current_span("inferencer.forward", attributes={"nexus.group_size": len(live)}), \
+        stamps = group[live[0]].stamps if group[live[0]].stamps is not None else {}
+        stamps["fwd_start"] = now_ns()
+        # One span per forward: the inferencer's busy timeline in the traces (examples/report.py),
+        # linked to every request it serves (each request's own `predict.forward` is its child).
+        links = [trace.Link(group[i].span.get_span_context()) for i in live if group[i].span is not None]
+        with self.tracer.start_as_current_span("inferencer.forward", attributes={"nexus.group_size": len(live)},
+                                               links=links), \
                 torch.inference_mode():
             if ready is not None:
                 current = torch.cuda.current_stream(packed.device)
@@ -590,7 +685,10 @@ class Inferencer(Role):
                 # Made on the side stream, read on this one: keep the allocator from reusing
                 # the memory before this stream is done with it.
                 packed.images_B_S_C_H_W.record_stream(current)
-            feats = heads.base.encode(packed, inference=True, adapters=_lora_segments(group, live))
+            # Action-expert tenants in the group: the same forward returns the per-layer KV cache.
+            feats = heads.base.encode(packed, inference=True, adapters=_lora_segments(group, live),
+                                      prefix_kv=any(slot.head.needs_prefix_kv for _, _, slot in _slot_runs(group, live)))
+            stamps["fwd_end"] = now_ns()
             outs = []
             for start, end, slot in _slot_runs(group, live):
                 f = feats.split([start, end - start, len(feats) - end])[1]
@@ -616,20 +714,24 @@ class Inferencer(Role):
                         log_prob=None if log_prob is None else float(log_prob[j]),
                         value=None if value is None else float(value[j]),
                         batch_size=len(live), request_id=p.req.request_id)
+        stamps["head_end"] = now_ns()
         return results
 
     def _run_group(self, group: list[_Pending], started: float) -> list[Any]:
         """Both stages in series (the benchmark's in-process ceiling uses this)."""
         return self._forward(group, *self._prepare(group, started))
 
-    async def _reply(self, msg: Any, reply: Any) -> None:
-        await self._send(msg, encode(reply))
+    async def _reply(self, msg: Any, reply: Any, span: Any = None) -> None:
+        await self._send(msg, encode(reply), span)
 
-    async def _send(self, msg: Any, data: bytes) -> None:
+    async def _send(self, msg: Any, data: bytes, span: Any = None) -> None:
+        """Reply; a sampled request's reply headers carry its span's context (the caller's span
+        links to it; an unsampled one's would be dropped anyway, so none is made)."""
         if not msg.reply:
             return
+        headers = carrier_of(span) if span is not None and is_sampled(span) else None
         try:
-            await msg.respond(data)
+            await self.bus.nc.publish(msg.reply, data, headers=headers)
         except Exception as exc:  # the caller's connection is gone
             self.log.warning("predict reply failed", error=str(exc))
 

@@ -57,7 +57,7 @@ from actors.auth import PLATFORM_ACCOUNT, creds_from_env, redact_url
 from actors.bus import Bus
 from actors.identity import ACCESS_LEVELS, Caller, authorize, caller_from_headers, check_reply, reset_caller, set_caller
 from actors.logs import bound_request, configure_logging
-from actors.tracing import extract, setup_tracing, shutdown_tracing, trace_id_hex
+from actors.tracing import extract, inject, messaging, nexus_attrs, setup_tracing, shutdown_tracing, trace_id_hex
 from protocol.errors import Busy, Draining, InternalError, NexusError, PayloadTooLarge, UnknownOp
 from protocol.messages import (
     DrainRequest,
@@ -580,7 +580,7 @@ class Role:
 
     async def _handle(self, msg: Msg) -> None:
         op_name = msg.subject.rsplit(".", 1)[-1]
-        parent = extract(msg.headers)
+        parent = extract(msg.headers, where=f"{self.name}.{op_name}")
         # Control ops skip the concurrency slots: an operator can inspect or drain a role
         # whose every slot is held by slow requests (their count is bounded in _on_request).
         async with (contextlib.nullcontext() if op_name in CONTROL_OPS else self._sem):
@@ -589,8 +589,7 @@ class Role:
                 context=parent,
                 kind=SpanKind.SERVER,
                 attributes={
-                    "messaging.system": "nats",
-                    "messaging.destination.name": msg.subject,
+                    **messaging(msg.subject, "process"),
                     "nexus.role": self.name,
                     "nexus.instance": self.instance,
                 },
@@ -633,6 +632,7 @@ class Role:
         # handlers of `checked` ops find it in current_caller().
         caller = caller or Caller(PLATFORM_ACCOUNT)
         req = authorize(caller, op_name, spec.access, req)
+        trace.get_current_span().set_attributes(nexus_attrs(req))
         tenant = getattr(req, "tenant", None)
         token = set_caller(caller)
         try:
@@ -655,7 +655,8 @@ class Role:
                 f"the reply is {len(data)} bytes, over the server's max payload of {self.bus.max_payload}; "
                 "ask for less at once", details={"size": len(data), "max_payload": self.bus.max_payload})))
         try:
-            await msg.respond(data)
+            # The reply carries this server span's context (msg.respond would echo the caller's).
+            await self.bus.nc.publish(msg.reply, data, headers=inject() or None)
         except Exception as exc:  # the requester's connection may be gone
             self.log.warning("reply failed", error=str(exc))
 

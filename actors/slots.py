@@ -199,7 +199,7 @@ class SlotStore:
         ref = WeightsRef(tenant=tenant, version=version, object_name=name, size=len(payload), manifest=manifest)
         kv = await self.bus.js.key_value(self.names.kv_versions)
         await js_retry(kv.put, tenant, encode(ref))
-        await self.bus.publish(self.names.weights(tenant), ref, span_name=f"announce {tenant} v{version}")
+        await self.bus.publish(self.names.weights(tenant), ref, span_name="job.announce")
         return ref
 
     async def load_weights(self, tenant: str, object_name: str) -> dict[str, Any]:

@@ -16,10 +16,12 @@ rotate past ``NEXUS_TRACE_FILE_MAX_MB`` (``x.1.jsonl`` ... ``x.N.jsonl``, ``NEXU
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +39,7 @@ from opentelemetry.sdk.trace.sampling import (
     SamplingResult,
     TraceIdRatioBased,
 )
-from opentelemetry.trace import StatusCode
+from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from protocol.settings import TelemetrySettings
 
@@ -192,12 +194,218 @@ def inject(headers: dict[str, str] | None = None) -> dict[str, str]:
     return headers
 
 
-def extract(headers: dict[str, Any] | None) -> otel_context.Context:
-    """Context of the remote parent found in NATS headers (empty context if none)."""
-    return _extract(dict(headers or {}))
+def extract(headers: dict[str, Any] | None, where: str = "") -> otel_context.Context:
+    """Context of the remote parent found in NATS headers (empty context if none).
+
+    A malformed or missing context never fails the request: the span made from the empty
+    context is a new root. Each kind of problem is logged once per ``where`` (a subject
+    template: a bounded set), so a flood of bad headers cannot flood the log."""
+    try:
+        carrier = {str(k).lower(): str(v) for k, v in dict(headers or {}).items()}
+        ctx = _extract(carrier)
+    except Exception as exc:  # a carrier that is not a mapping of strings: a new root
+        _problem("malformed", where, f"{type(exc).__name__}: {exc}")
+        return otel_context.Context()
+    if "traceparent" not in carrier:
+        _problem("missing", where, "")
+    elif not trace.get_current_span(ctx).get_span_context().is_valid:
+        _problem("malformed", where, carrier["traceparent"][:80])
+    return ctx
+
+
+# (kind, where) pairs already logged, and how often each was seen (`context_problems`).
+CONTEXT_PROBLEMS: dict[tuple[str, str], int] = {}
+_PROBLEMS_MAX = 256  # distinct (kind, where) pairs remembered: where is a template, few exist
+
+
+def _problem(kind: str, where: str, detail: str) -> None:
+    key = (kind, where)
+    seen = CONTEXT_PROBLEMS.get(key)
+    if seen is None:
+        if len(CONTEXT_PROBLEMS) >= _PROBLEMS_MAX:
+            return
+        import structlog
+
+        # Malformed is a sender's bug: a warning. Missing is a plain client's way (no tracer).
+        log = structlog.get_logger()
+        (log.warning if kind == "malformed" else log.info)(
+            f"{kind} trace context; the request starts a new trace (logged once)", where=where, traceparent=detail)
+        CONTEXT_PROBLEMS[key] = 1
+    else:
+        CONTEXT_PROBLEMS[key] = seen + 1
 
 
 def trace_id_hex() -> str | None:
     """Trace id of the current span, as 32 hex digits (for logs and replies)."""
     ctx = trace.get_current_span().get_span_context()
     return format(ctx.trace_id, "032x") if ctx.is_valid else None
+
+
+# -- hop and stage spans (docs/observability.md lists every name) -----------------------------
+
+# The stages of one predict, children of its `inferencer.predict` span, in order.
+PREDICT_STAGES = ("predict.queue_wait", "predict.batch_wait", "predict.canonicalise", "predict.forward",
+                  "predict.head", "predict.reply")
+# The stages of one training job, children of its `trainer.job` span, in order.
+JOB_STAGES = ("job.queue_wait", "job.lease", "job.canonicalise", "job.step", "job.commit", "job.export",
+              "job.announce", "job.sync")
+
+
+def messaging(subject: str, operation: str) -> dict[str, str]:
+    """OTel messaging attributes of a hop on ``subject``, its destination templated
+    (`protocol.subjects.subject_template`: no tenant id or job id in it)."""
+    from protocol.subjects import subject_template
+
+    return {"messaging.system": "nats", "messaging.destination.name": subject_template(subject),
+            "messaging.operation.type": operation}
+
+
+def hop_name(subject: str, operation: str) -> str:
+    """``"<operation> <templated destination>"``: the OTel messaging span name."""
+    from protocol.subjects import subject_template
+
+    return f"{operation} {subject_template(subject)}"
+
+
+def nexus_attrs(obj: Any) -> dict[str, str]:
+    """``nexus.tenant`` / ``nexus.workload`` / ``nexus.job`` of a message that has them."""
+    out = {}
+    for field_name, key in (("tenant", "nexus.tenant"), ("workload", "nexus.workload"), ("job", "nexus.job")):
+        value = getattr(obj, field_name, None)
+        if isinstance(value, str) and value:
+            out[key] = value
+    return out
+
+
+def reply_link(span: trace.Span, headers: dict[str, Any] | None) -> None:
+    """Link a CLIENT span to the server span whose context came back in the reply's headers
+    (a role's reply carries its server span; an echo of our own context is skipped)."""
+    try:
+        sc = trace.get_current_span(_extract(dict(headers or {}))).get_span_context()
+    except Exception:  # a reply's bad headers never fail the call  # noqa: BLE001
+        return
+    if sc.is_valid and sc.span_id != span.get_span_context().span_id:
+        span.add_link(sc, {"nexus.link": "reply"})
+
+
+def carrier() -> dict[str, str]:
+    """The current span's context as a W3C carrier (``traceparent`` / ``tracestate``)."""
+    return inject({})
+
+
+def carrier_of(span: trace.Span) -> dict[str, str] | None:
+    """``span``'s context as a W3C carrier (None when it has no valid context)."""
+    headers: dict[str, str] = {}
+    _inject(headers, context=trace.set_span_in_context(span))
+    return headers or None
+
+
+def now_ns() -> int:
+    return time.time_ns()
+
+
+def record_span(tracer: trace.Tracer, name: str, parent: Any, start_ns: int, end_ns: int,
+                attributes: dict[str, Any] | None = None, kind: SpanKind = SpanKind.INTERNAL,
+                links: Sequence[trace.Link] = ()) -> None:
+    """A finished span over ``[start_ns, end_ns]`` (stamped earlier, made now: off the hot
+    path). ``parent``: a span or a context."""
+    ctx = trace.set_span_in_context(parent) if isinstance(parent, trace.Span) else parent
+    span = tracer.start_span(name, context=ctx, kind=kind, attributes=attributes, links=links,
+                             start_time=start_ns)
+    span.end(end_time=max(end_ns, start_ns))
+
+
+def is_sampled(span: trace.Span) -> bool:
+    return span.get_span_context().trace_flags.sampled
+
+
+def link_to(span_or_ctx: Any) -> trace.Link | None:
+    """A link to a span (or the span of a context), None when it has no valid context."""
+    span = span_or_ctx if isinstance(span_or_ctx, trace.Span) else trace.get_current_span(span_or_ctx)
+    sc = span.get_span_context()
+    return trace.Link(sc) if sc.is_valid else None
+
+
+def consumer_span(tracer: trace.Tracer, name: str, subject: str, headers: dict[str, Any] | None,
+                  attributes: dict[str, Any] | None = None) -> Any:
+    """A CONSUMER span for a message received on ``subject``, child of the context in its
+    headers (a new root when that is missing or malformed); use as a context manager."""
+    from protocol.subjects import subject_template
+
+    return tracer.start_as_current_span(
+        name, context=extract(headers, where=f"{name} {subject_template(subject)}"), kind=SpanKind.CONSUMER,
+        attributes={**messaging(subject, "process"), **(attributes or {})})
+
+
+def new_root(tracer: trace.Tracer, name: str, attributes: dict[str, Any] | None = None,
+             links: Sequence[Any] = ()) -> Any:
+    """A span that starts a new trace whatever is current (an RL update, an evaluation
+    episode), linked to where it came from; use as a context manager."""
+    kept = [lk for lk in (link_to(x) for x in links) if lk is not None]
+    return tracer.start_as_current_span(name, context=otel_context.Context(), attributes=attributes, links=kept)
+
+
+class JobSpans:
+    """A trainer's spans of its leased jobs: one `trainer.job` (CONSUMER) per job, child of
+    the context the master stored with the job's first micro-batch (`JobRecord.trace`), with
+    the `JOB_STAGES` as children. `open` at the lease point (it records queue wait and lease
+    from the record), `stage` / `steps` around the work, `close` when the round ends."""
+
+    def __init__(self, tracer: trace.Tracer, names: Any) -> None:
+        self.tracer, self.names = tracer, names
+        self.spans: dict[str, trace.Span] = {}
+
+    def open(self, jobs: Sequence[Any], lease_s: float) -> list[trace.Link]:
+        """Job spans for a round's jobs; returns links to them (for the round's span)."""
+        now = now_ns()
+        links = []
+        for job in jobs:
+            parent = extract(getattr(job, "trace", None) or {}, where="trainer.job")
+            span = self.tracer.start_span("trainer.job", context=parent, kind=SpanKind.CONSUMER, attributes={
+                **messaging(self.names.tq_job(job.tenant, job.job), "process"), **nexus_attrs(job),
+                "nexus.task": job.task, "nexus.items": job.items, "nexus.lease_epoch": job.lease_epoch})
+            self.spans[job.job] = span
+            # The master's clock: ready, and leased (its expiry minus the lease asked for).
+            leased = int((job.lease_expires_at - lease_s) * 1e9) if job.lease_expires_at else now
+            leased = min(leased, now)
+            if job.ready_at:
+                record_span(self.tracer, "job.queue_wait", span, min(int(job.ready_at * 1e9), leased), leased)
+            record_span(self.tracer, "job.lease", span, leased, now)
+            links.append(trace.Link(span.get_span_context()))
+        return links
+
+    @contextlib.contextmanager
+    def stage(self, job: Any, name: str) -> Iterator[None]:
+        """A stage span of ``job`` made current: hops inside it (job updates, the announcement)
+        are its children, so the weight load on an inferencer joins the job's trace."""
+        span = self.spans.get(job.job)
+        if span is None:
+            yield
+            return
+        with self.tracer.start_as_current_span(name, context=trace.set_span_in_context(span),
+                                               attributes=nexus_attrs(job)):
+            yield
+
+    @contextlib.contextmanager
+    def steps(self, jobs: Sequence[Any], step: int) -> Iterator[None]:
+        """One grouped train step over ``jobs``: a `job.step` span in each job's trace."""
+        start = now_ns()
+        try:
+            yield
+        finally:
+            end = now_ns()
+            for job in jobs:
+                span = self.spans.get(job.job)
+                if span is not None:
+                    record_span(self.tracer, "job.step", span, start, end,
+                                {"nexus.step": step, "nexus.group_jobs": len(jobs), **nexus_attrs(job)})
+
+    def close(self, jobs: Sequence[Any]) -> None:
+        for job in jobs:
+            span = self.spans.pop(job.job, None)
+            if span is None:
+                continue
+            span.set_attribute("nexus.job_state", str(job.state))
+            if job.state == "failed":
+                span.set_status(Status(StatusCode.ERROR, str(getattr(job, "reason", "") or "failed")))
+            span.end()

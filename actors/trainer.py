@@ -40,6 +40,7 @@ from actors.metering import Meter, final_flush, flush_loop
 from actors.runtime import Role, RoleConfig, device_memory_bytes, op
 from actors.slots import Resident, SlotStore
 from actors.tq_read import read_job_items
+from actors.tracing import JobSpans
 from protocol.errors import Conflict, FailedPrecondition, NexusError, NotFound
 from protocol.messages import (
     CheckpointCommitRequest,
@@ -127,10 +128,14 @@ class Trainer(Role):
         self.released = 0
         # Grouped steps whose one base forward held LoRA and frozen-base tenants together.
         self.mixed_lora_steps = 0
+        # Grouped steps whose one base forward (and its prefix KV cache) held action-expert and
+        # other tenants together.
+        self.mixed_expert_steps = 0
         # Metered device time: every grouped step's busy time, charged to its tenants by rows.
         self.usage_flush = usage_flush_from_env()
         self.meter = Meter({"train": self.usage_flush.train_overhead_rows,
                             "infer": self.usage_flush.infer_overhead_rows})
+        self.job_spans = JobSpans(self.tracer, self.names)  # a trace per job (actors/tracing.py)
 
     async def setup(self) -> None:
         assert self.bus is not None
@@ -146,7 +151,7 @@ class Trainer(Role):
 
     def info_extra(self) -> dict[str, Any]:
         return {"jobs_done": self.jobs_done, "leases_lost": self.leases_lost, "released": self.released,
-                "mixed_lora_steps": self.mixed_lora_steps,
+                "mixed_lora_steps": self.mixed_lora_steps, "mixed_expert_steps": self.mixed_expert_steps,
                 "round": sorted(self._round),
                 "slots": self.store.memory_report() if self.store else {},
                 "bases": sorted(self.store.bases) if self.store else [],
@@ -212,9 +217,13 @@ class Trainer(Role):
     async def _run(self, jobs: list[JobRecord]) -> list[_Work]:
         """Steps 2-5 for a set of leased jobs (at most one per tenant). One span per round:
         the busy timeline of the trainer in the traces (see examples/report.py)."""
-        with self.tracer.start_as_current_span("trainer.round", attributes={
-                "nexus.tenants": ",".join(sorted(j.tenant for j in jobs)), "nexus.jobs": len(jobs)}):
-            return await self._run_round(jobs)
+        links = self.job_spans.open(jobs, self.tcfg.lease_s)  # each job's span: child of its queued data
+        try:
+            with self.tracer.start_as_current_span("trainer.round", attributes={
+                    "nexus.tenants": ",".join(sorted(j.tenant for j in jobs)), "nexus.jobs": len(jobs)}, links=links):
+                return await self._run_round(jobs)
+        finally:
+            self.job_spans.close(jobs)
 
     async def _run_round(self, jobs: list[JobRecord]) -> list[_Work]:
         # The round's leases are renewed in the background from lease to clear: slot loads,
@@ -236,13 +245,14 @@ class Trainer(Role):
         # 2-3. slots and data; failures stay with their job
         for job in jobs:
             try:
-                res = await self.store.slot(await self._tenant(job.tenant))
-                w = _Work(job=job, res=res, skip=job.job in res.applied or job.state != "leased")
-                if not w.skip:
-                    w.items = await read_job_items(self.bus, self.names, job, 0, job.items)
-                    if len(w.items) != job.items:
-                        raise FailedPrecondition(f"partition holds {len(w.items)} of {job.items} micro-batches")
-                    w.batches = await asyncio.to_thread(self._canonicalise, res, job, w.items)
+                with self.job_spans.stage(job, "job.canonicalise"):
+                    res = await self.store.slot(await self._tenant(job.tenant))
+                    w = _Work(job=job, res=res, skip=job.job in res.applied or job.state != "leased")
+                    if not w.skip:
+                        w.items = await read_job_items(self.bus, self.names, job, 0, job.items)
+                        if len(w.items) != job.items:
+                            raise FailedPrecondition(f"partition holds {len(w.items)} of {job.items} micro-batches")
+                        w.batches = await asyncio.to_thread(self._canonicalise, res, job, w.items)
                 work.append(w)
             except Exception as exc:
                 await self._fail(job, f"{type(exc).__name__}: {exc}")
@@ -256,7 +266,8 @@ class Trainer(Role):
                     return work
                 self._mark_lost(work)
                 started = time.perf_counter()
-                await asyncio.to_thread(self._train_step, todo, i, base_by_tenant)
+                with self.job_spans.steps([w.job for w in todo if i < len(w.batches)], i):
+                    await asyncio.to_thread(self._train_step, todo, i, base_by_tenant)
                 self.busy_s += time.perf_counter() - started  # the device's share: nexus top, /metrics
             self._mark_lost(work)
             for w in todo:
@@ -363,6 +374,8 @@ class Trainer(Role):
                 results = self._metered_step(base, group, i, grouped=True)
                 if len({w.res.slot.adapter is None for w in group}) == 2:
                     self.mixed_lora_steps += 1
+                if len({w.res.slot.head.needs_prefix_kv for w in group}) == 2:
+                    self.mixed_expert_steps += 1
             except Exception:
                 # Find the culprit: run the tenants one by one; only the failing one fails.
                 results = []
@@ -401,20 +414,21 @@ class Trainer(Role):
         job, tenant = w.job, w.job.tenant
         metrics = w.summary()
         version = w.res.slot.policy_version
-        if _before(job.state, "trained"):
-            if not w.skip:
-                # A new object nobody points at yet; the master's acceptance below is the commit.
-                name = await self.store.write_checkpoint(tenant, f"{job.job}-e{job.lease_epoch}")
-                self._maybe_fault("after_commit")
-                try:
-                    await self._update(job, "trained", version, metrics, checkpoint=name,
-                                       base_checkpoint=w.res.checkpoint_name)
-                except NexusError:  # refused (lease lost) or its tenant is gone: nobody points at it
-                    await self.store.delete_checkpoint(name)
-                    raise
-                await self.store.committed_as(tenant, name)
-            else:
-                await self._update(job, "trained", version, metrics)
+        with self.job_spans.stage(job, "job.commit"):
+            if _before(job.state, "trained"):
+                if not w.skip:
+                    # A new object nobody points at yet; the master's acceptance below is the commit.
+                    name = await self.store.write_checkpoint(tenant, f"{job.job}-e{job.lease_epoch}")
+                    self._maybe_fault("after_commit")
+                    try:
+                        await self._update(job, "trained", version, metrics, checkpoint=name,
+                                           base_checkpoint=w.res.checkpoint_name)
+                    except NexusError:  # refused (lease lost) or its tenant is gone: nobody points at it
+                        await self.store.delete_checkpoint(name)
+                        raise
+                    await self.store.committed_as(tenant, name)
+                else:
+                    await self._update(job, "trained", version, metrics)
         self._maybe_fault("after_trained")
         # outputs.export_every_steps: between exports a job still walks trained -> exported ->
         # synced -> cleared (its lifecycle stays whole), it just announces no new version.
@@ -423,7 +437,8 @@ class Trainer(Role):
         ref = None
         if _before(job.state, "exported"):
             if every <= 0 or version - max(exported, 0) >= every:
-                ref = await self.store.export(tenant, metrics)
+                with self.job_spans.stage(job, "job.export"):  # its announcement: job.announce
+                    ref = await self.store.export(tenant, metrics)
                 self.meter.add_bytes(tenant, job.workload, ref.size)
             else:
                 self.log.debug("export skipped", tenant=tenant, job=job.job, version=version,
@@ -432,11 +447,13 @@ class Trainer(Role):
             self._maybe_fault("after_export")
         elif every <= 0 or exported == version:
             # Exported by a trainer that died before announcing: announce again (same version).
-            ref = await self.store.export(tenant, metrics)
-        if _before(job.state, "synced"):
-            await self._advance(job, "synced", version)
-            self._maybe_fault("after_synced")
-        await self._advance(job, "cleared", version)
+            with self.job_spans.stage(job, "job.export"):
+                ref = await self.store.export(tenant, metrics)
+        with self.job_spans.stage(job, "job.sync"):
+            if _before(job.state, "synced"):
+                await self._advance(job, "synced", version)
+                self._maybe_fault("after_synced")
+            await self._advance(job, "cleared", version)
         if "loss" in metrics:
             await self.metric("loss", tenant, metrics["loss"], version=str(version))
         await self.metric("version", tenant, version)

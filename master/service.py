@@ -38,6 +38,7 @@ import uuid
 from typing import Any
 
 import nats.errors
+from opentelemetry.trace import SpanKind
 from nats.js.errors import (
     KeyNotFoundError,
     NoKeysError,
@@ -52,6 +53,7 @@ from actors.bus import retry
 from actors.layout import ensure_tq_stream, publish_tq, read_deployment_settings
 from actors.identity import require_tenant
 from actors.runtime import Role, RoleConfig, op
+from actors.tracing import carrier, hop_name, messaging, nexus_attrs
 from actors.tq_read import PartitionReader
 from master.scheduler import Scheduler
 from master.usage import UsageOps
@@ -277,9 +279,9 @@ class Master(WorkloadOps, UsageOps, Role):
         cfg.signature = _schema_signature(cfg.schema)
         _check_config(cfg)
         self.check_priority(cfg.priority, cfg, "config.priority")
-        if cfg.base_adapter:
+        if cfg.base_adapter or cfg.head == "expert":
             # Off the loop: the first check imports transformers (seconds) to read the base's layers.
-            errors = await asyncio.to_thread(adapter_errors, cfg)
+            errors = await asyncio.to_thread(base_fit_errors, cfg, "head_params")
             if errors:
                 raise InvalidField(f"config.{errors[0][0]}", errors[0][1])
         async with self._lock:
@@ -431,10 +433,18 @@ class Master(WorkloadOps, UsageOps, Role):
         b = validate_put(req, tenant.schema, job.task)
         if job.task == "sft":
             self.sched.check_sft_prefetch(tenant, adding=1)
-        ack = await publish_tq(
-            self.bus.js, self.names, req.tenant, self.names.tq_job(req.tenant, req.job), encode(req),
-            headers={"Nats-Msg-Id": f"{req.job}:{req.seq}"}, settings=self.deployment,
-        )
+        subject = self.names.tq_job(req.tenant, req.job)
+        # A PRODUCER span per stored micro-batch; its context goes into the message headers,
+        # kept in the stream with the data (and the first one into the job record, which the
+        # trainer reads at the lease): the trainer's work on the job joins this trace.
+        with self.tracer.start_as_current_span(hop_name(subject, "publish"), kind=SpanKind.PRODUCER,
+                                               attributes={**messaging(subject, "send"), **nexus_attrs(req),
+                                                           "nexus.seq": req.seq}):
+            context = carrier()
+            ack = await publish_tq(
+                self.bus.js, self.names, req.tenant, subject, encode(req),
+                headers={"Nats-Msg-Id": f"{req.job}:{req.seq}", **context}, settings=self.deployment,
+            )
         # The partition itself says how many micro-batches the job holds: right even when a
         # master died between this publish and saving the record, and the client's retry
         # came back as a duplicate.
@@ -449,6 +459,8 @@ class Master(WorkloadOps, UsageOps, Role):
                     # Staleness is judged by the oldest data in the job.
                     job.behaviour_version = (req.behaviour_version if job.behaviour_version < 0
                                              else min(job.behaviour_version, req.behaviour_version))
+            if not job.trace and context:
+                job.trace = context
             job.state, job.updated_at = "filling", time.time()
             await self._save(job)
         return QueuePutReply(tenant=job.tenant, job=job.job, items=job.items, duplicate=bool(ack.duplicate))
@@ -909,6 +921,23 @@ def adapter_errors(cfg: TenantConfig) -> list[tuple[str, str, Any]]:
     except (ModelCoreError, OSError, ValueError) as exc:
         return [("base", f"cannot read the layers of base {cfg.base!r} to check base_adapter: {exc}", cfg.base)]
     return check(shapes, cfg.base_adapter)
+
+
+def base_fit_errors(cfg: TenantConfig, params_field: str = "action_module.params") -> list[tuple[str, str, Any]]:
+    """`adapter_errors` plus, for an action expert, whether its options can read the base's
+    per-layer KV cache (layer count, head shape; models.heads.expert names what it allows).
+    params_field: where the head options sit in what the caller was given (spec or config)."""
+    errors = adapter_errors(cfg) if cfg.base_adapter else []
+    if cfg.head == "expert":
+        from models.errors import ModelCoreError
+        from models.heads.expert import base_expert_errors
+
+        try:
+            errors += base_expert_errors(cfg.base, dict(cfg.head_params), params_field)
+        except (ModelCoreError, OSError, ValueError) as exc:
+            errors.append(("base", f"cannot read the attention shape of base {cfg.base!r} to check the expert: {exc}",
+                           cfg.base))
+    return errors
 
 
 async def store_put(kv, key: str, value: bytes) -> None:

@@ -37,6 +37,7 @@ from nats.js.errors import KeyNotFoundError, NotFoundError, ObjectNotFoundError
 from actors.identity import require_tenant
 from actors.paths import confine, data_roots
 from actors.runtime import op
+from actors.tracing import consumer_span
 from protocol.errors import Conflict, FailedPrecondition, NexusError, NotFound
 from protocol.messages import (
     TERMINAL_WORKLOAD_STATES,
@@ -169,11 +170,11 @@ class WorkloadOps:
             return await self._accept_eval(spec, workload)
         serving_note = await self._check_base_served(spec.tenant, spec.base) if spec.task == "rl" else ""
         cfg = compile_tenant(spec)
-        if cfg.base_adapter:
-            from master.service import adapter_errors
+        if cfg.base_adapter or cfg.head == "expert":
+            from master.service import base_fit_errors
 
             # Against the base's own layers (config only, no weights), before anything is created.
-            errors = await asyncio.to_thread(adapter_errors, cfg)
+            errors = await asyncio.to_thread(base_fit_errors, cfg)
             if errors:
                 raise SpecError(errors)
         existing = self.sched.tenants.get(spec.tenant)
@@ -328,7 +329,10 @@ class WorkloadOps:
             for msg in msgs:
                 workload = f"i{msg.metadata.sequence.stream:010d}"
                 try:
-                    await self._accept(msg.data, workload)
+                    # The publisher's context (a CONSUMER span: its child, or a new root).
+                    with consumer_span(self.tracer, "master.intake", msg.subject, msg.headers,
+                                       {"nexus.workload": workload}):
+                        await self._accept(msg.data, workload)
                 except NexusError as exc:
                     tenant = _tenant_guess(msg.data)
                     await self.bus.publish(self.names.workload_events(workload), WorkloadEvent(

@@ -412,6 +412,9 @@ class JobRecord:
     lease_epoch: int = 0
     key: str = ""  # the producer's idempotency key (a retried reserve returns this job)
     workload: str = ""  # the workload whose producer made it ("" for a custom loop)
+    # W3C trace context (traceparent / tracestate) stored with the job's first micro-batch in
+    # the stream: the trainer's `trainer.job` span is its child (docs/observability.md).
+    trace: dict[str, str] = field(default_factory=dict)
 
 
 @message("tq.reserve", 1)

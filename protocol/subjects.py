@@ -89,6 +89,37 @@ def pool_name(base: str) -> str:
     return f"{last}-{digest}"
 
 
+# Names.template: position -> token name, by the subject's kind (see the methods above).
+_TEMPLATE_SLOTS: dict[object, dict[int, str]] = {
+    "tq": {2: "tenant", 3: "job"},
+    "weights": {2: "tenant"},
+    "svc": {3: "instance"},
+    "metrics": {3: "scope"},
+    ("tenants", "deleted"): {3: "tenant"},
+    ("tenants", "updated"): {3: "tenant"},
+    ("workloads", "events"): {3: "workload"},
+    ("health", "heartbeat"): {4: "instance"},
+    ("health", "events"): {4: "instance"},
+}
+
+
+def subject_template(subject: str) -> str:
+    """A subject with its high-cardinality tokens (tenant, job, workload, instance, reply
+    inbox) replaced by ``{name}``: span names and ``messaging.destination.name`` use it, so a
+    thousand tenants make one span name per operation, not a thousand. The first token (the
+    prefix) is kept; a subject with no such token comes back unchanged."""
+    parts = subject.split(".")
+    if parts[0] == "_INBOX":
+        return "_INBOX.{id}"
+    if len(parts) < 3:
+        return subject
+    kind = parts[1]
+    slots = _TEMPLATE_SLOTS.get((kind, parts[2]) if kind in ("tenants", "workloads", "health") else kind)
+    if slots is None:
+        return subject
+    return ".".join(f"{{{slots[i]}}}" if i in slots else part for i, part in enumerate(parts))
+
+
 @dataclass(frozen=True)
 class Names:
     """All names of one deployment. Immutable; cheap to build."""
@@ -186,6 +217,11 @@ class Names:
     @property
     def weights_all(self) -> str:
         return f"{self.prefix}.weights.*"
+
+    # -- trace attributes ----------------------------------------------------------------
+    def template(self, subject: str) -> str:
+        """`subject_template` of one of this deployment's subjects."""
+        return subject_template(subject)
 
     # -- environment -------------------------------------------------------------------
     def env(self, op: str) -> str:

@@ -3,6 +3,7 @@
     nexus up [--data-dir DIR] [--nats-port PORT | --nats-url URL] [--nats-cluster 3] [--detach]
     nexus status [--json]                  nexus down [--data-dir DIR]
     nexus top [--once] [--json]
+    nexus trace [TRACE_ID] [--workload W] [--since 10m] [--until T] [--chrome FILE] [--json]
     nexus submit SPEC [SPEC...] [--wait] [--json]
     nexus workloads list [--tenant T] [--json]     nexus tenants [--json]
     nexus tenant show NAME [--json] | delete NAME [--yes] [--json]
@@ -377,6 +378,38 @@ def top(
         print_json(view)
     elif view is not None:
         console().print(render(view))
+    return EXIT_OK
+
+
+@app.command("trace")
+def trace_cmd(
+    trace_id: Annotated[str, typer.Argument(help="a trace id (or a unique prefix of one)")] = "",
+    workload: Annotated[str, typer.Option("--workload", help="the traces of this workload")] = "",
+    since: Annotated[str, typer.Option("--since", help="traces with a span after this: 10m (ago) or an ISO time")] = "",
+    until: Annotated[str, typer.Option("--until", help="traces with a span before this: 1m (ago) or an ISO time")] = "",
+    chrome: Annotated[Path | None, typer.Option(
+        "--chrome", help="also write the selected spans as Chrome / Perfetto trace-event JSON to this file")] = None,
+    data_dir: DataDir = DEFAULT_DATA_DIR, json: Json = False,
+) -> int:
+    """Latency breakdown of the local traces (DATA_DIR/traces): per stage count, p50/p90/p99, share of the critical path."""
+    from sdk.term import console, print_json
+    from sdk.trace_view import as_json, load_spans, parse_when, render, select, write_chrome
+
+    now = time.time()
+    spans = select(load_spans(data_dir / "traces"), trace_id=trace_id, workload=workload,
+                   since=parse_when(since, now) if since else None, until=parse_when(until, now) if until else None)
+    if not spans:
+        _err(f"no spans in {data_dir / 'traces'} match (window {since or '-'} .. {until or 'now'})")
+        return EXIT_FAILED
+    if chrome is not None:
+        write_chrome(spans, chrome)
+    title = f"trace {trace_id}" if trace_id else f"workload {workload}" if workload else "traces"
+    if json:
+        print_json({**as_json(spans), **({"chrome": str(chrome)} if chrome else {})})
+    else:
+        console().print(render(spans, title))
+        if chrome is not None:
+            print(f"timeline: {chrome} (open in https://ui.perfetto.dev or chrome://tracing)")
     return EXIT_OK
 
 

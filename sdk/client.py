@@ -133,19 +133,24 @@ class AsyncClient:
     default ``NEXUS_CREDS``, else the file the URL names (cluster.json's names the admin's)."""
 
     def __init__(self, url: str, prefix: str = DEFAULT_PREFIX,
-                 timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S, creds: str | Path | None = None) -> None:
+                 timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S, creds: str | Path | None = None,
+                 tracer: Any = None) -> None:
+        """``tracer``: an OpenTelemetry tracer for this client's CLIENT / PRODUCER spans
+        (default: the global provider's; with none set, no spans and no trace context)."""
         from actors.auth import creds_from_env
 
         self.url = url
         self.names = Names(prefix)
         self.timeout_s = timeout_s
         self.creds = Path(creds) if creds else creds_from_env()
+        self.tracer = tracer
         self._bus: Bus | None = None
         self._pools: dict[str, str] = {}
 
     async def connect(self) -> AsyncClient:
         if self._bus is None:
-            self._bus = await Bus.connect(self.url, name="sdk", reconnect_forever=False, creds=self.creds)
+            self._bus = await Bus.connect(self.url, name="sdk", reconnect_forever=False, creds=self.creds,
+                                          tracer=self.tracer)
         return self
 
     async def close(self) -> None:

@@ -16,7 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from opentelemetry import context as otel_context
+from opentelemetry import trace
 
+from actors.tracing import TRACER_NAME, new_root
 from protocol.errors import Busy, FailedPrecondition, NexusError, NotFound
 from protocol.messages import ProducerSpec, QueuePutRequest, WorkloadEvent
 from protocol.policy import RetryPolicy
@@ -80,6 +83,9 @@ class Workflow:
         self._life = uuid.uuid4().hex[:8]  # this incarnation (a resumed workload gets a new one)
         self._reserves = 0
         self.target_message = ""  # set once schedule.budget.target is reached
+        # Where the workload started (the env worker's start_producer span): each update's
+        # trace links to it, and is never its child (one trace per update, not per workload).
+        self._origin: Any = None
 
     def status(self) -> dict[str, Any]:
         return {"kind": self.spec.kind, "tenant": self.spec.tenant, "state": self.state,
@@ -96,6 +102,16 @@ class Workflow:
     async def main(self) -> None:
         """Connect, run the workflow (and, for sft / rl with eval episodes, the closing
         evaluation of the final version), publish ``done`` (completed or failed), close."""
+        self._origin = otel_context.get_current()
+        # This task's spans start traces of their own (an update, an episode), not children of
+        # the start_producer request that spawned it (asyncio copied its context into the task).
+        detached = otel_context.attach(otel_context.Context())
+        try:
+            await self._main()
+        finally:
+            otel_context.detach(detached)  # a caller's own task gets its context back
+
+    async def _main(self) -> None:
         from workflows.eval import evaluate
 
         await self.client.connect()
@@ -118,6 +134,14 @@ class Workflow:
             await self._event("done", state="failed", message=self.error)
         finally:
             await self.client.close()
+
+    def update_span(self) -> Any:
+        """One training update (an RL rollout and its job, an SFT job) as a new trace, from
+        the env steps through the trainer to the weight sync (docs/observability.md)."""
+        s = self.spec
+        return new_root(trace.get_tracer(TRACER_NAME), f"workflow.{s.kind}.update",
+                        {"nexus.tenant": s.tenant, "nexus.workload": s.workload, "nexus.update": len(self.progress.jobs)},
+                        links=[self._origin] if self._origin is not None else [])
 
     async def _event(self, kind: str, state: str = "", message: str = "", metrics: dict[str, float] | None = None) -> None:
         ev = WorkloadEvent(workload=self.spec.workload, tenant=self.spec.tenant, kind=kind, state=state,  # type: ignore[arg-type]
@@ -245,6 +269,12 @@ class Workflow:
     async def _episode(self, env: Any, seed: int, sample: bool, version: int, exec_steps: int,
                        record: list[dict[str, Any]] | None) -> tuple[bool, float]:
         """One episode with the inference service's policy; transitions go to ``record``."""
+        with trace.get_tracer(TRACER_NAME).start_as_current_span("workflow.episode", attributes={
+                "nexus.tenant": self.spec.tenant, "nexus.workload": self.spec.workload, "nexus.seed": seed}):
+            return await self._episode_steps(env, seed, sample, version, exec_steps, record)
+
+    async def _episode_steps(self, env: Any, seed: int, sample: bool, version: int, exec_steps: int,
+                             record: list[dict[str, Any]] | None) -> tuple[bool, float]:
         obs, info = await asyncio.to_thread(env.reset, seed)
         low, high = np.asarray(env.spec.action_low, np.float32), np.asarray(env.spec.action_high, np.float32)
         total, success, done = 0.0, False, False

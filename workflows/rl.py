@@ -46,26 +46,27 @@ class RLWorkflow(Workflow):
         window: list[tuple[bool, float]] = []
         try:
             while self._budget_left():
-                await self._rollout_gate(True)
-                try:
-                    segments: list[list[dict[str, Any]]] = []
-                    # Either so many episodes, or episodes until so many policy steps.
-                    by_steps = int(algo.get("steps_per_update") or 0)
-                    while (sum(len(seg) for seg in segments) < by_steps if by_steps
-                           else len(segments) < int(algo["episodes_per_update"])):
-                        k = n_envs if by_steps else min(n_envs, int(algo["episodes_per_update"]) - len(segments))
-                        records: list[list[dict[str, Any]]] = [[] for _ in range(k)]
-                        results = await asyncio.gather(*(
-                            self._episode(pool[j], seed + j, True, -1, int(algo["exec_steps"]), records[j])
-                            for j in range(k)))
-                        seed += k
-                        for steps, (success, ret) in zip(records, results):
-                            segments.append(steps)
-                            self._episode_done(success, ret)
-                            window.append((success, ret))
-                finally:
-                    await self._rollout_gate(False)
-                await self._queue_rl(segments, algo)
+                with self.update_span():  # one trace: the rollout, its job, the training, the weight sync
+                    await self._rollout_gate(True)
+                    try:
+                        segments: list[list[dict[str, Any]]] = []
+                        # Either so many episodes, or episodes until so many policy steps.
+                        by_steps = int(algo.get("steps_per_update") or 0)
+                        while (sum(len(seg) for seg in segments) < by_steps if by_steps
+                               else len(segments) < int(algo["episodes_per_update"])):
+                            k = n_envs if by_steps else min(n_envs, int(algo["episodes_per_update"]) - len(segments))
+                            records: list[list[dict[str, Any]]] = [[] for _ in range(k)]
+                            results = await asyncio.gather(*(
+                                self._episode(pool[j], seed + j, True, -1, int(algo["exec_steps"]), records[j])
+                                for j in range(k)))
+                            seed += k
+                            for steps, (success, ret) in zip(records, results):
+                                segments.append(steps)
+                                self._episode_done(success, ret)
+                                window.append((success, ret))
+                    finally:
+                        await self._rollout_gate(False)
+                    await self._queue_rl(segments, algo)
                 if self.spec.target_metric:
                     key = 0 if self.spec.target_metric == "success_rate" else 1
                     self._target_reached([float(w[key]) for w in window])

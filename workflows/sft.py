@@ -37,18 +37,19 @@ class SFTWorkflow(Workflow):
         queued_steps = self.progress.version
         try:
             while self._budget_left() and (not self.spec.max_steps or queued_steps < self.spec.max_steps):
-                job = await self._reserve("sft")
-                if not job:
-                    break
-                n_items = int(algo["items_per_job"])
-                if self.spec.max_steps:  # the last job takes only what is left
-                    n_items = min(n_items, self.spec.max_steps - queued_steps)
-                for seq in range(n_items):
-                    item = await asyncio.to_thread(self._sft_item, reader, rng, int(algo["batch_size"]), horizon, job, seq)
-                    if not await self._put(item):
+                with self.update_span():  # one trace: the job, its training, the weight sync
+                    job = await self._reserve("sft")
+                    if not job:
                         break
-                    queued_steps += 1
-                await self._mark_ready(job)
+                    n_items = int(algo["items_per_job"])
+                    if self.spec.max_steps:  # the last job takes only what is left
+                        n_items = min(n_items, self.spec.max_steps - queued_steps)
+                    for seq in range(n_items):
+                        item = await asyncio.to_thread(self._sft_item, reader, rng, int(algo["batch_size"]), horizon, job, seq)
+                        if not await self._put(item):
+                            break
+                        queued_steps += 1
+                    await self._mark_ready(job)
                 await self._refresh_version()
                 rec = await self._retry(self.client.job, self.spec.tenant,
                                         self.progress.jobs[max(0, len(self.progress.jobs) - 3)])
