@@ -10,7 +10,8 @@ host networking: every connection on 127.0.0.0/8), scaled ``--scale trainer=2 --
   (the SFT queue's stream leader) and one trainer container are SIGKILLed mid-run, their
   restart policies bring both back, and the job audit finds nothing lost or trained twice;
 * spans from at least four role containers reach the OTLP/HTTP receiver this test runs;
-* a bad setting, or no reachable broker, makes a container exit non-zero with one line;
+* a bad setting, no reachable broker, or a cluster missing a node makes a container exit
+  non-zero with one line;
 * `down -v` leaves no container, volume or network of the project behind.
 
 Skipped (with the reason) where no Docker daemon answers; .ci/run installs docker.io,
@@ -211,6 +212,7 @@ def stack():
     finally:
         st.down()
         server.shutdown()
+        times["total_s"] = time.monotonic() - t0
         print("times: " + ", ".join(f"{k} {v:.0f} s" for k, v in times.items()))
 
 
@@ -277,7 +279,10 @@ def test_roles_healthy_and_layout_r3(stack):
 def _specs(tag: str) -> list[dict]:
     from bench.chaos import workload_specs
 
-    sft, rl, *_ = workload_specs("small", tag)  # the chaos test's small budgets, same examples
+    sft, rl, *_ = workload_specs("small", tag)  # the chaos test's small workloads, made shorter
+    sft["env"]["demos"]["episodes"] = 10
+    sft["algorithm"].update(steps=32, warmup_steps=5)
+    rl["schedule"]["budget"] = {"max_steps": 32}
     return [sft, rl]
 
 
@@ -416,7 +421,17 @@ def test_spans_from_four_role_containers(stack):
     print(f"spans from {roles} ({len(stack.spans.instances())} instances)")
 
 
-def test_bad_setting_or_no_broker_exits_with_one_line(stack):
+def _layout_fails_in_one_line(what: str, url: str, timeout: float) -> None:
+    """The layout job's command in the role image, against ``url``: non-zero, one `error:` line."""
+    t0 = time.monotonic()
+    proc = _run(["docker", "run", "--rm", "--network", "host", ROLE_IMAGE,
+                 "nexus", "layout", "--replicas", "3", "--nats-url", url], check=False, timeout=timeout)
+    lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip()]
+    assert proc.returncode != 0 and len(lines) == 1 and lines[0].startswith("error:"), (what, proc.returncode, lines)
+    print(f"{what}: exit {proc.returncode} after {time.monotonic() - t0:.0f} s: {lines[0]}")
+
+
+def test_bad_setting_no_broker_or_missing_node_exits_with_one_line(stack):
     from actors.broker import free_port
 
     bad = _run(["docker", "run", "--rm", "--network", "host", "-e", "NEXUS_HEARTBEAT_INTERVAL_S=abc",
@@ -425,13 +440,19 @@ def test_bad_setting_or_no_broker_exits_with_one_line(stack):
     lines = [ln for ln in bad.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "NEXUS_HEARTBEAT_INTERVAL_S" in lines[0], lines
 
-    nobody = f"nats://127.0.0.1:{free_port()}"
-    t0 = time.monotonic()
-    gone = _run(["docker", "run", "--rm", "--network", "host", ROLE_IMAGE,
-                 "nexus", "layout", "--replicas", "3", "--nats-url", nobody], check=False, timeout=90)
-    lines = [ln for ln in (gone.stdout + gone.stderr).splitlines() if ln.strip()]
-    assert gone.returncode != 0 and len(lines) == 1 and lines[0].startswith("error:"), (gone.returncode, lines)
-    print(f"no broker: exit {gone.returncode} after {time.monotonic() - t0:.0f} s: {lines[0]}")
+    _layout_fails_in_one_line("no broker", f"nats://127.0.0.1:{free_port()}", 90)
+
+    # A cluster whose third node never comes: the layout job (R3) exits with one line.
+    env = dict(stack.env)
+    for key in [k for k in env if k.startswith("NATS_")]:
+        env[key] = str(free_port())
+    half = Stack(stack.compose, f"{stack.project}half", env, "", stack.spans)
+    try:
+        half.cmd("up", "-d", "--no-build", "nats-1", "nats-2", timeout=UP_BOUND_S)
+        _layout_fails_in_one_line("2 of 3 nodes", f"nats://127.0.0.1:{env['NATS_PORT_1']},"
+                                  f"nats://127.0.0.1:{env['NATS_PORT_2']}", 180)
+    finally:
+        half.down()
 
 
 def test_down_leaves_nothing(stack):
