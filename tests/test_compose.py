@@ -38,7 +38,6 @@ import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
 import yaml
@@ -457,7 +456,8 @@ def test_bad_setting_no_broker_or_missing_node_exits_with_one_line(stack):
 
 def test_down_leaves_nothing(stack):
     stack.down()
-    label = f"label=com.docker.compose.project={stack.project}"
-    left = {kind: _run(["docker", kind, "ls", "-q", "--filter", label] + (["-a"] if kind == "container" else [])).stdout.split()
-            for kind in ("container", "volume", "network")}
-    assert left == {"container": [], "volume": [], "network": []}, left
+    for project in (stack.project, f"{stack.project}half"):  # and the 2-node cluster's
+        label = f"label=com.docker.compose.project={project}"
+        left = {kind: _run(["docker", kind, "ls", "-q", "--filter", label, *(["-a"] if kind == "container" else [])]
+                           ).stdout.split() for kind in ("container", "volume", "network")}
+        assert left == {"container": [], "volume": [], "network": []}, (project, left)
