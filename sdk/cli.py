@@ -847,10 +847,18 @@ def layout(
     url, resolved_prefix = resolve_cluster(data_dir, nats_url, prefix)
 
     async def go() -> None:
+        from nats.js.errors import APIError
+
+        from actors.auth import redact_url
+        from protocol.errors import Unavailable
+
         bus = await Bus.connect(url, name="nexus-layout", reconnect_forever=False, creds=_creds())
         try:
             settings = DeploymentSettings(replicas=replicas, tq_max_bytes=tq_max_bytes or DEFAULT_TQ_MAX_BYTES)
             await ensure_layout(bus.js, Names(resolved_prefix), replicas=replicas, settings=settings)
+        except APIError as exc:  # one line (a compose layout job's log), not a traceback
+            raise Unavailable(f"JetStream on {redact_url(url)} refused the layout (replicas={replicas}): "
+                              f"{exc.description}; are {replicas} NATS nodes up and routed?") from None
         finally:
             await bus.close()
 
