@@ -448,9 +448,12 @@ class WorkloadOps:
         await store_put(self.kv_workloads, rec.workload, encode(rec))
 
     async def _publish_event(self, rec: WorkloadRecord, kind: str, message: str = "") -> None:
-        await self.bus.publish(self.names.workload_events(rec.workload), WorkloadEvent(
+        event = WorkloadEvent(
             workload=rec.workload, tenant=rec.tenant, kind=kind, state=rec.state, step=rec.step,  # type: ignore[arg-type]
-            episodes=rec.episodes, metrics=dict(rec.metrics), message=message, at=time.time()))
+            episodes=rec.episodes, metrics=dict(rec.metrics), message=message, at=time.time())
+        await self.bus.publish(self.names.workload_events(rec.workload), event)
+        # Again under the tenant's name: the subject its account imports (docs/security.md).
+        await self.bus.publish(self.names.tenant_events(rec.tenant, rec.workload), event)
 
     # -- queries and control -------------------------------------------------------------
     def _workload(self, workload: str) -> WorkloadRecord:

@@ -310,7 +310,9 @@ class TenantSlot:
         trainable = [p for _, p in self.named_trainable()]
         params = sum(p.numel() * p.element_size() for p in trainable)
         buffers = sum(b.numel() * b.element_size() for b in self.head.buffers())
-        grads = sum(p.grad.numel() * p.grad.element_size() for p in trainable if p.grad is not None)
+        # Read each .grad once: the training thread sets it to None between steps while the
+        # event loop answers `info`, so a second read may find None.
+        grads = sum(g.numel() * g.element_size() for g in (p.grad for p in trainable) if g is not None)
         optim = sum(v.numel() * v.element_size() for st in self.optimizer.state.values()
                     for v in st.values() if torch.is_tensor(v))
         return {"params": params, "buffers": buffers, "grads": grads, "optimizer": optim,
