@@ -120,11 +120,11 @@ class WorkloadOps:
     workloads: dict[str, WorkloadRecord]
 
     async def setup_workloads(self) -> None:
-        from master.service import kv_keys
+        from master.service import kv_values
 
         self.workloads = {}
-        for key in await kv_keys(self.kv_workloads):
-            rec = decode((await self.kv_workloads.get(key)).value, WorkloadRecord)
+        for value in await kv_values(self.kv_workloads):
+            rec = decode(value, WorkloadRecord)
             self.workloads[rec.workload] = rec
         nc = self.bus.nc
         await nc.subscribe(self.names.workload_events_all, cb=self._on_workload_event)
@@ -161,6 +161,10 @@ class WorkloadOps:
 
         spec = parse_spec(data)  # SpecError lists every bad field
         require_tenant(spec.tenant, "submit")  # the platform's intake passes; a tenant submits its own
+        # Capacity before anything is created: a refused workload leaves no tenant or record.
+        self.check_workload_capacity()
+        if spec.task != "eval" and spec.tenant not in self.sched.tenants:
+            self.check_tenant_capacity()
         if spec.dataset is not None:
             confine(spec.dataset.root, "dataset.root", data_roots(self.cfg.data_dir))
         ds_errors = dataset_errors(spec)  # features vs schema, when the dataset is readable here
