@@ -210,7 +210,7 @@ class Master(WorkloadOps, UsageOps, Role):
             t: {"queue_depth": 0.0, "jobs_in_flight": 0.0, "staleness_versions": 0.0,
                 "dropped_stale": float(self.sched.dropped_stale.get(t, 0)), "active_rollouts": 0.0}
             for t in set(self.sched.tenants) | set(self.sched.dropped_stale)}
-        for j in self.sched.jobs.values():
+        for j in self.sched.live_jobs():
             row = rows.get(j.tenant)
             if row is None:
                 continue
@@ -272,7 +272,7 @@ class Master(WorkloadOps, UsageOps, Role):
         """At start: jobs leased by trainers that are gone (a `nexus down` that stopped the
         master before its trainer, a crash while no master ran) go back at once, not after
         their lease runs out."""
-        owners = {j.lease_owner for j in self.sched.jobs.values()
+        owners = {j.lease_owner for j in self.sched.live_jobs()
                   if j.lease_owner and j.state not in TERMINAL_JOB_STATES}
         for owner in owners:
             if await self.alive("trainer", owner):
@@ -784,7 +784,7 @@ class Master(WorkloadOps, UsageOps, Role):
         sealed = 0
         async with self._lock:
             now = time.time()
-            for job in self.sched.jobs.values():
+            for job in self.sched.live_jobs():
                 if job.workload != workload or job.state not in states:
                     continue
                 if seal and job.state == "filling" and job.items > 0:
@@ -898,7 +898,7 @@ class Master(WorkloadOps, UsageOps, Role):
         released = 0
         async with self._lock:
             now = time.time()
-            for job in self.sched.jobs.values():
+            for job in self.sched.live_jobs():
                 if job.lease_owner == instance and job.state not in TERMINAL_JOB_STATES:
                     self.sched.release(job, now, reason=reason)
                     self.log.warning("released job", tenant=job.tenant, job=job.job, state=job.state, reason=reason)

@@ -35,3 +35,11 @@ def test_a_scheduler_built_from_records_and_remove():
     s.remove("a", "j0001")
     assert s.live_jobs() == [] and ("a", "j0001") not in s.jobs
     assert s.pick("tr", 4, 60, now=1) == ([], [])
+
+
+def test_the_scale_bench_scheduler_part_runs_and_reports():
+    from bench.scale import sched_decisions
+
+    row = sched_decisions(Scheduler, n_tenants=8, finished_per_tenant=5, picks=10)
+    assert row["tenants"] == 8 and row["job_records"] == 8 * 6 + 10 * 4
+    assert 0 <= row["p50_ms"] <= row["p99_ms"]
