@@ -48,10 +48,12 @@ class Scheduler:
     dropped_stale: dict[str, int] = field(default_factory=dict)  # tenant -> count
     _served: dict[str, int] = field(default_factory=dict)  # tenant -> tick of last lease
     _tick: itertools.count = field(default_factory=lambda: itertools.count(1))
-    # Jobs not yet finished, by tenant: what every decision scans, so its cost does not grow
-    # with finished records (kept in `jobs` until compaction). A finished state never turns
-    # back, so a finished job found here is dropped on the next scan (states change in place).
-    _live: dict[str, dict[str, JobRecord]] = field(default_factory=dict)
+    # Jobs not yet finished (all, and by tenant): what every decision scans, so its cost does
+    # not grow with finished records (kept in `jobs` until compaction). A finished state never
+    # turns back, so a finished job found here is dropped on the next scan (states change in
+    # place, in the master).
+    _live: dict[tuple[str, str], JobRecord] = field(default_factory=dict)
+    _by_tenant: dict[str, dict[str, JobRecord]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for rec in self.jobs.values():
@@ -64,34 +66,35 @@ class Scheduler:
 
     def remove(self, tenant: str, job: str) -> None:
         self.jobs.pop((tenant, job), None)
-        mine = self._live.get(tenant)
-        if mine is not None:
-            mine.pop(job, None)
-            if not mine:
-                del self._live[tenant]
+        self._forget((tenant, job))
 
     def _index(self, rec: JobRecord) -> None:
         if rec.state not in FINISHED:
-            self._live.setdefault(rec.tenant, {})[rec.job] = rec
+            self._live[(rec.tenant, rec.job)] = rec
+            self._by_tenant.setdefault(rec.tenant, {})[rec.job] = rec
+
+    def _forget(self, key: tuple[str, str]) -> None:
+        self._live.pop(key, None)
+        mine = self._by_tenant.get(key[0])
+        if mine is not None:
+            mine.pop(key[1], None)
+            if not mine:
+                del self._by_tenant[key[0]]
 
     def tenant_jobs(self, tenant: str) -> list[JobRecord]:
         """The tenant's unfinished jobs (finished ones are in `jobs`)."""
-        mine = self._live.get(tenant)
+        mine = self._by_tenant.get(tenant)
         if not mine:
             return []
-        done = [k for k, j in mine.items() if j.state in FINISHED]
-        for k in done:
-            del mine[k]
-        if not mine:
-            del self._live[tenant]
+        for job in [k for k, j in mine.items() if j.state in FINISHED]:
+            self._forget((tenant, job))
         return list(mine.values())
 
     def live_jobs(self) -> list[JobRecord]:
         """Every unfinished job: O(unfinished), whatever the history."""
-        out: list[JobRecord] = []
-        for tenant in list(self._live):
-            out.extend(self.tenant_jobs(tenant))
-        return out
+        for key in [k for k, j in self._live.items() if j.state in FINISHED]:
+            self._forget(key)
+        return list(self._live.values())
 
     def observe_version(self, tenant: str, version: int) -> None:
         if version > self.versions.get(tenant, -1):
