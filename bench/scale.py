@@ -149,8 +149,9 @@ def _http_json(port: int, path: str) -> dict[str, Any]:
 class ScaleDeployment(Deployment):
     """A nats-server of the bench's own (monitoring on), `nexus up --nats-url` on it."""
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, tq_max_bytes: int) -> None:
         super().__init__(data_dir, nats_cluster=1)
+        self.tq_max_bytes = tq_max_bytes
         from actors.broker import free_port
 
         self.client_port, self.monitor_port = free_port(), free_port()
@@ -181,7 +182,7 @@ class ScaleDeployment(Deployment):
 
     def up_roles(self) -> None:
         args = ["up", "--detach", "--data-dir", str(self.data_dir), "--nats-url", self.url,
-                "--ready-timeout-s", "240"]
+                "--ready-timeout-s", "240", "--tq-max-bytes", str(self.tq_max_bytes)]
         self.up_args(args, timeout=360)
 
     def role_pids(self) -> dict[str, int]:
@@ -335,7 +336,7 @@ def _peak(peaks: dict[str, Any], snap: dict[str, Any]) -> None:
 
 def deployment_part(n: int, active: int, args: argparse.Namespace) -> dict[str, Any]:
     data_dir = Path(tempfile.mkdtemp(prefix=f"nexus-scale-{n}-"))
-    dep = ScaleDeployment(data_dir)
+    dep = ScaleDeployment(data_dir, args.tq_max_bytes)
     env_before = dict(os.environ)
     # The deployment's caps sized for the run: every active tenant may roll out at once.
     os.environ.update({"NEXUS_MAX_ACTIVE_ROLLOUTS": str(max(3, active)), "NEXUS_MAX_TENANTS": str(max(1000, n)),
@@ -348,7 +349,7 @@ def deployment_part(n: int, active: int, args: argparse.Namespace) -> dict[str, 
         up_s = time.monotonic() - t0
         print(f"[{n} tenants] deployment up in {up_s:.1f} s ({data_dir})", flush=True)
         row = asyncio.run(drive(dep, n, active, args))
-        row["up_s"] = up_s
+        row["up_s"], row["tq_max_bytes"] = up_s, args.tq_max_bytes
         return row
     finally:
         notes = dep.cleanup()
@@ -365,10 +366,11 @@ def per_tenant_costs(rows: list[dict[str, Any]]) -> dict[str, Any]:
     rows = [r for r in rows if "idle" in r]
     out: dict[str, Any] = {"idle_bytes_per_tenant": {}, "active_bytes_per_tenant": {}}
     if len(rows) >= 2:
-        a, b = rows[0], rows[-1]
+        # The idle snapshot holds the idle tenants only (the active ones register at submit).
+        a, b = rows[0], max(rows, key=lambda r: r["tenants"] - r["active"])
         for role in b["idle"]["rss_bytes"]:
             d = b["idle"]["rss_bytes"][role] - a["idle"]["rss_bytes"].get(role, 0)
-            out["idle_bytes_per_tenant"][role] = d / max(1, b["tenants"] - a["tenants"])
+            out["idle_bytes_per_tenant"][role] = d / max(1, (b["tenants"] - b["active"]) - (a["tenants"] - a["active"]))
     for r in rows:
         per = {role: (r["active_peak"].get("rss_bytes", {}).get(role, 0) - v) / max(1, r["active"])
                for role, v in r["idle"]["rss_bytes"].items()}
@@ -431,7 +433,9 @@ def plot(rep: dict[str, Any], path: Path) -> None:
                     label=f"{label}, {f} finished/tenant (p99)")
     ax.set(title="scheduler: lease decision (in-process)", xlabel="ready tenants", ylabel="ms", xscale="log")
     ax.legend(fontsize=7)
+    # The curves against N: per tenant count, the run with the fewest active tenants.
     rows = [r for r in rep.get("deployments", []) if "idle" in r]
+    rows = [min((r for r in rows if r["tenants"] == n), key=lambda r: r["active"]) for n in sorted({r["tenants"] for r in rows})]
     xs = [r["tenants"] for r in rows]
 
     def series(ax, title, ylabel, lines):
@@ -465,6 +469,25 @@ def plot(rep: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def write_report(rep: dict[str, Any], out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(rep, indent=1, default=str))
+    plot(rep, out.with_suffix(".png"))
+    print_table(rep)
+    print(f"\nwrote {out} and {out.with_suffix('.png')}")
+
+
+def merge(paths: list[Path], out: Path) -> int:
+    reps = [json.loads(path.read_text()) for path in paths]
+    rows = sorted((r for rep in reps for r in rep.get("deployments", [])),
+                  key=lambda r: (r["tenants"], r.get("active", 0)))
+    sched = next((rep["scheduler"] for rep in reps if rep.get("scheduler", {}).get("this")), {})
+    rep = {"merged_from": [str(p) for p in paths], "scheduler": sched, "deployments": rows,
+           "per_tenant": per_tenant_costs(rows)}
+    write_report(rep, out)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tenants", default="16,64", help="registered tenant counts, comma-separated")
@@ -473,6 +496,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--finished", type=int, default=200, help="finished job records per tenant (scheduler part)")
     p.add_argument("--picks", type=int, default=300, help="lease decisions timed per point (scheduler part)")
     p.add_argument("--baseline-root", type=Path, default=None, help="also time the scheduler of this checkout")
+    # Each tenant's queue stream reserves its byte limit in JetStream's store up front: at the
+    # default 256 MiB, 214 tenants filled this disk's 54 GB (docs/scale.md). A tiny job needs a
+    # few MB.
+    p.add_argument("--tq-max-bytes", type=int, default=16 * 2**20, help="nexus up --tq-max-bytes (per tenant)")
     p.add_argument("--sft-steps", type=int, default=4)
     p.add_argument("--rl-episodes", type=int, default=4)
     p.add_argument("--predicts", type=int, default=10, help="predicts per trained tenant")
@@ -480,7 +507,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--run-timeout-s", type=float, default=1200.0)
     p.add_argument("--restart-timeout-s", type=float, default=120.0)
     p.add_argument("--out", type=Path, default=RESULTS / "scale.json")
+    p.add_argument("--merge", type=Path, nargs="+", default=None,
+                   help="combine earlier result files (their deployments, sorted by tenants then active; the "
+                        "scheduler part of the first that has one) into --out, its plot and the table; runs nothing")
     args = p.parse_args(argv)
+    if args.merge:
+        return merge(args.merge, args.out)
     tenants = [int(x) for x in args.tenants.split(",") if x]
     actives = [int(x) for x in args.active.split(",") if x]
     if len(actives) not in (1, len(tenants)):
@@ -500,11 +532,7 @@ def main(argv: list[str] | None = None) -> int:
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(json.dumps(rep, indent=1, default=str))
         rep["per_tenant"] = per_tenant_costs(rep["deployments"])
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(rep, indent=1, default=str))
-    plot(rep, args.out.with_suffix(".png"))
-    print_table(rep)
-    print(f"\nwrote {args.out} and {args.out.with_suffix('.png')}")
+    write_report(rep, args.out)
     return 0
 
 
