@@ -225,13 +225,9 @@ def _summary(values: list[float]) -> dict[str, float]:
     return {"n": len(values), "p50": percentile(values, 50), "p99": percentile(values, 99), "max": max(values)}
 
 
-async def _master_info(client) -> Any:
-    return await client.info("master")
-
-
 async def drive(dep: ScaleDeployment, n: int, active: int, args: argparse.Namespace) -> dict[str, Any]:
     from protocol.errors import NexusError
-    from protocol.messages import TenantConfig, WorkloadEvent
+    from protocol.messages import InfoRequest, RoleInfo, TenantConfig, WorkloadEvent
     from protocol.wire import decode
     from sdk.client import AsyncClient
 
@@ -295,7 +291,7 @@ async def drive(dep: ScaleDeployment, n: int, active: int, args: argparse.Namesp
                 lat.append((time.perf_counter() - t0) * 1000)
         row["predict_ms"] = _summary(lat)
         # 5. lease decisions, timed in the master
-        info = await _master_info(c)
+        info = await c.info("master")
         row["master_scale"] = info.extra.get("scale", {})
         row["master_jobs"] = info.extra.get("jobs", {})
         # 6. master start-up with every record present
@@ -306,7 +302,7 @@ async def drive(dep: ScaleDeployment, n: int, active: int, args: argparse.Namesp
             os.kill(pid, signal.SIGKILL)
             while time.monotonic() - t0 < args.restart_timeout_s:
                 try:
-                    info = await c.bus.request(c.names.role_op("master", "info"), _info_req(), type(info), timeout_s=2)
+                    info = await c.bus.request(c.names.role_op("master", "info"), InfoRequest(), RoleInfo, timeout_s=2)
                     if info.instance != old:
                         break
                 except NexusError:  # not up yet: no responder (Unavailable) or a timeout
@@ -319,12 +315,6 @@ async def drive(dep: ScaleDeployment, n: int, active: int, args: argparse.Namesp
     finally:
         await c.close()
     return row
-
-
-def _info_req():
-    from protocol.messages import InfoRequest
-
-    return InfoRequest()
 
 
 def _peak(peaks: dict[str, Any], snap: dict[str, Any]) -> None:
@@ -341,6 +331,7 @@ def deployment_part(n: int, active: int, args: argparse.Namespace) -> dict[str, 
     # The deployment's caps sized for the run: every active tenant may roll out at once.
     os.environ.update({"NEXUS_MAX_ACTIVE_ROLLOUTS": str(max(3, active)), "NEXUS_MAX_TENANTS": str(max(1000, n)),
                        "NEXUS_MAX_ACTIVE_WORKLOADS": str(max(256, active)), "NEXUS_TRAINER_GROUP_MAX": "8",
+                       "NEXUS_ENV_MAX_SESSIONS": str(max(64, 4 * active)),
                        "OMP_NUM_THREADS": "1"})
     try:
         t0 = time.monotonic()

@@ -130,8 +130,8 @@ def decision_summary(durations_s: Any) -> dict[str, float]:
     ms = sorted(d * 1000.0 for d in durations_s)
     if not ms:
         return {"n": 0}
-    at = lambda q: ms[min(len(ms) - 1, int(q * len(ms)))]  # noqa: E731
-    return {"n": len(ms), "p50": at(0.50), "p99": at(0.99), "max": ms[-1]}
+    p50, p99 = (ms[min(len(ms) - 1, int(q * len(ms)))] for q in (0.50, 0.99))
+    return {"n": len(ms), "p50": p50, "p99": p99, "max": ms[-1]}
 
 
 def new_job_id() -> str:
@@ -158,6 +158,7 @@ class Master(WorkloadOps, UsageOps, Role):
         # How long the decisions and the start-up took (`info`: bench/scale.py reads them).
         self.lease_decision_s: deque[float] = deque(maxlen=LEASE_TIMES_KEPT)
         self.startup_s: dict[str, float] = {}
+        self._starting: set[str] = set()  # workloads whose producer start is under way (workloads.py)
 
     async def setup(self) -> None:
         assert self.bus is not None

@@ -118,6 +118,7 @@ class WorkloadOps:
     """Mixed into `master.service.Master`: the workload ops and their background tasks."""
 
     workloads: dict[str, WorkloadRecord]
+    _starting: set[str]
 
     async def setup_workloads(self) -> None:
         from master.service import kv_values
@@ -353,10 +354,20 @@ class WorkloadOps:
 
     # -- lifecycle -----------------------------------------------------------------------
     async def _try_start(self, rec: WorkloadRecord) -> None:
+        """Start ``rec``'s producer, once: a submit's start and the pending loop's retry can
+        overlap while an env worker is slow to answer (seen with 256 submits at once), and with
+        several env workers the second start would land on another one and run it twice."""
+        if rec.state != "pending" or rec.workload in self._starting:
+            return
+        self._starting.add(rec.workload)
+        try:
+            await self._start_pending(rec)
+        finally:
+            self._starting.discard(rec.workload)
+
+    async def _start_pending(self, rec: WorkloadRecord) -> None:
         from master.spec import spec_from_dict
 
-        if rec.state != "pending":
-            return
         spec = spec_from_dict(rec.spec)
         eval_version = -1
         if rec.task == "eval":
