@@ -12,7 +12,7 @@ export TOKENIZERS_PARALLELISM := false
 # LIBERO (MuJoCo) renders offscreen through EGL with Mesa's llvmpipe.
 export MUJOCO_GL := egl
 
-.PHONY: all setup test test-all demo bench clean
+.PHONY: all setup test test-all demo bench clean images
 
 all: test
 
@@ -39,6 +39,11 @@ test: $(STAMP)
 # Everything, slow tests included.
 test-all: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The compose cluster's images, built without an image registry (deploy/compose/build-images.sh:
+# a debootstrap base cached by tag, the role image, a FROM-scratch nats-server image).
+images: $(STAMP)
+	PYTHON=$(BIN)/python bash deploy/compose/build-images.sh
 
 demo: $(STAMP)
 	$(BIN)/python examples/demo.py

@@ -1,24 +1,31 @@
 """Who may connect to the broker, and as which account: the data dir's ``auth/`` folder.
 
 One NATS account per tenant is the isolation boundary (inside one account, user permissions
-do not reliably fence JetStream). `AuthStore` keeps, under ``<data>/auth/``:
+do not reliably fence JetStream). nats-server runs in operator mode (decentralized JWT auth,
+`actors.nats_jwt`): it trusts the operator key, the operator signs each account's JWT, each
+account signs its users'. `AuthStore` keeps, under ``<data>/auth/`` (0700, files 0600):
 
-    state.json          every identity: SYS, PLATFORM (the roles), admin, one per tenant
-    accounts.conf       the accounts block nats-server includes (rewritten on every change)
-    platform.creds      the roles' credentials (the platform account: all of JetStream)
-    admin.creds         the operator's (a user of the platform account)
+    state.json          the seeds of the operator and of every account, each account's JWT
+    accounts.conf       operator, system account and the account JWTs nats-server preloads
+    jwt/<node>/         each server's full resolver (account JWTs pushed at run time)
+    sys.creds           the system account's user: pushes account updates to the servers
+    platform.creds      the roles' (the platform account: all of JetStream)
+    admin.creds         the operator's CLI and SDK (a user of the platform account)
     tenants/<name>.creds  a tenant's (its own account; only the exported subjects)
 
-A creds file is a small JSON document ``{"user", "password", "account"}``, mode 0600::
+A creds file is the standard NATS one (user JWT + seed)::
 
     store = AuthStore(Path(".nexus"), prefix="nexus")
-    store.ensure()                       # SYS, PLATFORM, admin; idempotent
-    path = store.add_tenant("acme")      # then reload the server: `reload_servers(pids)`
-    store.revoke_tenant("acme")
+    store.ensure()                       # operator, SYS, PLATFORM, admin; idempotent
+    path = store.add_tenant("acme")      # then make it live: `await store.push(url, "acme")`
+    store.revoke_tenant("acme")          # and push again: acme's connections close
 
-The tenant accounts get no JetStream at all and import only the platform's request-reply
-subjects (`tenant_services`), with ``share: true`` so the server stamps the requester's
-account into the ``Nats-Request-Info`` header every responder reads (`actors.identity`).
+A tenant account imports the platform's request-reply subjects (`tenant_services`) with
+``share: true``, so the server stamps the requester's account and user (its JWT's tags name
+the tenant) into the ``Nats-Request-Info`` header every responder reads (`actors.identity`),
+and hears its own workloads' events (`protocol.subjects.tenant_events_pattern`).
+Its own JetStream is bounded by its
+storage quota (the account JWT's limits).
 """
 
 from __future__ import annotations
@@ -27,20 +34,20 @@ import contextlib
 import fcntl
 import json
 import os
-import secrets
-import signal
+import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import quote, urlsplit, urlunsplit
+from typing import Any
+from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
 
+from actors import nats_jwt
 from protocol.errors import InvalidField, NotFound, Unavailable
-from protocol.subjects import check_token
+from protocol.subjects import check_token, tenant_events_pattern
 
 SYS_ACCOUNT = "SYS"
 PLATFORM_ACCOUNT = "PLATFORM"
-# A tenant's account is this prefix + its name: the responder maps the server-asserted
-# account back to the tenant (`actors.identity.Caller`).
+# A tenant account's JWT name is this prefix + its name (what `nsc` / server logs show).
 TENANT_ACCOUNT_PREFIX = "tenant_"
 AUTH_DIR = "auth"
 RESERVED_USERS = ("sys", "platform", "admin")
@@ -52,17 +59,6 @@ def creds_from_env() -> Path | None:
     from protocol.settings import AuthSettings
 
     return AuthSettings.from_env().creds
-
-
-# Tenant accounts made beyond those issued, at every start: tenants `nexus tenant create`
-# can add before the next restart.
-SPARE_TENANT_ACCOUNTS = 64
-
-
-def slot_account(slot: int) -> str:
-    """The name of tenant account ``slot``; the tenant in it is its (only) user's name, which
-    the server asserts alongside the account (`actors.identity.Caller.tenant`)."""
-    return f"{TENANT_ACCOUNT_PREFIX}{slot:04d}"
 
 
 def tenant_services(prefix: str) -> list[str]:
@@ -80,21 +76,46 @@ def tenant_services(prefix: str) -> list[str]:
 
 @dataclass(frozen=True)
 class Credentials:
-    user: str
-    password: str
-    account: str
+    """A NATS ``.creds`` file: the user's JWT (signed by its account) and its seed."""
+
+    text: str
+    path: Path | None = None
 
     @classmethod
     def read(cls, path: Path) -> Credentials:
         path = Path(path)
         try:
-            raw = json.loads(path.read_text())
-            return cls(user=str(raw["user"]), password=str(raw["password"]), account=str(raw.get("account", "")))
+            text = path.read_text()
+            nats_jwt.parse_creds(text)
         except FileNotFoundError:
             raise NotFound(f"credentials file {path} does not exist", details={"creds": str(path)}) from None
-        except (ValueError, KeyError, TypeError) as exc:
-            raise InvalidField("creds", f"{path} is not a vla-nexus credentials file "
-                                        f"(JSON with user and password): {exc}") from None
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise InvalidField("creds", f"{path} is not a NATS credentials file (from `nexus up` or "
+                                        f"`nexus tenant create`): {exc}") from None
+        return cls(text=text, path=path)
+
+    @property
+    def _claims(self) -> dict:
+        return nats_jwt.decode_claims(nats_jwt.parse_creds(self.text)[0])
+
+    @property
+    def user(self) -> str:
+        """The user's name (a tenant's user is named after it)."""
+        return str(self._claims.get("name", ""))
+
+    @property
+    def account(self) -> str:
+        """The public key of the account the user belongs to (its JWT's issuer)."""
+        return str(self._claims.get("iss", ""))
+
+    @property
+    def user_key(self) -> str:
+        return str(self._claims.get("sub", ""))
+
+    @property
+    def tenant(self) -> str | None:
+        """The tenant these credentials log in as; None for the platform's and the admin's."""
+        return tenant_of_tags(self._claims.get("nats", {}).get("tags") or [])
 
     def write(self, path: Path) -> Path:
         path = Path(path)
@@ -102,55 +123,75 @@ class Credentials:
         tmp = path.with_suffix(path.suffix + ".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
-            json.dump(asdict(self), f, indent=2)
+            f.write(self.text)
         tmp.replace(path)
         return path
 
-    def connect_options(self) -> dict[str, str]:
+    def connect_options(self) -> dict[str, Any]:
         """nats.connect keyword arguments for these credentials."""
-        return {"user": self.user, "password": self.password}
+        from nats.aio.client import RawCredentials
+
+        return {"user_credentials": RawCredentials(self.text)}
 
     def url(self, url: str) -> str:
-        """``url`` (comma-separated servers) with these credentials as each server's userinfo."""
-        out = []
-        for one in (u.strip() for u in url.split(",") if u.strip()):
-            parts = urlsplit(one)
-            host = parts.netloc.rsplit("@", 1)[-1]
-            netloc = f"{quote(self.user, safe='')}:{quote(self.password, safe='')}@{host}"
-            out.append(urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment)))
-        return ",".join(out)
+        """``url`` (comma-separated servers) naming this credentials file (``?creds=PATH`` on
+        each server): `actors.bus.Bus.connect` logs in with it when given no other."""
+        if self.path is None:
+            raise InvalidField("creds", "these credentials have no file to name in a URL")
+        query = urlencode({CREDS_PARAM: str(Path(self.path).resolve())}, safe="/")
+        return ",".join(urlunsplit(urlsplit(strip_userinfo(u.strip()))._replace(query=query))
+                        for u in url.split(",") if u.strip())
+
+
+TENANT_TAG = "nexus-tenant:"  # a tenant user's JWT tag; the server asserts it with each request
+
+
+def tenant_of_tags(tags: list) -> str | None:
+    """The tenant a user JWT's tags name (``nexus-tenant:NAME``), or None."""
+    for tag in tags:
+        if isinstance(tag, str) and tag.startswith(TENANT_TAG):
+            return tag[len(TENANT_TAG):] or None
+    return None
+
+
+# A URL may name the credentials file to log in with: nats://host:4222?creds=/path/x.creds.
+CREDS_PARAM = "creds"
+
+
+def url_creds(url: str) -> Path | None:
+    """The credentials file a URL names (the first server's that does), or None."""
+    for one in url.split(","):
+        found = parse_qs(urlsplit(one.strip()).query).get(CREDS_PARAM)
+        if found:
+            return Path(found[0])
+    return None
 
 
 def strip_userinfo(url: str) -> str:
-    """One server URL without ``user:password@`` (explicit credentials replace it)."""
+    """One server URL without ``user:password@`` or ``?creds=`` (the plain address)."""
     parts = urlsplit(url)
-    return urlunsplit((parts.scheme, parts.netloc.rsplit("@", 1)[-1], parts.path, parts.query, parts.fragment))
+    return urlunsplit((parts.scheme, parts.netloc.rsplit("@", 1)[-1], parts.path, "", parts.fragment))
 
 
 def redact_url(url: str) -> str:
-    """``url`` without passwords (for logs and error messages)."""
-    out = []
-    for one in url.split(","):
-        parts = urlsplit(one.strip())
-        if "@" in parts.netloc:
-            user = parts.netloc.rsplit("@", 1)[0].split(":", 1)[0]
-            host = parts.netloc.rsplit("@", 1)[-1]
-            one = urlunsplit((parts.scheme, f"{user}:***@{host}", parts.path, parts.query, parts.fragment))
-        out.append(one.strip())
-    return ",".join(out)
+    """``url`` without passwords or credential paths (for logs and error messages)."""
+    return ",".join(strip_userinfo(one.strip()) for one in url.split(",") if one.strip())
 
 
-def _new(user: str, account: str) -> Credentials:
-    # 32 random bytes: the password is the whole secret (the server config holds it, 0600).
-    return Credentials(user=user, password=secrets.token_urlsafe(32), account=account)
+def default_storage_bytes() -> int:
+    """A new tenant account's JetStream storage quota when `nexus tenant create` names none."""
+    from protocol.settings import CliSettings
 
-
-def _quote(value: str) -> str:
-    return json.dumps(value)  # a JSON string is a valid nats-server config string
+    return int(CliSettings.model_fields["tenant_storage_mb"].default * 2**20)
 
 
 class AuthStore:
-    """The identities of one deployment, and the accounts block of its server config."""
+    """The keys and identities of one deployment, and the account JWTs its servers trust.
+
+    Keys never leave the data dir: the operator's seed signs account JWTs, each account's
+    seed signs its users. Adding or revoking a tenant re-signs its account JWT; `push` hands
+    it to the running servers over the system account (`$SYS.REQ.CLAIMS.UPDATE`), and
+    ``accounts.conf`` (the preload for the next start) is rewritten on every change."""
 
     def __init__(self, data_dir: Path, prefix: str = "nexus") -> None:
         self.data_dir = Path(data_dir)
@@ -174,6 +215,14 @@ class AuthStore:
     def admin_creds(self) -> Path:
         return self.root / "admin.creds"
 
+    @property
+    def sys_creds(self) -> Path:
+        return self.root / "sys.creds"
+
+    def resolver_dir(self, node: str = "") -> Path:
+        """Where a server's full resolver keeps the account JWTs (one dir per node)."""
+        return self.root / "jwt" / (node or "server")
+
     def tenant_creds(self, tenant: str) -> Path:
         return self.root / "tenants" / f"{check_token('tenant', tenant)}.creds"
 
@@ -194,12 +243,8 @@ class AuthStore:
             before = json.dumps(state, sort_keys=True)
             yield state
             if json.dumps(state, sort_keys=True) != before:
-                tmp = self.state_path.with_suffix(".tmp")
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-                with os.fdopen(fd, "w") as f:
-                    json.dump(state, f, indent=2, sort_keys=True)
-                tmp.replace(self.state_path)
-            self._write_conf(state)
+                _write_private(self.state_path, json.dumps(state, indent=2, sort_keys=True))
+                _write_private(self.accounts_conf, render_preload(state))
 
     def _state(self) -> dict:
         if not self.state_path.exists():
@@ -208,135 +253,206 @@ class AuthStore:
         return json.loads(self.state_path.read_text())
 
     def ensure(self) -> None:
-        """Create the system, platform and admin identities once; keep them after."""
+        """Create the operator, system, platform and admin identities once; keep them after
+        (the platform's exports follow the prefix ``nexus up`` was given)."""
         with self._locked() as state:
-            state["prefix"] = self.prefix  # the deployment's, as `nexus up` was given it
-            state.setdefault("sys", asdict(_new("sys", SYS_ACCOUNT)))
-            state.setdefault("platform", asdict(_new("platform", PLATFORM_ACCOUNT)))
-            state.setdefault("admin", asdict(_new("admin", PLATFORM_ACCOUNT)))
-            state.setdefault("tenants", {})
-            # Tenant accounts exist from the server's start, each with its imports: an account
-            # a config reload *adds* gets no working service imports on nats-server 2.15.1
-            # (requests from it find no responders), while users added to an account that
-            # was already there do work. So the pool is made at `up` and a tenant gets one.
-            state.setdefault("next_slot", 0)
-            state["slots"] = state["next_slot"] + SPARE_TENANT_ACCOUNTS
-            Credentials(**state["platform"]).write(self.platform_creds)
-            Credentials(**state["admin"]).write(self.admin_creds)
+            fresh = "operator" not in state
+            if fresh:
+                state.clear()
+                state["operator"] = nats_jwt.new_key("operator")
+                state["accounts"] = {SYS_ACCOUNT: {"seed": nats_jwt.new_key("account")},
+                                     PLATFORM_ACCOUNT: {"seed": nats_jwt.new_key("account")}}
+                state["tenants"] = {}
+            if fresh or state.get("prefix") != self.prefix:
+                state["prefix"] = self.prefix
+                _sign_base(state)
+        for name, path, account in (("sys", self.sys_creds, SYS_ACCOUNT),
+                                    ("platform", self.platform_creds, PLATFORM_ACCOUNT),
+                                    ("admin", self.admin_creds, PLATFORM_ACCOUNT)):
+            # A file from before these keys (an older data dir's) is signed by no account of ours.
+            if fresh or not path.exists():
+                _issue_user(state["accounts"][account]["seed"], name).write(path)
+        if fresh:
+            for stale in (self.root / "tenants").glob("*.creds"):
+                stale.unlink()
 
     def platform(self) -> Credentials:
-        return Credentials(**self._state()["platform"])
+        self._state()
+        return Credentials.read(self.platform_creds)
 
     def admin(self) -> Credentials:
-        return Credentials(**self._state()["admin"])
+        self._state()
+        return Credentials.read(self.admin_creds)
 
     def tenants(self) -> list[str]:
-        return sorted(self._state().get("tenants", {}))
+        """Tenants whose credentials are live (issued and not revoked)."""
+        return sorted(t for t, rec in self._state().get("tenants", {}).items() if rec.get("user"))
 
-    def add_tenant(self, tenant: str) -> Path:
-        """A tenant's account and credentials (new ones each call: a re-issue replaces the
-        old password, in the same account). Returns the creds file; the running server
-        needs a reload (`reload_servers`)."""
+    def account_jwt(self, tenant: str) -> str:
+        return self._state()["tenants"][tenant]["jwt"]
+
+    def storage_bytes(self, tenant: str) -> int:
+        """The tenant account's JetStream storage quota (bytes)."""
+        rec = self._state().get("tenants", {}).get(tenant)
+        if rec is None:
+            raise NotFound(f"tenant {tenant!r} has no account", details={"tenant": tenant})
+        return int(rec["storage_bytes"])
+
+    def add_tenant(self, tenant: str, storage_bytes: int | None = None) -> Path:
+        """A tenant's account (made once) and a new user's credentials: a re-issue revokes
+        the tenant's previous user key. ``storage_bytes``: the account's JetStream storage
+        quota (default: the last one set, else `default_storage_bytes`). Returns the creds
+        file; `push` makes it live on a running server."""
         check_token("tenant", tenant)
         if tenant in RESERVED_USERS:
-            # User names are one namespace across the server's accounts.
             raise InvalidField("tenant", f"{tenant!r} is the name of a platform user; pick another "
                                          f"(reserved: {', '.join(RESERVED_USERS)})")
+        if storage_bytes is not None and (not isinstance(storage_bytes, int) or storage_bytes < 1):
+            raise InvalidField("storage_bytes", f"must be an integer >= 1, got {storage_bytes!r}")
         self._state()  # refuses before `nexus up` made the base identities
         with self._locked() as state:
-            old = state["tenants"].get(tenant)
-            if old is not None:
-                account = old["account"]
-            else:
-                slot = state.get("next_slot", 0)
-                if slot >= state.get("slots", 0):
-                    raise Unavailable(
-                        f"all {state.get('slots', 0)} tenant accounts of this server are issued; restart the "
-                        "cluster (`nexus down`, `nexus up`) to add more", details={"slots": state.get("slots", 0)})
-                state["next_slot"] = slot + 1
-                account = slot_account(slot)
-            creds = _new(tenant, account)
-            state["tenants"][tenant] = asdict(creds)
+            rec = state["tenants"].setdefault(tenant, {"seed": nats_jwt.new_key("account"), "revoked": {}})
+            if storage_bytes is not None:
+                rec["storage_bytes"] = storage_bytes
+            rec.setdefault("storage_bytes", default_storage_bytes())
+            if rec.get("user"):
+                rec["revoked"][rec["user"]] = int(time.time())
+            creds = _issue_user(rec["seed"], tenant, tags=[f"{TENANT_TAG}{tenant}"])
+            rec["user"] = creds.user_key
+            _sign_tenant(state, tenant)
         return creds.write(self.tenant_creds(tenant))
 
     def revoke_tenant(self, tenant: str) -> None:
-        """Remove a tenant's user: after the reload its connections are closed and its
-        credentials refused. Its account is never issued again (see `slot_account`)."""
+        """Revoke the tenant's user key in its account JWT: once pushed, its connections are
+        closed and the credentials refused. The account (and what it stored) stays;
+        `add_tenant` issues a new user in it."""
         check_token("tenant", tenant)
         with self._locked() as state:
-            if tenant not in state.get("tenants", {}):
+            rec = state.get("tenants", {}).get(tenant)
+            if rec is None or not rec.get("user"):
                 raise NotFound(f"tenant {tenant!r} has no credentials to revoke "
-                               f"(known: {sorted(state.get('tenants', {}))})", details={"tenant": tenant})
-            del state["tenants"][tenant]
+                               f"(known: {sorted(t for t, r in state.get('tenants', {}).items() if r.get('user'))})",
+                               details={"tenant": tenant})
+            rec["revoked"][rec.pop("user")] = int(time.time())
+            _sign_tenant(state, tenant)
         self.tenant_creds(tenant).unlink(missing_ok=True)
 
-    # -- server config -----------------------------------------------------------------
-    def _write_conf(self, state: dict) -> None:
-        if not state:
-            return
-        tmp = self.accounts_conf.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(render_accounts(state))
-        tmp.replace(self.accounts_conf)
+    async def push(self, url: str, tenant: str, timeout_s: float = 10.0) -> None:
+        """Hand the tenant's account JWT to the running server(s) over the system account:
+        a new account, its imports and limits, and its revocations take effect at once
+        (every server of a cluster takes the update; one answers)."""
+        import nats
+
+        from protocol.subjects import SYS_CLAIMS_UPDATE
+
+        token = self.account_jwt(tenant)
+        servers = [strip_userinfo(u.strip()) for u in url.split(",") if u.strip()]
+        nc = await nats.connect(servers, name="nexus-auth", allow_reconnect=False, connect_timeout=2,
+                                **Credentials.read(self.sys_creds).connect_options())
+        try:
+            reply = await nc.request(SYS_CLAIMS_UPDATE, token.encode(), timeout=timeout_s)
+        finally:
+            await nc.close()
+        data = json.loads(reply.data).get("data", {}) if reply.data else {}
+        if data.get("code") != 200:
+            raise Unavailable(f"the server refused tenant {tenant!r}'s account update: "
+                              f"{data.get('description') or data.get('message') or reply.data!r}",
+                              details={"tenant": tenant, "reply": data})
 
 
-def render_accounts(state: dict) -> str:
-    """The ``accounts`` block (and ``system_account``) for nats-server, from the state."""
-    prefix = state.get("prefix", "nexus")
-    services = tenant_services(prefix)
+def _write_private(path: Path, text: str) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    tmp.replace(path)
 
-    def user(c: dict) -> str:
-        return f"{{user: {_quote(c['user'])}, password: {_quote(c['password'])}}}"
 
-    exports = ", ".join(f"{{service: {_quote(s)}}}" for s in services)
-    lines = [
-        "# Written by vla-nexus (actors/auth.py) on every change; do not edit.",
-        "accounts {",
-        f"  {SYS_ACCOUNT} {{ users: [{user(state['sys'])}] }}",
-        f"  {PLATFORM_ACCOUNT} {{",
-        "    jetstream: enabled",
-        f"    users: [{user(state['platform'])}, {user(state['admin'])}]",
-        f"    exports: [{exports}]",
-        "  }",
-    ]
-    by_account = {c["account"]: c for c in state.get("tenants", {}).values()}
-    # share: the server puts the requester's account and user in Nats-Request-Info
-    # (overwriting any header of that name the tenant set): how a responder knows the caller.
-    imports = ", ".join(
-        f"{{service: {{account: {PLATFORM_ACCOUNT}, subject: {_quote(s)}}}, share: true}}" for s in services)
-    for slot in range(state.get("slots", 0)):
-        account = slot_account(slot)
-        users = f"[{user(by_account[account])}]" if account in by_account else "[]"
-        lines += [f"  {account} {{", f"    users: {users}", f"    imports: [{imports}]", "  }"]
-    lines += ["}", f"system_account: {SYS_ACCOUNT}", ""]
+def _issue_user(account_seed: str, name: str, tags: list[str] | None = None) -> Credentials:
+    seed = nats_jwt.new_key("user")
+    token = nats_jwt.encode(account_seed, nats_jwt.public(seed), name, nats_jwt.user_claims(tags))
+    return Credentials(text=nats_jwt.creds_text(token, seed))
+
+
+# JetStream of the platform account: everything the host gives (its streams, KV, objects).
+PLATFORM_JETSTREAM = {"mem_storage": nats_jwt.NO_LIMIT, "disk_storage": nats_jwt.NO_LIMIT,
+                      "streams": nats_jwt.NO_LIMIT, "consumer": nats_jwt.NO_LIMIT}
+# A tenant account's own JetStream, besides its storage quota: no memory storage (a tenant's
+# memory streams would take the host's RAM), a handful of streams and consumers.
+TENANT_STREAMS = 16
+TENANT_CONSUMERS = 64
+
+
+def _sign_base(state: dict) -> None:
+    """(Re-)sign the operator, SYS and PLATFORM JWTs (PLATFORM's exports follow the prefix)."""
+    op = state["operator"]
+    accounts = state["accounts"]
+    sys_pub = nats_jwt.public(accounts[SYS_ACCOUNT]["seed"])
+    state["operator_jwt"] = nats_jwt.encode(op, nats_jwt.public(op), "vla-nexus",
+                                            nats_jwt.operator_claims(sys_pub))
+    accounts[SYS_ACCOUNT]["jwt"] = nats_jwt.encode(op, sys_pub, SYS_ACCOUNT, nats_jwt.account_claims())
+    exports = [{"name": s, "subject": s, "type": "service"} for s in tenant_services(state["prefix"])]
+    # Every tenant's workload events; each tenant account imports only its own.
+    events = tenant_events_pattern(state["prefix"])
+    exports.append({"name": events, "subject": events, "type": "stream"})
+    platform_pub = nats_jwt.public(accounts[PLATFORM_ACCOUNT]["seed"])
+    accounts[PLATFORM_ACCOUNT]["jwt"] = nats_jwt.encode(
+        op, platform_pub, PLATFORM_ACCOUNT,
+        nats_jwt.account_claims(jetstream=PLATFORM_JETSTREAM, exports=exports))
+    for tenant in state.get("tenants", {}):
+        _sign_tenant(state, tenant)
+
+
+def _sign_tenant(state: dict, tenant: str) -> None:
+    rec = state["tenants"][tenant]
+    platform_pub = nats_jwt.public(state["accounts"][PLATFORM_ACCOUNT]["seed"])
+    # share: the server puts the requester's account and user (its JWT's tags, so its
+    # tenant) in Nats-Request-Info, overwriting any header of that name the tenant set: how
+    # a responder knows the caller.
+    imports = [{"name": s, "subject": s, "account": platform_pub, "type": "service", "share": True}
+               for s in tenant_services(state["prefix"])]
+    events = tenant_events_pattern(state["prefix"], tenant)
+    imports.append({"name": events, "subject": events, "account": platform_pub, "type": "stream"})
+    jetstream = {"mem_storage": 0, "disk_storage": int(rec["storage_bytes"]), "streams": TENANT_STREAMS,
+                 "consumer": TENANT_CONSUMERS}
+    rec["jwt"] = nats_jwt.encode(
+        state["operator"], nats_jwt.public(rec["seed"]), f"{TENANT_ACCOUNT_PREFIX}{tenant}",
+        nats_jwt.account_claims(jetstream=jetstream, imports=imports, revocations=rec["revoked"]))
+
+
+def render_preload(state: dict) -> str:
+    """The operator, system account and every account JWT, for nats-server's config: what a
+    (re)started server trusts before anything is pushed (the resolver keeps newer pushes)."""
+    if "operator_jwt" not in state:
+        return ""
+    sys_pub = nats_jwt.public(state["accounts"][SYS_ACCOUNT]["seed"])
+    lines = ["# Written by vla-nexus (actors/auth.py) on every change; do not edit.",
+             f"operator: {state['operator_jwt']}",
+             f"system_account: {sys_pub}",
+             "resolver_preload: {"]
+    for rec in [*state["accounts"].values(), *state.get("tenants", {}).values()]:
+        lines.append(f"  {nats_jwt.public(rec['seed'])}: {rec['jwt']}")
+    lines += ["}", ""]
     return "\n".join(lines)
 
 
-def reload_servers(pids: list[int]) -> None:
-    """Ask each nats-server to re-read its config (SIGHUP): accounts added or removed take
-    effect without a restart, and a removed user's connections are closed."""
-    if not pids:
-        raise Unavailable("no embedded nats-server is running to reload (is the cluster up, and was it "
-                          "started by `nexus up` rather than on --nats-url?)")
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGHUP)
-        except ProcessLookupError:
-            raise Unavailable(f"nats-server pid {pid} is not running; start the cluster with `nexus up`",
-                              details={"pid": pid}) from None
+def resolver_block(directory: Path) -> str:
+    """The full resolver of one server: account JWTs kept in ``directory``, updated at run
+    time over the system account; ``allow_delete`` lets the operator remove an account."""
+    return (f'resolver: {{\n  type: full\n  dir: "{directory}"\n  allow_delete: true\n'
+            f'  interval: "2m"\n}}\n')
 
 
 async def wait_login(url: str, creds: Path | Credentials, *, accepted: bool, timeout_s: float = 10.0,
                      poll_s: float = 0.1) -> None:
-    """Until the server accepts (``accepted``) or refuses these credentials: a reload is
-    asynchronous, and `nexus tenant create` / `revoke` return only once it took effect."""
+    """Until the server accepts (``accepted``) or refuses these credentials: `nexus tenant
+    create` / `revoke` return only once the pushed account took effect on the server."""
     import asyncio
-    import time
 
     import nats
 
-    login = (creds if isinstance(creds, Credentials) else Credentials.read(creds)).connect_options()
+    who = creds if isinstance(creds, Credentials) else Credentials.read(creds)
+    login = who.connect_options()
     servers = [strip_userinfo(u.strip()) for u in url.split(",") if u.strip()]
     deadline = time.monotonic() + timeout_s
     last = ""
@@ -357,6 +473,6 @@ async def wait_login(url: str, creds: Path | Credentials, *, accepted: bool, tim
                 return
         if time.monotonic() > deadline:
             want = "accept" if accepted else "refuse"
-            raise Unavailable(f"the server did not {want} the credentials of user {login['user']!r} within "
-                              f"{timeout_s:g} s after the reload (last: {last})", details={"last": last})
+            raise Unavailable(f"the server did not {want} the credentials of user {who.user!r} within "
+                              f"{timeout_s:g} s after the account update (last: {last})", details={"last": last})
         await asyncio.sleep(poll_s)

@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from actors.auth import AUTH_DIR, AuthStore
+from actors.auth import AUTH_DIR, AuthStore, resolver_block
 from protocol.errors import NexusError, Unavailable
 from protocol.subjects import Names
 
@@ -115,19 +115,15 @@ class EmbeddedBroker:
         assert self.auth is not None
         self.auth.ensure()
         path = self.auth.root / "server.conf"
-        # include is relative to this file: accounts.conf sits beside it.
+        # include is relative to this file: accounts.conf (operator, account JWTs) sits beside it.
         path.write_text(
             f"listen: {self.host}:{self.port}\n"
             f'log_file: "{self.log_path}"\n'
             f'jetstream {{\n  store_dir: "{store}"\n}}\n'
             f"include {self.auth.accounts_conf.name}\n"
+            f"{resolver_block(self.auth.resolver_dir())}"
         )
         return path
-
-    def reload(self) -> None:
-        """Re-read the accounts (SIGHUP): tenants added or revoked take effect now."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGHUP)
 
     def _wait_ready(self) -> None:
         assert self.proc is not None
@@ -280,12 +276,6 @@ class EmbeddedCluster:
         if all(n.alive for n in self.nodes):
             _run_sync(self._wait_jetstream(deadline))
 
-    def reload(self) -> None:
-        """Every running node re-reads the accounts (SIGHUP)."""
-        for node in self.nodes:
-            if node.alive and node.proc is not None:
-                node.proc.send_signal(signal.SIGHUP)
-
     def stop(self, timeout_s: float = NODE_STOP_TIMEOUT_S) -> None:
         # SIGTERM all first, so the nodes shut down together instead of each one electing
         # new leaders for the streams of the one that just left.
@@ -344,8 +334,10 @@ class EmbeddedCluster:
         # config shape for all, and any single survivor knows where the others live.
         routes = "\n".join(f"    nats-route://{self.host}:{n.route_port}" for n in self.nodes)
         monitor = f"http: {self.host}:{node.monitor_port}\n" if node.monitor_port else ""
-        # include is relative to the node's config (<data>/nats/): the shared accounts file.
-        accounts = f"include ../{AUTH_DIR}/{self.auth.accounts_conf.name}\n" if self.auth is not None else ""
+        # include is relative to the node's config (<data>/nats/): the shared accounts file;
+        # each node's full resolver keeps its own copy of the account JWTs.
+        accounts = (f"include ../{AUTH_DIR}/{self.auth.accounts_conf.name}\n"
+                    f"{resolver_block(self.auth.resolver_dir(node.server_name))}") if self.auth is not None else ""
         return (
             f"{accounts}"
             f"server_name: {node.server_name}\n"

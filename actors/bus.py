@@ -24,7 +24,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
 from actors.tracing import hop_name, inject, messaging, nexus_attrs, reply_link
-from actors.auth import Credentials, redact_url, strip_userinfo
+from actors.auth import Credentials, redact_url, strip_userinfo, url_creds
 from protocol.errors import PayloadTooLarge, RequestTimeout, Unauthenticated, Unavailable
 from protocol.messages import ErrorReply, ok_or_raise
 from protocol.policy import MASTER_OUTAGE, RetryPolicy
@@ -57,10 +57,12 @@ class Bus:
         creds: Path | Credentials | None = None,
         **callbacks: Any,
     ) -> Bus:
-        """``creds``: a credentials file (`actors.auth`) or its contents; without it, the
-        URL's own userinfo (``nats://user:password@host``) or none."""
-        login = (creds if isinstance(creds, Credentials) else Credentials.read(creds)).connect_options() \
-            if creds is not None else {}
+        """``creds``: a NATS credentials file (`actors.auth`) or its contents; without it,
+        the file the URL names (``nats://host:4222?creds=PATH``), or none."""
+        if creds is None:
+            creds = url_creds(url)
+        who = creds if isinstance(creds, Credentials) or creds is None else Credentials.read(creds)
+        login = who.connect_options() if who is not None else {}
         refused: list[str] = []  # the server's reasons while connecting (bounded below)
         connecting = True
 
@@ -77,9 +79,7 @@ class Bus:
         callbacks.setdefault("error_cb", on_error)
         try:
             # "nats://a:4222,nats://b:4222" names the servers of a cluster.
-            servers = [u.strip() for u in url.split(",") if u.strip()]
-            if login:
-                servers = [strip_userinfo(u) for u in servers]
+            servers = [strip_userinfo(u.strip()) for u in url.split(",") if u.strip()]
             nc = await nats.connect(
                 servers,
                 name=name,
@@ -95,10 +95,10 @@ class Bus:
             reasons = [str(exc), *refused]
             auth = next((r for r in reasons if "authorization" in r.lower() or "authentication" in r.lower()), None)
             if auth is not None:
-                who = f"user {login['user']!r}" if login else "no credentials"
+                whom = f"user {who.user!r}" if who is not None else "no credentials"
                 reason = auth.removeprefix("nats: ").strip("'")
                 raise Unauthenticated(
-                    f"NATS at {redact_url(url)} refused the connection ({who}): {reason}; "
+                    f"NATS at {redact_url(url)} refused the connection ({whom}): {reason}; "
                     "pass valid credentials with --creds FILE or NEXUS_CREDS",
                     details={"reason": reason}) from None
             raise Unavailable(f"cannot connect to NATS at {redact_url(url)}: {exc}") from None

@@ -1,9 +1,11 @@
 """Who is calling: the account the broker asserts, and what that account may do.
 
 A tenant reaches a role only through a service import with ``share: true`` (`actors.auth`):
-the server then writes the requester's account into the ``Nats-Request-Info`` header,
-replacing any header of that name the tenant sent. A request with no such header came from
-inside the platform account (a role, the admin's CLI, or a deployment without auth).
+the server then writes the requester's account (its public key), user and the user JWT's
+tags into the ``Nats-Request-Info`` header, replacing any header of that name the tenant
+sent. A tenant's user JWT, signed by its account's key that only the operator holds, carries
+the tag ``nexus-tenant:NAME``. A request with no such header came from inside the platform
+account (a role, the admin's CLI, or a deployment without auth).
 
 Every op declares its access (`actors.runtime.op`):
 
@@ -24,7 +26,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from actors.auth import PLATFORM_ACCOUNT, TENANT_ACCOUNT_PREFIX
+from actors.auth import PLATFORM_ACCOUNT, tenant_of_tags
 from protocol.errors import PermissionDenied
 
 REQUEST_INFO_HEADER = "Nats-Request-Info"
@@ -33,8 +35,9 @@ ACCESS_LEVELS = ("tenant", "checked", "admin", "any")
 
 @dataclass(frozen=True)
 class Caller:
-    account: str  # as the server asserted it; PLATFORM_ACCOUNT when no header came
-    user: str = ""
+    account: str  # as the server asserted it (a public key); PLATFORM_ACCOUNT when no header came
+    user: str = ""  # the user JWT's name
+    tenant_tag: str | None = None  # the tenant the user JWT's tags name
 
     @property
     def is_platform(self) -> bool:
@@ -42,12 +45,10 @@ class Caller:
 
     @property
     def tenant(self) -> str | None:
-        """The tenant calling: the user of a tenant account (each holds one user, named after
-        its tenant). None for the platform, and for any other account: such a caller may do
-        nothing a tenant may."""
-        if self.account.startswith(TENANT_ACCOUNT_PREFIX) and self.user:
-            return self.user
-        return None
+        """The tenant calling: the one its user JWT's tag names (the server asserts the
+        tags; only the operator signs tenant users). None for the platform, and for a user
+        without the tag: such a caller may do nothing a tenant may."""
+        return None if self.is_platform else self.tenant_tag
 
     def describe(self) -> str:
         return f"tenant {self.tenant!r}" if self.tenant else f"account {self.account!r}"
@@ -63,8 +64,12 @@ def caller_from_headers(headers: dict[str, str] | None) -> Caller:
         return PLATFORM
     try:
         info = json.loads(raw)
-        return Caller(account=str(info["acc"]), user=str(info.get("user", "")))
-    except (ValueError, KeyError, TypeError):
+        account = str(info["acc"])
+        if account == PLATFORM_ACCOUNT:  # our sentinel, never a server-asserted account key
+            raise ValueError(account)
+        return Caller(account=account, user=str(info.get("name_tag") or info.get("user", "")),
+                      tenant_tag=tenant_of_tags(info.get("tags") or []))
+    except (ValueError, KeyError, TypeError, AttributeError):
         # Only the server writes this header across accounts; one we cannot read is no
         # platform caller either.
         return Caller(account="?")

@@ -685,7 +685,9 @@ class Inferencer(Role):
                 # Made on the side stream, read on this one: keep the allocator from reusing
                 # the memory before this stream is done with it.
                 packed.images_B_S_C_H_W.record_stream(current)
-            feats = heads.base.encode(packed, inference=True, adapters=_lora_segments(group, live))
+            # Action-expert tenants in the group: the same forward returns the per-layer KV cache.
+            feats = heads.base.encode(packed, inference=True, adapters=_lora_segments(group, live),
+                                      prefix_kv=any(slot.head.needs_prefix_kv for _, _, slot in _slot_runs(group, live)))
             stamps["fwd_end"] = now_ns()
             outs = []
             for start, end, slot in _slot_runs(group, live):

@@ -106,7 +106,7 @@ class RoleConfig:
     busy_retry_after_s: float = 0.25
     log_level: str = "INFO"
     # Credentials file the role connects with (the platform's, from `nexus up`); None: the
-    # URL's own userinfo, or none on a server without auth.
+    # file the URL names (``?creds=``), or none on a server without auth.
     creds: Path | None = None
 
     def __post_init__(self) -> None:

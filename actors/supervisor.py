@@ -93,7 +93,7 @@ class ClusterState:
     roles: list[ChildRecord] = field(default_factory=list)
     broker_pids: list[int] = field(default_factory=list)  # every embedded nats-server
     # The admin's credentials file (actors/auth.py) when the embedded broker runs with
-    # accounts; nats_url then carries the admin's userinfo too, so a client on this machine
+    # accounts; nats_url then names that file too (``?creds=``), so a client on this machine
     # that reads cluster.json (mode 0600, beside admin.creds) is the admin by default.
     creds: str = ""
 

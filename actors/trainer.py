@@ -128,6 +128,9 @@ class Trainer(Role):
         self.released = 0
         # Grouped steps whose one base forward held LoRA and frozen-base tenants together.
         self.mixed_lora_steps = 0
+        # Grouped steps whose one base forward (and its prefix KV cache) held action-expert and
+        # other tenants together.
+        self.mixed_expert_steps = 0
         # Metered device time: every grouped step's busy time, charged to its tenants by rows.
         self.usage_flush = usage_flush_from_env()
         self.meter = Meter({"train": self.usage_flush.train_overhead_rows,
@@ -148,7 +151,7 @@ class Trainer(Role):
 
     def info_extra(self) -> dict[str, Any]:
         return {"jobs_done": self.jobs_done, "leases_lost": self.leases_lost, "released": self.released,
-                "mixed_lora_steps": self.mixed_lora_steps,
+                "mixed_lora_steps": self.mixed_lora_steps, "mixed_expert_steps": self.mixed_expert_steps,
                 "round": sorted(self._round),
                 "slots": self.store.memory_report() if self.store else {},
                 "bases": sorted(self.store.bases) if self.store else [],
@@ -371,6 +374,8 @@ class Trainer(Role):
                 results = self._metered_step(base, group, i, grouped=True)
                 if len({w.res.slot.adapter is None for w in group}) == 2:
                     self.mixed_lora_steps += 1
+                if len({w.res.slot.head.needs_prefix_kv for w in group}) == 2:
+                    self.mixed_expert_steps += 1
             except Exception:
                 # Find the culprit: run the tenants one by one; only the failing one fails.
                 results = []

@@ -7,9 +7,10 @@
    from scratch, done at its target: its last 50 training episodes all succeeded, or after
    900 s) and examples/eval_reach.yaml (evaluation of the SFT tenant's latest version; the
    master starts it when the SFT workload has finished). Each tenant gets its own
-   credentials (`nexus tenant create`: its own NATS account) and submits and watches its
-   workload with them; the evaluation reads another tenant's policy, which only the operator
-   may arrange, so the admin submits that one (docs/security.md).
+   credentials once (`nexus tenant create`: its own NATS account, added while the server
+   runs) and submits and watches its workloads with them (the eval is the SFT tenant's own);
+   an eval of another tenant's policy is the operator's to arrange, so the admin would
+   submit that one (docs/security.md).
 3. Live progress, a summary table, and a report (JSON + PNG: per-tenant curves and the
    trainer / inferencer busy timeline) under the data dir.
 4. `nexus down`.
@@ -53,12 +54,16 @@ def tenant_creds(state: ClusterState, tenant: str) -> Path:
 async def run_workloads(state: ClusterState, timeout_s: float) -> int:
     import yaml
 
-    from actors.auth import strip_userinfo
+    from actors.auth import redact_url
 
     started = time.time()
-    plain_url = ",".join(strip_userinfo(u) for u in state.nats_url.split(","))
+    plain_url = redact_url(state.nats_url)  # no credentials: each client names its own
     async with AsyncClient(state.nats_url, state.prefix, timeout_s=60) as client:  # the admin
-        handles, tenant_clients = [], []
+        handles = []
+        # One credentials file and client per tenant: issuing a tenant's credentials again
+        # revokes the previous ones (and closes their connections), and the eval tenant is
+        # the SFT tenant itself.
+        tenant_clients: dict[str, AsyncClient] = {}
         for name in SPECS:
             text = (EXAMPLES / name).read_text()
             spec = yaml.safe_load(text)
@@ -67,10 +72,12 @@ async def run_workloads(state: ClusterState, timeout_s: float) -> int:
                 who = client  # another tenant's policy: the operator's to arrange
                 as_whom = "admin"
             else:
-                who = await AsyncClient(plain_url, state.prefix, timeout_s=60,
-                                        creds=tenant_creds(state, spec["tenant"])).connect()
-                tenant_clients.append(who)
-                as_whom = f"{spec['tenant']}'s own credentials"
+                if spec["tenant"] not in tenant_clients:
+                    path = tenant_creds(state, spec["tenant"])
+                    tenant_clients[spec["tenant"]] = await AsyncClient(plain_url, state.prefix, timeout_s=60,
+                                                                       creds=path).connect()
+                who = tenant_clients[spec["tenant"]]
+                as_whom = f"{spec['tenant']}'s own credentials ({who.creds})"
             h = await who.submit(text)
             print(f"submitted {name:<16} -> workload {h.id} (tenant {h.tenant}, as {as_whom})", flush=True)
             handles.append(h)
@@ -89,7 +96,7 @@ async def run_workloads(state: ClusterState, timeout_s: float) -> int:
         json_path, png = await write_report(client, [h.id for h in handles], Path(state.traces_dir),
                                             Path(state.data_dir) / "report", started)
         print(f"\nreport: {json_path}" + (f" and {png}" if png else ""))
-        for c in tenant_clients:
+        for c in tenant_clients.values():
             await c.close()
         return 0 if all(r.state == "completed" for r in recs) else 1
 

@@ -308,9 +308,9 @@ class Master(WorkloadOps, UsageOps, Role):
         cfg.signature = _schema_signature(cfg.schema)
         _check_config(cfg)
         self.check_priority(cfg.priority, cfg, "config.priority")
-        if cfg.base_adapter:
+        if cfg.base_adapter or cfg.head == "expert":
             # Off the loop: the first check imports transformers (seconds) to read the base's layers.
-            errors = await asyncio.to_thread(adapter_errors, cfg)
+            errors = await asyncio.to_thread(base_fit_errors, cfg, "head_params")
             if errors:
                 raise InvalidField(f"config.{errors[0][0]}", errors[0][1])
         async with self._lock:
@@ -968,6 +968,23 @@ def adapter_errors(cfg: TenantConfig) -> list[tuple[str, str, Any]]:
     except (ModelCoreError, OSError, ValueError) as exc:
         return [("base", f"cannot read the layers of base {cfg.base!r} to check base_adapter: {exc}", cfg.base)]
     return check(shapes, cfg.base_adapter)
+
+
+def base_fit_errors(cfg: TenantConfig, params_field: str = "action_module.params") -> list[tuple[str, str, Any]]:
+    """`adapter_errors` plus, for an action expert, whether its options can read the base's
+    per-layer KV cache (layer count, head shape; models.heads.expert names what it allows).
+    params_field: where the head options sit in what the caller was given (spec or config)."""
+    errors = adapter_errors(cfg) if cfg.base_adapter else []
+    if cfg.head == "expert":
+        from models.errors import ModelCoreError
+        from models.heads.expert import base_expert_errors
+
+        try:
+            errors += base_expert_errors(cfg.base, dict(cfg.head_params), params_field)
+        except (ModelCoreError, OSError, ValueError) as exc:
+            errors.append(("base", f"cannot read the attention shape of base {cfg.base!r} to check the expert: {exc}",
+                           cfg.base))
+    return errors
 
 
 async def store_put(kv, key: str, value: bytes) -> None:

@@ -64,7 +64,7 @@ from protocol.messages import TenantConfig
 
 SPEC_VERSION = 1
 TaskType = Literal["sft", "rl", "eval"]
-HeadKind = Literal["mlp", "flow", "gaussian"]
+HeadKind = Literal["mlp", "flow", "gaussian", "expert"]
 
 # Same token rule as protocol.subjects: a tenant name becomes a subject token and a KV key.
 TENANT_PATTERN = r"[A-Za-z0-9_-]{1,64}"
@@ -199,11 +199,17 @@ class ActionModuleSpec(_Section):
     """The tenant's private trainable module on top of the frozen base."""
 
     kind: HeadKind = _doc("mlp: regression (SFT); flow: flow-matching chunks (SFT); "
-                          "gaussian: policy + value head (RL with PPO, or SFT by likelihood)")
+                          "gaussian: policy + value head (RL with PPO, or SFT by likelihood); "
+                          "expert: a pi0-style action expert, a small transformer whose layer i attends "
+                          "to the base's per-layer prefix keys and values (flow matching, SFT; "
+                          "bases: paligemma, qwen3_vl)")
     params: dict[Str, Any] = _docf(
         "head options (mlp: width, depth; flow: width, depth, num_heads, beta_alpha, max_time, "
-        "euler_steps; gaussian: width, init_log_std), checked by the model core at tenant "
-        "creation. Default {}: the head's own defaults", dict)
+        "euler_steps; gaussian: width, init_log_std; expert: width, depth (a divisor of the base's "
+        "text layers, default all of them), num_heads (a multiple of the base's KV heads), head_dim "
+        "(the base's), mlp_width, beta_alpha, max_time, euler_steps), checked by the model core at "
+        "tenant creation (expert: against the base's cache at submit). Default {}: the head's own "
+        "defaults", dict)
 
 
 class BaseAdapterSpec(_Section):
@@ -547,7 +553,7 @@ class TaskRule(BaseModel):
     required: tuple[str, ...] = ()
     forbidden: tuple[str, ...] = ()
     exactly_one: tuple[str, ...] = ()  # exactly one of these sections is set
-    heads: tuple[str, ...] = ("mlp", "flow", "gaussian")
+    heads: tuple[str, ...] = ("mlp", "flow", "gaussian", "expert")
     demos: Literal["required", "forbidden"] = "forbidden"  # env.demos, when env is set
     why: str = ""
 

@@ -175,11 +175,11 @@ class WorkloadOps:
             return await self._accept_eval(spec, workload)
         serving_note = await self._check_base_served(spec.tenant, spec.base) if spec.task == "rl" else ""
         cfg = compile_tenant(spec)
-        if cfg.base_adapter:
-            from master.service import adapter_errors
+        if cfg.base_adapter or cfg.head == "expert":
+            from master.service import base_fit_errors
 
             # Against the base's own layers (config only, no weights), before anything is created.
-            errors = await asyncio.to_thread(adapter_errors, cfg)
+            errors = await asyncio.to_thread(base_fit_errors, cfg)
             if errors:
                 raise SpecError(errors)
         existing = self.sched.tenants.get(spec.tenant)
@@ -463,9 +463,12 @@ class WorkloadOps:
         await store_put(self.kv_workloads, rec.workload, encode(rec))
 
     async def _publish_event(self, rec: WorkloadRecord, kind: str, message: str = "") -> None:
-        await self.bus.publish(self.names.workload_events(rec.workload), WorkloadEvent(
+        event = WorkloadEvent(
             workload=rec.workload, tenant=rec.tenant, kind=kind, state=rec.state, step=rec.step,  # type: ignore[arg-type]
-            episodes=rec.episodes, metrics=dict(rec.metrics), message=message, at=time.time()))
+            episodes=rec.episodes, metrics=dict(rec.metrics), message=message, at=time.time())
+        await self.bus.publish(self.names.workload_events(rec.workload), event)
+        # Again under the tenant's name: the subject its account imports (docs/security.md).
+        await self.bus.publish(self.names.tenant_events(rec.tenant, rec.workload), event)
 
     # -- queries and control -------------------------------------------------------------
     def _workload(self, workload: str) -> WorkloadRecord:

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from models.errors import IncompatibleBatchError, InputError, SchemaError
-from models.families import MODEL_TYPE_TO_FAMILY, Family, TokenIds, get_family
+from models.families import MODEL_TYPE_TO_FAMILY, AttentionShape, Family, TokenIds, get_family
 from models.features import VLABatch
 from models.presets import PRESETS, get_preset
 from models.schema import CompatibilityKey, FeatureLayout
@@ -73,12 +73,41 @@ class BaseConfig:
 
 
 @dataclass
+class PrefixKV:
+    """The base's per-layer attention keys and values over a batch's whole sequence (the prefix
+    an action expert reads, models/heads/expert.py), in the base dtype, keys already rotated.
+
+    keys / values: one (B, kv_heads, L, head_dim) tensor per text decoder layer.
+    next_pos_B: the first position after each row's prefix (the expert's tokens continue there).
+    rope(positions_B_T) -> (cos, sin), each (B, T, head_dim) float32: the base's own rotary
+    table, so the expert's queries and keys rotate as the base's would at those positions."""
+
+    keys: tuple[torch.Tensor, ...]
+    values: tuple[torch.Tensor, ...]
+    next_pos_B: torch.Tensor
+    rope: Any
+
+    def split(self, sizes: list[int]) -> list["PrefixKV"]:
+        ks = [torch.split(k, sizes) for k in self.keys]
+        vs = [torch.split(v, sizes) for v in self.values]
+        ps = torch.split(self.next_pos_B, sizes)
+        return [PrefixKV(tuple(k[i] for k in ks), tuple(v[i] for v in vs), ps[i], self.rope)
+                for i in range(len(sizes))]
+
+    def detach(self) -> "PrefixKV":
+        return PrefixKV(tuple(k.detach() for k in self.keys), tuple(v.detach() for v in self.values),
+                        self.next_pos_B, self.rope)
+
+
+@dataclass
 class BaseOutput:
-    """Base features of a batch. hidden is in the base dtype; heads cast to their own."""
+    """Base features of a batch. hidden is in the base dtype; heads cast to their own.
+    prefix: the per-layer KV cache, when the forward was asked for it (`encode(prefix_kv=True)`)."""
 
     hidden_B_L_D: torch.Tensor
     mask_B_L: torch.Tensor
     num_queries: int
+    prefix: PrefixKV | None = None
 
     def __len__(self) -> int:
         return self.hidden_B_L_D.shape[0]
@@ -90,7 +119,13 @@ class BaseOutput:
     def split(self, sizes: list[int]) -> list["BaseOutput"]:
         hs = torch.split(self.hidden_B_L_D, sizes)
         ms = torch.split(self.mask_B_L, sizes)
-        return [BaseOutput(h, m, self.num_queries) for h, m in zip(hs, ms)]
+        ps = self.prefix.split(sizes) if self.prefix is not None else [None] * len(sizes)
+        return [BaseOutput(h, m, self.num_queries, p) for h, m, p in zip(hs, ms, ps)]
+
+    def detach(self) -> "BaseOutput":
+        """Features whose backward stops here (a frozen-base tenant's, in a group with LoRA rows)."""
+        return BaseOutput(self.hidden_B_L_D.detach(), self.mask_B_L, self.num_queries,
+                          self.prefix.detach() if self.prefix is not None else None)
 
 
 def _default_device_dtype(cfg: BaseConfig) -> tuple[torch.device, torch.dtype]:
@@ -235,9 +270,13 @@ class BaseModel:
         self._check_key(batch)
         return self.family.build_inputs(batch.to(self.device), self.lead_ids, self.dtype)
 
-    def encode(self, batch: VLABatch, *, inference: bool = False, adapters: list | None = None) -> BaseOutput:
+    def encode(self, batch: VLABatch, *, inference: bool = False, adapters: list | None = None,
+               prefix_kv: bool = False) -> BaseOutput:
         """Hidden states of the frozen base. `inference=True` uses inference_mode (serving only:
         its tensors cannot be saved for a head's backward).
+
+        prefix_kv: also return every decoder layer's keys and values (`BaseOutput.prefix`), from
+        the same forward, for action-expert tenants (models/heads/expert.py).
 
         adapters: `models.lora.Segment`s (row ranges of this batch and their tenant's adapter).
         Unless the caller disabled grad (or asked for inference), the forward then records
@@ -255,13 +294,24 @@ class BaseModel:
         with ctx, route:
             # The fast path's CUDA graphs would replay one capture's row assignment: adapted
             # groups take the plain forward (the same math, tested equal on CPU).
-            if self._fast is not None and not adapters:
+            # The fast path keeps no KV cache either: groups with expert rows take the plain one.
+            prefix = None
+            if self._fast is not None and not adapters and not prefix_kv:
                 hidden, mask = self._fast(batch.to(self.device))
             else:
                 inputs = self.family.build_inputs(batch.to(self.device), self.lead_ids, self.dtype)
-                hidden = self.family.forward(self.core, inputs)
+                if prefix_kv:
+                    hidden, keys, values = self.family.forward_kv(self.core, inputs)
+                    prefix = PrefixKV(keys, values, self.family.next_positions(inputs),
+                                      self.family.rope_fn(self.core))
+                else:
+                    hidden = self.family.forward(self.core, inputs)
                 mask = inputs.mask_B_L
-        return BaseOutput(hidden, mask, batch.key.layout.num_query_tokens)
+        return BaseOutput(hidden, mask, batch.key.layout.num_query_tokens, prefix)
+
+    def attention_shape(self) -> "AttentionShape":
+        """The text decoder's attention shape: what an action expert must match to read its cache."""
+        return self.family.attention_shape()
 
     def _check_key(self, batch: VLABatch) -> None:
         if batch.key.base_id != self.base_id or batch.key != self.key_for(batch.key.layout):

@@ -13,7 +13,9 @@ Training: the base forward runs under no_grad once per partition; each tenant's 
 computes its loss on its own rows of the features, backward reaches only that head (the
 features are leaves without grad), and each slot takes its own AdamW step. Slots with a LoRA
 adapter (models/lora.py) add their deltas to their own rows inside that one forward, which then
-records autograd through the language model for them; their losses go backward together, once. `grouped=False`
+records autograd through the language model for them; their losses go backward together, once.
+Slots with an action expert (models/heads/expert.py) read the per-layer KV cache that same one
+forward returns for all rows, each on its own rows. `grouped=False`
 runs the identical math with one base forward per tenant: the reference for correctness
 tests and benchmarks.
 """
@@ -55,7 +57,9 @@ def encode_grouped(base: BaseModel, vlas: Sequence[VLABatch], *, strict: bool = 
     """Base features for each batch, one base forward per distinct compatibility key.
 
     slots (one per batch): route each batch's rows through its slot's LoRA adapter, if it has
-    one, inside that shared forward (models.lora); `train` records autograd for them."""
+    one, inside that shared forward (models.lora); `train` records autograd for them. When any
+    slot's head is an action expert, that one forward also returns the per-layer prefix KV
+    cache for all its rows (`BaseOutput.prefix`)."""
     if not vlas:
         return []
     parts = partition_by_key(vlas)
@@ -64,7 +68,8 @@ def encode_grouped(base: BaseModel, vlas: Sequence[VLABatch], *, strict: bool = 
     outs: list[BaseOutput | None] = [None] * len(vlas)
     for idx in parts:
         packed = VLABatch.cat([vlas[i] for i in idx])
-        feats = base.encode(packed, inference=inference, adapters=_segments(slots, idx, vlas, train))
+        feats = base.encode(packed, inference=inference, adapters=_segments(slots, idx, vlas, train),
+                            prefix_kv=needs_prefix_kv(slots, idx))
         for i, f in zip(idx, feats.split([len(vlas[i]) for i in idx])):
             outs[i] = f
     return outs  # type: ignore[return-value]
@@ -72,8 +77,14 @@ def encode_grouped(base: BaseModel, vlas: Sequence[VLABatch], *, strict: bool = 
 
 def encode_serial(base: BaseModel, vlas: Sequence[VLABatch], *, inference: bool = False,
                   slots: Sequence[TenantSlot] | None = None, train: bool = False) -> list[BaseOutput]:
-    return [base.encode(v, inference=inference, adapters=_segments(slots, [i], vlas, train))
+    return [base.encode(v, inference=inference, adapters=_segments(slots, [i], vlas, train),
+                        prefix_kv=needs_prefix_kv(slots, [i]))
             for i, v in enumerate(vlas)]
+
+
+def needs_prefix_kv(slots: Sequence[TenantSlot] | None, idx: Sequence[int]) -> bool:
+    """Whether a forward over batches ``idx`` must also return the per-layer KV cache."""
+    return slots is not None and any(slots[i].head.needs_prefix_kv for i in idx)
 
 
 def _segments(slots: Sequence[TenantSlot] | None, idx: list[int], vlas: Sequence[VLABatch], train: bool) -> list:
@@ -121,7 +132,7 @@ def forward_backward(base: BaseModel, items: Sequence[tuple[TenantSlot, TenantBa
     adapted: list[torch.Tensor] = []
     for (slot, batch), f in zip(items, feats):
         if slot.adapter is None and f.hidden_B_L_D.requires_grad:
-            f = BaseOutput(f.hidden_B_L_D.detach(), f.mask_B_L, f.num_queries)
+            f = f.detach()
         out = slot.head.loss(f, batch, slot.generator)
         if slot.adapter is None:
             out.loss.backward()

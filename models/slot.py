@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -105,8 +106,10 @@ class TenantSlot:
         adapter: LoRA on the base's language model (an `AdapterConfig`, or its dict; None/{}: none)."""
         pre = TenantPreprocessor.for_base(schema, base)
         lay = pre.key.layout
+        att = base.attention_shape()
         dims = HeadDims(base.hidden_size, lay.num_query_tokens, lay.max_state_dim, schema.state_dim,
-                        schema.action_dim, schema.action_horizon, lay.camera_slots)
+                        schema.action_dim, schema.action_horizon, lay.camera_slots,
+                        att.layers, att.heads, att.kv_heads, att.head_dim)
         cfg = head_config(head_kind, head_options)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
@@ -118,7 +121,10 @@ class TenantSlot:
                 shapes = router.shapes
                 # Drawn after the head from the same seeded stream: a frozen tenant's head init
                 # is the same with or without this feature.
-                lora = LoraAdapter(acfg, {p: shapes[p] for p in target_paths(shapes, acfg)})
+                paths = target_paths(shapes, acfg)
+                if head.needs_prefix_kv:
+                    paths = cache_paths(paths, head.layer_map[-1])
+                lora = LoraAdapter(acfg, {p: shapes[p] for p in paths})
         head.to(device or base.device)
         if lora is not None:
             lora.to(device or base.device)
@@ -225,9 +231,11 @@ class TenantSlot:
     def _check_meta(self, meta: dict[str, Any], strict_schema: bool) -> None:
         mine = self.adapter.config.to_dict() if self.adapter is not None else {}
         theirs = meta.get("base_adapter") or {}
-        if theirs and meta.get("base_id") and meta["base_id"] != self.base_id:
-            # An adapter's deltas only mean something on the weights they were trained against.
-            raise CheckpointError(f"adapter payload was exported for base {meta['base_id']!r}, this slot's base is "
+        if (theirs or self.head.needs_prefix_kv) and meta.get("base_id") and meta["base_id"] != self.base_id:
+            # An adapter's deltas, and an expert's attention over the base's cache, only mean
+            # something on the weights they were trained against.
+            what = "adapter" if theirs else "expert"
+            raise CheckpointError(f"{what} payload was exported for base {meta['base_id']!r}, this slot's base is "
                                   f"{self.base_id!r}: refusing to load it")
         if theirs != mine:
             raise CheckpointError(f"payload base_adapter {theirs or 'none'}, the slot has {mine or 'none'}")
@@ -302,7 +310,9 @@ class TenantSlot:
         trainable = [p for _, p in self.named_trainable()]
         params = sum(p.numel() * p.element_size() for p in trainable)
         buffers = sum(b.numel() * b.element_size() for b in self.head.buffers())
-        grads = sum(p.grad.numel() * p.grad.element_size() for p in trainable if p.grad is not None)
+        # Read each .grad once: the training thread sets it to None between steps while the
+        # event loop answers `info`, so a second read may find None.
+        grads = sum(g.numel() * g.element_size() for g in (p.grad for p in trainable) if g is not None)
         optim = sum(v.numel() * v.element_size() for st in self.optimizer.state.values()
                     for v in st.values() if torch.is_tensor(v))
         return {"params": params, "buffers": buffers, "grads": grads, "optimizer": optim,
@@ -312,6 +322,22 @@ class TenantSlot:
         lora = "" if self.adapter is None else f", lora=r{self.adapter.config.rank}"
         return (f"TenantSlot({self.tenant_id!r}, head={self.head_kind}{lora}, step={self.step_count}, "
                 f"version={self.policy_version}, key={self.key})")
+
+
+def cache_paths(paths: list[str], last_layer: int) -> list[str]:
+    """The adapted linears that can change the KV cache an action expert reads up to base layer
+    ``last_layer``: every layer before it, and in it only the key and value projections (its
+    queries, output and MLP, and later layers, reach no cache the expert reads: an adapter there
+    would get no gradient, and AdamW would still decay it)."""
+    keep = []
+    for p in paths:
+        layer = int(re.search(r"\.layers\.(\d+)\.", p).group(1))
+        if layer < last_layer or (layer == last_layer and p.rsplit(".", 1)[-1] in ("k_proj", "v_proj")):
+            keep.append(p)
+    if not keep:
+        raise SchemaError(f"base_adapter.target_modules: none of the adapted layers can change the KV cache this expert "
+                          f"reads (base layers 0..{last_layer}; in layer {last_layer} only k_proj, v_proj)")
+    return keep
 
 
 def schema_from_meta(meta: dict[str, Any]) -> TenantSchema:

@@ -417,10 +417,13 @@ class AuthSettings(EnvSettings):
 class CliSettings(EnvSettings):
     """Read by typer (``envvar=``) in sdk/cli.py; a test checks the names agree."""
 
-    readers = "`nexus up`"
+    readers = "`nexus` (`up`: the port; `tenant create`: the storage quota)"
 
     nats_port: int = Field(4222, ge=1, le=65535, **var(
         "NEXUS_NATS_PORT", "port of the embedded nats-server", flag="--nats-port", cli=True))
+    tenant_storage_mb: float = Field(64.0, gt=0, **var(
+        "NEXUS_TENANT_STORAGE_MB", "JetStream storage quota (MiB) of a new tenant's own account "
+        "(`nexus tenant create`; a tenant created again keeps its last one)", flag="--storage-mb", cli=True))
 
 
 GROUPS: tuple[type[EnvSettings], ...] = (

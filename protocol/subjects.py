@@ -20,6 +20,10 @@ from protocol.errors import InvalidField
 
 DEFAULT_PREFIX = "nexus"
 
+# nats-server's own: an account JWT sent here by a system-account user replaces that
+# account's claims on every server of the cluster (operator mode, full resolver).
+SYS_CLAIMS_UPDATE = "$SYS.REQ.CLAIMS.UPDATE"
+
 # Roles that run as their own processes. The order is the start order of `nexus up`:
 # the health manager and monitor come first so they see every other role's first beat.
 ROLES: tuple[str, ...] = ("health", "monitor", "master", "trainer", "inferencer", "env")
@@ -27,6 +31,12 @@ ROLES: tuple[str, ...] = ("health", "monitor", "master", "trainer", "inferencer"
 # Subject tokens and bucket names share one safe alphabet: NATS tokens may not contain
 # '.', '*', '>' or whitespace, and stream / bucket names may not contain '.' either.
 _TOKEN_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+def tenant_events_pattern(prefix: str, tenant: str = "*") -> str:
+    """Every workload's events of ``tenant`` (`Names.tenant_events`); ``prefix`` and
+    ``tenant`` may be ``*`` (the platform's export to every tenant, a test server's prefix)."""
+    return f"{prefix}.tenant_events.{tenant}.*"
 
 
 def check_token(what: str, value: str) -> str:
@@ -156,6 +166,14 @@ class Names:
     @property
     def workload_events_all(self) -> str:
         return f"{self.prefix}.workloads.events.>"
+
+    def tenant_events(self, tenant: str, workload: str) -> str:
+        """The master's events of one tenant's workload, again under the tenant's name: the
+        subject a tenant account imports (its own only; `actors.auth`)."""
+        return f"{self.prefix}.tenant_events.{check_token('tenant', tenant)}.{check_token('workload', workload)}"
+
+    def tenant_events_all(self, tenant: str) -> str:
+        return tenant_events_pattern(self.prefix, check_token("tenant", tenant))
 
     # -- training queue: one stream per tenant, a subject partition per job -------------
     def tq_stream(self, tenant: str) -> str:

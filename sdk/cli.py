@@ -92,7 +92,7 @@ def _run(coro: Any) -> Any:
 
 
 # --creds (before the command): set by the app callback; None falls back to NEXUS_CREDS, then
-# to the admin userinfo cluster.json's URL carries.
+# to the admin's credentials file cluster.json's URL names (``?creds=``).
 _CREDS: Path | None = None
 
 
@@ -575,28 +575,44 @@ def tenant_delete(
 def tenant_creds_create(
     name: Annotated[str, typer.Argument(help="tenant name")],
     data_dir: DataDir = DEFAULT_DATA_DIR, json: Json = False,
+    storage_mb: Annotated[float | None, typer.Option(
+        "--storage-mb", envvar="NEXUS_TENANT_STORAGE_MB", show_default=False,
+        help="JetStream storage quota of the tenant's own account, MiB (default: the last one set, "
+             "else 64)")] = None,
     timeout_s: Annotated[float, typer.Option("--timeout-s", help="how long to wait for the server to accept them")] = 10.0,
 ) -> int:
     """Issue a tenant's credentials file (its own NATS account), live on the running server.
     Again for the same name: new credentials; the old ones stop working."""
-    from actors.auth import AuthStore, reload_servers, wait_login
+    from actors.auth import AuthStore
     from actors.supervisor import ClusterState
     from sdk.term import print_json
 
     resolved = data_dir.resolve()
     state = ClusterState.read(resolved)
     store = AuthStore(resolved)
-    path = store.add_tenant(name)
+    if storage_mb is not None and storage_mb <= 0:
+        _err(f"--storage-mb: must be > 0, got {storage_mb:g}")
+        return EXIT_BAD_INPUT
+    path = store.add_tenant(name, storage_bytes=None if storage_mb is None else int(storage_mb * 2**20))
     live = state is not None and bool(state.broker_pids)
     if live:
-        reload_servers(state.broker_pids)
-        _run(wait_login(state.nats_url, path, accepted=True, timeout_s=timeout_s))
+        _run(_push_and_wait(store, state.nats_url, name, path, accepted=True, timeout_s=timeout_s))
     if json:
-        print_json({"tenant": name, "creds": str(path), "live": live})
+        print_json({"tenant": name, "creds": str(path), "live": live, "storage_bytes": store.storage_bytes(name)})
     else:
         print(f"tenant {name}: credentials in {path} ({'accepted by the running server' if live else 'used from the next `nexus up`'}); "
               f"the tenant logs in with `nexus --creds {path} ...` or NEXUS_CREDS={path}")
     return EXIT_OK
+
+
+async def _push_and_wait(store: Any, url: str, tenant: str, creds: Any, *, accepted: bool, timeout_s: float) -> None:
+    """Push the tenant's account JWT to the running servers, then wait until they accept
+    (or refuse) ``creds``."""
+    from actors.auth import wait_login
+
+    await store.push(url, tenant, timeout_s=timeout_s)
+    if creds is not None:
+        await wait_login(url, creds, accepted=accepted, timeout_s=timeout_s)
 
 
 @tenant_app.command("revoke")
@@ -607,7 +623,7 @@ def tenant_creds_revoke(
 ) -> int:
     """Revoke a tenant's credentials: its connections are closed now and it cannot log in
     again. Its workloads, policies and data stay (`nexus tenant delete` removes those)."""
-    from actors.auth import AuthStore, Credentials, reload_servers, wait_login
+    from actors.auth import AuthStore, Credentials
     from actors.supervisor import ClusterState
     from sdk.term import print_json
 
@@ -618,9 +634,7 @@ def tenant_creds_revoke(
     store.revoke_tenant(name)
     live = state is not None and bool(state.broker_pids)
     if live:
-        reload_servers(state.broker_pids)
-        if old is not None:
-            _run(wait_login(state.nats_url, old, accepted=False, timeout_s=timeout_s))
+        _run(_push_and_wait(store, state.nats_url, name, old, accepted=False, timeout_s=timeout_s))
     if json:
         print_json({"tenant": name, "revoked": True, "live": live})
     else:
@@ -833,10 +847,18 @@ def layout(
     url, resolved_prefix = resolve_cluster(data_dir, nats_url, prefix)
 
     async def go() -> None:
+        from nats.js.errors import APIError
+
+        from actors.auth import redact_url
+        from protocol.errors import Unavailable
+
         bus = await Bus.connect(url, name="nexus-layout", reconnect_forever=False, creds=_creds())
         try:
             settings = DeploymentSettings(replicas=replicas, tq_max_bytes=tq_max_bytes or DEFAULT_TQ_MAX_BYTES)
             await ensure_layout(bus.js, Names(resolved_prefix), replicas=replicas, settings=settings)
+        except APIError as exc:  # one line (a compose layout job's log), not a traceback
+            raise Unavailable(f"JetStream on {redact_url(url)} refused the layout (replicas={replicas}): "
+                              f"{exc.description}; are {replicas} NATS nodes up and routed?") from None
         finally:
             await bus.close()
 

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 from actors.bus import DEFAULT_REQUEST_TIMEOUT_S, Bus, retry
 from actors.bus import retry_through_outage  # noqa: F401 - public: loops ride out a master restart with it
 from actors.supervisor import ClusterState
-from protocol.errors import Busy, InvalidField, NotFound, PayloadTooLarge, RequestTimeout, Unavailable
+from protocol.errors import Busy, InvalidField, NotFound, PayloadTooLarge, QuotaExceeded, RequestTimeout, Unavailable
 from protocol.policy import INFERENCE_OUTAGE, RetryPolicy
 from protocol.wire import encode
 from protocol.messages import (
@@ -80,7 +80,12 @@ from protocol.messages import (
     MAX_ITEM_SEQ,
     chunk_seq,
 )
-from protocol.subjects import DEFAULT_PREFIX, Names, pool_name
+from protocol.subjects import DEFAULT_PREFIX, Names, check_token, pool_name
+
+# JetStream API error codes of an account past its storage limits: a publish past them
+# (10002 "resource limits exceeded for account"), a stream reserving more than is left
+# (10047 storage, 10028 memory: a tenant account has none).
+STORAGE_LIMIT_ERRORS = (10002, 10047, 10028)
 
 T = TypeVar("T")
 
@@ -125,7 +130,7 @@ def resolve_cluster(data_dir: str | Path | None, nats_url: str | None, prefix: s
 
 class AsyncClient:
     """``creds``: a credentials file (a tenant's from `nexus tenant create`, or the admin's);
-    default ``NEXUS_CREDS``, else the URL's own userinfo (cluster.json's is the admin's)."""
+    default ``NEXUS_CREDS``, else the file the URL names (cluster.json's names the admin's)."""
 
     def __init__(self, url: str, prefix: str = DEFAULT_PREFIX,
                  timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S, creds: str | Path | None = None,
@@ -392,12 +397,46 @@ class AsyncClient:
         out.write_text(json.dumps(rep.report, indent=2, sort_keys=True))
         return out
 
+    async def put_own_object(self, bucket: str, name: str, data: bytes) -> int:
+        """Store ``data`` in an object bucket of the caller's own account (made on first
+        use): a tenant's private store, which no other account reaches, bounded by its
+        account's JetStream storage quota (`nexus tenant create --storage-mb`). Returns the
+        size stored. Past the quota: `QuotaExceeded` naming ``storage_bytes`` and its value
+        (nothing of the refused object stays)."""
+        import nats.js.errors
+        from nats.js.api import ObjectStoreConfig, StorageType
+
+        js = self.bus.js
+        try:
+            try:
+                store = await js.object_store(check_token("bucket", bucket))
+            except nats.js.errors.BucketNotFoundError:
+                store = await js.create_object_store(bucket, config=ObjectStoreConfig(storage=StorageType.FILE))
+            return (await store.put(name, data)).size
+        except nats.js.errors.APIError as exc:
+            if exc.err_code not in STORAGE_LIMIT_ERRORS:
+                raise
+            info = await js.account_info()
+            limit = info.limits.max_storage
+            # Not QuotaExceeded.of: its %g would print 1048576 as 1.04858e+06.
+            raise QuotaExceeded(
+                f"quota storage_bytes={limit} exceeded: {len(data)} more bytes in bucket {bucket!r} would pass "
+                f"this account's JetStream storage ({info.storage} bytes in use; the server: {exc.description})",
+                details={"quota": "storage_bytes", "limit": limit, "retry_after_s": 0.0, "used": info.storage,
+                         "bucket": bucket}) from None
+
+    async def get_own_object(self, bucket: str, name: str) -> bytes:
+        """An object of the caller's own account (`put_own_object`)."""
+        store = await self.bus.js.object_store(check_token("bucket", bucket))
+        return (await store.get(name)).data or b""
+
     @property
     def is_tenant(self) -> bool:
         """Logged in with a tenant's credentials (its account has no JetStream)."""
-        from actors.auth import TENANT_ACCOUNT_PREFIX, Credentials
+        from actors.auth import Credentials, url_creds
 
-        return self.creds is not None and Credentials.read(self.creds).account.startswith(TENANT_ACCOUNT_PREFIX)
+        creds = self.creds or url_creds(self.url)
+        return creds is not None and Credentials.read(creds).tenant is not None
 
     async def _read_object(self, tenant: str, version: int, manifest: bool) -> tuple[int, bytes]:
         """(version, bytes) of a tenant's export through the master, slice by slice."""

@@ -23,8 +23,9 @@ SHARED = ROOT.parent / "shared"
 
 @pytest.fixture(scope="session")
 def nats_server(tmp_path_factory):
-    """The session's nats-server, with accounts as `nexus up` runs it (anonymous clients are
-    refused). Its accounts export every prefix's subjects (``*``), since each test has its own."""
+    """The session's nats-server, in operator mode as `nexus up` runs it (anonymous clients
+    are refused). Its platform account exports every prefix's subjects (``*``), since each
+    test has its own."""
     from actors.auth import AuthStore
     from actors.broker import EmbeddedBroker, free_port
 
@@ -37,8 +38,8 @@ def nats_server(tmp_path_factory):
 
 @pytest.fixture
 def nats_url(nats_server) -> str:
-    """The server's URL with the platform's credentials in it: roles started on it (and test
-    clients) log in as the platform, as under `nexus up`."""
+    """The server's URL naming the platform's credentials file (``?creds=``): roles started
+    on it (and test clients) log in as the platform, as under `nexus up`."""
     return nats_server.auth.platform().url(nats_server.url)
 
 

@@ -226,7 +226,9 @@ def test_sigkilled_role_is_reported_within_5s_and_restarted(cluster):
 
 
 def test_port_taken_names_port_and_flag(cluster, tmp_path):
-    port = int(cluster.nats_url.rsplit(":", 1)[1])
+    from urllib.parse import urlsplit
+
+    port = urlsplit(cluster.nats_url).port  # the URL names the admin's creds file after the port
     out = run_nexus("up", "--detach", "--data-dir", str(tmp_path / "other"), "--nats-port", str(port), timeout=30)
     assert out.returncode == 2
     assert f"port {port}" in out.stderr and "--nats-port" in out.stderr

@@ -352,8 +352,8 @@ def test_nexus_up_nats_cluster_3(tmp_path):
         assert up.returncode == 0, up.stdout + up.stderr + _supervisor_log(data_dir)
         state = ClusterState.read(data_dir)
         assert state is not None and state.ready
-        urls = state.nats_url.split(",")  # each with the admin's userinfo (docs/security.md)
-        assert len(urls) == 3 and all(u.startswith("nats://admin:") and "@127.0.0.1:" in u for u in urls)
+        urls = state.nats_url.split(",")  # each naming the admin's creds file (docs/security.md)
+        assert len(urls) == 3 and all(u.startswith("nats://127.0.0.1:") and u.endswith("/auth/admin.creds") for u in urls)
         assert len(state.broker_pids) == 3 and state.broker_pid == state.broker_pids[0]
         assert all(pid_alive(p) for p in state.broker_pids)
         assert sorted(_nats_servers_of(data_dir)) == sorted(state.broker_pids)

@@ -1,11 +1,13 @@
-"""Tenants isolated by the broker, for real: `nexus up` with accounts, `nexus tenant create`.
+"""Tenants isolated by the broker, for real: `nexus up` in operator mode, `nexus tenant create`.
 
 One deployment for the module. Tenant B (its own credentials, its own NATS account) is denied
 every operation on tenant A's work: the platform's request-reply ops (each answered
 `permission_denied` naming the tenant and the op, and nothing changes), the platform's
-streams, KV and object buckets (B's account has no JetStream), A's subjects (B's account does
-not see them). An anonymous client and a wrong password are refused; a revoked tenant is
-disconnected at once; A's own workload runs end to end on A's credentials.
+streams, KV and object buckets (not in B's account), A's subjects and A's workload events
+(B's account does not see them), A's own object store. An anonymous client and credentials
+signed by a foreign account are refused; a revoked tenant is disconnected at once; tenants
+are added and revoked while the server runs; a tenant's storage quota is its account's
+JetStream limit; A's own workload runs end to end on A's credentials (and A hears its events).
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ import json
 import os
 import subprocess
 import time
+from pathlib import Path
 
+import nats.js.errors
 import numpy as np
 import pytest
 
@@ -23,7 +27,7 @@ from actors.auth import AuthStore, Credentials
 from actors.broker import free_port
 from actors.bus import Bus
 from actors.supervisor import ClusterState
-from protocol.errors import NexusError, PermissionDenied, Unauthenticated, Unavailable
+from protocol.errors import NexusError, PermissionDenied, QuotaExceeded, Unauthenticated, Unavailable
 from protocol.messages import (
     CheckpointCommitRequest,
     CreateTenantRequest,
@@ -52,6 +56,7 @@ from protocol.messages import (
     TenantDeleteRequest,
     TrainBatchReply,
     WeightsRef,
+    WorkloadEvent,
     WorkloadRecord,
     WorkloadRef,
     WorkloadsReply,
@@ -63,6 +68,7 @@ from protocol.messages import (
     TenantDeleted,
 )
 from protocol.subjects import Names, pool_name
+from protocol.wire import decode
 from sdk.client import AsyncClient
 from tests.conftest import SHARED, nexus_cmd, python_env
 from tests.test_workloads import sft_spec
@@ -95,9 +101,10 @@ def deployment(tmp_path_factory):
 
 
 def _url(state: ClusterState) -> str:
-    from actors.auth import strip_userinfo
+    """The cluster's plain address (no credentials: each client names its own)."""
+    from actors.auth import redact_url
 
-    return ",".join(strip_userinfo(u) for u in state.nats_url.split(","))
+    return redact_url(state.nats_url)
 
 
 async def _tenant_bus(state: ClusterState, creds_path: str) -> Bus:
@@ -119,6 +126,21 @@ def test_deny_matrix_own_workload_and_revocation(deployment, tmp_path):
     async def go():
         # A (alice) submits its own small SFT workload and keeps a job of its own open.
         a = await AsyncClient(_url(state), state.prefix, timeout_s=30, creds=creds["alice"]).connect()
+        a_events: list = []
+
+        async def on_a_event(msg):
+            a_events.append(msg)
+
+        await a.bus.nc.subscribe(names.tenant_events_all("alice"), cb=on_a_event)
+        b_heard_a_events: list = []
+
+        async def on_b_event(msg):
+            b_heard_a_events.append(msg)
+
+        b_early = await _tenant_bus(state, creds["bob"])
+        await b_early.nc.subscribe(names.tenant_events_all("alice"), cb=on_b_event)
+        await b_early.nc.flush()
+        await a.bus.nc.flush()
         wl = await a.submit(sft_spec("alice", steps=2))
         job = await a.reserve("alice", "sft", auto=False, key="sec-1")
         await a.queue_put(_item("alice", job.job))
@@ -193,6 +215,13 @@ def test_deny_matrix_own_workload_and_revocation(deployment, tmp_path):
                 js_denied[what] = "ALLOWED"
             except Exception as exc:  # nats.js errors: JetStream not enabled for account
                 js_denied[what] = exc
+        # A's own object store (in A's account, under A's quota): B's account has none of it.
+        await a.put_own_object("alice-data", "x", b"alice's")
+        try:
+            await b.js.object_store("alice-data")
+            js_denied["A's own object store"] = "ALLOWED"
+        except Exception as exc:  # nats.js errors: bucket not found (in B's account)
+            js_denied["A's own object store"] = exc
         # B's download of A's policy (a tenant downloads through the master): refused.
         bc = await AsyncClient(_url(state), state.prefix, timeout_s=10, creds=creds["bob"]).connect()
         try:
@@ -234,12 +263,16 @@ def test_deny_matrix_own_workload_and_revocation(deployment, tmp_path):
         done = await wl.wait(timeout_s=240)
         weights, manifest = await wl.download_policy(out_dir=tmp_path / "alice")
         policy = (weights.stat().st_size, json.loads(manifest.read_text()))
+        await asyncio.sleep(0.5)  # the last event's delivery
+        js_denied["A's workload events"] = "ALLOWED" if b_heard_a_events else PermissionError("heard none")
+        a_heard = {(e.kind, e.state) for e in (decode(m.data, WorkloadEvent) for m in a_events) if e.workload == wl.id}
+        await b_early.close()
         await admin.close()
         await b.close()
         await a.close()
-        return denied, js_denied, heard, intake_before, intake_after, job_now, wl_now, own_jobs, done, policy
+        return denied, js_denied, heard, intake_before, intake_after, job_now, wl_now, own_jobs, done, policy, a_heard
 
-    denied, js_denied, heard, ib, ia, job_now, wl_now, own_jobs, done, policy = asyncio.run(go())
+    denied, js_denied, heard, ib, ia, job_now, wl_now, own_jobs, done, policy, a_heard = asyncio.run(go())
     allowed = [w for w, e in denied.items() if e == "ALLOWED"]
     assert not allowed, f"tenant B was allowed: {allowed}"
     wrong = {w: e for w, e in denied.items() if not isinstance(e, PermissionDenied)}
@@ -251,10 +284,15 @@ def test_deny_matrix_own_workload_and_revocation(deployment, tmp_path):
     assert "outside the data roots" in denied["sample outside the data roots"].message
     js_allowed = [w for w, e in js_denied.items() if e == "ALLOWED"]
     assert not js_allowed, f"tenant B reached JetStream: {js_allowed}"
-    assert "JetStream not enabled" in str(js_denied["kv tenants"]), js_denied["kv tenants"]
+    # B's account has a JetStream of its own: A's and the platform's are simply not in it.
+    assert isinstance(js_denied["kv tenants"], nats.js.errors.BucketNotFoundError), js_denied["kv tenants"]
+    assert isinstance(js_denied["stream_info tq"], nats.js.errors.NotFoundError), js_denied["stream_info tq"]
     assert len(denied) + len(js_denied) >= 20 + 10
+    # A hears its own workload's events, from acceptance to completion.
+    assert {k for k, _ in a_heard} >= {"accepted", "state"} and ("state", "completed") in a_heard, a_heard
     # B hears only its own traffic (its publishes, its requests and their replies), never A's puts.
-    assert not [m for m in heard if ".tq." in m.subject], [m.subject for m in heard]
+    assert not [m for m in heard if ".tq." in m.subject or ".tenant_events.alice." in m.subject], \
+        [m.subject for m in heard]
     assert any(m.subject.endswith("workloads.submit") for m in heard)  # the subscription did work
     assert ia == ib
     assert job_now.state in ("reserved", "filling") and job_now.items == 2
@@ -264,12 +302,21 @@ def test_deny_matrix_own_workload_and_revocation(deployment, tmp_path):
     assert policy[0] > 0 and policy[1]  # A downloads its own policy (through the master)
 
 
+def _foreign_creds(user: str) -> Credentials:
+    """A well-formed user JWT named ``user``, signed by an account no operator of ours signed."""
+    from actors import nats_jwt
+
+    account, seed = nats_jwt.new_key("account"), nats_jwt.new_key("user")
+    token = nats_jwt.encode(account, nats_jwt.public(seed), user, nats_jwt.user_claims([f"nexus-tenant:{user}"]))
+    return Credentials(text=nats_jwt.creds_text(token, seed))
+
+
 def test_anonymous_and_wrong_credentials_are_refused(deployment, tmp_path):
     state, _ = deployment
 
     async def go():
         errors = []
-        for creds in (None, Credentials(user="bob", password="wrong", account="")):
+        for creds in (None, _foreign_creds("bob")):
             try:
                 await Bus.connect(_url(state), name="test-anon", reconnect_forever=False, creds=creds)
                 errors.append("CONNECTED")
@@ -280,7 +327,7 @@ def test_anonymous_and_wrong_credentials_are_refused(deployment, tmp_path):
     anon, wrong = asyncio.run(go())
     assert isinstance(anon, Unauthenticated) and "Authorization Violation" in anon.message
     assert isinstance(wrong, Unauthenticated) and "user 'bob'" in wrong.message
-    bad = Credentials(user="bob", password="wrong", account="").write(tmp_path / "bad.creds")
+    bad = _foreign_creds("bob").write(tmp_path / "bad.creds")
     out = nexus("--creds", str(bad), "workloads", "--data-dir", state.data_dir, timeout=60)
     assert out.returncode == 1
     lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
@@ -313,13 +360,84 @@ def test_revoked_tenant_is_disconnected_at_once(deployment):
         except Unauthenticated as exc:
             again = exc
         await bus.nc.close()
-        return still, again
+        gone = "carol" not in AuthStore(state.data_dir).tenants() and not os.path.exists(path)
+        # Issued again while the server runs: the new credentials work, the old stay refused.
+        out = await asyncio.to_thread(nexus, "tenant", "create", "carol", "--data-dir", state.data_dir, "--json")
+        assert out.returncode == 0, out.stderr
+        new = await Bus.connect(_url(state), name="test-carol", reconnect_forever=False,
+                                creds=Path(json.loads(out.stdout)["creds"]))
+        reply = await new.request(names.master("workloads"), WorkloadsRequest(), WorkloadsReply, timeout_s=10)
+        await new.close()
+        try:
+            await connect()
+            old_again = "CONNECTED"
+        except Unauthenticated as exc:
+            old_again = exc
+        return still, again, gone, reply, old_again
 
-    still, again = asyncio.run(go())
+    still, again, gone, reply, old_again = asyncio.run(go())
     assert not still, "the revoked tenant's connection stayed open"
-    assert isinstance(again, Unauthenticated)
-    assert not os.path.exists(path)
-    assert "carol" not in AuthStore(state.data_dir).tenants()
+    assert isinstance(again, Unauthenticated) and "Authorization Violation" in again.message
+    assert gone
+    assert reply.workloads == []
+    assert isinstance(old_again, Unauthenticated)
+
+
+def test_tenants_beyond_any_pool_are_added_while_the_server_runs(deployment):
+    """70 accounts (the old fixed pool held 64) pushed to the running server one by one; the
+    last one's user calls the platform at once, as itself."""
+    state, _ = deployment
+    store = AuthStore(Path(state.data_dir))
+    names = Names(state.prefix)
+
+    async def go():
+        path = None
+        for i in range(70):
+            path = store.add_tenant(f"many{i}")
+            await store.push(_url(state), f"many{i}")
+        bus = await Bus.connect(_url(state), name="test-many", reconnect_forever=False, creds=path)
+        try:
+            await bus.request(names.master("jobs"), JobsRequest(tenant="many0"), JobsReply, timeout_s=10)
+            return "ALLOWED"
+        except PermissionDenied as exc:
+            return exc
+        finally:
+            await bus.close()
+
+    denied = asyncio.run(go())
+    # The server routed the request and asserted the caller: many69 on many0's jobs is denied.
+    assert isinstance(denied, PermissionDenied) and denied.details["caller"] == "many69", denied
+    assert len([t for t in store.tenants() if t.startswith("many")]) == 70
+
+
+def test_storage_quota_is_the_tenant_accounts_jetstream_limit(deployment):
+    """`nexus tenant create --storage-mb 1`: the tenant's own object store takes 600 KB, and
+    the next 600 KB are refused naming the quota and its value; the tenant's requests to the
+    platform, and what it stored, are untouched."""
+    state, _ = deployment
+    out = nexus("tenant", "create", "dora", "--storage-mb", "1", "--data-dir", state.data_dir, "--json")
+    assert out.returncode == 0, out.stderr
+    info = json.loads(out.stdout)
+    assert info["storage_bytes"] == 2**20
+
+    async def go():
+        async with AsyncClient(_url(state), state.prefix, timeout_s=30, creds=info["creds"]) as c:
+            size = await c.put_own_object("dora-data", "a", b"a" * 600_000)
+            try:
+                await c.put_own_object("dora-data", "b", b"b" * 600_000)
+                over = "STORED"
+            except QuotaExceeded as exc:
+                over = exc
+            kept = await c.get_own_object("dora-data", "a")
+            listing = await c.workloads()
+            return size, over, kept, listing
+
+    size, over, kept, listing = asyncio.run(go())
+    assert size == 600_000
+    assert isinstance(over, QuotaExceeded), over
+    assert over.details["quota"] == "storage_bytes" and over.details["limit"] == 2**20
+    assert "quota storage_bytes=1048576 exceeded" in over.message, over.message
+    assert kept == b"a" * 600_000 and listing == []
 
 
 def test_access_rules_and_path_confinement(tmp_path):
@@ -327,8 +445,14 @@ def test_access_rules_and_path_confinement(tmp_path):
     from actors.identity import PLATFORM, Caller, authorize, caller_from_headers
     from actors.paths import confine, data_roots
 
-    bob = caller_from_headers({"Nats-Request-Info": json.dumps({"acc": "tenant_0001", "user": "bob"})})
-    assert bob.tenant == "bob" and not bob.is_platform
+    bob = caller_from_headers({"Nats-Request-Info": json.dumps(
+        {"acc": "ABOBACCOUNTKEY", "user": "UBOBUSERKEY", "name_tag": "bob", "tags": ["nexus-tenant:bob"]})})
+    assert bob.tenant == "bob" and not bob.is_platform and bob.user == "bob"
+    # The tenant is the user JWT's tag, never its bare name: a user without it is nobody's.
+    untagged = caller_from_headers({"Nats-Request-Info": json.dumps({"acc": "AX", "name_tag": "bob"})})
+    assert untagged.tenant is None and not untagged.is_platform
+    # A header claiming the platform's own sentinel is no platform caller.
+    assert not caller_from_headers({"Nats-Request-Info": json.dumps({"acc": "PLATFORM"})}).is_platform
     assert caller_from_headers(None) is PLATFORM
     assert caller_from_headers({"Nats-Request-Info": "not json"}).tenant is None  # unreadable: nobody
     stranger = caller_from_headers({"Nats-Request-Info": json.dumps({"acc": "OTHER", "user": "bob"})})

@@ -79,6 +79,7 @@ GOOD: dict[str, tuple[str, object]] = {
     "NEXUS_CREDS": ("/tmp/x.creds", Path("/tmp/x.creds")),
     "NEXUS_DATA_ROOTS": ("/data/a:/data/b", "/data/a:/data/b"),
     "NEXUS_NATS_PORT": ("4333", 4333),
+    "NEXUS_TENANT_STORAGE_MB": ("8", 8.0),
 }
 # A value each variable refuses, and words its line must carry (the allowed values).
 BAD: dict[str, tuple[str, str]] = {
@@ -134,6 +135,7 @@ BAD: dict[str, tuple[str, str]] = {
     "NEXUS_METRICS_PORT": ("70000", "a port, or 0 for a free one"),
     "NEXUS_TENSORBOARD": ("sometimes", "a boolean"),
     "NEXUS_NATS_PORT": ("70000", "an integer in [1, 65535]"),
+    "NEXUS_TENANT_STORAGE_MB": ("0", "a number > 0"),
 }
 # Free text or a path: nothing to refuse (an empty value is unset).
 UNREFUSED = {"NEXUS_DATA_DIR", "NEXUS_INFER_BASE", "NEXUS_VULKAN_DIR", "NEXUS_CREDS", "NEXUS_DATA_ROOTS"}
@@ -313,7 +315,7 @@ def test_roles_read_every_variable(tmp_path, monkeypatch):
     reads["NEXUS_DATA_ROOTS"] = (data_roots(tmp_path)[-2:], [Path("/data/a"), Path("/data/b")])
     wrong = {k: got for k, (got, want) in reads.items() if got != want}
     assert not wrong
-    read = {k.split(" ")[0] for k in reads} | {"NEXUS_NATS_PORT"}  # the CLI's: test_cli_envvars_agree
+    read = {k.split(" ")[0] for k in reads} | {"NEXUS_NATS_PORT", "NEXUS_TENANT_STORAGE_MB"}  # the CLI's: test_cli_envvars_agree
     assert read == set(GOOD)
 
 

@@ -186,7 +186,7 @@ def test_wrong_type_in_list_item():
 def test_bad_enum_lists_allowed_values():
     errs = errors_of(mutate(minimal(), {"task": "dpo", "action_module.kind": "diffusion"}))
     assert errs["task"] == "'dpo' is not allowed; allowed: sft, rl, eval"
-    assert errs["action_module.kind"] == "'diffusion' is not allowed; allowed: mlp, flow, gaussian"
+    assert errs["action_module.kind"] == "'diffusion' is not allowed; allowed: mlp, flow, gaussian, expert"
 
 
 def test_several_errors_at_once():

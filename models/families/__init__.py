@@ -9,7 +9,7 @@ torchvision, and building inputs ourselves keeps the layout fixed-length and bat
 from __future__ import annotations
 
 from models.errors import UnknownNameError
-from models.families.common import Family, ModelInputs, TokenIds
+from models.families.common import AttentionShape, Family, ModelInputs, TokenIds, text_attention_shape
 from models.families.idefics3 import Idefics3Family
 from models.families.paligemma import PaliGemmaFamily
 from models.families.qwen3_vl import Qwen3VLFamily
@@ -30,4 +30,5 @@ def get_family(name: str) -> type[Family]:
         raise UnknownNameError(f"unknown model family {name!r}; known: {sorted(FAMILIES)}") from None
 
 
-__all__ = ["FAMILIES", "MODEL_TYPE_TO_FAMILY", "Family", "ModelInputs", "TokenIds", "get_family"]
+__all__ = ["FAMILIES", "MODEL_TYPE_TO_FAMILY", "AttentionShape", "Family", "ModelInputs", "TokenIds", "get_family",
+           "text_attention_shape"]

@@ -43,6 +43,17 @@ class TokenIds:
         return {"pad": self.pad, "bos": self.bos, "query": self.query, "image": self.image, **self.extra}
 
 
+@dataclass(frozen=True)
+class AttentionShape:
+    """The text decoder's attention: an action expert reading its per-layer KV cache must use
+    ``head_dim`` and a multiple of ``kv_heads`` query heads, and map onto its ``layers``."""
+
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+
+
 @dataclass
 class ModelInputs:
     """Tensors for one base forward. `kwargs` go to the HF model; `mask_B_L` marks real tokens."""
@@ -142,6 +153,49 @@ class Family(ABC):
     @abstractmethod
     def text_hidden_size(self) -> int: ...
 
+    # ---- per-layer prefix KV (the action expert's input) ----------------------------------
+    # Families whose inputs carry explicit position ids, so the positions after the prefix
+    # are known per row: the expert's tokens continue there.
+    prefix_kv = False
+
+    def attention_shape(self) -> AttentionShape:
+        return text_attention_shape(self.hf_config)
+
+    def forward_kv(self, core: torch.nn.Module, inputs: ModelInputs
+                   ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+        """(last hidden states, per-layer keys, per-layer values) of one forward: the model's
+        own cache, so keys are exactly what its attention read (normed, rotated, kv_heads)."""
+        if not self.prefix_kv:
+            raise SchemaError(f"base family {self.name!r}: no per-layer prefix KV for an action expert")
+        out = core(**inputs.kwargs, use_cache=True)
+        # transformers 5.2x renamed the output field (past_key_values -> cache); both work.
+        cache = out["cache"] if "cache" in out else out["past_key_values"]
+        layers = cache.layers
+        return out.last_hidden_state, tuple(c.keys for c in layers), tuple(c.values for c in layers)
+
+    def next_positions(self, inputs: ModelInputs) -> torch.Tensor:
+        """First position id after each row's prefix: its largest position (any M-RoPE axis) + 1,
+        as transformers continues a sequence after its prompt (masked tokens hold 0)."""
+        pos = inputs.kwargs["position_ids"]
+        b, l = inputs.mask_B_L.shape
+        return pos.reshape(-1, b, l).amax(dim=(0, 2)) + 1
+
+    def rope_fn(self, core: torch.nn.Module) -> Any:
+        """positions_B_T -> (cos, sin), float32 (B, T, head_dim), from the decoder's own rotary
+        module (Qwen3-VL: text positions on every M-RoPE axis, interleaved as its layers use)."""
+        rotary = getattr(core, self.text_decoder).rotary_emb
+
+        def rope(positions_B_T: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            probe = torch.empty(0, device=positions_B_T.device, dtype=torch.float32)
+            cos, sin = rotary(probe, self.text_position_ids(positions_B_T))
+            return cos.float(), sin.float()
+
+        return rope
+
+    def text_position_ids(self, positions_B_T: torch.Tensor) -> torch.Tensor:
+        """Position ids of text tokens at these positions, in the shape the decoder takes."""
+        return positions_B_T
+
     # ---- shared -----------------------------------------------------------------------
     def skeleton(self, layout: FeatureLayout, lead_ids: list[int]) -> Skeleton:
         sk = self._skeletons.get(layout)
@@ -173,3 +227,12 @@ class Family(ABC):
 def require_multiple(name: str, value: int, of: int) -> None:
     if value % of:
         raise SchemaError(f"{name}={value}: must be a multiple of {of} for this base")
+
+
+def text_attention_shape(hf_config: Any) -> AttentionShape:
+    """From a config alone (the master checks an expert against it at submit, no weights)."""
+    t = hf_config.get_text_config()
+    heads = int(t.num_attention_heads)
+    head_dim = int(getattr(t, "head_dim", None) or t.hidden_size // heads)
+    return AttentionShape(int(t.num_hidden_layers), heads, int(getattr(t, "num_key_value_heads", None) or heads),
+                          head_dim)

@@ -5,8 +5,8 @@ causal suffix (token_type_ids 1), as PaliGemma's processor marks prefix and suff
 resolution is fixed by the vision config (its learned position table). Position ids count real
 tokens only (1-indexed, as PaliGemma does) so padding never shifts them.
 
-Note (OpenPI): pi0's action expert attends to the prefix at every layer; sharing that family
-means sharing a per-layer prefix KV cache. This wrapper exposes last hidden states only.
+OpenPI: pi0's action expert attends to the prefix at every layer; sharing this family means
+sharing a per-layer prefix KV cache (`Family.forward_kv`, read by models/heads/expert.py).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ class PaliGemmaFamily(Family):
     name = "paligemma"
     lead_text = ""  # <bos> is the lead; real tokenizers add nothing else before the prompt
     body_template = "{prompt}\n"
+    prefix_kv = True
 
     def text_hidden_size(self) -> int:
         return int(self.hf_config.text_config.hidden_size)

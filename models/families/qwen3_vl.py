@@ -27,6 +27,7 @@ class Qwen3VLFamily(Family):
     name = "qwen3_vl"
     lead_text = "<|im_start|>user\n"
     body_template = "{prompt}<|im_end|>\n<|im_start|>assistant\n"
+    prefix_kv = True
 
     @property
     def _vcfg(self):
@@ -94,6 +95,10 @@ class Qwen3VLFamily(Family):
         w_off = torch.where(is_img, idx_in_img % cols, 0)
         pos = torch.stack([start, start + h_off, start + w_off])
         return pos * mask_B_L.unsqueeze(0)
+
+    def text_position_ids(self, positions_B_T: torch.Tensor) -> torch.Tensor:
+        """(3, B, T): a text token has the same position on every M-RoPE axis."""
+        return positions_B_T[None].expand(3, -1, -1)
 
     def build_inputs(self, batch: VLABatch, lead_ids: list[int], dtype: torch.dtype) -> ModelInputs:
         layout = batch.key.layout

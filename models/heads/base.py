@@ -38,6 +38,12 @@ class HeadDims:
     action_dim: int
     action_horizon: int
     camera_slots: int = 2  # canonical camera slots (heads that look at the frames themselves)
+    # The base's text attention (models.families.AttentionShape), for heads that read its
+    # per-layer KV cache (the action expert); 0 = not given.
+    text_layers: int = 0
+    text_heads: int = 0
+    text_kv_heads: int = 0
+    text_head_dim: int = 0
 
 
 @dataclass
@@ -70,6 +76,8 @@ class ActionHead(nn.Module):
     """Base class: subclasses implement `loss` and `predict`."""
 
     kind: str = ""
+    # True: `feats.prefix` must hold the base's per-layer KV cache (BaseModel.encode(prefix_kv=True)).
+    needs_prefix_kv: bool = False
 
     def __init__(self, dims: HeadDims, config: Any) -> None:
         super().__init__()

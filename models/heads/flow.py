@@ -75,35 +75,17 @@ class DiTBlock(nn.Module):
         return x + g2 * self.mlp(h)
 
 
-@register_head("flow", FlowHeadConfig)
-class FlowHead(ActionHead):
-    def __init__(self, dims: HeadDims, config: FlowHeadConfig) -> None:
-        super().__init__(dims, config)
-        w = config.width
-        self.ctx_norm = nn.LayerNorm(dims.hidden_size)
-        self.ctx_proj = nn.Linear(dims.hidden_size, w)
-        self.action_in = nn.Linear(dims.action_dim, w)
-        self.state_in = nn.Linear(max(dims.state_dim, 1), w)
-        self.pos = nn.Parameter(torch.randn(dims.action_horizon + 1, w) * 0.02)
-        self.time_mlp = nn.Sequential(nn.Linear(w, w), nn.SiLU(), nn.Linear(w, w))
-        self.blocks = nn.ModuleList([DiTBlock(w, config.num_heads) for _ in range(config.depth)])
-        self.out_norm = nn.LayerNorm(w)
-        self.out = nn.Linear(w, dims.action_dim)
+class FlowMatchingHead(ActionHead):
+    """Flow matching on an action chunk, whatever network gives the velocity: subclasses
+    implement `context` (computed once per batch) and `velocity`. Their configs carry
+    beta_alpha, max_time and euler_steps."""
 
-    def context(self, feats: BaseOutput) -> tuple[torch.Tensor, torch.Tensor]:
-        """Projected base features and their key-padding mask; computed once per batch."""
-        ctx = self.ctx_proj(self.ctx_norm(feats.hidden_B_L_D.to(self._device, torch.float32)))
-        return ctx, ~feats.mask_B_L.to(self._device)
+    def context(self, feats: BaseOutput) -> tuple[object, torch.Tensor]:
+        raise NotImplementedError
 
     def velocity(self, x_B_H_A: torch.Tensor, t_B: torch.Tensor, state: torch.Tensor | None,
-                 ctx: torch.Tensor, ctx_pad: torch.Tensor) -> torch.Tensor:
-        b = x_B_H_A.shape[0]
-        s = self.state_in(state) if state is not None else torch.zeros(b, self.config.width, device=x_B_H_A.device)
-        tokens = torch.cat([s.unsqueeze(1), self.action_in(x_B_H_A)], dim=1) + self.pos
-        temb = self.time_mlp(timestep_embedding(t_B, self.config.width))
-        for blk in self.blocks:
-            tokens = blk(tokens, temb, ctx, ctx_pad)
-        return self.out(self.out_norm(tokens[:, 1:]))
+                 ctx: object, ctx_pad: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
 
     def _state_or_none(self, vla: VLABatch) -> torch.Tensor | None:
         return self.state(vla) if self.dims.state_dim else None
@@ -134,3 +116,34 @@ class FlowHead(ActionHead):
             t = torch.full((b,), i / k, device=x.device)
             x = x + self.velocity(x, t, state, ctx, pad) / k
         return x
+
+
+@register_head("flow", FlowHeadConfig)
+class FlowHead(FlowMatchingHead):
+    def __init__(self, dims: HeadDims, config: FlowHeadConfig) -> None:
+        super().__init__(dims, config)
+        w = config.width
+        self.ctx_norm = nn.LayerNorm(dims.hidden_size)
+        self.ctx_proj = nn.Linear(dims.hidden_size, w)
+        self.action_in = nn.Linear(dims.action_dim, w)
+        self.state_in = nn.Linear(max(dims.state_dim, 1), w)
+        self.pos = nn.Parameter(torch.randn(dims.action_horizon + 1, w) * 0.02)
+        self.time_mlp = nn.Sequential(nn.Linear(w, w), nn.SiLU(), nn.Linear(w, w))
+        self.blocks = nn.ModuleList([DiTBlock(w, config.num_heads) for _ in range(config.depth)])
+        self.out_norm = nn.LayerNorm(w)
+        self.out = nn.Linear(w, dims.action_dim)
+
+    def context(self, feats: BaseOutput) -> tuple[torch.Tensor, torch.Tensor]:
+        """Projected base features and their key-padding mask; computed once per batch."""
+        ctx = self.ctx_proj(self.ctx_norm(feats.hidden_B_L_D.to(self._device, torch.float32)))
+        return ctx, ~feats.mask_B_L.to(self._device)
+
+    def velocity(self, x_B_H_A: torch.Tensor, t_B: torch.Tensor, state: torch.Tensor | None,
+                 ctx: torch.Tensor, ctx_pad: torch.Tensor) -> torch.Tensor:
+        b = x_B_H_A.shape[0]
+        s = self.state_in(state) if state is not None else torch.zeros(b, self.config.width, device=x_B_H_A.device)
+        tokens = torch.cat([s.unsqueeze(1), self.action_in(x_B_H_A)], dim=1) + self.pos
+        temb = self.time_mlp(timestep_embedding(t_B, self.config.width))
+        for blk in self.blocks:
+            tokens = blk(tokens, temb, ctx, ctx_pad)
+        return self.out(self.out_norm(tokens[:, 1:]))

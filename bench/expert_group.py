@@ -1,0 +1,156 @@
+"""Action-expert benchmark: N tenants with pi0-style experts (models/heads/expert.py) on one
+grouped base forward that computes the per-layer prefix KV cache once for all rows, vs one
+base forward (and cache) per tenant.
+
+    python -m bench.expert_group                                         # tiny preset, CPU
+    python -m bench.expert_group --preset qwen3-vl-4b --device cuda --tenants 8 --batch 4 \
+        --width 256 --euler-steps 10 --json bench/results/expert_h200.json
+
+Per row, on canonical batches already on the device (preprocessing excluded), medians over
+--repeats after --warmup runs, CUDA synchronized around each timed region:
+  cache   base forward returning the prefix KV cache (inference_mode): serial vs grouped;
+  infer   `predict`: that forward, then each expert's Euler steps on its rows: serial vs grouped;
+  train   `forward_backward`: the forward, each expert's flow-matching loss and backward (no
+          optimizer step): serial vs grouped;
+  experts the experts' Euler sampling alone, on the features of one grouped and of one serial
+          forward (both orders, the better per side).
+`--frozen K` makes the last K tenants frozen-base mlp tenants sharing the group.
+Prints a table and writes one JSON record.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from bench.lora_group import _time  # noqa: E402
+from models import BaseConfig, BaseModel, TenantSlot, encode_grouped, encode_serial, forward_backward, predict  # noqa: E402
+from models.testing import calvin_schema, libero_schema, random_batch  # noqa: E402
+
+
+@dataclass
+class Row:
+    preset: str
+    device: str
+    tenants: int
+    frozen: int
+    batch: int
+    expert_width: int
+    expert_depth: int
+    euler_steps: int
+    expert_params_m: float
+    serial_cache_ms: float | None
+    grouped_cache_ms: float | None
+    cache_speedup: float | None
+    serial_infer_ms: float | None
+    grouped_infer_ms: float | None
+    infer_speedup: float | None
+    serial_train_ms: float | None
+    grouped_train_ms: float | None
+    train_speedup: float | None
+    serial_experts_ms: float | None
+    grouped_experts_ms: float | None
+    experts_speedup: float | None
+
+
+def run(args: argparse.Namespace) -> Row:
+    base = BaseModel.load(BaseConfig(args.preset, device=args.device))
+    options = {"width": args.width, "euler_steps": args.euler_steps}
+    if args.depth:
+        options["depth"] = args.depth
+    slots = []
+    for i in range(args.tenants):
+        schema = libero_schema() if i % 2 == 0 else calvin_schema()
+        expert = i < args.tenants - args.frozen
+        slots.append(TenantSlot.create(f"t{i}", schema, base, head_kind="expert" if expert else "mlp",
+                                       head_options=options if expert else None, seed=i))
+    batches = [random_batch(s.preprocessor, args.batch, seed=i) for i, s in enumerate(slots)]
+    for b in batches:
+        b.features = b.features.to(base.device)
+    vlas = [b.features for b in batches]
+    items = list(zip(slots, batches))
+    pairs = list(zip(slots, vlas))
+
+    def cache(grouped: bool):
+        with torch.inference_mode():
+            return (encode_grouped(base, vlas, inference=True, slots=slots) if grouped
+                    else encode_serial(base, vlas, inference=True, slots=slots))
+
+    def experts(feats):
+        with torch.inference_mode():
+            return [s.head.predict(f, v, s.generator) for s, v, f in zip(slots, vlas, feats)]
+
+    stages = {
+        "cache": lambda grouped: lambda: cache(grouped),
+        "infer": lambda grouped: lambda: predict(base, pairs, grouped=grouped),
+        "train": lambda grouped: lambda: forward_backward(base, items, grouped=grouped),
+    }
+    t: dict[str, float] = {}
+    for grouped in (False, True):
+        name = "grouped" if grouped else "serial"
+        for stage in args.stages:
+            if stage in stages:
+                t[f"{name}_{stage}"] = _time(stages[stage](grouped), base.device, args.warmup, args.repeats)
+    if "experts" in args.stages:
+        # The heads alone, on features of one grouped and of one serial forward, timed in both
+        # orders (the better of the two per side): does reading split caches cost the experts?
+        feats = {g: cache(g) for g in (False, True)}
+        for order in ((False, True), (True, False)):
+            for g in order:
+                key = f"{'grouped' if g else 'serial'}_experts"
+                ms = _time(lambda: experts(feats[g]), base.device, args.warmup, args.repeats)
+                t[key] = min(t.get(key, ms), ms)
+    experts = [s for s in slots if s.head_kind == "expert"]
+    params = sum(p.numel() for p in experts[0].head.parameters()) / 1e6 if experts else 0.0
+    depth = len(experts[0].head.layers) if experts else 0
+    return Row(args.preset, str(base.device), args.tenants, args.frozen, args.batch, args.width, depth,
+               args.euler_steps, round(params, 2),
+               *(v for stage in ("cache", "infer", "train", "experts") for v in _triple(t, stage)))
+
+
+def _triple(t: dict[str, float], stage: str) -> tuple[float | None, float | None, float | None]:
+    """(serial ms, grouped ms, speedup) of a stage, None where it was not run."""
+    s, g = t.get(f"serial_{stage}"), t.get(f"grouped_{stage}")
+    if s is None or g is None:
+        return None, None, None
+    return round(s, 2), round(g, 2), round(s / g, 2)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--preset", default="tiny-qwen3-vl-64")
+    p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
+    p.add_argument("--tenants", type=int, default=4)
+    p.add_argument("--frozen", type=int, default=0, help="of the tenants, how many are frozen-base mlp tenants")
+    p.add_argument("--batch", type=int, default=2)
+    p.add_argument("--width", type=int, default=64, help="expert hidden size")
+    p.add_argument("--depth", type=int, default=0, help="expert layers (0: the base's text layers)")
+    p.add_argument("--euler-steps", type=int, default=10)
+    p.add_argument("--stages", type=lambda v: v.split(","), default=["cache", "infer", "train", "experts"],
+                   help="comma-separated: cache, infer, train, experts (the heads alone on precomputed features)")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--json", type=Path, default=None, help="write the row here")
+    args = p.parse_args(argv)
+    if not 0 <= args.frozen < args.tenants:
+        p.error(f"--frozen={args.frozen}: allowed 0..{args.tenants - 1} (at least one expert)")
+    row = run(args)
+    d = asdict(row)
+    print("| " + " | ".join(d) + " |")
+    print("|" + "---|" * len(d))
+    print("| " + " | ".join(str(v) for v in d.values()) + " |")
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(d, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

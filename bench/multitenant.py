@@ -1,0 +1,707 @@
+"""Multi-tenant vs isolated: the same tenants on one shared deployment, and each alone on its own.
+
+    OMP_NUM_THREADS=1 nice -n 5 .venv/bin/python -m bench.multitenant                 # 3 RL + 1 SFT, CPU, tiny base
+    .venv/bin/python -m bench.multitenant --mix rl-reach:12,sft-reach:32 --out /tmp/mt.json
+    .venv/bin/python -m bench.multitenant --scaling 1,2,4,8,16                       # shared side only
+    .venv/bin/python -m bench.multitenant --replot bench/results/multitenant.json    # figures from a JSON
+    python3 -m bench.multitenant --base qwen3-vl-4b --fast ...                       # on a GPU (docs/results.md)
+
+What it does (issue 14, items 3-6):
+  1. The tenant mix (``--mix``): each entry ``KIND[:BUDGET]``, KIND one of `TENANT_KINDS`
+     (RL tenants on different tasks / task variants, ``rl-push`` on ManiSkill's PushCube), the
+     budget a fixed amount of work: episodes for an RL tenant, optimizer steps for an SFT one
+     (never wall time). Default 3 RL + 1 SFT, as in the reference system; where ManiSkill
+     cannot run (no package or no Vulkan device), ``rl-push`` becomes ``rl-reach-top`` and the
+     report says so (``--maniskill on`` makes that an error instead).
+  2. (a) **shared**: one ``nexus up`` (a fresh temp data dir, a free port), every tenant
+     submitted at once; (b) **alone**: for each tenant, a fresh ``nexus up`` holding only it,
+     one after another. The deployment settings are the same for every run.
+  3. While a run goes, every ``--poll-s`` (default ``POLL.every_s``): each service's metered busy seconds (its
+     `info` op: the meter that charges tenants, `actors.metering`: each grouped train step or
+     forward, ended by a device synchronize on a GPU) -> the busy timeline; the weight-sync
+     lags the inferencers publish (``metrics.weight_sync_s.<tenant>``); workload states.
+  4. At the end of a run (every workload terminal): held seconds per service (process start,
+     from /proc, to the end), busy seconds, each tenant's result (RL: the success rate of its
+     last training episodes; SFT: the closing evaluation's success rate and its loss), usage
+     rows, curves from the workload events; then ``nexus down``.
+  5. `bench.mt_report.compare`: device time shared vs the sum of the isolated runs
+     (efficiency), utilisation per service and its gain, learning deltas, against issue 14's
+     targets; JSON (``--out``), a PNG beside it (busy timelines of both runs, per-tenant curves),
+     and a table on stdout.
+
+Bad input: the mix, budgets, base and scaling list are checked before anything starts (exit 2,
+one line naming the argument). Every deployment is stopped on the way out, on failure, Ctrl-C
+or SIGTERM too (``nexus down``, then SIGKILL of whatever it left). A run that fails (``nexus up``
+failed, a workload did not complete, a role restarted, the run timed out) stops the experiment;
+the JSON then has ``"comparison": null`` and ``"refused"`` says which run failed and why, and
+the exit status is 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from bench.chaos import ROOT, Deployment, Poll, _example
+from bench.mt_report import compare, failures, planned_tenants, plot, plot_scaling, scaling, scaling_table, table
+
+RESULTS = ROOT / "bench" / "results"
+TERMINAL = ("completed", "failed", "cancelled")
+POLL = Poll("multitenant_poll", every_s=0.5, deadline_s=0.0)  # busy / state sampler of a run
+REQUEST_TIMEOUT_S = 15.0  # each request of the harness (2 busy cores: replies have taken > 5 s)
+MAX_TENANTS = 64  # a deployment's tenants in one run (the scaling curve goes to 16)
+MAX_BUDGET = 100_000
+INFO_ATTEMPTS = 3  # a role's info that fails (internal error) this often in a row fails the run
+# Heartbeat silence before the health manager declares a role dead. The default (3 s) trips
+# on this 2-core machine while an env worker imports ManiSkill / SAPIEN for a producer (~30 s
+# holding the GIL in bursts): the worker is killed and its producers restart, so every run
+# of the experiment gets this longer timeout (the same for shared and alone runs).
+HEALTH_TIMEOUT_S = 30.0
+
+
+# -- tenants -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Sizes:
+    """Per-tenant work knobs that are not the budget (same in the shared and the alone runs)."""
+
+    sft_demos: int = 40
+    sft_batch: int = 32
+    sft_items_per_job: int = 8
+    sft_eval_episodes: int = 10
+    rl_steps_per_update: int = 128
+    rl_parallel_envs: int = 4
+    rl_micro_batch: int = 32
+    rl_epochs: int = 1
+
+
+def _rl(kind: str, env_id: str, options: dict[str, Any], cameras: list[dict[str, Any]] | None = None,
+        state_dim: int | None = None, action_dim: int | None = None) -> Callable[..., dict[str, Any]]:
+    def build(tenant: str, budget: int, base: str, seed: int, sz: Sizes) -> dict[str, Any]:
+        rl = _example("rl_reach.yaml")
+        rl.update(tenant=tenant, base=base, seed=seed)
+        rl["env"] = {"id": env_id, "options": dict(options)}
+        if cameras is not None:
+            rl["observation"]["cameras"] = cameras
+        if state_dim is not None:
+            rl["observation"]["state_dim"] = state_dim
+        if action_dim is not None:
+            rl["action"]["dim"] = action_dim
+        rl["algorithm"].update(steps_per_update=sz.rl_steps_per_update, parallel_envs=sz.rl_parallel_envs,
+                               micro_batch=sz.rl_micro_batch, epochs=sz.rl_epochs)
+        # A fixed amount of env work: episodes (checked by the producer between updates, so
+        # the same in both runs whatever the trainer's pace), never wall time.
+        rl["schedule"]["budget"] = {"max_episodes": budget}
+        rl.pop("eval", None)  # the result is the success rate of its own last training episodes
+        rl.pop("outputs", None)
+        return rl
+    build.kind = kind  # type: ignore[attr-defined]
+    build.task = "rl"  # type: ignore[attr-defined]
+    build.env_id = env_id  # type: ignore[attr-defined]
+    return build
+
+
+def _sft(tenant: str, budget: int, base: str, seed: int, sz: Sizes) -> dict[str, Any]:
+    sft = _example("sft_reach.yaml")
+    sft.update(tenant=tenant, base=base, seed=seed)
+    sft["env"]["demos"]["episodes"] = sz.sft_demos
+    sft["algorithm"].update(steps=budget, items_per_job=min(sz.sft_items_per_job, budget),
+                            batch_size=sz.sft_batch, warmup_steps=min(50, budget // 6))
+    sft["schedule"]["budget"] = {}
+    sft["eval"] = {"version": "latest", "episodes": sz.sft_eval_episodes, "seed": 10000}
+    sft.pop("outputs", None)
+    return sft
+
+
+_sft.kind, _sft.task, _sft.env_id = "sft-reach", "sft", "builtin/reach-v0"  # type: ignore[attr-defined]
+_CAM64 = {"height": 64, "width": 64}
+TENANT_KINDS: dict[str, Callable[..., dict[str, Any]]] = {
+    "rl-reach": _rl("rl-reach", "builtin/reach-v0", {"cameras": ["top", "wrist"], "image_size": 64, "reward": "dense"}),
+    # Task variants of the built-in reach: larger steps and a wider success radius; the top
+    # camera alone (another observation schema in the same trainer group).
+    "rl-reach-easy": _rl("rl-reach-easy", "builtin/reach-v0",
+                         {"cameras": ["top", "wrist"], "image_size": 64, "reward": "dense",
+                          "max_step": 0.15, "success_radius": 0.2}),
+    "rl-reach-top": _rl("rl-reach-top", "builtin/reach-v0", {"cameras": ["top"], "image_size": 64, "reward": "dense"},
+                        cameras=[{"name": "top", **_CAM64}]),
+    # ManiSkill3 PushCube through the adapter (SAPIEN on CPU, rendered by lavapipe or the GPU):
+    # one 64x64 camera, 25-d state, 8-d joint-delta action (no IK: ~2x faster on CPU).
+    "rl-push": _rl("rl-push", "maniskill/PushCube-v1",
+                   {"obs_mode": "rgb", "image_size": 64, "control_mode": "pd_joint_delta_pos"},
+                   cameras=[{"name": "base_camera", **_CAM64}], state_dim=25, action_dim=8),
+    "sft-reach": _sft,
+}
+DEFAULT_MIX = "rl-reach:8,rl-reach-easy:8,rl-push:4,sft-reach:32"
+DEFAULT_BUDGET = {"rl": 16, "sft": 48}
+MANISKILL_STANDIN = "rl-reach-top"
+DEFAULT_SCALING_KINDS = "rl-reach:8,sft-reach:24"
+
+
+@dataclass(frozen=True)
+class TenantPlan:
+    name: str
+    kind: str
+    budget: int
+
+    @property
+    def task(self) -> str:
+        return TENANT_KINDS[self.kind].task  # type: ignore[attr-defined]
+
+    def spec(self, base: str, seed: int, sizes: Sizes) -> dict[str, Any]:
+        return TENANT_KINDS[self.kind](self.name, self.budget, base, seed, sizes)
+
+
+class BadArgument(ValueError):
+    """A bad command-line value; the message names the argument."""
+
+
+def maniskill_problem() -> str | None:
+    """Why ManiSkill cannot run here (None: it can): the package, then a Vulkan device."""
+    import importlib.util
+
+    if importlib.util.find_spec("mani_skill") is None:
+        return "the mani-skill package is not installed"
+    from envs.maniskill import vulkan_icd_candidates
+
+    if not vulkan_icd_candidates():
+        return "no Vulkan driver found (deploy/setup/vulkan.sh installs lavapipe)"
+    return None
+
+
+def parse_mix(text: str, maniskill: str = "auto", problem: Callable[[], str | None] = maniskill_problem
+              ) -> tuple[list[TenantPlan], list[str]]:
+    """``KIND[:BUDGET],...`` -> tenant plans (names unique: ``mt-<i>-<kind>``) and notes."""
+    if maniskill not in ("auto", "on", "off"):
+        raise BadArgument(f"--maniskill: {maniskill!r}; allowed: auto, on, off")
+    entries = [e.strip() for e in (text or "").split(",")]
+    if not text or not text.strip() or any(not e for e in entries):
+        raise BadArgument(f"--mix: {text!r}: need comma-separated KIND[:BUDGET] entries, none empty; "
+                          f"kinds: {', '.join(TENANT_KINDS)}")
+    if len(entries) > MAX_TENANTS:
+        raise BadArgument(f"--mix: {len(entries)} tenants; at most {MAX_TENANTS}")
+    plans, notes = [], []
+    why_not = None
+    for i, entry in enumerate(entries):
+        kind, sep, budget_text = entry.partition(":")
+        kind = kind.strip()
+        if kind not in TENANT_KINDS:
+            raise BadArgument(f"--mix entry {i + 1} {entry!r}: unknown kind {kind!r}; kinds: {', '.join(TENANT_KINDS)}")
+        task = TENANT_KINDS[kind].task  # type: ignore[attr-defined]
+        if sep:
+            try:
+                budget = int(budget_text)
+            except ValueError:
+                raise BadArgument(f"--mix entry {i + 1} {entry!r}: budget {budget_text!r} is not an integer "
+                                  f"({'episodes' if task == 'rl' else 'optimizer steps'})") from None
+        else:
+            budget = DEFAULT_BUDGET[task]
+        if not 1 <= budget <= MAX_BUDGET:
+            raise BadArgument(f"--mix entry {i + 1} {entry!r}: budget {budget} is outside 1..{MAX_BUDGET} "
+                              f"({'episodes' if task == 'rl' else 'optimizer steps'})")
+        if kind == "rl-push":
+            if maniskill == "off":
+                kind = MANISKILL_STANDIN
+                notes.append(f"tenant {i + 1}: rl-push replaced by {kind} (--maniskill off)")
+            else:
+                why_not = why_not if why_not is not None else (problem() or "")
+                if why_not:
+                    if maniskill == "on":
+                        raise BadArgument(f"--mix entry {i + 1} {entry!r}: ManiSkill cannot run here: {why_not} "
+                                          "(--maniskill auto replaces it with " + MANISKILL_STANDIN + ")")
+                    kind = MANISKILL_STANDIN
+                    notes.append(f"tenant {i + 1}: rl-push replaced by {kind}: ManiSkill cannot run here ({why_not})")
+        plans.append(TenantPlan(name=f"mt-{i + 1}-{kind}", kind=kind, budget=budget))
+    return plans, notes
+
+
+def parse_scaling(text: str) -> list[int]:
+    try:
+        counts = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise BadArgument(f"--scaling: {text!r}: need comma-separated tenant counts, e.g. 1,2,4,8,16") from None
+    if not counts or any(not 1 <= n <= MAX_TENANTS for n in counts):
+        raise BadArgument(f"--scaling: {text!r}: every count must be in 1..{MAX_TENANTS}")
+    if counts != sorted(set(counts)):
+        raise BadArgument(f"--scaling: {text!r}: counts must be increasing, without repeats")
+    return counts
+
+
+def scaled_mix(kinds: list[TenantPlan], n: int) -> list[TenantPlan]:
+    """``n`` tenants cycling through ``kinds`` (their budgets), named uniquely."""
+    return [TenantPlan(name=f"mt-{i + 1}-{kinds[i % len(kinds)].kind}", kind=kinds[i % len(kinds)].kind,
+                       budget=kinds[i % len(kinds)].budget) for i in range(n)]
+
+
+def check_base(base: str) -> None:
+    from models.presets import PRESETS
+
+    if base not in PRESETS and not Path(base).is_dir():
+        raise BadArgument(f"--base: {base!r} is neither a preset ({', '.join(sorted(PRESETS))}) nor a directory")
+
+
+# -- one run on one deployment ------------------------------------------------------------------
+@dataclass
+class RunRecord:
+    name: str
+    ok: bool = False
+    error: str = ""
+    wall_s: float = 0.0
+    up_s: float = 0.0
+    services: dict[str, dict[str, Any]] = field(default_factory=dict)
+    timeline: dict[str, list[list[float]]] = field(default_factory=lambda: {"trainer": [], "inferencer": []})
+    tenants: dict[str, dict[str, Any]] = field(default_factory=dict)
+    weight_sync_s: list[float] = field(default_factory=list)
+    settings: dict[str, str] = field(default_factory=dict)
+    info_errors: list[str] = field(default_factory=list)  # transient info failures, retried
+
+
+def proc_start_time(pid: int) -> float | None:
+    """Unix time a local process started (/proc), None if it cannot be read."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        ticks = int(stat.rsplit(")", 1)[1].split()[19])  # field 22: starttime, after pid and (comm)
+        btime = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                     if line.startswith("btime"))
+        return btime + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+class MtDeployment(Deployment):
+    """`bench.chaos.Deployment` with this experiment's settings in every role's environment."""
+
+    def __init__(self, data_dir: Path, settings: dict[str, str]) -> None:
+        super().__init__(data_dir, 1)
+        self.settings = settings
+
+    def nexus(self, *args: str, timeout: float) -> subprocess.CompletedProcess:
+        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "PYTHONUNBUFFERED": "1",
+               "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), **self.settings}
+        return subprocess.run([sys.executable, "-m", "sdk.cli", *args], capture_output=True, text=True,
+                              timeout=timeout, env=env, cwd=ROOT)
+
+
+def _busy(info: Any) -> float | None:
+    usage = (info.extra or {}).get("usage") or {}
+    busy = usage.get("busy_s")
+    return float(sum(busy.values())) if isinstance(busy, dict) else None
+
+
+class Runner:
+    def __init__(self, name: str, plans: list[TenantPlan], cfg: "Config", dep: MtDeployment) -> None:
+        self.rec = RunRecord(name=name, settings=dict(dep.settings))
+        self.plans, self.cfg, self.dep = plans, cfg, dep
+        self.t0 = 0.0
+        self.pids: dict[str, int] = {}
+
+    def log(self, text: str) -> None:
+        print(f"[multitenant {self.rec.name}] {text}", flush=True)
+
+    async def run(self) -> RunRecord:
+        from actors.broker import free_port
+        from sdk.client import AsyncClient
+
+        self.t0 = time.time()
+        try:
+            state = await asyncio.to_thread(self.dep.up, free_port())
+        except (RuntimeError, subprocess.TimeoutExpired) as exc:
+            self.rec.error = f"nexus up failed: {exc}"[:2000]
+            return self.rec
+        ready_at = time.time()
+        self.rec.up_s = ready_at - self.t0
+        self.log(f"up in {self.rec.up_s:.1f} s")
+        starts: dict[str, float] = {}
+        for r in state.get("roles", []):
+            if r["role"] in ("trainer", "inferencer"):
+                self.pids[r["role"]] = int(r["pid"])
+                starts[r["role"]] = proc_start_time(int(r["pid"])) or self.t0
+        client = AsyncClient(state["nats_url"], state["prefix"], timeout_s=REQUEST_TIMEOUT_S)
+        await client.connect()
+        try:
+            await self._watch_sync(client)
+            ids = {}
+            for i, p in enumerate(self.plans):
+                spec = p.spec(self.cfg.base, seed=1 + i + self.cfg.seed, sizes=self.cfg.sizes)
+                ids[p.name] = (await client.submit(spec)).id
+            self.log(f"submitted {len(ids)} workloads")
+            records = await self._sample_until_done(client, ids)
+            end_at = time.time()
+            self.rec.wall_s = end_at - self.t0
+            for role in ("trainer", "inferencer"):
+                info = await self._info(client, role)
+                busy = _busy(info)
+                if busy is None:
+                    raise RuntimeError(f"{role} reports no metered busy time (info.extra.usage.busy_s)")
+                self.rec.timeline[role].append([end_at - self.t0, busy])
+                self.rec.services[role] = {"pid": info.pid, "held_s": end_at - starts.get(role, self.t0),
+                                           "held_ready_s": end_at - ready_at, "busy_s": busy}
+            await self._tenants(client, ids, records)
+            restarted = self._restarted(state)
+            if restarted:
+                # A replaced env worker restarts its producers (work redone), a replaced
+                # trainer / inferencer starts its counters over: not a clean comparison.
+                self.rec.error = "roles restarted during the run: " + ", ".join(restarted)
+            self.rec.ok = not self.rec.error and all(t["state"] == "completed" for t in self.rec.tenants.values())
+        except (RuntimeError, asyncio.TimeoutError) as exc:
+            self.rec.error = self.rec.error or f"{type(exc).__name__}: {exc}"
+        except Exception as exc:  # noqa: BLE001 - recorded as the run's failure, then re-checked by the caller
+            from protocol.errors import NexusError
+
+            if not isinstance(exc, NexusError):
+                raise
+            self.rec.error = f"{exc.code.value}: {exc.message}"
+        finally:
+            await client.close()
+        return self.rec
+
+    async def _info(self, client: Any, role: str) -> Any:
+        """The role's info, retried on an internal error; when no instance answers, say
+        whether its process died (and the last line of its log: a native crash prints
+        nothing else)."""
+        from protocol.errors import InternalError, Unavailable
+
+        for attempt in range(1, INFO_ATTEMPTS + 1):
+            try:
+                return await client.info(role)
+            except InternalError as exc:
+                # A role whose info raced its own work (seen: the trainer's slot memory report
+                # meeting a step that set the grads to None) answers the next one: counted, retried.
+                self.rec.info_errors.append(f"{role}: {exc.message}"[:300])
+                if attempt == INFO_ATTEMPTS:
+                    raise RuntimeError(f"{role} info failed {INFO_ATTEMPTS} times in a row: {exc.message}") from None
+                await asyncio.sleep(self.cfg.poll_s)
+            except Unavailable as exc:
+                raise RuntimeError(self._gone(role, exc.message)) from None
+        raise AssertionError("INFO_ATTEMPTS must be >= 1")
+
+    def _gone(self, role: str, why: str) -> str:
+        pid = self.pids.get(role, 0)
+        if not pid or Path(f"/proc/{pid}").exists():
+            return f"{role} did not answer info ({why})"
+        log = self.dep.data_dir / "logs" / f"{role}.log"
+        lines = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()] if log.exists() else []
+        return (f"{role} did not answer info ({why}); its process {pid} exited, last log line: "
+                f"{lines[-1][-300:] if lines else ''!r}")
+
+    def _restarted(self, first: dict[str, Any]) -> list[str]:
+        now = {r["role"]: r for r in (self.dep.state() or {}).get("roles", [])}
+        return [f"{r['role']} {r['instance']} -> {now[r['role']]['instance']}" for r in first.get("roles", [])
+                if r["role"] in now and now[r["role"]]["instance"] != r["instance"]]
+
+    async def _watch_sync(self, client: Any) -> None:
+        from protocol.messages import Metric
+        from protocol.wire import decode
+
+        async def on_metric(msg: Any) -> None:
+            m = decode(msg.data, Metric)
+            if m.signal == "weight_sync_s":  # export -> servable on an inferencer, per version
+                self.rec.weight_sync_s.append(float(m.value))
+
+        # Names spells no wildcard per signal (a scope of '*' is refused): take all, keep one.
+        await client.bus.nc.subscribe(client.names.metrics_all, cb=on_metric)
+
+    async def _sample_until_done(self, client: Any, ids: dict[str, str]) -> dict[str, Any]:
+        deadline = time.monotonic() + self.cfg.run_timeout_s
+        records: dict[str, Any] = {}
+        last_note = 0.0
+        while True:
+            now = time.time()
+            for role in ("trainer", "inferencer"):
+                info = await self._info(client, role)
+                if role in self.pids and info.pid != self.pids[role]:
+                    raise RuntimeError(f"{role} restarted (pid {self.pids[role]} -> {info.pid}): "
+                                       "its device time and busy counters start over")
+                busy = _busy(info)
+                if busy is not None:
+                    self.rec.timeline[role].append([now - self.t0, busy])
+            for name, wid in ids.items():
+                records[name] = await client.workload(wid)
+            if all(r.state in TERMINAL for r in records.values()):
+                return records
+            if now - last_note > 15:
+                last_note = now
+                self.log(", ".join(f"{n}: {r.state} v{r.step} ep{r.episodes}"
+                                   for n, r in records.items()))
+            if time.monotonic() > deadline:
+                left = [n for n, r in records.items() if r.state not in TERMINAL]
+                raise RuntimeError(f"run timed out after {self.cfg.run_timeout_s:g} s (--run-timeout-s) with "
+                                   f"{left} unfinished")
+            await asyncio.sleep(self.cfg.poll_s)
+
+    async def _tenants(self, client: Any, ids: dict[str, str], records: dict[str, Any]) -> None:
+        from sdk.report import workload_events, workload_usage
+
+        for p in self.plans:
+            rec, wid = records[p.name], ids[p.name]
+            usage = await workload_usage(client, wid)
+            m = rec.metrics or {}
+            success = m.get("eval_success_rate") if p.task == "sft" else m.get("success_rate")
+            curve = []
+            for ev in await workload_events(client, wid):
+                value = (ev.metrics or {}).get("loss" if p.task == "sft" else "success_rate")
+                if ev.kind == "progress" and value is not None:
+                    curve.append([ev.at - self.t0, float(ev.step), float(ev.episodes), float(value)])
+            self.rec.tenants[p.name] = {
+                "kind": p.kind, "task": p.task, "budget": p.budget, "workload": wid, "state": rec.state,
+                "message": rec.message, "version": rec.step, "episodes": rec.episodes,
+                "success": None if success is None else float(success),
+                "loss": None if m.get("loss") is None else float(m["loss"]),
+                "train_rows": usage.get("train_rows", 0), "infer_rows": usage.get("infer_rows", 0),
+                "train_device_s": usage.get("train_device_s", 0.0), "infer_device_s": usage.get("infer_device_s", 0.0),
+                "curve": curve}
+
+
+# -- the experiment -----------------------------------------------------------------------------
+@dataclass
+class Config:
+    plans: list[TenantPlan]
+    base: str = "tiny-qwen3-vl-64"
+    fast: bool = False
+    sizes: Sizes = field(default_factory=Sizes)
+    run_timeout_s: float = 600.0
+    seed: int = 0
+    out: Path = RESULTS / "multitenant.json"
+    scaling: list[int] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    keep_data: bool = False
+    health_timeout_s: float = HEALTH_TIMEOUT_S
+    trainer_group_max: int = 0  # 0: wide enough for every tenant of the shared run
+    # Each poll is an `info` of the trainer and the inferencer; the trainer's info reads its
+    # slots' memory while a step thread runs (a race: docs/results.md), so fewer polls = less
+    # exposure, at a coarser busy timeline.
+    poll_s: float = POLL.every_s
+
+    def settings(self, n_tenants: int) -> dict[str, str]:
+        """The deployment's settings: the same for the shared and every isolated run, except
+        that the shared run's trainer group and rollout gate must fit all its tenants (a
+        private deployment has one tenant: its 4-wide group and 3-wide gate are never full)."""
+        s = {"NEXUS_INFER_BASE": self.base, "NEXUS_METRICS_PORT": "0", "NEXUS_TENSORBOARD": "0",
+             "NEXUS_TRAINER_GROUP_MAX": str(self.trainer_group_max or max(4, min(256, n_tenants))),
+             "NEXUS_MAX_ACTIVE_ROLLOUTS": str(max(3, n_tenants)),
+             "NEXUS_HEALTH_TIMEOUT_S": f"{self.health_timeout_s:g}"}
+        if self.fast:
+            s["NEXUS_INFER_FAST"] = "1"
+        return s
+
+
+LIVE: list[MtDeployment] = []
+
+
+def one_run(name: str, plans: list[TenantPlan], cfg: Config, n_for_settings: int) -> dict[str, Any]:
+    data_dir = Path(tempfile.mkdtemp(prefix=f"nexus-mt-{name.replace(':', '-')}-")).resolve()
+    dep = MtDeployment(data_dir, cfg.settings(n_for_settings))
+    LIVE.append(dep)
+    try:
+        rec = asyncio.run(Runner(name, plans, cfg, dep).run())
+    finally:
+        notes = dep.cleanup()
+        LIVE.remove(dep)
+        if not cfg.keep_data:
+            import shutil
+
+            shutil.rmtree(data_dir, ignore_errors=True)
+    out = asdict(rec)
+    out["cleanup"] = notes
+    print(f"[multitenant {name}] {'ok' if rec.ok else 'FAILED: ' + '; '.join(failures([out]))} "
+          f"(wall {rec.wall_s:.1f} s)", flush=True)
+    return out
+
+
+def _write(report: dict[str, Any], out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=1, default=str))
+
+
+def run_compare(cfg: Config) -> tuple[int, dict[str, Any]]:
+    report: dict[str, Any] = {"kind": "compare", "config": _config_json(cfg),
+                              "runs": {"shared": None, "alone": []}, "comparison": None, "refused": []}
+    n = len(cfg.plans)
+    shared = one_run("shared", cfg.plans, cfg, n)
+    report["runs"]["shared"] = shared
+    if not failures([shared]):
+        for p in cfg.plans:
+            # Same settings as the shared run: only the number of tenants differs.
+            r = one_run(f"alone:{p.name}", [p], cfg, n)
+            report["runs"]["alone"].append(r)
+            if failures([r]):
+                break
+    try:
+        report["comparison"] = compare(shared, report["runs"]["alone"])
+    except ValueError as exc:
+        report["refused"] = failures([shared, *report["runs"]["alone"]]) or [str(exc)]
+        skipped = [p.name for p in cfg.plans][len(report["runs"]["alone"]):]
+        if skipped:
+            report["refused"].append(f"not run (an earlier run failed): alone runs of {skipped}")
+    _write(report, cfg.out)
+    png = _plotted(plot, report, cfg.out)
+    if report["comparison"] is None:
+        print("\nNO COMPARISON: a run failed\n  " + "\n  ".join(report["refused"]), file=sys.stderr)
+        return 1, report
+    print("\n" + table(report["comparison"]))
+    for note in cfg.notes:
+        print(f"note: {note}")
+    print(f"\nJSON: {cfg.out}\nPNG:  {png}")
+    return 0, report
+
+
+def _plotted(fn: Callable[..., Path], *args: Any) -> str:
+    """The PNG beside the JSON; where matplotlib is missing (a bare GPU machine), say how to
+    make it later from the JSON instead of losing the run."""
+    *rest, out = args
+    try:
+        return str(fn(*rest, out.with_suffix(".png")))
+    except ImportError as exc:
+        return f"not drawn ({exc}); draw it with: python -m bench.multitenant --replot {out}"
+
+
+def run_scaling(cfg: Config) -> tuple[int, dict[str, Any]]:
+    report: dict[str, Any] = {"kind": "scaling", "config": _config_json(cfg), "runs": [], "rows": [], "refused": []}
+    for n in cfg.scaling:
+        r = one_run(f"scale:{n}", scaled_mix(cfg.plans, n), cfg, n)
+        report["runs"].append(r)
+        if failures([r]):
+            report["refused"] = failures([r]) + [f"not run: {[m for m in cfg.scaling if m > n]}"]
+            break
+    report["rows"] = scaling(report["runs"])
+    _write(report, cfg.out)
+    png = _plotted(plot_scaling, report["rows"], report["runs"], cfg.out)
+    print("\n" + scaling_table(report["rows"]))
+    print(f"\nJSON: {cfg.out}\nPNG:  {png}")
+    if report["refused"]:
+        print("\nFAILED RUN: " + " | ".join(report["refused"]), file=sys.stderr)
+        return 1, report
+    return 0, report
+
+
+def _config_json(cfg: Config) -> dict[str, Any]:
+    return {"plans": [asdict(p) for p in cfg.plans], "base": cfg.base, "fast": cfg.fast, "sizes": asdict(cfg.sizes),
+            "run_timeout_s": cfg.run_timeout_s, "poll_s": cfg.poll_s, "seed": cfg.seed, "scaling": cfg.scaling, "notes": cfg.notes,
+            "settings_shared": cfg.settings(max([len(cfg.plans), *cfg.scaling]))}
+
+
+def replot(paths: list[Path], out: Path | None = None) -> int:
+    """The PNG and table again from saved JSON. Several scaling files (counts run in separate
+    invocations) merge into one curve, written to ``out``."""
+    reports = [json.loads(p.read_text()) for p in paths]
+    if len(reports) > 1:
+        if any(r.get("kind") != "scaling" for r in reports):
+            print("error: --replot: only scaling files (--scaling runs) can be merged", file=sys.stderr)
+            return 2
+        if out is None or out.suffix != ".json":
+            print("error: --out: merging several files needs --out FILE.json", file=sys.stderr)
+            return 2
+        runs = [run for r in reports for run in r["runs"]]
+        good = {run["name"] for run in runs if not failures([run])}
+        # A count that failed in one invocation and ran clean in another: the clean run counts.
+        dropped = [run["name"] for run in runs if failures([run]) and run["name"] in good]
+        runs = sorted((run for run in runs if not (failures([run]) and run["name"] in good)), key=planned_tenants)
+        merged = {"kind": "scaling", "config": [r["config"] for r in reports], "runs": runs,
+                  "rows": scaling(runs), "refused": failures(runs),
+                  "replaced_failed_runs": [f"{n}: failed in one file, ran clean in another" for n in dropped],
+                  "merged_from": [str(p) for p in paths]}
+        _write(merged, out)
+        reports, paths = [merged], [out]
+    report, path = reports[0], paths[0]
+    if report.get("kind") == "scaling":
+        report["rows"] = scaling(report["runs"])  # the current definitions, not the file's
+        print(scaling_table(report["rows"]))
+        print(f"PNG: {_plotted(plot_scaling, report['rows'], report['runs'], path)}")
+    else:
+        print(table(report["comparison"]) if report.get("comparison")
+              else "NO COMPARISON: " + " | ".join(report.get("refused", [])))
+        print(f"PNG: {_plotted(plot, report, path)}")
+    return 0
+
+
+def build_config(args: argparse.Namespace) -> Config:
+    """Every argument checked before anything starts (BadArgument names the one at fault)."""
+    check_base(args.base)
+    if not 0 < args.run_timeout_s <= 86400:
+        raise BadArgument(f"--run-timeout-s: {args.run_timeout_s}: must be in (0, 86400]")
+    scaling_counts = parse_scaling(args.scaling) if args.scaling else []
+    mix = args.mix or (DEFAULT_SCALING_KINDS if scaling_counts else DEFAULT_MIX)
+    plans, notes = parse_mix(mix, args.maniskill)
+    sizes = Sizes(sft_demos=args.sft_demos, sft_eval_episodes=args.sft_eval_episodes,
+                  rl_steps_per_update=args.rl_steps_per_update, rl_parallel_envs=args.rl_parallel_envs)
+    for name, value, lo, hi in (("--sft-demos", sizes.sft_demos, 1, 10_000),
+                                ("--sft-eval-episodes", sizes.sft_eval_episodes, 1, 1000),
+                                ("--rl-steps-per-update", sizes.rl_steps_per_update, 8, 100_000),
+                                ("--rl-parallel-envs", sizes.rl_parallel_envs, 1, 64)):
+        if not lo <= value <= hi:
+            raise BadArgument(f"{name}: {value} is outside {lo}..{hi}")
+    if not 0.1 <= args.poll_s <= 10:
+        raise BadArgument(f"--poll-s: {args.poll_s}: must be in [0.1, 10]")
+    if not 0 <= args.trainer_group_max <= 256:
+        raise BadArgument(f"--trainer-group-max: {args.trainer_group_max} is outside 0..256 (0: fit the tenants)")
+    out = args.out or RESULTS / ("multitenant-scaling.json" if scaling_counts else "multitenant.json")
+    if out.suffix != ".json":
+        raise BadArgument(f"--out: {str(out)!r} must end in .json (the PNG goes beside it)")
+    return Config(plans=plans, base=args.base, fast=args.fast, sizes=sizes, run_timeout_s=args.run_timeout_s,
+                  seed=args.seed, out=out, scaling=scaling_counts, notes=notes, keep_data=args.keep_data,
+                  trainer_group_max=args.trainer_group_max, poll_s=args.poll_s)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m bench.multitenant", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--mix", help=f"KIND[:BUDGET],... (default {DEFAULT_MIX}; with --scaling, the kinds cycled: "
+                                 f"{DEFAULT_SCALING_KINDS}); budgets: RL episodes, SFT optimizer steps")
+    p.add_argument("--maniskill", default="auto", help="auto | on | off: rl-push on ManiSkill (auto: a stand-in where it cannot run)")
+    p.add_argument("--base", default="tiny-qwen3-vl-64", help="base preset or directory (every tenant's, and the inferencer's)")
+    p.add_argument("--fast", action="store_true", help="the inferencer's fast engine (CUDA graphs; NEXUS_INFER_FAST)")
+    p.add_argument("--scaling", help="tenant counts, e.g. 1,2,4,8,16: the shared side only, per count")
+    p.add_argument("--sft-demos", type=int, default=Sizes.sft_demos)
+    p.add_argument("--sft-eval-episodes", type=int, default=Sizes.sft_eval_episodes)
+    p.add_argument("--rl-steps-per-update", type=int, default=Sizes.rl_steps_per_update)
+    p.add_argument("--rl-parallel-envs", type=int, default=Sizes.rl_parallel_envs)
+    p.add_argument("--trainer-group-max", type=int, default=0,
+                   help="jobs per trainer round in every run (default: the shared run's tenant count, at least 4)")
+    p.add_argument("--poll-s", type=float, default=POLL.every_s,
+                   help="seconds between samples of the services' busy time (each an info request)")
+    p.add_argument("--run-timeout-s", type=float, default=600.0, help="one run (deployment) at most this long")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, help="JSON path (PNG beside it); default bench/results/multitenant[-scaling].json")
+    p.add_argument("--keep-data", action="store_true", help="keep each run's temp data dir (logs)")
+    p.add_argument("--replot", type=Path, nargs="+", metavar="JSON",
+                   help="rebuild the PNG and table from saved JSON (several scaling files: merged into --out); runs nothing")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.replot:
+        return replot(args.replot, args.out)
+    try:
+        cfg = build_config(args)
+    except BadArgument as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for note in cfg.notes:
+        print(f"note: {note}", flush=True)
+
+    # SIGTERM (a timeout, a CI cancel) unwinds like Ctrl-C, so every finally cleans up.
+    def _term(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _term)
+    try:
+        code, _ = run_scaling(cfg) if cfg.scaling else run_compare(cfg)
+    except KeyboardInterrupt:
+        for dep in list(LIVE):  # a deployment whose own finally was cut short
+            dep.cleanup()
+        print("[multitenant] interrupted; every deployment it started was stopped", file=sys.stderr)
+        return 130
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,261 @@
+"""`expert`: a pi0-style action expert (OpenPI) on the shared base's per-layer prefix KV cache.
+
+    slot = TenantSlot.create("acme", schema, base, head_kind="expert", head_options={"width": 128})
+    train_step(base, [(slot, batch), (other, batch2)])   # one base forward computes the cache for all rows
+
+A small transformer of its own: `depth` layers (default: as many as the base's text decoder),
+each with its own weights. Expert layer i attends to the base's layer m(i) keys and values over
+the whole prefix (images, prompt, query tokens; padding masked) plus its own tokens: one
+state token and `action_horizon` action tokens, the noisy action of each step mixed with the
+flow time by an MLP (pi0's action-time MLP). Suffix attention is pi0's block mask: the state
+token sees the prefix and itself, the action tokens see the prefix, the state and each other.
+
+Reading the base's cache fixes the head shape: `head_dim` equals the base's, `num_heads` is a
+multiple of the base's `num_key_value_heads` (GQA: query head h reads cache head
+h // (num_heads / kv_heads), as transformers' repeat_kv pairs them). Layer mapping: `depth` must
+divide the base's layer count L; expert layer i reads base layer (i + 1) * L / depth - 1 (the
+last of each block of L / depth layers; depth = L is one to one). The expert's queries and keys
+are rotated by the base's own rotary table at the positions that continue each row's prefix
+(`PrefixKV.next_pos_B` + 0..H), as pi0 numbers its suffix after the prefix's real tokens.
+
+Training: flow matching on the action chunk (models/heads/flow.py's schedule: t from
+Beta(alpha, 1), x_t = (1 - t) noise + t actions, MSE on the velocity). Inference: the base's
+forward (and its cache) runs once; `euler_steps` Euler steps run the expert alone on it.
+The cache is computed under no_grad: gradients reach only the expert (and the tenant's LoRA
+adapter, if it has one, through its own rows).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, fields
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models.base import BaseOutput
+from models.errors import InputError, SchemaError
+from models.families.common import AttentionShape
+from models.heads.base import HeadDims, positive, register_head
+from models.heads.flow import FlowMatchingHead, timestep_embedding
+
+EXPERT = "expert"
+
+
+@dataclass(frozen=True)
+class ExpertHeadConfig:
+    """None = taken from the base (what its cache allows)."""
+
+    width: int = 256  # the expert's hidden size (pi0: 1024 beside PaliGemma's 2048)
+    depth: int | None = None  # None: the base's text layers; else a divisor of them
+    num_heads: int | None = None  # None: the base's query heads; a multiple of its kv heads
+    head_dim: int | None = None  # None: the base's; nothing else can read its cache
+    mlp_width: int | None = None  # None: 4 * width
+    beta_alpha: float = 1.5
+    max_time: float = 0.999
+    euler_steps: int = 10  # OpenPI samples pi0 with 10 Euler steps
+
+    def __post_init__(self) -> None:
+        positive("expert.width", self.width)
+        positive("expert.euler_steps", self.euler_steps)
+        positive("expert.beta_alpha", self.beta_alpha)
+        for name in ("depth", "num_heads", "head_dim", "mlp_width"):
+            value = getattr(self, name)
+            if value is not None:
+                positive(f"expert.{name}", value)
+        if not 0 < self.max_time <= 1:
+            raise SchemaError(f"expert.max_time={self.max_time}: must be in (0, 1]")
+
+
+# ---- what a base's cache allows (also the master's submit-time check) ----------------------
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def expert_errors(shape: AttentionShape, params: dict[str, Any], field: str = "action_module.params"
+                  ) -> list[tuple[str, str, Any]]:
+    """(field, message, value) for each way expert options cannot read a base whose text
+    attention is ``shape``; [] when they fit."""
+    errors: list[tuple[str, str, Any]] = []
+    allowed = {f.name for f in fields(ExpertHeadConfig)}
+    for key in sorted(set(params) - allowed):
+        errors.append((f"{field}.{key}", f"unknown expert option; allowed: {', '.join(sorted(allowed))}", params[key]))
+    depth, heads, head_dim = params.get("depth"), params.get("num_heads"), params.get("head_dim")
+    if _is_int(depth) and depth not in _divisors(shape.layers):
+        errors.append((f"{field}.depth", f"{depth} expert layers cannot map onto this base's {shape.layers} text "
+                       f"layers; allowed: {', '.join(map(str, _divisors(shape.layers)))} (a divisor: expert layer i "
+                       f"reads base layer (i + 1) * {shape.layers} / depth - 1)", depth))
+    if _is_int(head_dim) and head_dim != shape.head_dim:
+        errors.append((f"{field}.head_dim", f"{head_dim} cannot read this base's KV cache; allowed: {shape.head_dim} "
+                       "(the base's head_dim)", head_dim))
+    if _is_int(heads) and (heads < 1 or heads % shape.kv_heads):
+        examples = ", ".join(str(shape.kv_heads * k) for k in (1, 2, 4))
+        errors.append((f"{field}.num_heads", f"{heads} query heads cannot share this base's {shape.kv_heads} KV "
+                       f"heads; allowed: a multiple of {shape.kv_heads} (e.g. {examples})", heads))
+    if not errors:
+        try:
+            ExpertHeadConfig(**params)
+        except (SchemaError, TypeError) as exc:
+            name, _, rest = str(exc).partition(": ")
+            errors.append((f"{field}.{name.partition('=')[0].removeprefix('expert.')}", rest or str(exc), params))
+    return errors
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@functools.lru_cache(maxsize=16)
+def base_attention(source: str) -> tuple[str, AttentionShape]:
+    """(family, text attention shape) of a base (preset name or save_pretrained directory), from
+    its config alone: what the master checks an expert against at submit."""
+    from models.families import MODEL_TYPE_TO_FAMILY, text_attention_shape
+    from models.presets import PRESETS, get_preset
+
+    if source in PRESETS:
+        preset = get_preset(source)
+        return preset.family, text_attention_shape(preset.build_config(None))
+    from transformers import AutoConfig
+
+    hf_config = AutoConfig.from_pretrained(source, local_files_only=True)
+    family = MODEL_TYPE_TO_FAMILY.get(hf_config.model_type)
+    if family is None:
+        raise SchemaError(f"base={source!r}: model_type {hf_config.model_type!r} not supported")
+    return family, text_attention_shape(hf_config)
+
+
+def base_expert_errors(source: str, params: dict[str, Any], field: str = "action_module.params"
+                       ) -> list[tuple[str, str, Any]]:
+    """`expert_errors` against a base named by source, plus whether its family has a cache to read."""
+    from models.families import get_family
+
+    family, shape = base_attention(source)
+    if not get_family(family).prefix_kv:
+        supported = sorted(name for name, cls in _families().items() if cls.prefix_kv)
+        return [("action_module.kind", f"'expert' reads a per-layer KV cache, which base family {family!r} does not "
+                 f"expose; allowed families: {', '.join(supported)}", EXPERT)]
+    return expert_errors(shape, params, field)
+
+
+def _families() -> dict[str, Any]:
+    from models.families import FAMILIES
+
+    return FAMILIES
+
+
+# ---- the network ----------------------------------------------------------------------------
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE as transformers applies it (rotate_half), x (B, heads, T, D), cos/sin (B, T, D)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos[:, None] + rotated * sin[:, None]
+
+
+class ExpertLayer(nn.Module):
+    """Pre-norm attention over [base layer's prefix KV ; own KV], then a GeGLU MLP (Gemma-style).
+    No biases on q/k/v/o: a key bias gets an exactly zero gradient (softmax ignores shifts)."""
+
+    def __init__(self, width: int, heads: int, kv_heads: int, head_dim: int, mlp_width: int) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self.attn_norm = nn.RMSNorm(width, eps=1e-6)
+        self.q = nn.Linear(width, heads * head_dim, bias=False)
+        self.k = nn.Linear(width, kv_heads * head_dim, bias=False)
+        self.v = nn.Linear(width, kv_heads * head_dim, bias=False)
+        self.o = nn.Linear(heads * head_dim, width, bias=False)
+        self.mlp_norm = nn.RMSNorm(width, eps=1e-6)
+        self.gate = nn.Linear(width, mlp_width, bias=False)
+        self.up = nn.Linear(width, mlp_width, bias=False)
+        self.down = nn.Linear(mlp_width, width, bias=False)
+
+    def forward(self, x_B_T_W: torch.Tensor, prefix_k: torch.Tensor, prefix_v: torch.Tensor,
+                mask_B_1_T_S: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x_B_T_W.shape
+        h = self.attn_norm(x_B_T_W)
+        q = self.q(h).view(b, t, self.heads, self.head_dim).transpose(1, 2)
+        k = self.k(h).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v(h).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        k = torch.cat([prefix_k, k], dim=2)
+        v = torch.cat([prefix_v, v], dim=2)
+        group = self.heads // self.kv_heads
+        if group > 1:
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask_B_1_T_S)
+        x = x_B_T_W + self.o(a.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
+        h = self.mlp_norm(x)
+        return x + self.down(F.gelu(self.gate(h), approximate="tanh") * self.up(h))
+
+
+@dataclass
+class ExpertContext:
+    """What every Euler step reuses: the mapped layers' prefix KV (float32) and the rotary tables."""
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+
+@register_head(EXPERT, ExpertHeadConfig)
+class ExpertHead(FlowMatchingHead):
+    needs_prefix_kv = True
+
+    def __init__(self, dims: HeadDims, config: ExpertHeadConfig) -> None:
+        super().__init__(dims, config)
+        if not dims.text_layers:
+            raise SchemaError("expert: HeadDims carry no text attention shape of the base (build it with TenantSlot.create)")
+        shape = AttentionShape(dims.text_layers, dims.text_heads, dims.text_kv_heads, dims.text_head_dim)
+        errors = expert_errors(shape, {k: v for k, v in vars(config).items() if v is not None}, field="expert")
+        if errors:
+            raise SchemaError("; ".join(f"{f}: {m}" for f, m, _ in errors))
+        depth = config.depth or shape.layers
+        heads = config.num_heads or shape.heads
+        w = config.width
+        stride = shape.layers // depth
+        self.layer_map = [(i + 1) * stride - 1 for i in range(depth)]
+        self.action_in = nn.Linear(dims.action_dim, w)
+        self.state_in = nn.Linear(max(dims.state_dim, 1), w)
+        # pi0's action-time MLP: [action embedding ; time embedding] -> swish -> width.
+        self.time_in = nn.Linear(2 * w, w)
+        self.time_out = nn.Linear(w, w)
+        self.layers = nn.ModuleList([ExpertLayer(w, heads, shape.kv_heads, shape.head_dim, config.mlp_width or 4 * w)
+                                     for _ in range(depth)])
+        self.out_norm = nn.RMSNorm(w, eps=1e-6)
+        self.out = nn.Linear(w, dims.action_dim)
+        # Block mask of the suffix (state, then H actions): pi0's [state | actions] blocks.
+        block = torch.tensor([0] + [1] * dims.action_horizon)
+        self.register_buffer("suffix_mask", block[None, :] <= block[:, None], persistent=False)
+
+    def context(self, feats: BaseOutput) -> tuple[ExpertContext, torch.Tensor]:
+        prefix = feats.prefix
+        if prefix is None:
+            raise InputError("expert head: the features carry no prefix KV cache (encode with prefix_kv=True)")
+        if len(prefix.keys) != self.dims.text_layers:
+            raise InputError(f"expert head: the cache has {len(prefix.keys)} layers, this expert was built for "
+                             f"{self.dims.text_layers}")
+        dev = self._device
+        b, length = feats.mask_B_L.shape
+        t = self.dims.action_horizon + 1
+        keys = [prefix.keys[j].to(dev, torch.float32) for j in self.layer_map]
+        values = [prefix.values[j].to(dev, torch.float32) for j in self.layer_map]
+        positions = prefix.next_pos_B.to(dev)[:, None] + torch.arange(t, device=dev)
+        cos, sin = prefix.rope(positions)
+        prefix_mask = feats.mask_B_L.to(dev)[:, None, None, :].expand(b, 1, t, length)
+        suffix = self.suffix_mask.to(dev)[None, None].expand(b, 1, t, t)
+        return ExpertContext(keys, values, cos.to(dev), sin.to(dev)), torch.cat([prefix_mask, suffix], dim=-1)
+
+    def velocity(self, x_B_H_A: torch.Tensor, t_B: torch.Tensor, state: torch.Tensor | None,
+                 ctx: ExpertContext, mask: torch.Tensor) -> torch.Tensor:
+        b, h, _ = x_B_H_A.shape
+        w = self.config.width
+        a = self.action_in(x_B_H_A)
+        temb = timestep_embedding(t_B, w)[:, None].expand(b, h, w)
+        a = self.time_out(F.silu(self.time_in(torch.cat([a, temb], dim=-1))))
+        s = self.state_in(state) if state is not None else torch.zeros(b, w, device=x_B_H_A.device)
+        tokens = torch.cat([s[:, None], a], dim=1)
+        for layer, k, v in zip(self.layers, ctx.keys, ctx.values):
+            tokens = layer(tokens, k, v, mask, ctx.cos, ctx.sin)
+        return self.out(self.out_norm(tokens[:, 1:]))

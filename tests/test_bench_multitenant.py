@@ -1,0 +1,215 @@
+"""bench.multitenant: argument checks and the report logic (no deployment: the experiment itself
+is a benchmark, run by hand; docs/results.md has its runs)."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+from bench import multitenant as mt
+from bench.mt_report import compare, failures, scaling, table, utilisation_series
+
+
+def no_problem() -> None:
+    return None
+
+
+def vulkan_missing() -> str:
+    return "no Vulkan driver found"
+
+
+# -- arguments ---------------------------------------------------------------------------------
+def test_mix_parses_kinds_budgets_and_unique_names():
+    plans, notes = mt.parse_mix("rl-reach:12,rl-reach,sft-reach:30,rl-push:5", problem=no_problem)
+    assert [(p.kind, p.budget, p.task) for p in plans] == [
+        ("rl-reach", 12, "rl"), ("rl-reach", mt.DEFAULT_BUDGET["rl"], "rl"), ("sft-reach", 30, "sft"), ("rl-push", 5, "rl")]
+    assert len({p.name for p in plans}) == 4 and notes == []
+
+
+@pytest.mark.parametrize("mix, needle", [
+    ("", "--mix"),
+    ("rl-reach,,sft-reach", "none empty"),
+    ("rl-fly:3", "unknown kind 'rl-fly'"),
+    ("rl-reach:ten", "budget 'ten' is not an integer (episodes)"),
+    ("sft-reach:0", "budget 0 is outside 1..100000 (optimizer steps)"),
+    ("sft-reach:-5", "outside"),
+    (",".join(["rl-reach:1"] * (mt.MAX_TENANTS + 1)), f"at most {mt.MAX_TENANTS}"),
+])
+def test_bad_mix_names_the_entry(mix, needle):
+    with pytest.raises(mt.BadArgument, match="--mix") as exc:
+        mt.parse_mix(mix, problem=no_problem)
+    assert needle in str(exc.value)
+
+
+def test_maniskill_stand_in_error_and_off():
+    plans, notes = mt.parse_mix("rl-push:4,sft-reach:8", "auto", problem=vulkan_missing)
+    assert plans[0].kind == mt.MANISKILL_STANDIN and plans[0].budget == 4
+    assert "no Vulkan driver found" in notes[0]
+    with pytest.raises(mt.BadArgument, match="ManiSkill cannot run here: no Vulkan driver found"):
+        mt.parse_mix("rl-push:4", "on", problem=vulkan_missing)
+    plans, notes = mt.parse_mix("rl-push:4", "off", problem=no_problem)
+    assert plans[0].kind == mt.MANISKILL_STANDIN and "--maniskill off" in notes[0]
+    with pytest.raises(mt.BadArgument, match="--maniskill: 'maybe'"):
+        mt.parse_mix("rl-reach", "maybe", problem=no_problem)
+
+
+@pytest.mark.parametrize("text, needle", [("1,2,x", "comma-separated"), ("0,2", "1..64"),
+                                          ("4,2", "increasing"), ("2,2", "increasing"), ("65", "1..64")])
+def test_bad_scaling(text, needle):
+    with pytest.raises(mt.BadArgument, match="--scaling") as exc:
+        mt.parse_scaling(text)
+    assert needle in str(exc.value)
+
+
+def test_scaled_mix_cycles_kinds_with_unique_names():
+    kinds, _ = mt.parse_mix("rl-reach:3,sft-reach:9", problem=no_problem)
+    plans = mt.scaled_mix(kinds, 5)
+    assert [p.kind for p in plans] == ["rl-reach", "sft-reach"] * 2 + ["rl-reach"]
+    assert [p.budget for p in plans] == [3, 9, 3, 9, 3] and len({p.name for p in plans}) == 5
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--base", "no-such-base"], "--base: 'no-such-base'"),
+    (["--run-timeout-s", "0"], "--run-timeout-s"),
+    (["--mix", "rl-reach", "--sft-demos", "0"], "--sft-demos: 0"),
+    (["--mix", "rl-reach", "--rl-parallel-envs", "100"], "--rl-parallel-envs: 100"),
+    (["--mix", "rl-reach", "--out", "/tmp/x.txt"], "must end in .json"),
+    (["--scaling", "8,4"], "--scaling"),
+    (["--mix", "rl-reach", "--poll-s", "0"], "--poll-s: 0.0"),
+    (["--mix", "rl-reach", "--trainer-group-max", "300"], "--trainer-group-max: 300"),
+    (["--mix", "bogus"], "unknown kind"),
+])
+def test_main_refuses_bad_arguments_before_starting_anything(argv, needle, capsys):
+    assert mt.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and needle in err
+
+
+def test_specs_carry_budget_and_pass_the_masters_spec_check():
+    from master.spec import parse_spec
+
+    plans, _ = mt.parse_mix("rl-reach:7,rl-reach-easy:7,rl-reach-top:7,rl-push:3,sft-reach:20", problem=no_problem)
+    for i, p in enumerate(plans):
+        spec = p.spec("tiny-qwen3-vl-64", seed=i, sizes=mt.Sizes())
+        assert spec["tenant"] == p.name
+        if p.task == "rl":
+            assert spec["schedule"]["budget"] == {"max_episodes": p.budget} and "eval" not in spec
+        else:
+            assert spec["algorithm"]["steps"] == 20 and spec["eval"]["episodes"] == mt.Sizes().sft_eval_episodes
+        parse_spec(spec)  # raises with the field errors if the bench built an invalid spec
+
+
+def test_settings_same_for_every_run_but_group_width():
+    cfg = mt.Config(plans=[], base="qwen3-vl-4b", fast=True)
+    s4, s16 = cfg.settings(4), cfg.settings(16)
+    assert s4["NEXUS_INFER_BASE"] == "qwen3-vl-4b" and s4["NEXUS_INFER_FAST"] == "1"
+    assert s16["NEXUS_TRAINER_GROUP_MAX"] == "16" and s16["NEXUS_MAX_ACTIVE_ROLLOUTS"] == "16"
+    assert cfg.settings(1)["NEXUS_TRAINER_GROUP_MAX"] == "4"
+
+
+# -- report ------------------------------------------------------------------------------------
+def _run(name, tenants, held, busy, ready_held=None, ok=True, sync=(0.1, 0.3)):
+    return {"name": name, "ok": ok, "error": "", "wall_s": held, "up_s": 5.0,
+            "services": {svc: {"held_s": held, "held_ready_s": ready_held or held - 5.0, "busy_s": busy[svc]}
+                         for svc in ("trainer", "inferencer")},
+            "timeline": {svc: [[0.0, 0.0], [held / 2, busy[svc] / 2], [held, busy[svc]]] for svc in ("trainer", "inferencer")},
+            "tenants": copy.deepcopy(tenants), "weight_sync_s": list(sync)}
+
+
+def _tenant(kind, task, success, version=10, state="completed"):
+    return {"kind": kind, "task": task, "state": state, "message": "budget reached", "version": version,
+            "episodes": 8, "success": success, "loss": 0.2 if task == "sft" else None,
+            "train_rows": 320, "infer_rows": 400, "curve": [[1.0, 1.0, 0.5]]}
+
+
+@pytest.fixture()
+def runs():
+    ta, tb = _tenant("rl-reach", "rl", 0.50), _tenant("sft-reach", "sft", 0.80)
+    shared = _run("shared", {"a": ta, "b": tb}, held=100.0, busy={"trainer": 60.0, "inferencer": 30.0})
+    alone = [_run("alone:a", {"a": _tenant("rl-reach", "rl", 0.45)}, held=90.0, busy={"trainer": 20.0, "inferencer": 15.0}),
+             _run("alone:b", {"b": _tenant("sft-reach", "sft", 0.90)}, held=110.0, busy={"trainer": 30.0, "inferencer": 10.0})]
+    return shared, alone
+
+
+def test_compare_figures(runs):
+    shared, alone = runs
+    c = compare(shared, alone)
+    assert c["device_s"]["shared"] == 200.0 and c["device_s"]["alone_sum"] == 400.0
+    assert c["device_s"]["efficiency"] == pytest.approx(2.0)
+    assert c["device_s"]["efficiency_ready"] == pytest.approx((85 + 105) * 2 / (95 * 2))
+    tr = c["services"]["trainer"]
+    assert tr["shared"]["utilisation"] == pytest.approx(0.6) and tr["alone"]["utilisation"] == pytest.approx(50 / 200)
+    assert tr["util_gain"] == pytest.approx(0.6 / 0.25)
+    assert c["services"]["inferencer"]["util_gain"] == pytest.approx(0.3 / (25 / 200))
+    assert c["tenants"]["a"]["delta_points"] == pytest.approx(5.0)
+    assert c["tenants"]["b"]["delta_points"] == pytest.approx(-10.0)
+    t = c["targets"]
+    assert t["efficiency"]["met"] and not t["trainer_util_gain"]["met"] and t["inferencer_util_gain"]["met"]
+    assert t["learning_points"]["value"] == pytest.approx(10.0) and t["learning_points"]["met"]
+    assert c["weight_sync_s"]["alone"]["n"] == 4 and c["weight_sync_s"]["shared"]["p50"] == pytest.approx(0.3)
+    bd = c["breakdown"]["shared"]["trainer"]
+    assert bd == {"held_s": 100.0, "startup_s": 5.0, "busy_s": 60.0, "idle_s": 35.0}
+    text = table(c)
+    assert "| trainer_util_gain | 2.40 | >= 2.5 | NO |" in text and "efficiency 2.00x" in text
+    json.dumps(c)  # the JSON the bench writes
+
+
+def test_compare_refuses_a_failed_run_and_says_which_and_why(runs):
+    shared, alone = runs
+    alone[1]["tenants"]["b"].update(state="failed", message="RuntimeError: trainer lost")
+    alone[1]["ok"] = False
+    with pytest.raises(ValueError, match=r"no comparison: alone:b: tenant b failed: RuntimeError: trainer lost"):
+        compare(shared, alone)
+    shared2 = copy.deepcopy(shared)
+    shared2.update(ok=False, error="nexus up failed: port in use")
+    assert failures([shared2]) == ["shared: nexus up failed: port in use"]
+    with pytest.raises(ValueError, match="tenants differ: no isolated run for \\['b'\\]"):
+        compare(shared, alone[:1])
+
+
+def test_compare_refuses_an_alone_run_of_two_tenants(runs):
+    shared, alone = runs
+    alone[0]["tenants"]["x"] = _tenant("rl-reach", "rl", 0.1)
+    with pytest.raises(ValueError, match="must hold one tenant"):
+        compare(shared, alone)
+
+
+def test_utilisation_series_spreads_busy_over_bins():
+    x, y = utilisation_series([[0.0, 0.0], [2.0, 1.0], [4.0, 1.0], [6.0, 4.0]], 2.0)
+    assert x == [0.0, 2.0, 4.0] and y == pytest.approx([0.5, 0.0, 1.0])  # 3 s in a 2 s bin is capped at 1
+    assert utilisation_series([[0.0, 0.0]], 2.0) == ([], [])
+
+
+def test_scaling_rows_and_plots(runs, tmp_path):
+    from bench.mt_report import plot, plot_scaling
+
+    shared, alone = runs
+    rows = scaling([shared])
+    assert rows[0]["tenants"] == 2 and rows[0]["device_s_per_opt_step"] == pytest.approx(200 / 20)
+    assert rows[0]["device_s_per_1k_env_steps"] == pytest.approx(200 * 1000 / 800)
+    png = plot_scaling(rows, [shared], tmp_path / "s.png")
+    report = {"runs": {"shared": shared, "alone": alone}}
+    png2 = plot(report, tmp_path / "c.png")
+    assert png.stat().st_size > 1000 and png2.stat().st_size > 1000
+
+
+def test_replot_merges_scaling_files_and_a_clean_rerun_replaces_a_failed_count(runs, tmp_path, capsys):
+    shared, _ = runs
+    one = {**copy.deepcopy(shared), "name": "scale:2"}
+    failed16 = {**copy.deepcopy(shared), "name": "scale:16", "ok": False, "error": "trainer info failed", "tenants": {}}
+    clean16 = {**copy.deepcopy(shared), "name": "scale:16",
+               "tenants": {f"t{i}": _tenant("rl-reach", "rl", 0.0) for i in range(16)}}
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps({"kind": "scaling", "config": {}, "runs": [one, failed16], "rows": [], "refused": ["x"]}))
+    b.write_text(json.dumps({"kind": "scaling", "config": {}, "runs": [clean16], "rows": [], "refused": []}))
+    out = tmp_path / "merged.json"
+    assert mt.replot([a, b], out) == 0
+    merged = json.loads(out.read_text())
+    assert [r["tenants"] for r in merged["rows"]] == [2, 16] and all(r["ok"] for r in merged["rows"])
+    assert merged["refused"] == [] and merged["replaced_failed_runs"] == ["scale:16: failed in one file, ran clean in another"]
+    assert (tmp_path / "merged.png").stat().st_size > 1000
+    # a failed run that nothing replaced keeps its count (from its name) and stays refused
+    assert [r["tenants"] for r in scaling([failed16])] == [16] and scaling([failed16])[0]["ok"] is False
+    assert mt.replot([a, b], None) == 2 and "--out" in capsys.readouterr().err
