@@ -227,7 +227,11 @@ class Deployment:
                 "--ready-timeout-s", "120"]
         if self.nats_cluster > 1:
             args += ["--nats-cluster", str(self.nats_cluster)]
-        res = self.nexus(*args, timeout=240)
+        return self.up_args(args, timeout=240)
+
+    def up_args(self, args: list[str], timeout: float) -> dict[str, Any]:
+        """`nexus <args>` (an ``up --detach``); cluster.json once it says ready."""
+        res = self.nexus(*args, timeout=timeout)
         self.up_output = res.stdout + res.stderr
         state = self.state()
         if state:

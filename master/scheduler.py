@@ -27,7 +27,7 @@ import itertools
 from dataclasses import dataclass, field
 
 from protocol.errors import Busy, QuotaExceeded
-from protocol.messages import JobRecord, TenantConfig, TenantQuotas
+from protocol.messages import TERMINAL_JOB_STATES, JobRecord, TenantConfig, TenantQuotas
 
 MAX_ATTEMPTS = 3
 # Unfinished = counts against the in-flight cap.
@@ -36,6 +36,8 @@ UNFINISHED = ("reserved", "filling", "ready", "leased")
 PREFETCHED = ("ready", "leased")
 # A trainer committed these but has not cleared them yet.
 POST_COMMIT = ("trained", "exported", "synced")
+# Finished: never changes again (protocol.messages.TERMINAL_JOB_STATES).
+FINISHED = frozenset(TERMINAL_JOB_STATES)
 
 
 @dataclass
@@ -46,13 +48,53 @@ class Scheduler:
     dropped_stale: dict[str, int] = field(default_factory=dict)  # tenant -> count
     _served: dict[str, int] = field(default_factory=dict)  # tenant -> tick of last lease
     _tick: itertools.count = field(default_factory=lambda: itertools.count(1))
+    # Jobs not yet finished (all, and by tenant): what every decision scans, so its cost does
+    # not grow with finished records (kept in `jobs` until compaction). A finished state never
+    # turns back, so a finished job found here is dropped on the next scan (states change in
+    # place, in the master).
+    _live: dict[tuple[str, str], JobRecord] = field(default_factory=dict)
+    _by_tenant: dict[str, dict[str, JobRecord]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for rec in self.jobs.values():
+            self._index(rec)
 
     # -- bookkeeping ---------------------------------------------------------------------
     def put(self, rec: JobRecord) -> None:
         self.jobs[(rec.tenant, rec.job)] = rec
+        self._index(rec)
+
+    def remove(self, tenant: str, job: str) -> None:
+        self.jobs.pop((tenant, job), None)
+        self._forget((tenant, job))
+
+    def _index(self, rec: JobRecord) -> None:
+        if rec.state not in FINISHED:
+            self._live[(rec.tenant, rec.job)] = rec
+            self._by_tenant.setdefault(rec.tenant, {})[rec.job] = rec
+
+    def _forget(self, key: tuple[str, str]) -> None:
+        self._live.pop(key, None)
+        mine = self._by_tenant.get(key[0])
+        if mine is not None:
+            mine.pop(key[1], None)
+            if not mine:
+                del self._by_tenant[key[0]]
 
     def tenant_jobs(self, tenant: str) -> list[JobRecord]:
-        return [j for (t, _), j in self.jobs.items() if t == tenant]
+        """The tenant's unfinished jobs (finished ones are in `jobs`)."""
+        mine = self._by_tenant.get(tenant)
+        if not mine:
+            return []
+        for job in [k for k, j in mine.items() if j.state in FINISHED]:
+            self._forget((tenant, job))
+        return list(mine.values())
+
+    def live_jobs(self) -> list[JobRecord]:
+        """Every unfinished job: O(unfinished), whatever the history."""
+        for key in [k for k, j in self._live.items() if j.state in FINISHED]:
+            self._forget(key)
+        return list(self._live.values())
 
     def observe_version(self, tenant: str, version: int) -> None:
         if version > self.versions.get(tenant, -1):
@@ -90,7 +132,7 @@ class Scheduler:
     def expire_leases(self, now: float) -> list[JobRecord]:
         """Leased jobs whose lease ran out: back to ready, or failed after MAX_ATTEMPTS."""
         changed = []
-        for job in self.jobs.values():
+        for job in self.live_jobs():
             if (job.lease_owner and job.state in ("leased", *POST_COMMIT)
                     and job.lease_expires_at and job.lease_expires_at < now):
                 changed.append(self.release(job, now, reason="lease expired"))
@@ -115,9 +157,10 @@ class Scheduler:
         """Lease up to ``max_jobs`` jobs to ``trainer``; return (leased, dropped_stale)."""
         leased: list[JobRecord] = []
         stale: list[JobRecord] = []
-        busy_tenants = {j.tenant for j in self.jobs.values() if j.lease_owner and j.state not in ("cleared", "failed", "dropped_stale")}
+        live = self.live_jobs()  # finished jobs never take part: the cost is O(unfinished)
+        busy_tenants = {j.tenant for j in live if j.lease_owner}
         # 2. unfinished post-commit work first
-        for job in sorted(self.jobs.values(), key=lambda j: j.updated_at):
+        for job in sorted((j for j in live if j.state in POST_COMMIT), key=lambda j: j.updated_at):
             if len(leased) >= max_jobs:
                 break
             if job.state in POST_COMMIT and not job.lease_owner and job.tenant not in busy_tenants:
@@ -126,7 +169,7 @@ class Scheduler:
                 leased.append(job)
         # 3. one ready job per eligible tenant
         heads: dict[str, JobRecord] = {}
-        for job in self.jobs.values():
+        for job in live:
             if job.state != "ready" or not job.auto or job.tenant in busy_tenants:
                 continue
             cur = heads.get(job.tenant)
@@ -163,7 +206,7 @@ class Scheduler:
 
     def orphans(self, now: float, ttl_s: float) -> list[JobRecord]:
         """Jobs idle past ``ttl_s`` while reserved or filling: their producer is gone."""
-        return [j for j in self.jobs.values() if j.state in ("reserved", "filling") and now - j.updated_at > ttl_s]
+        return [j for j in self.live_jobs() if j.state in ("reserved", "filling") and now - j.updated_at > ttl_s]
 
     def compactable(self, now: float, keep_s: float) -> list[JobRecord]:
         """Finished records older than ``keep_s``: nothing reads them any more."""

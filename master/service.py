@@ -35,6 +35,7 @@ import asyncio
 import os
 import time
 import uuid
+from collections import deque
 from typing import Any
 
 import nats.errors
@@ -60,7 +61,8 @@ from master.usage import UsageOps
 from master.workloads import WorkloadOps
 from master.validate import validate_put
 from protocol.errors import Unavailable
-from protocol.errors import Busy, Conflict, FailedPrecondition, InvalidField, NexusError, NotFound, QuotaExceeded
+from protocol.errors import (Busy, CapacityExceeded, Conflict, FailedPrecondition, InvalidField, NexusError, NotFound,
+                             QuotaExceeded)
 from protocol.messages import (
     WeightsChunk,
     WeightsReadRequest,
@@ -96,7 +98,7 @@ from protocol.messages import (
     TenantDeleteRequest,
     WeightsRef,
 )
-from protocol.policy import OWNER_CHECK_EVERY_S, STORE_WRITE, default_quotas
+from protocol.policy import KV_LOAD_ENTRY_TIMEOUT_S, OWNER_CHECK_EVERY_S, STORE_WRITE, default_quotas
 from protocol.settings import MasterSettings, leases_from_env, retention_from_env
 from protocol.subjects import canonical_base, check_token
 from protocol.wire import decode, encode
@@ -119,6 +121,19 @@ ROLLOUT_TTL_S = 600.0
 WEIGHTS_READ_CACHE = 4
 
 
+# Lease decisions whose duration `info` summarises (the latest ones).
+LEASE_TIMES_KEPT = 4096
+
+
+def decision_summary(durations_s: Any) -> dict[str, float]:
+    """n, p50, p99 and max (ms) of the scheduler's recent lease decisions."""
+    ms = sorted(d * 1000.0 for d in durations_s)
+    if not ms:
+        return {"n": 0}
+    p50, p99 = (ms[min(len(ms) - 1, int(q * len(ms)))] for q in (0.50, 0.99))
+    return {"n": len(ms), "p50": p50, "p99": p99, "max": ms[-1]}
+
+
 def new_job_id() -> str:
     # Time-ordered (FIFO by id) and unique across master restarts.
     return f"j{int(time.time() * 1000):013d}{uuid.uuid4().hex[:6]}"
@@ -135,9 +150,15 @@ class Master(WorkloadOps, UsageOps, Role):
         self.rollouts: dict[str, float] = {}  # "<tenant>/<workload>" -> expiry (unix s)
         self.leases = leases_from_env()
         self.retention = retention_from_env()
-        self.max_active_rollouts = MasterSettings.from_env().max_active_rollouts
+        settings = MasterSettings.from_env()
+        self.max_active_rollouts = settings.max_active_rollouts
+        self.max_tenants, self.max_active_workloads = settings.max_tenants, settings.max_active_workloads
         self.default_quotas = default_quotas()  # a tenant's quotas when the operator set none
         self.partitions: PartitionReader | None = None  # queue_get's reader (remembers item sequences)
+        # How long the decisions and the start-up took (`info`: bench/scale.py reads them).
+        self.lease_decision_s: deque[float] = deque(maxlen=LEASE_TIMES_KEPT)
+        self.startup_s: dict[str, float] = {}
+        self._starting: set[str] = set()  # workloads whose producer start is under way (workloads.py)
 
     async def setup(self) -> None:
         assert self.bus is not None
@@ -155,14 +176,18 @@ class Master(WorkloadOps, UsageOps, Role):
         self.ckpt_refs: dict[str, CheckpointRef] = {}
         self._keys: dict[tuple[str, str], str] = {}  # (tenant, idempotency key) -> job id
         self.deployment = await read_deployment_settings(js, self.names)
+        started = time.perf_counter()
         await self._load_state()
+        self.startup_s["load_state"] = time.perf_counter() - started
         await self.bus.nc.subscribe(self.names.health_events_all, cb=self._on_health_event)
         await self.bus.nc.subscribe(self.names.weights_all, cb=self._on_weights)
         self.spawn(self._expire_loop, "lease-expiry", critical=True, max_quiet_s=30.0)
         self.spawn(self._compact_loop, "compaction", critical=True)
         self.spawn(self._owner_check_loop, "owner-check", critical=True)
         await self.setup_usage()
+        started = time.perf_counter()
         await self.setup_workloads()
+        self.startup_s["load_workloads"] = time.perf_counter() - started
         await self._release_dead_owners()
 
     def info_extra(self) -> dict[str, Any]:
@@ -170,7 +195,11 @@ class Master(WorkloadOps, UsageOps, Role):
         for j in self.sched.jobs.values():
             states[j.state] = states.get(j.state, 0) + 1
         return {"tenants": len(self.sched.tenants), "jobs": states,
-                "dropped_stale": dict(self.sched.dropped_stale)}
+                "dropped_stale": dict(self.sched.dropped_stale),
+                "scale": {"lease_decision_ms": decision_summary(self.lease_decision_s),
+                          "startup_s": dict(self.startup_s), "job_records": len(self.sched.jobs),
+                          "live_jobs": len(self.sched.live_jobs()),
+                          "workloads": len(self.workloads)}}
 
     def heartbeat_gauges(self) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
         """The monitor's control signals per tenant (docs/observability.md): queued jobs, jobs
@@ -182,7 +211,7 @@ class Master(WorkloadOps, UsageOps, Role):
             t: {"queue_depth": 0.0, "jobs_in_flight": 0.0, "staleness_versions": 0.0,
                 "dropped_stale": float(self.sched.dropped_stale.get(t, 0)), "active_rollouts": 0.0}
             for t in set(self.sched.tenants) | set(self.sched.dropped_stale)}
-        for j in self.sched.jobs.values():
+        for j in self.sched.live_jobs():
             row = rows.get(j.tenant)
             if row is None:
                 continue
@@ -211,21 +240,21 @@ class Master(WorkloadOps, UsageOps, Role):
 
     # -- state ---------------------------------------------------------------------------
     async def _load_state(self) -> None:
-        for key in await kv_keys(self.kv_tenants):
-            cfg = decode((await self.kv_tenants.get(key)).value, TenantConfig)
+        for value in await kv_values(self.kv_tenants):
+            cfg = decode(value, TenantConfig)
             self.sched.tenants[cfg.name] = cfg
-        for key in await kv_keys(self.kv_jobs):
-            self.sched.put(decode((await self.kv_jobs.get(key)).value, JobRecord))
-        for key in await kv_keys(self.kv_versions):
-            ref = decode((await self.kv_versions.get(key)).value, WeightsRef)
+        for value in await kv_values(self.kv_jobs):
+            self.sched.put(decode(value, JobRecord))
+        for value in await kv_values(self.kv_versions):
+            ref = decode(value, WeightsRef)
             self.sched.observe_version(ref.tenant, ref.version)
         for job in self.sched.jobs.values():
             if job.state == "leased" or job.trained_version >= 0:
                 self.sched.observe_version(job.tenant, job.trained_version)
             if job.key:
                 self._keys[(job.tenant, job.key)] = job.job
-        for key in await kv_keys(self.kv_ckpt):
-            ref = decode((await self.kv_ckpt.get(key)).value, CheckpointRef)
+        for value in await kv_values(self.kv_ckpt):
+            ref = decode(value, CheckpointRef)
             self.ckpt_refs[ref.tenant] = ref
         self.log.info("state loaded", tenants=len(self.sched.tenants), jobs=len(self.sched.jobs))
 
@@ -244,7 +273,7 @@ class Master(WorkloadOps, UsageOps, Role):
         """At start: jobs leased by trainers that are gone (a `nexus down` that stopped the
         master before its trainer, a crash while no master ran) go back at once, not after
         their lease runs out."""
-        owners = {j.lease_owner for j in self.sched.jobs.values()
+        owners = {j.lease_owner for j in self.sched.live_jobs()
                   if j.lease_owner and j.state not in TERMINAL_JOB_STATES}
         for owner in owners:
             if await self.alive("trainer", owner):
@@ -291,12 +320,28 @@ class Master(WorkloadOps, UsageOps, Role):
                 if req.exist_ok and encode(existing) == encode(cfg):
                     return existing
                 raise Conflict(f"tenant {cfg.name!r} already exists", details={"tenant": cfg.name})
+            self.check_tenant_capacity()
             cfg.created_at = time.time()
             await self._ensure_queue_stream(cfg.name)
             await store_put(self.kv_tenants, cfg.name, encode(cfg))
             self.sched.tenants[cfg.name] = cfg
         self.log.info("tenant created", tenant=cfg.name, signature=cfg.signature, head=cfg.head)
         return cfg
+
+    def check_tenant_capacity(self) -> None:
+        """A new tenant past NEXUS_MAX_TENANTS is refused before anything of it exists."""
+        if len(self.sched.tenants) >= self.max_tenants:
+            raise CapacityExceeded.of("max_tenants", self.max_tenants, "NEXUS_MAX_TENANTS",
+                                      f"{len(self.sched.tenants)} tenants are registered (or delete one)",
+                                      tenants=len(self.sched.tenants))
+
+    def check_workload_capacity(self) -> None:
+        """A new workload past NEXUS_MAX_ACTIVE_WORKLOADS (pending + running) is refused at submit."""
+        active = sum(1 for w in self.workloads.values() if w.state in ("pending", "running"))
+        if active >= self.max_active_workloads:
+            raise CapacityExceeded.of("max_active_workloads", self.max_active_workloads, "NEXUS_MAX_ACTIVE_WORKLOADS",
+                                      f"{active} workloads are pending or running (or wait for one to end)",
+                                      active=active)
 
     async def _ensure_queue_stream(self, tenant: str) -> None:
         assert self.bus is not None
@@ -324,7 +369,7 @@ class Master(WorkloadOps, UsageOps, Role):
         async with self._lock:
             self._tenant(req.tenant)  # again under the lock: a concurrent delete got here first
             for key in [k for k in self.sched.jobs if k[0] == req.tenant]:
-                del self.sched.jobs[key]
+                self.sched.remove(*key)
                 await self.kv_jobs.purge(f"{key[0]}.{key[1]}")
                 removed["jobs"] += 1
             self._keys = {k: v for k, v in self._keys.items() if k[0] != req.tenant}
@@ -500,7 +545,9 @@ class Master(WorkloadOps, UsageOps, Role):
                 self.sched.lease_one(job, req.trainer, req.lease_s, now)
                 leased, stale = [job], []
             else:
+                started = time.perf_counter()
                 leased, stale = self.sched.pick(req.trainer, req.max_jobs, req.lease_s, now)
+                self.lease_decision_s.append(time.perf_counter() - started)
             try:
                 for job in (*leased, *stale):
                     await self._save(job)
@@ -738,7 +785,7 @@ class Master(WorkloadOps, UsageOps, Role):
         sealed = 0
         async with self._lock:
             now = time.time()
-            for job in self.sched.jobs.values():
+            for job in self.sched.live_jobs():
                 if job.workload != workload or job.state not in states:
                     continue
                 if seal and job.state == "filling" and job.items > 0:
@@ -783,7 +830,7 @@ class Master(WorkloadOps, UsageOps, Role):
         removed = 0
         async with self._lock:
             for job in self.sched.compactable(now, self.retention.job_records_s):
-                del self.sched.jobs[(job.tenant, job.job)]
+                self.sched.remove(job.tenant, job.job)
                 if job.key:
                     self._keys.pop((job.tenant, job.key), None)
                 try:
@@ -852,7 +899,7 @@ class Master(WorkloadOps, UsageOps, Role):
         released = 0
         async with self._lock:
             now = time.time()
-            for job in self.sched.jobs.values():
+            for job in self.sched.live_jobs():
                 if job.lease_owner == instance and job.state not in TERMINAL_JOB_STATES:
                     self.sched.release(job, now, reason=reason)
                     self.log.warning("released job", tenant=job.tenant, job=job.job, state=job.state, reason=reason)
@@ -944,6 +991,27 @@ async def store_put(kv, key: str, value: bytes) -> None:
     """A KV write that rides out a NATS leader election (`protocol.policy.STORE_WRITE`)."""
     await retry(kv.put, key, value, policy=STORE_WRITE,
                 retry_on=(NoStreamResponseError, ServiceUnavailableError, asyncio.TimeoutError, nats.errors.TimeoutError))
+
+
+async def kv_items(kv) -> list[tuple[str, bytes]]:
+    """Every live (key, value) of a KV bucket, in key order, through one watcher: a restarting
+    master loads thousands of records in one pass instead of a request per key."""
+    watcher = await kv.watchall(ignore_deletes=True)
+    out: list[tuple[str, bytes]] = []
+    try:
+        while True:
+            entry = await watcher.updates(timeout=KV_LOAD_ENTRY_TIMEOUT_S)
+            if entry is None:  # the end of the current values
+                break
+            if entry.value:
+                out.append((entry.key, entry.value))
+    finally:
+        await watcher.stop()
+    return sorted(out, key=lambda item: item[0])
+
+
+async def kv_values(kv) -> list[bytes]:
+    return [value for _, value in await kv_items(kv)]
 
 
 async def kv_keys(kv) -> list[str]:

@@ -54,15 +54,13 @@ class UsageOps:
     usage: dict[str, UsageRecord]
 
     async def setup_usage(self) -> None:
-        from master.service import kv_keys
+        from master.service import kv_items
 
         self._usage_lock = asyncio.Lock()
         self.kv_usage = await self.bus.js.key_value(self.names.kv_usage)
         self.usage = {}
-        for key in await kv_keys(self.kv_usage):
-            entry = await self.kv_usage.get(key)
-            if entry.value:
-                self.usage[key] = decode(entry.value, UsageRecord)
+        for key, value in await kv_items(self.kv_usage):
+            self.usage[key] = decode(value, UsageRecord)
 
     # -- quotas --------------------------------------------------------------------------
     def quotas(self, cfg: TenantConfig) -> TenantQuotas:

@@ -118,13 +118,14 @@ class WorkloadOps:
     """Mixed into `master.service.Master`: the workload ops and their background tasks."""
 
     workloads: dict[str, WorkloadRecord]
+    _starting: set[str]
 
     async def setup_workloads(self) -> None:
-        from master.service import kv_keys
+        from master.service import kv_values
 
         self.workloads = {}
-        for key in await kv_keys(self.kv_workloads):
-            rec = decode((await self.kv_workloads.get(key)).value, WorkloadRecord)
+        for value in await kv_values(self.kv_workloads):
+            rec = decode(value, WorkloadRecord)
             self.workloads[rec.workload] = rec
         nc = self.bus.nc
         await nc.subscribe(self.names.workload_events_all, cb=self._on_workload_event)
@@ -161,6 +162,10 @@ class WorkloadOps:
 
         spec = parse_spec(data)  # SpecError lists every bad field
         require_tenant(spec.tenant, "submit")  # the platform's intake passes; a tenant submits its own
+        # Capacity before anything is created: a refused workload leaves no tenant or record.
+        self.check_workload_capacity()
+        if spec.task != "eval" and spec.tenant not in self.sched.tenants:
+            self.check_tenant_capacity()
         if spec.dataset is not None:
             confine(spec.dataset.root, "dataset.root", data_roots(self.cfg.data_dir))
         ds_errors = dataset_errors(spec)  # features vs schema, when the dataset is readable here
@@ -349,10 +354,20 @@ class WorkloadOps:
 
     # -- lifecycle -----------------------------------------------------------------------
     async def _try_start(self, rec: WorkloadRecord) -> None:
+        """Start ``rec``'s producer, once: a submit's start and the pending loop's retry can
+        overlap while an env worker is slow to answer (seen with 256 submits at once), and with
+        several env workers the second start would land on another one and run it twice."""
+        if rec.state != "pending" or rec.workload in self._starting:
+            return
+        self._starting.add(rec.workload)
+        try:
+            await self._start_pending(rec)
+        finally:
+            self._starting.discard(rec.workload)
+
+    async def _start_pending(self, rec: WorkloadRecord) -> None:
         from master.spec import spec_from_dict
 
-        if rec.state != "pending":
-            return
         spec = spec_from_dict(rec.spec)
         eval_version = -1
         if rec.task == "eval":

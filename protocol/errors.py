@@ -31,6 +31,9 @@ class ErrorCode(StrEnum):
     # A tenant's quota is reached (details.quota, details.limit; details.retry_after_s). A
     # kind of busy: a caller that waits out back-pressure waits this out too.
     QUOTA_EXCEEDED = "quota_exceeded"
+    # The deployment's capacity is reached (details.limit, details.value, details.setting):
+    # not back-pressure to wait out, a refusal until the operator raises the setting.
+    CAPACITY_EXCEEDED = "capacity_exceeded"
     INTERNAL = "internal"
     PERMISSION_DENIED = "permission_denied"  # the caller's account may not do this op on this tenant
     UNAUTHENTICATED = "unauthenticated"  # the broker refused the credentials (wrong, revoked, none)
@@ -147,6 +150,30 @@ class QuotaExceeded(Busy):
         return float(self.details.get("limit", 0))
 
 
+class CapacityExceeded(NexusError):
+    """The deployment holds as much as it is configured to (tenants, active workloads, slot
+    memory): a new tenant or workload is refused, nothing admitted before is touched. Not a
+    `Busy`: a producer must not wait it out; the operator raises the named setting.
+
+        raise CapacityExceeded.of("max_tenants", 1000, "NEXUS_MAX_TENANTS", "1000 tenants are registered")
+    """
+
+    code = ErrorCode.CAPACITY_EXCEEDED
+
+    @classmethod
+    def of(cls, limit: str, value: float, setting: str, message: str, **details: object) -> CapacityExceeded:
+        return cls(f"capacity {limit}={value:g} reached: {message}; raise {setting} to admit more",
+                   details={"limit": limit, "value": value, "setting": setting, **details})
+
+    @property
+    def limit(self) -> str:
+        return str(self.details.get("limit", ""))
+
+    @property
+    def setting(self) -> str:
+        return str(self.details.get("setting", ""))
+
+
 class InternalError(NexusError, RuntimeError):
     code = ErrorCode.INTERNAL
 
@@ -175,6 +202,7 @@ _BY_CODE: dict[ErrorCode, type[NexusError]] = {
     ErrorCode.BUSY: Busy,
     ErrorCode.FAILED_PRECONDITION: FailedPrecondition,
     ErrorCode.QUOTA_EXCEEDED: QuotaExceeded,
+    ErrorCode.CAPACITY_EXCEEDED: CapacityExceeded,
     ErrorCode.INTERNAL: InternalError,
     ErrorCode.PERMISSION_DENIED: PermissionDenied,
     ErrorCode.UNAUTHENTICATED: Unauthenticated,

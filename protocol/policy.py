@@ -146,6 +146,10 @@ STORE_WRITE = RetryPolicy("store_write", deadline_s=20.0, backoff_s=0.25, max_ba
 # workloads still answer (a role that died unseen: the health manager restarted meanwhile).
 OWNER_CHECK_EVERY_S = 10.0
 
+# A restarting master reads each KV bucket whole through one watcher (not a get per key);
+# the server sends entries back to back, so a gap this long means it stopped answering.
+KV_LOAD_ENTRY_TIMEOUT_S = 30.0
+
 
 # -- quotas and metering ---------------------------------------------------------------------
 # Scheduling priority: a small documented range, so one tenant cannot claim "infinity"

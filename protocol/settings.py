@@ -206,6 +206,12 @@ class MasterSettings(EnvSettings):
     # Reference default: 1 active rollout per tenant, 3 across the deployment.
     max_active_rollouts: int = Field(3, ge=1, **var(
         "NEXUS_MAX_ACTIVE_ROLLOUTS", "active rollouts across the deployment (1 per tenant)"))
+    # Capacity: past it a new tenant / workload is refused (`CapacityExceeded`), so what is
+    # admitted keeps its share. 1,000 / 256 is the scale this node is sized for (docs/scale.md).
+    max_tenants: int = Field(1000, ge=1, **var(
+        "NEXUS_MAX_TENANTS", "tenants registered at once; past it `tenant_create` and a new tenant's submit are refused"))
+    max_active_workloads: int = Field(256, ge=1, **var(
+        "NEXUS_MAX_ACTIVE_WORKLOADS", "workloads pending or running at once; past it a submit is refused"))
 
 
 class TrainerSettings(EnvSettings):
