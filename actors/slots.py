@@ -75,11 +75,12 @@ def fast_engine_applies(source: str, device: str | None) -> bool:
 
 class SlotStore:
     def __init__(self, bus, names: Names, device: str | None = None, max_on_device: int = 16,
-                 fast: bool = False) -> None:
+                 fast: bool = False, compile: bool = False) -> None:
         self.bus = bus
         self.names = names
         self.device = device
         self.fast = fast
+        self.compile = compile
         self.max_on_device = max_on_device
         self.bases: dict[str, Any] = {}
         self.resident: dict[str, Resident] = {}
@@ -105,7 +106,7 @@ class SlotStore:
                 from models import BaseConfig, BaseModel
 
                 fast = self.fast and fast_engine_applies(source, self.device)
-                cfg = BaseConfig(source=source, device=self.device, fast=fast)
+                cfg = BaseConfig(source=source, device=self.device, fast=fast, compile=fast and self.compile)
                 # Loading a base takes seconds: off the event loop, so heartbeats keep flowing.
                 base = await asyncio.to_thread(BaseModel.load, cfg)
                 self.bases[source] = base

@@ -42,8 +42,8 @@ from opentelemetry.sdk.trace.sampling import (
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from protocol.settings import TelemetrySettings
+from sdk.tracing import TRACER_NAME, link_to, new_root  # noqa: F401  (the roles' names for them)
 
-TRACER_NAME = "vla-nexus"
 # The busy timelines sdk/report.py draws (its TIMELINE_SPANS; a test checks they agree): one
 # span per trainer round / inferencer forward, a few a second, kept in every trace so the
 # utilisation it reports never depends on the sampling ratio.
@@ -319,13 +319,6 @@ def is_sampled(span: trace.Span) -> bool:
     return span.get_span_context().trace_flags.sampled
 
 
-def link_to(span_or_ctx: Any) -> trace.Link | None:
-    """A link to a span (or the span of a context), None when it has no valid context."""
-    span = span_or_ctx if isinstance(span_or_ctx, trace.Span) else trace.get_current_span(span_or_ctx)
-    sc = span.get_span_context()
-    return trace.Link(sc) if sc.is_valid else None
-
-
 def consumer_span(tracer: trace.Tracer, name: str, subject: str, headers: dict[str, Any] | None,
                   attributes: dict[str, Any] | None = None) -> Any:
     """A CONSUMER span for a message received on ``subject``, child of the context in its
@@ -335,14 +328,6 @@ def consumer_span(tracer: trace.Tracer, name: str, subject: str, headers: dict[s
     return tracer.start_as_current_span(
         name, context=extract(headers, where=f"{name} {subject_template(subject)}"), kind=SpanKind.CONSUMER,
         attributes={**messaging(subject, "process"), **(attributes or {})})
-
-
-def new_root(tracer: trace.Tracer, name: str, attributes: dict[str, Any] | None = None,
-             links: Sequence[Any] = ()) -> Any:
-    """A span that starts a new trace whatever is current (an RL update, an evaluation
-    episode), linked to where it came from; use as a context manager."""
-    kept = [lk for lk in (link_to(x) for x in links) if lk is not None]
-    return tracer.start_as_current_span(name, context=otel_context.Context(), attributes=attributes, links=kept)
 
 
 class JobSpans:

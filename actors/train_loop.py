@@ -11,7 +11,9 @@ tenant); each iteration, in order:
      published ``sched.ready``, or ``idle_poll_s`` passed), lease that many jobs; the master's
      scheduler picks them (priority, fairness, caps, staleness). Each is prepared in the
      background (slot brought to its committed checkpoint, partition read) and joins the group
-     when ready; a job already applied before a crash goes straight to step 4;
+     when ready; a job already applied before a crash goes straight to step 4. A group that
+     has not stepped yet waits (at most ``COHORT_JOIN_WAIT_S``) for the other jobs of its
+     lease, so jobs leased together share every step;
   2. jobs whose lease was lost (the renewer) leave without committing; a drain is noticed
      (past ``Leases.drain_finish_s`` every job not yet done is released to the master);
   3. one grouped step (`Trainer.train_step`): the next micro-batch of every running job,
@@ -39,6 +41,7 @@ from actors.slots import Resident
 from actors.tq_read import read_job_items
 from protocol.errors import Conflict, FailedPrecondition, NexusError
 from protocol.messages import JobRecord, LeaseReply, LeaseRequest, QueuePutRequest
+from protocol.policy import COHORT_JOIN_WAIT_S
 
 if TYPE_CHECKING:
     from actors.trainer import Trainer
@@ -90,6 +93,7 @@ class TrainLoop:
         self._changed = asyncio.Event()  # a job joined, left, or was submitted
         self._want_lease = True
         self._leased_at = 0.0
+        self._cohort_until = 0.0  # a starting group waits for its cohort until then
         self.steps = 0  # grouped steps taken
         self.joined_running = 0  # jobs that joined while others were training (continuous joins)
 
@@ -157,6 +161,9 @@ class TrainLoop:
             elif (self.running or self._count("preparing") or self._count("parked")) and t.drain_overdue():
                 await self._release_all("trainer draining: its jobs did not finish in time")
                 return
+            if self.running and self._cohort_waiting():
+                await self._idle()
+                continue
             if self.running:
                 async with t.compute:
                     await self._step()
@@ -193,10 +200,20 @@ class TrainLoop:
             return
         if len(reply.jobs) == room:
             self._want_lease = True  # the master may hold more: ask again when there is room
+        if reply.jobs and not self.running:
+            self._cohort_until = time.monotonic() + COHORT_JOIN_WAIT_S
         for job in reply.jobs:
             w = Work(job=job)
             self._add(w)
             self._prepare(w)
+
+    def _cohort_waiting(self) -> bool:
+        """A group that has not stepped yet waits (bounded) for jobs leased with it that are
+        still being prepared; once it steps, later jobs join at the next step as usual."""
+        if self._count("preparing") == 0 or time.monotonic() >= self._cohort_until:
+            self._cohort_until = 0.0
+            return False
+        return True
 
     def _prepare(self, w: Work) -> None:
         w.phase = "preparing"
@@ -260,6 +277,7 @@ class TrainLoop:
             return
         await t.train_step(group)
         self.steps += 1
+        self._cohort_until = 0.0  # stepped: later jobs join at the next step, no waiting
         for w in group:
             if w.job.job in t.lost_jobs:
                 await self._drop_lost(w)

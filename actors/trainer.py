@@ -82,11 +82,13 @@ class TrainerConfig:
     max_on_device: int = 16  # slots kept on the accelerator; the rest wait in CPU memory
     device: str | None = None  # None: cuda if available, else cpu
     fast: bool = _ENV_DEFAULTS.fast  # the fast engine for frozen-base forwards on CUDA
+    compile: bool = _ENV_DEFAULTS.compile  # with fast: torch.compile its blocks
 
     @classmethod
     def from_env(cls) -> TrainerConfig:
         env = TrainerSettings.from_env()
-        return cls(group_max=env.group_max, lease_s=env.lease_s, device=env.device, fast=env.fast)
+        return cls(group_max=env.group_max, lease_s=env.lease_s, device=env.device, fast=env.fast,
+                   compile=env.compile)
 
 
 class Trainer(Role):
@@ -126,7 +128,8 @@ class Trainer(Role):
 
         torch.set_num_threads(1)
         self.store = SlotStore(self.bus, self.names, device=self.tcfg.device,
-                               max_on_device=self.tcfg.max_on_device, fast=self.tcfg.fast)
+                               max_on_device=self.tcfg.max_on_device, fast=self.tcfg.fast,
+                               compile=self.tcfg.compile)
         await self.bus.nc.subscribe(self.names.sched_ready, cb=self._on_ready)
         await self.bus.nc.subscribe(self.names.tenant_deleted_all, cb=self._on_tenant_deleted)
         self.spawn(self._loop, "train-loop", critical=True)

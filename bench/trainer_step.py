@@ -55,6 +55,7 @@ class Result:
     device: str
     dtype: str
     fast: bool
+    compile: bool
     head: str
     tenants: int
     rows: int
@@ -84,7 +85,7 @@ def _sync(device: torch.device) -> None:
 def run(args: argparse.Namespace) -> Result:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     fast = args.fast == "on" or (args.fast == "auto" and device.startswith("cuda"))
-    base = BaseModel.load(BaseConfig(source=args.base, device=device, fast=fast))
+    base = BaseModel.load(BaseConfig(source=args.base, device=device, fast=fast, compile=fast and args.compile))
     schema = libero_schema(horizon=args.horizon)
     slots = [TenantSlot.create(f"t{i}", schema, base, head_kind=args.head, optim=OptimConfig(lr=1e-4), seed=i)
              for i in range(args.tenants)]
@@ -140,13 +141,13 @@ def run(args: argparse.Namespace) -> Result:
     ms = {k: 1000 * statistics.median(v) for k, v in times.items()}
     cpu_ms = {k: 1000 * statistics.median(v) for k, v in cpu.items()}
     return Result(base=args.base, device=str(dev), dtype=str(base.dtype).replace("torch.", ""), fast=fast,
-                  head=args.head, tenants=args.tenants, rows=args.rows, steps=args.steps, ms=ms, cpu_ms=cpu_ms,
+                  compile=fast and args.compile, head=args.head, tenants=args.tenants, rows=args.rows, steps=args.steps, ms=ms, cpu_ms=cpu_ms,
                   samples_per_s=args.tenants * args.rows / (ms["step"] / 1000),
                   host=f"{platform.node()} {platform.processor() or platform.machine()}")
 
 
 def table(r: Result) -> str:
-    lines = [f"{r.base} on {r.device} ({r.dtype}, fast={r.fast}), head {r.head}, {r.tenants} tenant(s) x {r.rows} rows,"
+    lines = [f"{r.base} on {r.device} ({r.dtype}, fast={r.fast}, compile={r.compile}), head {r.head}, {r.tenants} tenant(s) x {r.rows} rows,"
              f" median of {r.steps} steps",
              f"| {'stage':<13} | {'wall ms':>9} | {'of step':>7} | {'cpu ms':>9} |",
              f"|{'-' * 15}|{'-' * 11}|{'-' * 9}|{'-' * 11}|"]
@@ -163,6 +164,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda if available)")
     p.add_argument("--fast", choices=("auto", "on", "off"), default="auto",
                    help="the fast engine (models/fast.py) for the base forward; auto: on CUDA (the trainer's rule)")
+    p.add_argument("--compile", action="store_true",
+                   help="with the fast engine: torch.compile its blocks (the trainer's NEXUS_TRAINER_COMPILE)")
     p.add_argument("--head", default="mlp", choices=("mlp", "flow", "gaussian"))
     p.add_argument("--tenants", type=int, default=1)
     p.add_argument("--rows", type=int, default=32, help="rows per tenant's micro-batch")

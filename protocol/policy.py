@@ -101,6 +101,11 @@ LOOP_RESTART = RetryPolicy("loop_restart", attempts=5, backoff_s=0.5, max_backof
 # restart each time, not a countdown to an exit.
 LOOP_HEALTHY_S = 60.0
 
+# The trainer's first step of a group waits this long at most for the other jobs of the same
+# lease still being prepared (slot load, partition read): jobs leased together start together
+# and share every step, instead of the first one ready taking its steps alone.
+COHORT_JOIN_WAIT_S = 10.0
+
 
 @dataclass(frozen=True)
 class RestartBudget:

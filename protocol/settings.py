@@ -231,6 +231,10 @@ class TrainerSettings(EnvSettings):
     fast: bool = Field(False, **var(
         "NEXUS_TRAINER_FAST", "on CUDA, the frozen-base forward of tenants without a LoRA adapter through the "
         "fast engine (models.fast: CUDA graphs; Qwen3-VL bases)"))
+    # Off by default: compiling the blocks costs a minute or more at the first step of each shape.
+    compile: bool = Field(False, **var(
+        "NEXUS_TRAINER_COMPILE", "with NEXUS_TRAINER_FAST on CUDA: torch.compile the fast engine's vision "
+        "blocks and decoder layers"))
     fault: Literal[FAULT_POINTS] | None = Field(None, **var(  # type: ignore[valid-type]
         "NEXUS_TRAINER_FAULT", "tests only: SIGKILL the trainer at this point of its first job",
         default_text="unset"))

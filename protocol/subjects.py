@@ -98,6 +98,7 @@ _TEMPLATE_SLOTS: dict[object, dict[int, str]] = {
     ("tenants", "deleted"): {3: "tenant"},
     ("tenants", "updated"): {3: "tenant"},
     ("workloads", "events"): {3: "workload"},
+    "tenant_events": {2: "tenant", 3: "workload"},
     ("health", "heartbeat"): {4: "instance"},
     ("health", "events"): {4: "instance"},
 }

@@ -46,6 +46,7 @@ GOOD: dict[str, tuple[str, object]] = {
     "NEXUS_INFER_DEVICE": ("cuda:1", "cuda:1"),
     "NEXUS_INFER_FAST": ("yes", True),
     "NEXUS_TRAINER_FAST": ("on", True),
+    "NEXUS_TRAINER_COMPILE": ("yes", True),
     "NEXUS_INFER_MAX_BATCH_SIZE": ("17", 17),
     "NEXUS_INFER_BATCH_WAIT_TIMEOUT_S": ("0.25", 0.25),
     "NEXUS_INFER_PIPELINE_DEPTH": ("3", 3),
@@ -106,6 +107,7 @@ BAD: dict[str, tuple[str, str]] = {
     "NEXUS_INFER_DEVICE": ("cuda0", "cpu, cuda, cuda:N"),
     "NEXUS_INFER_FAST": ("maybe", "a boolean"),
     "NEXUS_TRAINER_FAST": ("sometimes", "a boolean"),
+    "NEXUS_TRAINER_COMPILE": ("maybe", "a boolean"),
     "NEXUS_INFER_MAX_BATCH_SIZE": ("2048", "an integer in [1, 1024]"),
     "NEXUS_INFER_BATCH_WAIT_TIMEOUT_S": ("11", "a number in [0, 10]"),
     "NEXUS_INFER_PIPELINE_DEPTH": ("0", "an integer in [1, 8]"),
@@ -258,6 +260,7 @@ def test_roles_read_every_variable(tmp_path, monkeypatch):
         "NEXUS_TRAINER_LEASE_S": (trainer.tcfg.lease_s, 45.0),
         "NEXUS_TRAINER_DEVICE": (trainer.tcfg.device, "cpu"),
         "NEXUS_TRAINER_FAST": (trainer.tcfg.fast, True),
+        "NEXUS_TRAINER_COMPILE": (trainer.tcfg.compile, True),
         "NEXUS_TRAINER_FAULT": (trainer.fault, "after_commit"),
     }
     inf = Inferencer(cfg)

@@ -16,14 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from opentelemetry import context as otel_context
-from opentelemetry import trace
 
-from actors.tracing import TRACER_NAME, new_root
 from protocol.errors import Busy, FailedPrecondition, NexusError, NotFound
 from protocol.messages import ProducerSpec, QueuePutRequest, WorkloadEvent
 from protocol.policy import RetryPolicy
 from sdk.client import AsyncClient, retry_through_outage
+from sdk.tracing import current_context, detached, new_root, tracer
 
 # A put refused with Busy (the tenant's SFT prefetch cap: the trainer is behind) waits for the
 # trainer; an hour without room means the trainers are gone, and the workload fails saying so.
@@ -102,14 +100,11 @@ class Workflow:
     async def main(self) -> None:
         """Connect, run the workflow (and, for sft / rl with eval episodes, the closing
         evaluation of the final version), publish ``done`` (completed or failed), close."""
-        self._origin = otel_context.get_current()
+        self._origin = current_context()
         # This task's spans start traces of their own (an update, an episode), not children of
         # the start_producer request that spawned it (asyncio copied its context into the task).
-        detached = otel_context.attach(otel_context.Context())
-        try:
+        with detached():  # a caller's own task gets its context back after
             await self._main()
-        finally:
-            otel_context.detach(detached)  # a caller's own task gets its context back
 
     async def _main(self) -> None:
         from workflows.eval import evaluate
@@ -139,7 +134,7 @@ class Workflow:
         """One training update (an RL rollout and its job, an SFT job) as a new trace, from
         the env steps through the trainer to the weight sync (docs/observability.md)."""
         s = self.spec
-        return new_root(trace.get_tracer(TRACER_NAME), f"workflow.{s.kind}.update",
+        return new_root(tracer(), f"workflow.{s.kind}.update",
                         {"nexus.tenant": s.tenant, "nexus.workload": s.workload, "nexus.update": len(self.progress.jobs)},
                         links=[self._origin] if self._origin is not None else [])
 
@@ -269,7 +264,7 @@ class Workflow:
     async def _episode(self, env: Any, seed: int, sample: bool, version: int, exec_steps: int,
                        record: list[dict[str, Any]] | None) -> tuple[bool, float]:
         """One episode with the inference service's policy; transitions go to ``record``."""
-        with trace.get_tracer(TRACER_NAME).start_as_current_span("workflow.episode", attributes={
+        with tracer().start_as_current_span("workflow.episode", attributes={
                 "nexus.tenant": self.spec.tenant, "nexus.workload": self.spec.workload, "nexus.seed": seed}):
             return await self._episode_steps(env, seed, sample, version, exec_steps, record)
 
