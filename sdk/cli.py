@@ -3,7 +3,7 @@
     nexus up [--data-dir DIR] [--nats-port PORT | --nats-url URL] [--nats-cluster 3] [--detach]
     nexus status [--json]                  nexus down [--data-dir DIR]
     nexus top [--once] [--json]
-    nexus trace [TRACE_ID] [--workload W] [--since 10m] [--until T] [--chrome FILE] [--json]
+    nexus trace [TRACE_ID] [--workload W] [--since 10m] [--until T] [--chrome FILE] [--png FILE] [--json]
     nexus submit SPEC [SPEC...] [--wait] [--json]
     nexus workloads list [--tenant T] [--json]     nexus tenants [--json]
     nexus tenant show NAME [--json] | delete NAME [--yes] [--json]
@@ -389,6 +389,8 @@ def trace_cmd(
     until: Annotated[str, typer.Option("--until", help="traces with a span before this: 1m (ago) or an ISO time")] = "",
     chrome: Annotated[Path | None, typer.Option(
         "--chrome", help="also write the selected spans as Chrome / Perfetto trace-event JSON to this file")] = None,
+    png: Annotated[Path | None, typer.Option(
+        "--png", help="also draw the selected spans' timeline (as Perfetto shows it) to this PNG")] = None,
     data_dir: DataDir = DEFAULT_DATA_DIR, json: Json = False,
 ) -> int:
     """Latency breakdown of the local traces (DATA_DIR/traces): per stage count, p50/p90/p99, share of the critical path."""
@@ -403,13 +405,20 @@ def trace_cmd(
         return EXIT_FAILED
     if chrome is not None:
         write_chrome(spans, chrome)
+    if png is not None:
+        from sdk.trace_png import write_png
+        from sdk.trace_view import chrome_events
+
+        write_png(chrome_events(spans), png)
     title = f"trace {trace_id}" if trace_id else f"workload {workload}" if workload else "traces"
     if json:
-        print_json({**as_json(spans), **({"chrome": str(chrome)} if chrome else {})})
+        print_json({**as_json(spans), **({"chrome": str(chrome)} if chrome else {}), **({"png": str(png)} if png else {})})
     else:
         console().print(render(spans, title))
         if chrome is not None:
             print(f"timeline: {chrome} (open in https://ui.perfetto.dev or chrome://tracing)")
+        if png is not None:
+            print(f"timeline picture: {png}")
     return EXIT_OK
 
 
