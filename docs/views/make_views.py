@@ -82,11 +82,25 @@ def nexus(*args: str, out: Path | None = None, check: bool = True) -> str:
     return res.stdout
 
 
+async def wait(handle, polls_lost: int = 3):
+    """The workload's end; a poll the master does not answer in time (a role restarted by the
+    health role on a machine this loaded) is asked again, ``polls_lost`` times at most."""
+    from protocol.errors import RequestTimeout
+
+    for attempt in range(polls_lost + 1):
+        try:
+            return await handle.wait(timeout_s=600, poll_s=2.0)
+        except RequestTimeout as exc:
+            if attempt == polls_lost:
+                raise
+            print(f"  {handle.id}: {exc}; asking again", flush=True)
+
+
 async def run_workloads(state: ClusterState) -> dict[str, str]:
     """Submit both tenants' workloads at once (as the platform), wait; tenant -> workload id."""
     async with AsyncClient(state.nats_url, state.prefix, timeout_s=60) as client:
         handles = [await client.submit(yaml.safe_dump(spec(n))) for n in SPECS]
-        recs = await asyncio.gather(*(h.wait(timeout_s=600, poll_s=2.0) for h in handles))
+        recs = await asyncio.gather(*(wait(h) for h in handles))
         for r in recs:
             print(f"  {r.tenant}: {r.state} version {r.step} {dict(list(r.metrics.items())[:4])}")
             if r.state != "completed":
