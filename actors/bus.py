@@ -120,6 +120,11 @@ class Bus:
                 await nc.close()
                 raise OSError(refused[0] if refused else "login refused")
             attempt.result()
+            if not nc.is_connected:
+                # nats.py returns from connect() when the server hangs up mid-handshake (its
+                # PING answered by neither PONG nor -ERR): not a connection, say so.
+                await nc.close()
+                raise OSError(f"the server closed the connection during the handshake ({nc.last_error or 'no reason given'})")
         except Exception as exc:  # nats raises OSError / NoServersError / TimeoutError
             reasons = [str(exc), *refused]
             auth = next((r for r in reasons if _is_auth_refusal(r)), None)
