@@ -7,6 +7,7 @@ account signs its users'. `AuthStore` keeps, under ``<data>/auth/`` (0700, files
 
     state.json          the seeds of the operator and of every account, each account's JWT
     accounts.conf       operator, system account and the account JWTs nats-server preloads
+    nats-auth.conf      a node's include: accounts.conf + its resolver (`nexus auth init`)
     jwt/<node>/         each server's full resolver (account JWTs pushed at run time)
     sys.creds           the system account's user: pushes account updates to the servers
     platform.creds      the roles' (the platform account: all of JetStream)
@@ -219,6 +220,12 @@ class AuthStore:
     def sys_creds(self) -> Path:
         return self.root / "sys.creds"
 
+    @property
+    def server_include(self) -> Path:
+        """What a NATS node's own config includes (`write_server_include`): the accounts
+        preload and its resolver (the compose cluster's nodes mount this folder read-only)."""
+        return self.root / "nats-auth.conf"
+
     def resolver_dir(self, node: str = "") -> Path:
         """Where a server's full resolver keeps the account JWTs (one dir per node)."""
         return self.root / "jwt" / (node or "server")
@@ -275,6 +282,14 @@ class AuthStore:
         if fresh:
             for stale in (self.root / "tenants").glob("*.creds"):
                 stale.unlink()
+
+    def write_server_include(self, resolver_dir: Path) -> Path:
+        """`server_include`: ``accounts.conf`` (included relative to this file, as nats-server
+        resolves includes) and a full resolver in ``resolver_dir``, a path on the server's own
+        machine that must be writable there and one per node."""
+        self._state()
+        _write_private(self.server_include, f"include {self.accounts_conf.name}\n{resolver_block(resolver_dir)}")
+        return self.server_include
 
     def platform(self) -> Credentials:
         self._state()

@@ -39,6 +39,12 @@ DEFAULT_REQUEST_TIMEOUT_S = 10.0
 JS_API_TIMEOUT_S = 15.0
 
 
+def _is_auth_refusal(reason: str) -> bool:
+    """A connect error that is the server refusing the login (not a lost server)."""
+    low = reason.lower()
+    return "authorization" in low or "authentication" in low
+
+
 class Bus:
     def __init__(self, nc: NATS, tracer: trace.Tracer | None = None) -> None:
         self.nc = nc
@@ -65,35 +71,63 @@ class Bus:
         login = who.connect_options() if who is not None else {}
         refused: list[str] = []  # the server's reasons while connecting (bounded below)
         connecting = True
+        # nats.py retries a refused login like a lost server, forever for a role
+        # (max_reconnect_attempts=-1): a refusal while connecting ends the attempt instead, so
+        # a role without valid credentials exits with one line rather than waiting forever.
+        login_refused = asyncio.Event()
+        caller_cb = callbacks.pop("error_cb", None)
 
         async def on_error(exc: Exception) -> None:
             # While connecting: the server's reason for refusing us (e.g. 'Authorization
             # Violation'), raised below as one line; without a callback nats.py prints a
-            # traceback per attempt. After: logged like any connection error.
-            if connecting:
+            # traceback per attempt. After: the caller's callback, or logged.
+            if connecting and _is_auth_refusal(str(exc)):
                 if len(refused) < 8:
                     refused.append(str(exc))
+                login_refused.set()
+            elif connecting and (caller_cb is None or login_refused.is_set()):
+                if len(refused) < 8:  # (after a refusal: its socket closing, not news)
+                    refused.append(str(exc))
+            elif caller_cb is not None:
+                await caller_cb(exc)
             else:
                 structlog.get_logger().warning("nats error", error=str(exc))
 
-        callbacks.setdefault("error_cb", on_error)
+        nc = NATS()
+        # "nats://a:4222,nats://b:4222" names the servers of a cluster.
+        servers = [strip_userinfo(u.strip()) for u in url.split(",") if u.strip()]
+        attempt = asyncio.ensure_future(nc.connect(
+            servers,
+            name=name,
+            connect_timeout=connect_timeout_s,
+            # A role rides out a broker restart; an SDK call can opt for failing fast.
+            max_reconnect_attempts=-1 if reconnect_forever else 3,
+            reconnect_time_wait=0.5,
+            allow_reconnect=True,
+            error_cb=on_error,
+            **login,
+            **callbacks,
+        ))
+        refusal = asyncio.ensure_future(login_refused.wait())
         try:
-            # "nats://a:4222,nats://b:4222" names the servers of a cluster.
-            servers = [strip_userinfo(u.strip()) for u in url.split(",") if u.strip()]
-            nc = await nats.connect(
-                servers,
-                name=name,
-                connect_timeout=connect_timeout_s,
-                # A role rides out a broker restart; an SDK call can opt for failing fast.
-                max_reconnect_attempts=-1 if reconnect_forever else 3,
-                reconnect_time_wait=0.5,
-                allow_reconnect=True,
-                **login,
-                **callbacks,
-            )
+            await asyncio.wait({attempt, refusal}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            refusal.cancel()
+        try:
+            if not attempt.done():  # refused: stop nats.py's retries, drop its socket
+                attempt.cancel()
+                await asyncio.gather(attempt, return_exceptions=True)
+                await nc.close()
+                raise OSError(refused[0] if refused else "login refused")
+            attempt.result()
+            if not nc.is_connected:
+                # nats.py returns from connect() when the server hangs up mid-handshake (its
+                # PING answered by neither PONG nor -ERR): not a connection, say so.
+                await nc.close()
+                raise OSError(f"the server closed the connection during the handshake ({nc.last_error or 'no reason given'})")
         except Exception as exc:  # nats raises OSError / NoServersError / TimeoutError
             reasons = [str(exc), *refused]
-            auth = next((r for r in reasons if "authorization" in r.lower() or "authentication" in r.lower()), None)
+            auth = next((r for r in reasons if _is_auth_refusal(r)), None)
             if auth is not None:
                 whom = f"user {who.user!r}" if who is not None else "no credentials"
                 reason = auth.removeprefix("nats: ").strip("'")

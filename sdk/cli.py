@@ -8,6 +8,7 @@
     nexus workloads list [--tenant T] [--json]     nexus tenants [--json]
     nexus tenant show NAME [--json] | delete NAME [--yes] [--json]
     nexus tenant create NAME | revoke NAME       (credentials; the server keeps running)
+    nexus auth init --data-dir DIR [--resolver-dir DIR]   (the identities, for a broker run elsewhere)
     nexus --creds FILE COMMAND ...               (log in as a tenant; default: the data dir's admin)
     nexus cancel ID [--json]   nexus download TENANT [--version N] | WORKLOAD --report [--json]
     nexus logs ROLE                        nexus usage [--tenant T] [--workload W] [--json]
@@ -46,6 +47,10 @@ tenant_app = typer.Typer(help="one tenant: show, delete, or issue / revoke its c
 app.add_typer(spec_app, name="spec")
 app.add_typer(workloads_app, name="workloads")
 app.add_typer(tenant_app, name="tenant")
+# The identities `nexus up` makes, for brokers something else starts (the compose stack).
+auth_app = typer.Typer(help="the deployment's identities: init (for a broker `nexus up` does not start)",
+                       no_args_is_help=True)
+app.add_typer(auth_app, name="auth")
 
 
 def _add_dataset_app() -> None:
@@ -583,7 +588,7 @@ def tenant_delete(
 @tenant_app.command("create")
 def tenant_creds_create(
     name: Annotated[str, typer.Argument(help="tenant name")],
-    data_dir: DataDir = DEFAULT_DATA_DIR, json: Json = False,
+    data_dir: DataDir = DEFAULT_DATA_DIR, json: Json = False, nats_url: PushUrl = None,
     storage_mb: Annotated[float | None, typer.Option(
         "--storage-mb", envvar="NEXUS_TENANT_STORAGE_MB", show_default=False,
         help="JetStream storage quota of the tenant's own account, MiB (default: the last one set, "
@@ -603,14 +608,58 @@ def tenant_creds_create(
         _err(f"--storage-mb: must be > 0, got {storage_mb:g}")
         return EXIT_BAD_INPUT
     path = store.add_tenant(name, storage_bytes=None if storage_mb is None else int(storage_mb * 2**20))
-    live = state is not None and bool(state.broker_pids)
+    url = _push_url(state, nats_url)
+    live = url is not None
     if live:
-        _run(_push_and_wait(store, state.nats_url, name, path, accepted=True, timeout_s=timeout_s))
+        _run(_push_and_wait(store, url, name, path, accepted=True, timeout_s=timeout_s))
     if json:
         print_json({"tenant": name, "creds": str(path), "live": live, "storage_bytes": store.storage_bytes(name)})
     else:
         print(f"tenant {name}: credentials in {path} ({'accepted by the running server' if live else 'used from the next `nexus up`'}); "
               f"the tenant logs in with `nexus --creds {path} ...` or NEXUS_CREDS={path}")
+    return EXIT_OK
+
+
+# Not NEXUS_NATS_URL: a role's environment names its broker, not where an account is pushed.
+PushUrl = Annotated[str | None, typer.Option(
+    "--nats-url", show_default=False,
+    help="push the account to this running broker (one `nexus up` did not start, e.g. the compose "
+         "cluster's); default: the data dir's cluster, if it runs")]
+
+
+def _push_url(state: Any, nats_url: str | None) -> str | None:
+    """Where a tenant's account update goes: ``--nats-url``, else the data dir's running
+    cluster, else nowhere (the next `nexus up` preloads it)."""
+    if nats_url:
+        return nats_url
+    return state.nats_url if state is not None and state.broker_pids else None
+
+
+@auth_app.command("init")
+def auth_init(
+    data_dir: DataDir = DEFAULT_DATA_DIR, prefix: Prefix = None,
+    resolver_dir: Annotated[Path, typer.Option(
+        "--resolver-dir", help="where each NATS node keeps the account JWTs pushed to it (a path on the "
+                               "node, writable there, one per node)")] = Path("/data/jwt"),
+    json: Json = False,
+) -> int:
+    """Create the operator, system, platform and admin identities in DATA_DIR/auth (kept when
+    they exist) and the include a NATS node's config needs (auth/nats-auth.conf)."""
+    from actors.auth import AuthStore
+    from protocol.subjects import DEFAULT_PREFIX
+    from sdk.term import print_json
+
+    store = AuthStore(data_dir.resolve(), prefix=prefix or DEFAULT_PREFIX)
+    fresh = not store.exists
+    store.ensure()
+    include = store.write_server_include(resolver_dir)
+    out = {"auth_dir": str(store.root), "created": fresh, "include": str(include),
+           "platform_creds": str(store.platform_creds), "admin_creds": str(store.admin_creds)}
+    if json:
+        print_json(out)
+    else:
+        print(f"identities {'created' if fresh else 'kept'} in {store.root}; NATS nodes include {include}; "
+              f"roles log in with NEXUS_CREDS={store.platform_creds}, operators with {store.admin_creds}")
     return EXIT_OK
 
 
@@ -627,7 +676,7 @@ async def _push_and_wait(store: Any, url: str, tenant: str, creds: Any, *, accep
 @tenant_app.command("revoke")
 def tenant_creds_revoke(
     name: Annotated[str, typer.Argument(help="tenant name")],
-    data_dir: DataDir = DEFAULT_DATA_DIR, json: Json = False,
+    data_dir: DataDir = DEFAULT_DATA_DIR, json: Json = False, nats_url: PushUrl = None,
     timeout_s: Annotated[float, typer.Option("--timeout-s", help="how long to wait for the server to drop them")] = 10.0,
 ) -> int:
     """Revoke a tenant's credentials: its connections are closed now and it cannot log in
@@ -641,9 +690,10 @@ def tenant_creds_revoke(
     store = AuthStore(resolved)
     old = Credentials.read(store.tenant_creds(name)) if store.tenant_creds(name).exists() else None
     store.revoke_tenant(name)
-    live = state is not None and bool(state.broker_pids)
+    url = _push_url(state, nats_url)
+    live = url is not None
     if live:
-        _run(_push_and_wait(store, state.nats_url, name, old, accepted=False, timeout_s=timeout_s))
+        _run(_push_and_wait(store, url, name, old, accepted=False, timeout_s=timeout_s))
     if json:
         print_json({"tenant": name, "revoked": True, "live": live})
     else:

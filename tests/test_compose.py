@@ -4,14 +4,18 @@ One deployment for the module (deploy/compose/docker-compose.yml + docker-compos
 host networking: every connection on 127.0.0.0/8), scaled ``--scale trainer=2 --scale env=4``:
 
 * the images build without a registry (deploy/compose/build-images.sh, cached by tag/layer);
+* NATS runs in operator mode: the auth-init job put the identities in the creds volume, the
+  host logs in with the admin's credentials copied out of it, an anonymous client is refused,
+  and `nexus tenant create` (run in the volume) issues a tenant's own credentials, with which
+  that tenant's workload is submitted;
 * every role container turns healthy (its own probe) and `nexus status` from the host lists
   them alive; the layout job made every stream and bucket R3;
 * an SFT and an RL workload on the built-in task complete although one NATS node container
   (the SFT queue's stream leader) and one trainer container are SIGKILLed mid-run, their
   restart policies bring both back, and the job audit finds nothing lost or trained twice;
 * spans from at least four role containers reach the OTLP/HTTP receiver this test runs;
-* a bad setting, no reachable broker, or a cluster missing a node makes a container exit
-  non-zero with one line;
+* a bad setting, missing credentials, no reachable broker, or a cluster missing a node makes a
+  container exit non-zero with one line;
 * `down -v` leaves no container, volume or network of the project behind.
 
 Skipped (with the reason) where no Docker daemon answers; .ci/run installs docker.io,
@@ -50,6 +54,8 @@ SCALE = {"trainer": 2, "env": 4}
 ROLE_SERVICES = ("health", "monitor", "master", "trainer", "inferencer", "env")
 NATS_SERVICES = ("nats-1", "nats-2", "nats-3")
 ROLE_IMAGE = "vla-nexus/role:latest"
+# Where auth-init puts the identities in the creds volume (the compose file's NEXUS_CREDS).
+CREDS_IN_VOLUME = "/creds/auth"
 # Bounds that only stop a broken stack from hanging the suite; the real figures are printed.
 BUILD_BOUND_S = 900.0
 UP_BOUND_S = 300.0
@@ -156,8 +162,9 @@ class Stack:
     compose: list[str]
     project: str
     env: dict[str, str]
-    nats_url: str
+    plain_url: str      # the three nodes, no credentials
     spans: Spans
+    nats_url: str = ""  # the same, logging in with the admin's credentials (`login`)
     times: dict[str, float] = field(default_factory=dict)
     down_done: bool = False
 
@@ -173,8 +180,39 @@ class Stack:
     def logs(self, *services: str, tail: int = 15) -> str:
         return self.cmd("logs", "--no-color", "--tail", str(tail), *services, check=False).stdout[-6000:]
 
-    def nexus(self, *args: str, timeout: float = 60.0, check: bool = True) -> subprocess.CompletedProcess:
-        return _run(nexus_cmd(*args, "--nats-url", self.nats_url), timeout=timeout, env=python_env(), check=check)
+    def nexus(self, *args: str, timeout: float = 60.0, check: bool = True,
+              creds: str | None = None) -> subprocess.CompletedProcess:
+        """`nexus` on the host: as the admin, or (``creds``) with a tenant's credentials."""
+        login = ["--creds", creds] if creds else []
+        url = self.plain_url if creds else self.nats_url
+        return _run(nexus_cmd(*login, *args, "--nats-url", url), timeout=timeout, env=python_env(), check=check)
+
+    def in_volume(self, *args: str, timeout: float = CMD_TIMEOUT_S) -> str:
+        """A command in a one-off auth-init container (the creds volume mounted read-write)."""
+        return self.cmd("run", "--rm", "-T", "--no-deps", "auth-init", *args, timeout=timeout).stdout
+
+    def login(self, tmp: str) -> None:
+        """Copy the admin's credentials out of the creds volume; `nats_url` names them."""
+        from actors.auth import Credentials
+
+        path = os.path.join(tmp, "admin.creds")
+        with open(path, "w") as f:
+            f.write(self.in_volume("cat", f"{CREDS_IN_VOLUME}/admin.creds"))
+        os.chmod(path, 0o600)
+        self.nats_url = Credentials.read(path).url(self.plain_url)
+
+    def tenant_creds(self, tenant: str, tmp: str) -> str:
+        """`nexus tenant create TENANT` in the volume (pushed to the running nodes); the
+        tenant's credentials file, copied out to the host."""
+        self.in_volume("nexus", "tenant", "create", tenant, "--data-dir", "/creds", "--nats-url", self.plain_url)
+        path = os.path.join(tmp, f"{tenant}.creds")
+        with open(path, "w") as f:
+            f.write(self.in_volume("cat", f"{CREDS_IN_VOLUME}/tenants/{tenant}.creds"))
+        os.chmod(path, 0o600)
+        return path
+
+    def creds_volume(self) -> str:
+        return f"{self.project}_nexus-creds"
 
     def down(self) -> None:
         if not self.down_done:
@@ -183,7 +221,7 @@ class Stack:
 
 
 @pytest.fixture(scope="module")
-def stack():
+def stack(tmp_path_factory):
     from actors.broker import free_port
 
     t0 = time.monotonic()
@@ -200,12 +238,13 @@ def stack():
     env["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{server.server_address[1]}"
     env["NEXUS_TRACE_SAMPLE_RATIO"] = "0.25"  # fewer spans to export on 2 shared cores
     st = Stack(_compose(), f"nexustest{uuid.uuid4().hex[:8]}", env,
-               ",".join(f"nats://127.0.0.1:{p}" for p in ports[:3]), spans, times)
+               ",".join(f"nats://127.0.0.1:{p}" for p in ports[:3]), spans, times=times)
     t1 = time.monotonic()
     try:
         scale = [a for role, n in SCALE.items() for a in ("--scale", f"{role}={n}")]
         st.cmd("up", "-d", "--no-build", *scale, timeout=UP_BOUND_S)
         times["up_s"] = time.monotonic() - t1
+        st.login(str(tmp_path_factory.mktemp("compose-creds")))
         print(f"{' '.join(st.compose)} up: {times['up_s']:.0f} s (project {st.project})")
         yield st
     finally:
@@ -272,6 +311,22 @@ def test_roles_healthy_and_layout_r3(stack):
 
     got = asyncio.run(replicas())
     assert got and all(n == 3 for n in got.values()), got
+
+
+def test_nats_runs_in_operator_mode(stack):
+    """The cluster refuses a client without credentials; the auth-init job ran once, and a
+    second run keeps the identities (the roles' credentials still work after it)."""
+    from actors.bus import Bus
+    from protocol.errors import Unauthenticated
+
+    with pytest.raises(Unauthenticated, match="no credentials"):
+        asyncio.run(Bus.connect(stack.plain_url, name="test-anonymous", reconnect_forever=False))
+    init = stack.containers("auth-init")
+    assert init and stack.inspect(init[0])["State"]["ExitCode"] == 0
+    before = stack.in_volume("cat", f"{CREDS_IN_VOLUME}/platform.creds")
+    again = stack.cmd("run", "--rm", "-T", "--no-deps", "auth-init").stdout
+    assert "kept" in again, again
+    assert stack.in_volume("cat", f"{CREDS_IN_VOLUME}/platform.creds") == before
 
 
 # -- workloads through a NATS node kill and a trainer kill -----------------------------------
@@ -345,10 +400,17 @@ def test_workloads_complete_through_nats_node_and_trainer_kills(stack, tmp_path)
     for spec in specs:
         paths.append(tmp_path / f"{spec['tenant']}.yaml")
         paths[-1].write_text(yaml.safe_dump(spec))
+    # The RL tenant submits on its own credentials (its own account); the admin submits the SFT.
+    tenant_creds = stack.tenant_creds(specs[1]["tenant"], str(tmp_path))
     t0 = time.monotonic()
-    out = stack.nexus("submit", *map(str, paths), "--json", timeout=90)
-    ids = [w["workload"] for w in json.loads(out.stdout)]
+    ids = []
+    for path, creds in ((paths[0], None), (paths[1], tenant_creds)):
+        out = stack.nexus("submit", str(path), "--json", timeout=90, creds=creds)
+        ids += [w["workload"] for w in json.loads(out.stdout)]
     assert len(ids) == 2
+    # The tenant's own login sees its workload and nothing of the other tenant's.
+    mine = json.loads(stack.nexus("workloads", "list", "--json", creds=tenant_creds).stdout)
+    assert {w["tenant"] for w in mine} == {specs[1]["tenant"]}, mine
 
     def progressed():
         recs = asyncio.run(_records(stack, ids))
@@ -420,10 +482,13 @@ def test_spans_from_four_role_containers(stack):
     print(f"spans from {roles} ({len(stack.spans.instances())} instances)")
 
 
-def _layout_fails_in_one_line(what: str, url: str, timeout: float) -> None:
-    """The layout job's command in the role image, against ``url``: non-zero, one `error:` line."""
+def _layout_fails_in_one_line(what: str, url: str, timeout: float, creds_volume: str = "") -> None:
+    """The layout job's command in the role image, against ``url`` (logging in with the
+    platform's credentials from ``creds_volume``): non-zero, one `error:` line."""
     t0 = time.monotonic()
-    proc = _run(["docker", "run", "--rm", "--network", "host", ROLE_IMAGE,
+    login = (["-v", f"{creds_volume}:/creds:ro", "-e", f"NEXUS_CREDS={CREDS_IN_VOLUME}/platform.creds"]
+             if creds_volume else [])
+    proc = _run(["docker", "run", "--rm", "--network", "host", *login, ROLE_IMAGE,
                  "nexus", "layout", "--replicas", "3", "--nats-url", url], check=False, timeout=timeout)
     lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip()]
     assert proc.returncode != 0 and len(lines) == 1 and lines[0].startswith("error:"), (what, proc.returncode, lines)
@@ -434,10 +499,21 @@ def test_bad_setting_no_broker_or_missing_node_exits_with_one_line(stack):
     from actors.broker import free_port
 
     bad = _run(["docker", "run", "--rm", "--network", "host", "-e", "NEXUS_HEARTBEAT_INTERVAL_S=abc",
-                "-e", f"NEXUS_NATS_URL={stack.nats_url}", ROLE_IMAGE, "trainer"], check=False)
+                "-e", f"NEXUS_NATS_URL={stack.plain_url}", ROLE_IMAGE, "trainer"], check=False)
     assert bad.returncode == 2, bad
     lines = [ln for ln in bad.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "NEXUS_HEARTBEAT_INTERVAL_S" in lines[0], lines
+
+    # A role whose credentials file is not there (a creds volume not mounted), or with none.
+    for what, creds, says in (("missing credentials file", ["-e", "NEXUS_CREDS=/creds/auth/platform.creds"],
+                               "/creds/auth/platform.creds"),
+                              ("no credentials", [], "no credentials")):
+        t0 = time.monotonic()
+        proc = _run(["docker", "run", "--rm", "--network", "host", *creds,
+                     "-e", f"NEXUS_NATS_URL={stack.plain_url}", ROLE_IMAGE, "trainer"], check=False, timeout=90)
+        lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip()]
+        assert proc.returncode != 0 and len(lines) == 1 and says in lines[0], (what, proc.returncode, lines)
+        print(f"{what}: exit {proc.returncode} after {time.monotonic() - t0:.0f} s: {lines[0]}")
 
     _layout_fails_in_one_line("no broker", f"nats://127.0.0.1:{free_port()}", 90)
 
@@ -447,9 +523,9 @@ def test_bad_setting_no_broker_or_missing_node_exits_with_one_line(stack):
         env[key] = str(free_port())
     half = Stack(stack.compose, f"{stack.project}half", env, "", stack.spans)
     try:
-        half.cmd("up", "-d", "--no-build", "nats-1", "nats-2", timeout=UP_BOUND_S)
+        half.cmd("up", "-d", "--no-build", "nats-1", "nats-2", timeout=UP_BOUND_S)  # auth-init first
         _layout_fails_in_one_line("2 of 3 nodes", f"nats://127.0.0.1:{env['NATS_PORT_1']},"
-                                  f"nats://127.0.0.1:{env['NATS_PORT_2']}", 180)
+                                  f"nats://127.0.0.1:{env['NATS_PORT_2']}", 180, half.creds_volume())
     finally:
         half.down()
 

@@ -51,4 +51,10 @@ def test_compose_runs_every_role_against_a_3_node_cluster():
         assert services[role]["command"] == [role], role
     assert {"nats-1", "nats-2", "nats-3", "jaeger", "layout"} <= set(services)
     assert "--replicas" in services["layout"]["entrypoint"]
+    # Operator mode: the identities first (auth-init), every client logs in as the platform.
+    assert services["auth-init"]["command"][:3] == ["nexus", "auth", "init"]
+    for node in ("nats-1", "nats-2", "nats-3"):
+        assert services[node]["depends_on"]["auth-init"]["condition"] == "service_completed_successfully"
+    for name in (*ROLES, "layout"):
+        assert services[name]["environment"]["NEXUS_CREDS"] == "/creds/auth/platform.creds", name
     assert Path(ROOT / "deploy/compose/Dockerfile").exists()
