@@ -81,6 +81,10 @@ EXIT_LOOP_FAILED = 70  # EX_SOFTWARE: a critical loop spent its restart budget
 # After a fatal loop failure the drain gets drain_timeout_s plus this; then the process exits
 # anyway, so a drain stuck on the same fault cannot keep a broken process alive.
 FATAL_EXIT_GRACE_S = 5.0
+# After the drain, the teardown (cancelled tasks, bus close, trace flush, then asyncio.run
+# joining its executor's threads) gets this long; a worker thread that never returns (a
+# device call stuck in a forked child was seen) would otherwise keep a stopped process alive.
+EXIT_TEARDOWN_GRACE_S = 20.0
 _ENV_DEFAULTS = RoleSettings()
 
 
@@ -237,6 +241,8 @@ class Role:
         self._seq = 0
         self._loops: dict[str, LoopState] = {}
         self._exit_status = 0
+        # Set by `run_role` only: a role run inside another process (a test) never exits it.
+        self.exit_watchdog = False
 
     # -- hooks for subclasses ------------------------------------------------------------
     async def setup(self) -> None:
@@ -440,11 +446,30 @@ class Role:
             await self._drain()
             return self._exit_status
         finally:
+            if self.exit_watchdog:
+                self._arm_exit_watchdog()
             for task in list(self._background):
                 task.cancel()
             await asyncio.gather(*self._background, return_exceptions=True)
             await self.bus.close()
             shutdown_tracing()
+
+    def _arm_exit_watchdog(self) -> None:
+        """Exit with the role's status if the teardown outlives ``EXIT_TEARDOWN_GRACE_S``."""
+        import sys
+        import threading
+
+        def overdue() -> None:
+            stuck = sorted(t.name for t in threading.enumerate() if t is not threading.current_thread())
+            self.log.error("teardown did not finish: exiting now", grace_s=EXIT_TEARDOWN_GRACE_S,
+                           threads=stuck, exit_status=self._exit_status)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(self._exit_status)
+
+        timer = threading.Timer(EXIT_TEARDOWN_GRACE_S, overdue)
+        timer.daemon = True  # a teardown that finishes in time exits without waiting for it
+        timer.start()
 
     def _on_signal(self, sig: signal.Signals) -> None:
         self._signals += 1
@@ -681,6 +706,7 @@ def run_role(role_cls: type[Role], cfg: RoleConfig) -> int:
 
     async def main() -> int:
         role = role_cls(cfg)
+        role.exit_watchdog = True  # this process is the role's: it may end itself
         return await role.run()
 
     try:

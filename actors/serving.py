@@ -19,6 +19,7 @@ from typing import Any
 
 from nats.js.errors import KeyNotFoundError, NoKeysError, ObjectNotFoundError
 
+from actors.bus import js_retry
 from actors.weights import check_manifest, get_manifest, get_object, weights_name
 from protocol.errors import FailedPrecondition, NotFound
 from protocol.messages import TenantConfig, WeightsRef
@@ -40,7 +41,7 @@ class ServingHeads:
         self.sync_seconds: list[float] = []
 
     async def _kv(self, bucket: str):
-        return await self.bus.js.key_value(bucket)
+        return await js_retry(self.bus.js.key_value, bucket)
 
     async def config(self, tenant: str) -> TenantConfig:
         cfg = self.configs.get(tenant)
@@ -137,7 +138,7 @@ class ServingHeads:
         slot = await asyncio.to_thread(
             TenantSlot.create, tenant, TenantSchema.from_dict(cfg.schema), self.base, cfg.head,
             cfg.head_params, OptimConfig(**cfg.optim), cfg.seed, None, cfg.base_adapter or None)
-        store = await self.bus.js.object_store(self.names.obj_weights)
+        store = await js_retry(self.bus.js.object_store, self.names.obj_weights)
         try:
             payload = await get_object(store, object_name)
         except ObjectNotFoundError:

@@ -91,8 +91,10 @@ class SlotStore:
 
     async def _stores(self):
         if self._ckpt is None:
-            self._ckpt = await self.bus.js.object_store(self.names.obj_checkpoints)
-            self._weights = await self.bus.js.object_store(self.names.obj_weights)
+            # Binding a store asks its stream for info: it times out while a killed node's
+            # streams elect a leader (a fresh trainer's first job right after a node loss).
+            self._ckpt = await js_retry(self.bus.js.object_store, self.names.obj_checkpoints)
+            self._weights = await js_retry(self.bus.js.object_store, self.names.obj_weights)
         return self._ckpt, self._weights
 
     # -- bases and slots -----------------------------------------------------------------
@@ -228,7 +230,7 @@ class SlotStore:
         await js_retry(weights.put, name, payload)
         await js_retry(weights.put, manifest_name(name), json.dumps(manifest, sort_keys=True).encode())
         ref = WeightsRef(tenant=tenant, version=version, object_name=name, size=len(payload), manifest=manifest)
-        kv = await self.bus.js.key_value(self.names.kv_versions)
+        kv = await js_retry(self.bus.js.key_value, self.names.kv_versions)
         await js_retry(kv.put, tenant, encode(ref))
         await self.bus.publish(self.names.weights(tenant), ref, span_name="job.announce")
         return ref

@@ -27,6 +27,8 @@ from typing import Any
 
 from nats.js.errors import NotFoundError
 
+from actors.bus import js_retry
+
 from protocol.messages import JobRecord, QueuePutRequest
 from protocol.subjects import Names
 from protocol.wire import decode
@@ -65,7 +67,8 @@ class PartitionReader:
         while len(items) < max_items:
             self.gets += 1
             try:
-                raw = await self.bus.js.get_msg(stream, seq=seq, subject=subject, next=True)
+                # Rides out the stream's leader election (a node lost): the read is idempotent.
+                raw = await js_retry(self.bus.js.get_msg, stream, seq=seq, subject=subject, next=True)
             except NotFoundError:
                 break
             if index < len(seqs) and raw.seq != seqs[index]:

@@ -39,7 +39,7 @@ import numpy as np
 
 from actors.slots import Resident
 from actors.tq_read import read_job_items
-from protocol.errors import Conflict, FailedPrecondition, NexusError
+from protocol.errors import Conflict, FailedPrecondition, NexusError, RequestTimeout, Unavailable
 from protocol.messages import JobRecord, LeaseReply, LeaseRequest, QueuePutRequest
 from protocol.policy import COHORT_JOIN_WAIT_S
 
@@ -237,6 +237,16 @@ class TrainLoop:
             raise
         except Exception as exc:
             self._tasks.pop(w.job.job, None)
+            if _transient(exc):
+                # The broker, not the job: a node lost past the retries' deadline. Nothing of
+                # the job was trained here, so it goes back to the master for another lease
+                # instead of failing for good.
+                t.log.warning("preparing a job hit a broker outage; handing it back",
+                              tenant=w.tenant, job=w.job.job, error=f"{type(exc).__name__}: {exc}")
+                await t.store.reload(w.tenant)  # a restore cut short leaves no half-loaded slot
+                await t.release([w.job], f"preparing hit {type(exc).__name__}")
+                self._done(w)
+                return
             w.error = f"{type(exc).__name__}: {exc}"
             await t.fail(w.job, w.error)
             self._done(w)
@@ -345,3 +355,14 @@ class TrainLoop:
         for w in work:
             w.released = True
             self._done(w)
+
+
+def _transient(exc: BaseException) -> bool:
+    """An error of the broker (timeout, no responders, a stream without a leader), after the
+    call's own retries (`actors.bus.js_retry`) gave up: the job's data and slot are intact."""
+    import nats.errors
+    from nats.js.errors import NoStreamResponseError, ServiceUnavailableError
+
+    return isinstance(exc, (asyncio.TimeoutError, nats.errors.TimeoutError, nats.errors.NoRespondersError,
+                            nats.errors.ConnectionClosedError, NoStreamResponseError, ServiceUnavailableError,
+                            RequestTimeout, Unavailable))

@@ -33,7 +33,7 @@ from typing import Any, AsyncIterator
 
 import numpy as np
 
-from actors.bus import retry, retry_through_outage
+from actors.bus import js_retry, retry, retry_through_outage
 from actors.identity import require_tenant
 from actors.metering import Meter, final_flush, flush_loop
 from actors.runtime import Role, RoleConfig, device_memory_bytes, op
@@ -395,9 +395,9 @@ class Trainer(Role):
         from protocol.wire import decode
 
         assert self.bus is not None
-        kv = await self.bus.js.key_value(self.names.kv_versions)
+        kv = await js_retry(self.bus.js.key_value, self.names.kv_versions)
         try:
-            return decode((await kv.get(tenant)).value, WeightsRef).version
+            return decode((await js_retry(kv.get, tenant)).value, WeightsRef).version
         except KeyNotFoundError:
             return -1
 

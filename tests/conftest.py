@@ -211,7 +211,7 @@ class RoleProcs:
                     proc.wait(timeout=30)
                 except Exception:
                     proc.kill()
-                    proc.wait()
+                    proc.wait(timeout=30)  # SIGKILL cannot be caught: this only waits for the reap
 
 
 @pytest.fixture

@@ -103,9 +103,17 @@ def test_inferencer_serves_both_in_one_group_with_the_adapter(deployment, tmp_pa
            "state": rng.normal(size=4).astype(np.float32), "instruction": "reach the target"}
 
     async def body(c):
-        replies = await asyncio.gather(*(c.predict(t, obs["images"], obs["state"], obs["instruction"], sample=False,
-                                                   timeout_s=30) for t in ("lora-a", "frozen-a")))
         ref = await c.latest_weights("lora-a")
+        # The announcement of the last export reaches the inferencer asynchronously (the
+        # service may serve the version before for a moment): ask until it serves this one.
+        deadline = asyncio.get_running_loop().time() + 60
+        while True:
+            replies = await asyncio.gather(*(c.predict(t, obs["images"], obs["state"], obs["instruction"],
+                                                       sample=False, timeout_s=30) for t in ("lora-a", "frozen-a")))
+            if replies[0].version == ref.version or asyncio.get_running_loop().time() > deadline:
+                break
+            await asyncio.sleep(0.5)
+        assert replies[0].version == ref.version, (replies[0].version, ref.version)
         payload, _ = await c.download_weights(ref)
         cfg = await c.tenant("lora-a")
         await c.download_policy("lora-a", out_dir=tmp_path)
