@@ -18,6 +18,7 @@ import argparse
 import json
 import statistics
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -31,12 +32,34 @@ from models.fast import FastQwen3VLEncoder  # noqa: E402
 from models.testing import random_batch  # noqa: E402
 
 
+class _HostEvent:
+    """torch.cuda.Event's interface on the host clock: the CPU smoke run (`--device cpu`)."""
+
+    def record(self) -> None:
+        self.t = time.perf_counter()
+
+    def synchronize(self) -> None:
+        pass
+
+    def elapsed_time(self, end: "_HostEvent") -> float:
+        return (end.t - self.t) * 1e3
+
+
+def _event():
+    return torch.cuda.Event(enable_timing=True) if torch.cuda.is_available() else _HostEvent()
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def events_ms(fn, warmup: int = 3, repeats: int = 10) -> float:
     for _ in range(warmup):
         fn()
     times = []
     for _ in range(repeats):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a, b = _event(), _event()
         a.record()
         fn()
         b.record()
@@ -49,10 +72,10 @@ def stage_ms(enc: FastQwen3VLEncoder, c, layout, inputs, repeats: int = 5) -> di
     """Per-stage times of uncaptured forwards (medians), by CUDA events at the stage ends."""
     runs: list[dict[str, float]] = []
     for _ in range(repeats + 1):
-        marks: list[tuple[str, torch.cuda.Event]] = []
+        marks: list[tuple[str, object]] = []
 
         def mark(name: str) -> None:
-            e = torch.cuda.Event(enable_timing=True)
+            e = _event()
             e.record()
             marks.append((name, e))
 
@@ -63,11 +86,10 @@ def stage_ms(enc: FastQwen3VLEncoder, c, layout, inputs, repeats: int = 5) -> di
                 enc._forward(c, layout, *inputs)
         finally:
             enc.on_stage = None
-        torch.cuda.synchronize()
+        _sync()
         runs.append({n: p.elapsed_time(e) for (_, p), (n, e) in zip(marks, marks[1:])})
     runs = runs[1:]
     out = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
-    out["vision_blocks"] = out.pop("vision")
     out["total"] = sum(out.values())
     return out
 
@@ -83,17 +105,20 @@ def kernel_table(enc: FastQwen3VLEncoder, c, layout, inputs, top: int = 18) -> d
 
     with torch.no_grad():
         enc._forward(c, layout, *inputs)
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof, torch.no_grad():
+    _sync()
+    cuda = torch.cuda.is_available()
+    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof, torch.no_grad():
         enc._forward(c, layout, *inputs)
-        torch.cuda.synchronize()
+        _sync()
     rows = []
     for e in prof.key_averages():
-        t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+        t = (getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)) if cuda \
+            else e.self_cpu_time_total
         if t > 0:
             rows.append((e.key, t / 1e3, e.count))
-    # Kernels only (the profiler also lists the ops that launched them).
-    rows = [r for r in rows if not r[0].startswith("aten::")]
+    # Kernels only (the profiler also lists the ops that launched them); on CPU, the ops.
+    if cuda:
+        rows = [r for r in rows if not r[0].startswith("aten::")]
     rows.sort(key=lambda r: -r[1])
     by_kind: dict[str, float] = {}
     for name, ms, _ in rows:
@@ -129,7 +154,7 @@ def micro(base: BaseModel, rows: int, vision_rows: int) -> dict[str, float]:
         "vis fc1": (vision_rows, dv, ffv, vc.depth), "vis fc2": (vision_rows, ffv, dv, vc.depth),
     }
     out: dict[str, float] = {}
-    print("\n# matmuls alone (bf16, random data), per forward")
+    print(f"\n# matmuls alone ({str(dt).removeprefix('torch.')}, random data), per forward")
     print(f"  {'shape':<20} {'M':>6} {'K':>6} {'N':>6} {'ms each':>8} {'x count':>8} {'TFLOP/s':>8}")
     for name, (m, k, n, count) in shapes.items():
         a = torch.randn(m, k, device=base.device, dtype=dt)
@@ -175,11 +200,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma-separated engines: graphs (no compile), compile, +fused (one matmul for q/k/v "
                          "and for gate/up), +dyn (automatic dynamic shapes, a smaller size compiled first)")
     ap.add_argument("--micro", action="store_true")
+    ap.add_argument("--device", default="cuda", help="cuda; cpu is a smoke run of the script (host clock)")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        ap.error("needs a CUDA device (CUDA events, graphs and the kernel profiler)")
-    base = BaseModel.load(BaseConfig(args.preset, device="cuda", max_prompt_tokens=PROMPT_TOKENS))
+    if args.device != "cpu" and not torch.cuda.is_available():
+        ap.error("--device cuda: no CUDA device here (--device cpu runs the script as a smoke test)")
+    base = BaseModel.load(BaseConfig(args.preset, device=args.device, max_prompt_tokens=PROMPT_TOKENS))
     slots = [TenantSlot.create(f"t{i}", bench_schema(i), base, seed=i) for i in range(args.tenants)]
     vla = VLABatch.cat([random_batch(s.preprocessor, args.batch, seed=100 * i).features.to(base.device)
                         for i, s in enumerate(slots)])

@@ -209,7 +209,7 @@ class FastQwen3VLEncoder:
         pixels = fam.patchify(fam.normalize(images.reshape(b * s, 3, *layout.image_size), dtype))
         self._stage("inputs")
         image_embeds, deepstack = self._vision(pixels, c)
-        self._stage("vision")
+        self._stage("vision_blocks")  # the blocks and the mergers
         # 3. language model
         lm = self.core.language_model
         h = lm.embed_tokens(ids)

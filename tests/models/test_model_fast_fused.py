@@ -30,7 +30,7 @@ def test_fused_layers_match_transformers_forward() -> None:
     enc.on_stage = stages.append
     with torch.no_grad():
         hidden, mask = enc(vla)
-    assert stages == ["inputs", "patch_embed", "vision", "embed", "text"]
+    assert stages == ["inputs", "patch_embed", "vision_blocks", "embed", "text"]
     assert torch.equal(mask, ref.mask_B_L)
     m = ref.mask_B_L
     assert torch.allclose(hidden[m], ref.hidden_B_L_D[m], rtol=1e-5, atol=1e-5)
