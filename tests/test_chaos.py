@@ -89,12 +89,28 @@ def test_percentile_nearest_rank():
     assert percentile([float(i) for i in range(1, 101)], 99) == 99.0
 
 
+CLEANUP_S = 60  # the harness's own teardown after a SIGTERM (it drains every role it started)
+
+
 def _run_chaos(tmp_path: Path, *args: str, timeout_s: float) -> dict:
     out = tmp_path / "chaos.json"
-    proc = subprocess.run([sys.executable, "-m", "bench.chaos", "--budget", "small", "--out", str(out), *args],
-                          cwd=ROOT, env=python_env(OMP_NUM_THREADS="1"), capture_output=True, text=True,
-                          timeout=timeout_s)
-    tail = (proc.stdout + proc.stderr)[-6000:]
+    proc = subprocess.Popen([sys.executable, "-m", "bench.chaos", "--budget", "small", "--out", str(out), *args],
+                            cwd=ROOT, env=python_env(OMP_NUM_THREADS="1"), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        stdout, _ = proc.communicate(timeout=timeout_s)
+    finally:
+        if proc.poll() is None:
+            # Timed out (here or pytest-timeout's): SIGTERM, not SIGKILL, so the harness stops
+            # the deployment it started (a SIGKILLed one left its supervisor, NATS node and
+            # roles running for the rest of the suite).
+            proc.terminate()
+            try:
+                proc.communicate(timeout=CLEANUP_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.communicate()
+    tail = stdout[-6000:]
     assert out.exists(), f"no report (exit {proc.returncode}):\n{tail}"
     rep = json.loads(out.read_text())
     rep["_output"] = tail
@@ -117,7 +133,7 @@ def _assert_invariants(rep: dict) -> None:
     assert rep["_code"] == 0, f"failed: {rep['failed']}\n{out}"
 
 
-@pytest.mark.timeout(420)
+@pytest.mark.timeout(480)  # 400 s of run, then CLEANUP_S for the harness to stop
 def test_kills_of_every_role_lose_nothing_and_apply_nothing_twice(tmp_path):
     rep = _run_chaos(tmp_path, "--mode", "kill", "--interval-s", "4,8", "--kills", "7", "--seed", "1",
                      timeout_s=400)
@@ -130,7 +146,7 @@ def test_kills_of_every_role_lose_nothing_and_apply_nothing_twice(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(420)
+@pytest.mark.timeout(480)  # 400 s of run, then CLEANUP_S for the harness to stop
 def test_drains_of_roles_lose_nothing_and_every_drained_role_is_replaced(tmp_path):
     rep = _run_chaos(tmp_path, "--mode", "drain", "--interval-s", "5,8", "--kills", "4", "--seed", "2",
                      timeout_s=400)
