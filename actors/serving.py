@@ -54,6 +54,7 @@ class ServingHeads:
         self.budget_bytes = budget_bytes  # 0: no budget
         self.log = log
         self.sizes: dict[tuple[str, int], int] = {}  # `head_bytes` of each cached head
+        self._loaded = 0  # their sum (checked at every reply: kept, not summed)
         self._holds: dict[tuple[str, int], int] = {}  # requests holding a head (`get(hold=True)`)
         # Dropped under the budget and not loaded again yet (to count reloads); bounded.
         self._evicted: OrderedDict[tuple[str, int], None] = OrderedDict()
@@ -181,12 +182,14 @@ class ServingHeads:
         self._evict()  # what was over the budget while held
 
     def loaded_bytes(self) -> int:
-        return sum(self.sizes.values())
+        return self._loaded
 
     def _put(self, key: tuple[str, int], slot: Any) -> None:
         self.cache[key] = slot
         self.cache.move_to_end(key)
-        self.sizes[key] = head_bytes(slot)
+        size = head_bytes(slot)
+        self._loaded += size - self.sizes.get(key, 0)
+        self.sizes[key] = size
 
     async def _load(self, tenant: str, version: int, object_name: str) -> Any:
         from models import OptimConfig, TenantSchema, TenantSlot
@@ -246,7 +249,9 @@ class ServingHeads:
 
     def _drop(self, key: tuple[str, int]) -> int:
         del self.cache[key]
-        return self.sizes.pop(key, 0)
+        size = self.sizes.pop(key, 0)
+        self._loaded -= size
+        return size
 
     def _evict(self, keep: set[tuple[str, int]] | frozenset[tuple[str, int]] = frozenset()) -> None:
         current = {(t, v) for t, v in self.current.items()}
@@ -257,7 +262,7 @@ class ServingHeads:
                     break
             else:
                 break
-        if not self.budget_bytes:
+        if not self.budget_bytes or self._loaded <= self.budget_bytes:
             return
         # The budget: least recently used first (the cache's order), current versions too,
         # never one a request holds or the one just asked for.

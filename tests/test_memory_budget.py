@@ -46,19 +46,30 @@ def test_lru_victims_oldest_idle_first_until_it_fits():
     assert lru_victims([(k, s, t, False) for k, s, t, _ in entries], 1) == []
 
 
-def test_slot_store_drops_only_idle_committed_slots():
+@pytest.fixture(scope="module")
+def new_slot():
+    """Real tenant slots on the tiny base (in this process): ``new_slot(name, seed)``."""
+    from models import BaseConfig, BaseModel, OptimConfig, TenantSchema, TenantSlot
+
+    base = BaseModel.load(BaseConfig(source=BASE))
+
+    def make(name: str, seed: int = 0):
+        cfg = tenant(name, seed=seed)
+        return cfg, TenantSlot.create(name, TenantSchema.from_dict(cfg.schema), base, optim=OptimConfig(**cfg.optim))
+
+    return make
+
+
+def test_slot_store_drops_only_idle_committed_slots(new_slot):
     """SlotStore.enforce_budget on real slots: a slot in use, pinned, or trained past its
     committed state stays; the oldest idle committed one goes, and is counted."""
     from actors.slots import Resident, SlotStore
-    from models import BaseConfig, BaseModel, OptimConfig, TenantSchema, TenantSlot
     from protocol.subjects import Names
 
-    base = BaseModel.load(BaseConfig(source=BASE))
     busy = {"s-running"}
     store = SlotStore(None, Names("tunit"), in_use=lambda t: t in busy)
     for i, name in enumerate(("s-running", "s-dirty", "s-pinned", "s-old", "s-new")):
-        cfg = tenant(name, seed=i)
-        slot = TenantSlot.create(name, TenantSchema.from_dict(cfg.schema), base, optim=OptimConfig(**cfg.optim))
+        cfg, slot = new_slot(name, i)
         store.resident[name] = Resident(config=cfg, slot=slot, clean=(0, 0), last_used=float(i))
     store.resident["s-dirty"].slot.step_count = 1  # trained, not committed yet
     size = store.resident["s-old"].footprint
@@ -71,6 +82,31 @@ def test_slot_store_drops_only_idle_committed_slots():
     assert store.enforce_budget() == ["s-pinned"]  # unpinned now; s-new is newer and stays
     assert not store.over_budget and sorted(store.resident) == ["s-dirty", "s-new", "s-running"]
     assert (store.evictions, store.evicted_bytes) == (2, 2 * size)
+
+
+def test_serving_heads_never_drop_a_held_head(new_slot):
+    """ServingHeads under a budget of two heads: the oldest head no request holds goes; held
+    heads stay even over the budget, and the first one released past it goes then."""
+    from actors.serving import ServingHeads, head_bytes
+    from protocol.subjects import Names
+
+    slots = {name: new_slot(name, i)[1] for i, name in enumerate("abcde")}
+    size = head_bytes(slots["a"])
+    heads = ServingHeads(None, Names("tunit"), None, BASE, budget_bytes=2 * size)
+    for name in "abc":
+        heads._put((name, 1), slots[name])
+    heads._holds[("a", 1)] = 1  # a request holds a (as `get(hold=True)` leaves it)
+    heads._evict(keep={("c", 1)})
+    assert list(heads.cache) == [("a", 1), ("c", 1)] and heads.loaded_bytes() == 2 * size  # b went, not a
+    heads._put(("d", 1), slots["d"])
+    heads._holds[("d", 1)] = 1
+    heads._evict(keep={("d", 1)})
+    assert list(heads.cache) == [("a", 1), ("d", 1)]  # c went
+    heads._put(("e", 1), slots["e"])
+    heads._evict(keep={("e", 1)})
+    assert len(heads.cache) == 3 and heads.loaded_bytes() == 3 * size  # all held or just asked for: over
+    heads.release("d", 1)  # d is answered: the oldest free head now, and over the budget
+    assert list(heads.cache) == [("a", 1), ("e", 1)] and heads.evictions == 3
 
 
 # -- through real processes -------------------------------------------------------------------
