@@ -34,6 +34,13 @@ class TenantBoards:
         self._writers: OrderedDict[str, Any] = OrderedDict()
         self._t0 = time.monotonic()
 
+    @staticmethod
+    def preload() -> None:
+        """Import the writer (torch + tensorboard: seconds on a loaded host) before the role
+        beats: imported lazily on the first point, it blocked the monitor's loop past the
+        health manager's 3 s heartbeat bound, and the monitor was restarted at start-up."""
+        from torch.utils.tensorboard import SummaryWriter  # noqa: F401
+
     def _writer(self, tenant: str) -> Any:
         from torch.utils.tensorboard import SummaryWriter
 

@@ -75,6 +75,7 @@ class Monitor(Role):
         assert self.bus is not None
         if self.mcfg.tensorboard:
             self.boards = TenantBoards(self.cfg.data_dir / "tensorboard", max_open=self.mcfg.tenant_cap)
+            await asyncio.to_thread(TenantBoards.preload)  # in setup: before the first heartbeat
         self._start_endpoint()
         nc = self.bus.nc
         await nc.subscribe(self.names.heartbeat_all, cb=self._on_heartbeat)

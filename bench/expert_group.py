@@ -9,11 +9,12 @@ base forward (and cache) per tenant.
 Per row, on canonical batches already on the device (preprocessing excluded), medians over
 --repeats after --warmup runs, CUDA synchronized around each timed region:
   cache   base forward returning the prefix KV cache (inference_mode): serial vs grouped;
-  infer   `predict`: that forward, then each expert's Euler steps on its rows: serial vs grouped;
+  infer   `predict`: that forward, then the experts' Euler steps: serial (one tenant at a time)
+          vs grouped (experts of one shape with equal rows sample together, stacked weights);
   train   `forward_backward`: the forward, each expert's flow-matching loss and backward (no
           optimizer step): serial vs grouped;
-  experts the experts' Euler sampling alone, on the features of one grouped and of one serial
-          forward (both orders, the better per side).
+  experts the experts' Euler sampling alone: together on the features of one grouped forward
+          vs one tenant at a time on those of serial forwards (both orders, the better per side).
 `--frozen K` makes the last K tenants frozen-base mlp tenants sharing the group.
 Prints a table and writes one JSON record.
 """
@@ -21,7 +22,6 @@ Prints a table and writes one JSON record.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -30,18 +30,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from bench.lora_group import _time  # noqa: E402
-from models import BaseConfig, BaseModel, TenantSlot, encode_grouped, encode_serial, forward_backward, predict  # noqa: E402
-from models.testing import calvin_schema, libero_schema, random_batch  # noqa: E402
+from bench.tenant_group import GroupRow, add_common_args, build, emit, time_ms  # noqa: E402
+from models import forward_backward, predict  # noqa: E402
+from models.group import predict_heads  # noqa: E402
 
 
 @dataclass
-class Row:
-    preset: str
-    device: str
-    tenants: int
-    frozen: int
-    batch: int
+class Row(GroupRow):
     expert_width: int
     expert_depth: int
     euler_steps: int
@@ -61,30 +56,23 @@ class Row:
 
 
 def run(args: argparse.Namespace) -> Row:
-    base = BaseModel.load(BaseConfig(args.preset, device=args.device))
     options = {"width": args.width, "euler_steps": args.euler_steps}
     if args.depth:
         options["depth"] = args.depth
-    slots = []
-    for i in range(args.tenants):
-        schema = libero_schema() if i % 2 == 0 else calvin_schema()
+
+    def slot_options(i: int) -> dict:
         expert = i < args.tenants - args.frozen
-        slots.append(TenantSlot.create(f"t{i}", schema, base, head_kind="expert" if expert else "mlp",
-                                       head_options=options if expert else None, seed=i))
-    batches = [random_batch(s.preprocessor, args.batch, seed=i) for i, s in enumerate(slots)]
-    for b in batches:
-        b.features = b.features.to(base.device)
-    vlas = [b.features for b in batches]
-    items = list(zip(slots, batches))
+        return {"head_kind": "expert" if expert else "mlp", "head_options": options if expert else None}
+
+    group = build(args, slot_options)
+    base, slots, vlas, items = group.base, group.slots, group.vlas, group.items
     pairs = list(zip(slots, vlas))
+    cache = group.encode
 
-    def cache(grouped: bool):
+    def experts(feats, grouped: bool):
         with torch.inference_mode():
-            return (encode_grouped(base, vlas, inference=True, slots=slots) if grouped
-                    else encode_serial(base, vlas, inference=True, slots=slots))
-
-    def experts(feats):
-        with torch.inference_mode():
+            if grouped:  # what a grouped predict does: experts of one shape sample together
+                return predict_heads(pairs, feats)
             return [s.head.predict(f, v, s.generator) for s, v, f in zip(slots, vlas, feats)]
 
     stages = {
@@ -97,15 +85,16 @@ def run(args: argparse.Namespace) -> Row:
         name = "grouped" if grouped else "serial"
         for stage in args.stages:
             if stage in stages:
-                t[f"{name}_{stage}"] = _time(stages[stage](grouped), base.device, args.warmup, args.repeats)
+                t[f"{name}_{stage}"] = time_ms(stages[stage](grouped), base.device, args.warmup, args.repeats)
     if "experts" in args.stages:
-        # The heads alone, on features of one grouped and of one serial forward, timed in both
-        # orders (the better of the two per side): does reading split caches cost the experts?
+        # The heads alone, on features of one grouped forward (sampled together, as a grouped
+        # predict does) and of one serial forward (one tenant at a time), timed in both orders
+        # (the better of the two per side).
         feats = {g: cache(g) for g in (False, True)}
         for order in ((False, True), (True, False)):
             for g in order:
                 key = f"{'grouped' if g else 'serial'}_experts"
-                ms = _time(lambda: experts(feats[g]), base.device, args.warmup, args.repeats)
+                ms = time_ms(lambda: experts(feats[g], g), base.device, args.warmup, args.repeats)
                 t[key] = min(t.get(key, ms), ms)
     experts = [s for s in slots if s.head_kind == "expert"]
     params = sum(p.numel() for p in experts[0].head.parameters()) / 1e6 if experts else 0.0
@@ -125,30 +114,17 @@ def _triple(t: dict[str, float], stage: str) -> tuple[float | None, float | None
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--preset", default="tiny-qwen3-vl-64")
-    p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
-    p.add_argument("--tenants", type=int, default=4)
+    add_common_args(p, tenants=4, batch=2)
     p.add_argument("--frozen", type=int, default=0, help="of the tenants, how many are frozen-base mlp tenants")
-    p.add_argument("--batch", type=int, default=2)
     p.add_argument("--width", type=int, default=64, help="expert hidden size")
     p.add_argument("--depth", type=int, default=0, help="expert layers (0: the base's text layers)")
     p.add_argument("--euler-steps", type=int, default=10)
     p.add_argument("--stages", type=lambda v: v.split(","), default=["cache", "infer", "train", "experts"],
                    help="comma-separated: cache, infer, train, experts (the heads alone on precomputed features)")
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--json", type=Path, default=None, help="write the row here")
     args = p.parse_args(argv)
     if not 0 <= args.frozen < args.tenants:
         p.error(f"--frozen={args.frozen}: allowed 0..{args.tenants - 1} (at least one expert)")
-    row = run(args)
-    d = asdict(row)
-    print("| " + " | ".join(d) + " |")
-    print("|" + "---|" * len(d))
-    print("| " + " | ".join(str(v) for v in d.values()) + " |")
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(d, indent=2) + "\n")
+    emit(asdict(run(args)), args.json)
     return 0
 
 

@@ -96,6 +96,8 @@ async def run_mode(args, grouping: bool, data_dir: Path) -> dict:
             env["NEXUS_INFER_DEVICE"] = args.device
         if args.fast:
             env["NEXUS_INFER_FAST"] = "1"
+        if args.compile:
+            env["NEXUS_INFER_COMPILE"] = "1"
         procs.append(start_role("master", broker.url, prefix, data_dir, {}))
         c = await AsyncClient(broker.url, prefix, timeout_s=60).connect()
         await wait_ready(c, "master")
@@ -139,6 +141,7 @@ async def run_mode(args, grouping: bool, data_dir: Path) -> dict:
         lat = sorted(latencies)
         return {
             "grouping": "on" if grouping else "off", "preset": args.preset, "head": args.head, "fast": args.fast,
+            "compile": args.compile,
             "tenants": args.tenants, "clients_per_tenant": args.clients,
             "max_batch_size": args.max_batch_size if grouping else 1,
             "batch_wait_timeout_s": args.batch_wait_timeout_s if grouping else 0.0,
@@ -175,7 +178,8 @@ def in_process_ceiling(args, sizes: dict[int, int]) -> tuple[float, float, dict[
     from models import BaseConfig, BaseModel, TenantSchema, TenantSlot
 
     torch.set_num_threads(1)
-    base = BaseModel.load(BaseConfig(source=args.preset, device=args.device or None, fast=args.fast))
+    base = BaseModel.load(BaseConfig(source=args.preset, device=args.device or None, fast=args.fast,
+                                     compile=args.fast and args.compile))
     cfgs = tenant_cfgs(args.preset, args.tenants, args.head, args.camera_px)
     slots = [TenantSlot.create(c.name, TenantSchema.from_dict(c.schema), base, head_kind=c.head, seed=c.seed) for c in cfgs]
     rng = np.random.default_rng(0)
@@ -240,6 +244,7 @@ def main() -> None:
     p.add_argument("--batch-wait-timeout-s", type=float, default=0.005)
     p.add_argument("--device", default="")
     p.add_argument("--fast", action="store_true", help="the inferencer's optimized encode (CUDA graphs)")
+    p.add_argument("--compile", action="store_true", help="with --fast: compiled blocks (NEXUS_INFER_COMPILE)")
     p.add_argument("--camera-px", type=int, default=0,
                    help="square camera frames of this size (0: LIBERO 128x128 and CALVIN 200x200 / 84x84)")
     p.add_argument("--json", type=Path)

@@ -17,29 +17,19 @@ One JSON record per row.
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
 import sys
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
-
-from models import BaseConfig, BaseModel, TenantSlot, encode_grouped, encode_serial, forward_backward  # noqa: E402
+from bench.tenant_group import GroupRow, add_common_args, build, emit, time_ms  # noqa: E402
+from models import forward_backward  # noqa: E402
 from models.lora import AdapterConfig  # noqa: E402
-from models.testing import calvin_schema, libero_schema, random_batch  # noqa: E402
 
 
 @dataclass
-class Row:
-    preset: str
-    device: str
-    tenants: int
-    frozen: int
-    batch: int
+class Row(GroupRow):
     rank: int
     targets: str
     serial_infer_ms: float
@@ -50,46 +40,17 @@ class Row:
     train_speedup: float
 
 
-def _time(fn, device: torch.device, warmup: int, repeats: int) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        t0 = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
-
-
 def run(args: argparse.Namespace) -> Row:
-    base = BaseModel.load(BaseConfig(args.preset, device=args.device))
     adapter = AdapterConfig(rank=args.rank, alpha=2.0 * args.rank, target_modules=tuple(args.targets.split(",")))
-    slots = []
-    for i in range(args.tenants):
-        schema = libero_schema() if i % 2 == 0 else calvin_schema()
-        slots.append(TenantSlot.create(f"t{i}", schema, base, head_kind="mlp", seed=i,
-                                       adapter=None if i >= args.tenants - args.frozen else adapter))
-    batches = [random_batch(s.preprocessor, args.batch, seed=i) for i, s in enumerate(slots)]
-    for b in batches:
-        b.features = b.features.to(base.device)
-    vlas = [b.features for b in batches]
-    items = list(zip(slots, batches))
-
-    def infer(grouped: bool):
-        with torch.inference_mode():
-            return (encode_grouped(base, vlas, inference=True, slots=slots) if grouped
-                    else encode_serial(base, vlas, inference=True, slots=slots))
-
+    group = build(args, lambda i: {"head_kind": "mlp",
+                                   "adapter": None if i >= args.tenants - args.frozen else adapter})
+    base = group.base
     times = {}
     for grouped in (False, True):
         name = "grouped" if grouped else "serial"
-        times[f"{name}_infer"] = _time(lambda: infer(grouped), base.device, args.warmup, args.repeats)
-        times[f"{name}_train"] = _time(lambda: forward_backward(base, items, grouped=grouped), base.device,
-                                       args.warmup, args.repeats)
+        times[f"{name}_infer"] = time_ms(lambda: group.encode(grouped), base.device, args.warmup, args.repeats)
+        times[f"{name}_train"] = time_ms(lambda: forward_backward(base, group.items, grouped=grouped), base.device,
+                                         args.warmup, args.repeats)
     return Row(args.preset, str(base.device), args.tenants, args.frozen, args.batch, args.rank, args.targets,
                round(times["serial_infer"], 2), round(times["grouped_infer"], 2),
                round(times["serial_infer"] / times["grouped_infer"], 2),
@@ -99,26 +60,14 @@ def run(args: argparse.Namespace) -> Row:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--preset", default="tiny-qwen3-vl-64")
-    p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
-    p.add_argument("--tenants", type=int, default=8)
+    add_common_args(p, tenants=8, batch=4)
     p.add_argument("--frozen", type=int, default=0, help="of the tenants, how many have no adapter")
-    p.add_argument("--batch", type=int, default=4)
     p.add_argument("--rank", type=int, default=8)
     p.add_argument("--targets", default="q_proj,k_proj,v_proj,o_proj")
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--json", type=Path, default=None, help="write the row here")
     args = p.parse_args(argv)
     if not 0 <= args.frozen <= args.tenants:
         p.error(f"--frozen={args.frozen}: allowed 0..{args.tenants}")
-    row = run(args)
-    d = asdict(row)
-    print(" | ".join(f"{k}" for k in d))
-    print(" | ".join(f"{v}" for v in d.values()))
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(d, indent=2) + "\n")
+    emit(asdict(run(args)), args.json)
     return 0
 
 

@@ -497,17 +497,29 @@ class Master(WorkloadOps, UsageOps, Role):
                                              subjects_filter=self.names.tq_job(req.tenant, req.job))
         in_stream = (info.state.subjects or {}).get(self.names.tq_job(req.tenant, req.job), 0)
         async with self._lock:
-            job.items = max(job.items, in_stream)
-            if not ack.duplicate:
-                job.samples += b
-                if job.task == "rl":
-                    # Staleness is judged by the oldest data in the job.
-                    job.behaviour_version = (req.behaviour_version if job.behaviour_version < 0
-                                             else min(job.behaviour_version, req.behaviour_version))
-            if not job.trace and context:
-                job.trace = context
-            job.state, job.updated_at = "filling", time.time()
-            await self._save(job)
+            # Checked again after the awaits: a handback or a cancel may have sealed or failed
+            # the job while this micro-batch was being stored (its producer stopped mid-put).
+            # Setting it back to filling would strand it (a sealed job would never be leased).
+            closed = job.state not in ("reserved", "filling")
+            if not closed:
+                job.items = max(job.items, in_stream)
+                if not ack.duplicate:
+                    job.samples += b
+                    if job.task == "rl":
+                        # Staleness is judged by the oldest data in the job.
+                        job.behaviour_version = (req.behaviour_version if job.behaviour_version < 0
+                                                 else min(job.behaviour_version, req.behaviour_version))
+                if not job.trace and context:
+                    job.trace = context
+                job.state, job.updated_at = "filling", time.time()
+                await self._save(job)
+        if closed:
+            if job.state in TERMINAL_JOB_STATES:
+                await self._purge(job)  # its partition was purged before this message landed
+            # A sealed job keeps the micro-batches it was sealed with: the trainer reads only
+            # the first `items` of the partition, so the late one is never trained.
+            raise FailedPrecondition(f"job {job.job} became {job.state} while this micro-batch was stored; "
+                                     "it is not part of the job")
         return QueuePutReply(tenant=job.tenant, job=job.job, items=job.items, duplicate=bool(ack.duplicate))
 
     @op("mark_ready", JobRef)

@@ -11,7 +11,14 @@ hundred kernel launches per call. This path:
    same size, so the block-diagonal attention is a plain batch);
 3. scatters image features and deepstack features by precomputed flat indices (no host sync);
 4. builds M-RoPE ids with the vectorized `Qwen3VLFamily.position_ids`;
-5. on CUDA, captures the whole encode as a CUDA graph per (layout, batch size) and replays it.
+5. on CUDA, captures the whole encode as a CUDA graph per (layout, batch size) and replays it;
+6. runs the patch embedding as one matmul: the Conv3d's kernel equals its stride, so it is a
+   linear map of each flat patch, and cuDNN's bf16 Conv3d for that shape is known to be one to
+   several orders of magnitude slower than the matmul (transformers#45041, vLLM#27418);
+7. with `fused=True` (opt-in: not yet measured on the H200, and it costs memory), runs each
+   decoder layer from its own code with q/k/v and gate/up as one matmul each, on concatenated
+   copies of those weights built once (+2.4B parameters' worth on qwen3-vl-4b, 4.7 GB in bf16):
+   wider matmuls run nearer the chip's peak. bench/fast_profile.py measures both.
 
 It calls the model's own submodules (patch embed, blocks' norms/MLPs, mergers, decoder
 layers, rotary embeddings), so a checkpoint's weights are used unchanged. Equality with the
@@ -69,24 +76,80 @@ def _vision_block(blk, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_
     return h + blk.mlp(blk.norm2(h))
 
 
+def _text_layer_fused(layer, w_qkv: torch.Tensor, b_qkv: torch.Tensor | None, w_gu: torch.Tensor, h: torch.Tensor,
+                      attn: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Qwen3VLTextDecoderLayer's math (sdpa path) with q/k/v and gate/up each one matmul."""
+    a, mlp = layer.self_attn, layer.mlp
+    b, length, _ = h.shape
+    hd = a.head_dim
+    n_kv = a.k_proj.out_features // hd
+    n_q = a.q_proj.out_features // hd
+    x = layer.input_layernorm(h)
+    q, k, v = F.linear(x, w_qkv, b_qkv).split([n_q * hd, n_kv * hd, n_kv * hd], dim=-1)
+    q = a.q_norm(q.view(b, length, n_q, hd)).transpose(1, 2)
+    k = a.k_norm(k.view(b, length, n_kv, hd)).transpose(1, 2)
+    v = v.view(b, length, n_kv, hd).transpose(1, 2)
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    q = (q * cos) + (_rotate_half(q) * sin)
+    k = (k * cos) + (_rotate_half(k) * sin)
+    # GQA as transformers' sdpa path does it with a mask: repeat the kv heads (the fused
+    # attention kernels that take a mask do not take enable_gqa).
+    group = n_q // n_kv
+    k = k[:, :, None].expand(b, n_kv, group, length, hd).reshape(b, n_q, length, hd)
+    v = v[:, :, None].expand(b, n_kv, group, length, hd).reshape(b, n_q, length, hd)
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=attn, scale=a.scaling)
+    h = h + a.o_proj(o.transpose(1, 2).reshape(b, length, -1))
+    x = layer.post_attention_layernorm(h)
+    g, u = F.linear(x, w_gu).chunk(2, dim=-1)
+    return h + mlp.down_proj(mlp.act_fn(g) * u)
+
+
+def _fused_weights(layer) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    a, mlp = layer.self_attn, layer.mlp
+    w_qkv = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])
+    b_qkv = (torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]) if a.q_proj.bias is not None else None)
+    if mlp.gate_proj.bias is not None or mlp.up_proj.bias is not None:
+        raise NotImplementedError("fused decoder layer: gate/up projections with a bias")
+    return w_qkv, b_qkv, torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
+
+
 def _text_layer(layer, h: torch.Tensor, attn: torch.Tensor, pos_emb: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
     out = layer(h, attention_mask=attn, position_embeddings=pos_emb, position_ids=None)
     return out[0] if isinstance(out, tuple) else out
 
 
 class FastQwen3VLEncoder:
-    def __init__(self, base, compile: bool = False) -> None:
+    def __init__(self, base, compile: bool = False, fused: bool = False, dynamic: bool | None = False) -> None:
         self.base = base
-        self._vision_block = _vision_block
-        self._text_layer = _text_layer
-        if compile:
-            # One compiled function per layer kind, shared by all layers (their weights are
-            # graph inputs), so compile time does not grow with depth.
-            torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-            self._vision_block = torch.compile(_vision_block, dynamic=False)
-            self._text_layer = torch.compile(_text_layer, dynamic=False)
         self.core = base.core
         self.family = base.family
+        self.fused = fused
+        self._vision_block = _vision_block
+        self._text_layer = _text_layer
+        self._text_layer_fused = _text_layer_fused
+        if compile:
+            # One compiled function per layer kind, shared by all layers (their weights are
+            # graph inputs), so compile time does not grow with depth. dynamic=False compiles
+            # each batch size specialised (what was measured); dynamic=None (torch's automatic
+            # dynamic: a second size recompiles once with the batch dimension symbolic, later
+            # sizes reuse it) would let a server's capture sizes cost two compiles, not one
+            # each: bench/fast_profile.py's `+dyn` variant measures its kernels.
+            torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+            self._vision_block = torch.compile(_vision_block, dynamic=dynamic)
+            self._text_layer = torch.compile(_text_layer, dynamic=dynamic)
+            self._text_layer_fused = torch.compile(_text_layer_fused, dynamic=dynamic)
+        # Profiling hook (bench/fast_profile.py): called with a stage name at stage ends of an
+        # uncaptured forward; None in normal use (and never set while a graph is captured).
+        self.on_stage: Callable[[str], None] | None = None
+        self._fused: list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]] = []
+        with torch.no_grad():
+            if fused:
+                self._fused = [_fused_weights(layer) for layer in self.core.language_model.layers]
+            proj = self.core.visual.patch_embed.proj
+            # A Conv3d whose kernel equals its stride: one matmul per flat patch, laid out
+            # (C, T, H, W) as the kernel is (patchify's layout). A view: no weight copy (and
+            # the identity where a transformers version already made the proj a Linear).
+            self._patch_w = (proj.weight.view(proj.weight.shape[0], -1), proj.bias)
         self.use_graphs = base.device.type == "cuda"
         self._consts: dict[tuple[FeatureLayout, int], _Consts] = {}
         self._graphs: dict[tuple[FeatureLayout, int], tuple[torch.cuda.CUDAGraph, list, tuple]] = {}
@@ -144,7 +207,9 @@ class FastQwen3VLEncoder:
         pos3 = fam.position_ids(mm_type, mask_l, layout)
         # 2. vision tower, all images batched
         pixels = fam.patchify(fam.normalize(images.reshape(b * s, 3, *layout.image_size), dtype))
+        self._stage("inputs")
         image_embeds, deepstack = self._vision(pixels, c)
+        self._stage("vision_blocks")  # the blocks and the mergers
         # 3. language model
         lm = self.core.language_model
         h = lm.embed_tokens(ids)
@@ -152,15 +217,26 @@ class FastQwen3VLEncoder:
         h = h.reshape(-1, d).index_copy(0, c.img_flat_idx, image_embeds.to(h.dtype)).view(b, -1, d)
         pos_emb = lm.rotary_emb(h, pos3)
         attn = (c.causal_L_L[None] & mask[:, None, :])[:, None]  # (B, 1, L, L), True = attend
+        self._stage("embed")
         for i, layer in enumerate(lm.layers):
-            h = self._text_layer(layer, h, attn, pos_emb)
+            if self.fused:
+                h = self._text_layer_fused(layer, *self._fused[i], h, attn, *pos_emb)
+            else:
+                h = self._text_layer(layer, h, attn, pos_emb)
             if i < len(deepstack):
                 h = h.reshape(-1, d).index_add(0, c.img_flat_idx, deepstack[i].to(h.dtype)).view(b, -1, d)
-        return lm.norm(h), mask
+        h = lm.norm(h)
+        self._stage("text")
+        return h, mask
+
+    def _stage(self, name: str) -> None:
+        if self.on_stage is not None:
+            self.on_stage(name)
 
     def _vision(self, pixels: torch.Tensor, c: _Consts) -> tuple[torch.Tensor, list[torch.Tensor]]:
         v = self.core.visual
-        h = v.patch_embed(pixels) + c.vis_pos
+        h = F.linear(pixels.to(self._patch_w[0].dtype), *self._patch_w) + c.vis_pos
+        self._stage("patch_embed")
         n_tok = h.shape[0]
         p = c.tokens_per_image
         n_img = n_tok // p

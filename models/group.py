@@ -171,7 +171,29 @@ def predict(base: BaseModel, items: Sequence[tuple[TenantSlot, VLABatch]], *, gr
         slots = [s for s, _ in items]
         feats = (encode_grouped(base, vlas, inference=True, slots=slots) if grouped
                  else encode_serial(base, vlas, inference=True, slots=slots))
-        return [slot.head.predict(f, vla, slot.generator) for (slot, vla), f in zip(items, feats)]
+        if not grouped:
+            return [slot.head.predict(f, vla, slot.generator) for (slot, vla), f in zip(items, feats)]
+        return predict_heads(items, feats)
+
+
+def predict_heads(items: Sequence[tuple[TenantSlot, VLABatch]], feats: list[BaseOutput]) -> list[torch.Tensor]:
+    """Each tenant's head on its features; heads of one `batch_key` (the action experts of one
+    shape, with equally many rows) sample together through `predict_many`."""
+    out: list[torch.Tensor | None] = [None] * len(items)
+    buckets: dict[object, list[int]] = {}
+    for j, ((slot, _), f) in enumerate(zip(items, feats)):
+        key = slot.head.batch_key(f)
+        buckets.setdefault(key if key is not None else ("alone", j), []).append(j)
+    for idx in buckets.values():
+        slots = [items[j][0] for j in idx]
+        if len(idx) == 1:
+            out[idx[0]] = slots[0].head.predict(feats[idx[0]], items[idx[0]][1], slots[0].generator)
+            continue
+        acts = type(slots[0].head).predict_many([s.head for s in slots], [feats[j] for j in idx],
+                                                [items[j][1] for j in idx], [s.generator for s in slots])
+        for j, a in zip(idx, acts):
+            out[j] = a
+    return out  # type: ignore[return-value]
 
 
 def _sync(base: BaseModel) -> None:

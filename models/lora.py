@@ -299,13 +299,14 @@ class LoraRouter:
             if not segs:
                 return None
             x = args[0]
-            for s in segs:
-                i = s.adapter.index.get(path)
-                if i is None:
-                    continue
-                d = s.adapter.delta(i, x[s.start:s.end], s.gen)
-                out[s.start:s.end] += d.to(out.dtype)
-                self.calls += 1
+            for bucket in _buckets(path, segs):
+                if len(bucket) == 1:
+                    s, i = bucket[0]
+                    d = s.adapter.delta(i, x[s.start:s.end], s.gen)
+                    out[s.start:s.end] += d.to(out.dtype)
+                else:
+                    _batched_delta(bucket, x, out)
+                self.calls += len(bucket)
             return out
 
         return hook
@@ -322,6 +323,54 @@ class LoraRouter:
             yield
         finally:
             self.segments = None
+
+
+def _buckets(path: str, segs: list[Segment]) -> list[list[tuple[Segment, int]]]:
+    """The segments whose adapter adapts ``path``, bucketed so that each bucket's deltas can run
+    as one batched matmul pair: equal row counts, ranks and scalings (one bucket per distinct
+    triple, in order of first appearance). What the bucketing saves: 8 tenants x 4 modules x
+    36 layers were 1,152 separate small matmul pairs per forward (launch-bound on a GPU)."""
+    buckets: dict[tuple[int, int, float], list[tuple[Segment, int]]] = {}
+    for s in segs:
+        i = s.adapter.index.get(path)
+        if i is not None:
+            key = (s.end - s.start, s.adapter.config.rank, s.adapter.scaling)
+            buckets.setdefault(key, []).append((s, i))
+    return list(buckets.values())
+
+
+def _batched_delta(bucket: list[tuple[Segment, int]], x: torch.Tensor, out: torch.Tensor) -> None:
+    """One bucket's deltas as bmm: rows (S, n, ..., in) @ A^T (S, in, r) @ B^T (S, r, out), the
+    same math per segment as `LoraAdapter.delta` (dropout, when training with it, drawn per
+    segment from its own generator on its own slice, as the serial forward draws it)."""
+    first, last = bucket[0][0], bucket[-1][0]
+    n = first.end - first.start
+    adjacent = all(b[0].start == a[0].end for a, b in zip(bucket, bucket[1:]))
+    a0 = first.adapter.lora_A[bucket[0][1]]
+    if adjacent:
+        xs = x[first.start:last.end].reshape(len(bucket), n, *x.shape[1:]).to(a0.dtype)
+    else:
+        xs = torch.stack([x[s.start:s.end] for s, _ in bucket]).to(a0.dtype)
+    if any(s.gen is not None and s.adapter.config.dropout > 0 for s, _ in bucket):
+        parts = []
+        for j, (s, _) in enumerate(bucket):
+            p = s.adapter.config.dropout
+            xj = xs[j]
+            if s.gen is not None and p > 0:
+                keep = torch.rand(xj.shape, generator=s.gen, device=xj.device) >= p
+                xj = xj * keep / (1 - p)
+            parts.append(xj)
+        xs = torch.stack(parts)
+    a = torch.stack([s.adapter.lora_A[i] for s, i in bucket])  # (S, r, in)
+    b = torch.stack([s.adapter.lora_B[i] for s, i in bucket])  # (S, out, r)
+    flat = xs.reshape(len(bucket), -1, xs.shape[-1])
+    d = torch.bmm(torch.bmm(flat, a.transpose(1, 2)), b.transpose(1, 2)) * first.adapter.scaling
+    d = d.to(out.dtype).reshape(len(bucket), n, *out.shape[1:])
+    if adjacent:
+        out[first.start:last.end] += d.reshape(-1, *out.shape[1:])
+    else:
+        for j, (s, _) in enumerate(bucket):
+            out[s.start:s.end] += d[j]
 
 
 _INSTALL = threading.Lock()

@@ -258,6 +258,10 @@ class InferencerSettings(EnvSettings):
         default_text="cuda if available, else cpu"))
     # The optimized Qwen3-VL encode with CUDA graphs (models.fast).
     fast: bool = Field(False, **var("NEXUS_INFER_FAST", "optimized encode with CUDA graphs (Qwen3-VL)"))
+    # Off by default: each capture size compiles for tens of seconds at its first group.
+    compile: bool = Field(False, **var(
+        "NEXUS_INFER_COMPILE", "with NEXUS_INFER_FAST on CUDA: torch.compile the fast engine's vision blocks and "
+        "decoder layers"))
     # 32 rows fill a GPU forward well for 2-camera inputs; 5 ms bounds what a lone request
     # pays waiting for company.
     max_batch_size: int = Field(32, ge=1, le=1024, **var(

@@ -81,6 +81,21 @@ def module_roles(nats_server, tmp_path_factory, name: str) -> "RoleProcs":
     return RoleProcs(url, names.prefix, tmp_path_factory.mktemp(name))
 
 
+def run_client(procs: "RoleProcs", body, timeout_s: float = 30):
+    """``body(client)`` with an SDK client of ``procs``' deployment, connected for the call and
+    closed after it; returns what ``body`` returns."""
+    from sdk.client import AsyncClient
+
+    async def go():
+        c = await AsyncClient(procs.nats_url, procs.prefix, timeout_s=timeout_s).connect()
+        try:
+            return await body(c)
+        finally:
+            await c.close()
+
+    return asyncio.run(go())
+
+
 def python_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONUNBUFFERED"] = "1"
@@ -137,6 +152,12 @@ class RoleProcs:
         self.nats_url, self.prefix, self.data_dir = nats_url, prefix, data_dir
         self.procs: list[tuple[str, str, "subprocess.Popen"]] = []
         self._n = 0
+
+    def __enter__(self) -> "RoleProcs":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop_all()  # a module fixture's roles stop even when starting one of them failed
 
     def start(self, role: str, **env: str) -> "subprocess.Popen":
         import subprocess

@@ -1,6 +1,7 @@
 """A real role process with one slow op, for drain and shutdown tests.
 
     python -m tests.slow_role --nats-url URL --prefix P --instance I [--max-concurrency N --max-pending M]
+                              [--teardown-grace S]
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+import threading
 from dataclasses import dataclass
 
 from actors.runtime import Role, RoleConfig, op, run_role
@@ -29,6 +31,13 @@ class SlowRole(Role):
         await asyncio.sleep(req.seconds)
         return Ok(detail=f"slept {req.seconds}")
 
+    @op("stuck_thread", SleepRequest)
+    async def stuck_thread(self, req: SleepRequest) -> Ok:
+        # A worker thread that never returns (a device call that hangs): asyncio.run would
+        # wait for it at exit forever; the runtime's exit watchdog must end the process.
+        self.spawn(asyncio.to_thread(threading.Event().wait), "stuck")
+        return Ok(detail="a thread is stuck")
+
     @op("crash", SleepRequest)
     async def crash(self, req: SleepRequest) -> Ok:
         raise RuntimeError("handler bug")
@@ -42,7 +51,12 @@ if __name__ == "__main__":
     p.add_argument("--data-dir", required=True)
     p.add_argument("--max-concurrency", type=int, default=64)
     p.add_argument("--max-pending", type=int, default=0)
+    p.add_argument("--teardown-grace", type=float, default=0.0)
     a = p.parse_args()
+    if a.teardown_grace:
+        import actors.runtime
+
+        actors.runtime.EXIT_TEARDOWN_GRACE_S = a.teardown_grace  # a short bound for the test
     sys.exit(run_role(SlowRole, RoleConfig(nats_url=a.nats_url, prefix=a.prefix, instance=a.instance,
                                            data_dir=a.data_dir, heartbeat_interval_s=0.2,
                                            max_concurrency=a.max_concurrency, max_pending=a.max_pending)))

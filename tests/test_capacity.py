@@ -5,13 +5,10 @@ was admitted before keeps working. One master (no env worker: submitted workload
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 from protocol.errors import CapacityExceeded
-from sdk.client import AsyncClient
-from tests.conftest import module_roles
+from tests.conftest import module_roles, run_client
 from tests.test_workloads import sft_spec
 from tests.tq_helpers import micro_batch, tenant
 
@@ -21,23 +18,9 @@ MAX_ACTIVE = 2
 
 @pytest.fixture(scope="module")
 def master(nats_server, tmp_path_factory):
-    procs = module_roles(nats_server, tmp_path_factory, "capacity")
-    try:
+    with module_roles(nats_server, tmp_path_factory, "capacity") as procs:
         procs.start("master", NEXUS_MAX_TENANTS=str(MAX_TENANTS), NEXUS_MAX_ACTIVE_WORKLOADS=str(MAX_ACTIVE))
         yield procs
-    finally:
-        procs.stop_all()
-
-
-def _run(procs, fn):
-    async def go():
-        c = await AsyncClient(procs.nats_url, procs.prefix, timeout_s=30).connect()
-        try:
-            return await fn(c)
-        finally:
-            await c.close()
-
-    return asyncio.run(go())
 
 
 def test_active_workloads_past_the_cap_are_refused_and_admitted_ones_stay(master):
@@ -49,7 +32,7 @@ def test_active_workloads_past_the_cap_are_refused_and_admitted_ones_stay(master
         recs = [await w.status() for w in first]
         return err.value, [t.name for t in tenants], recs
 
-    err, tenants, recs = _run(master, go)
+    err, tenants, recs = run_client(master, go)
     assert err.limit == "max_active_workloads" and err.setting == "NEXUS_MAX_ACTIVE_WORKLOADS"
     assert err.details["value"] == MAX_ACTIVE and err.details["active"] == MAX_ACTIVE
     assert f"max_active_workloads={MAX_ACTIVE}" in err.message and "NEXUS_MAX_ACTIVE_WORKLOADS" in err.message
@@ -72,7 +55,7 @@ def test_tenants_past_the_cap_are_refused_and_existing_ones_keep_training(master
         again = await c.create_tenant(cfgs[0], exist_ok=True)  # an existing tenant is no new one
         return direct.value, put, ready, again, [t.name for t in (await c.tenants()).tenants]
 
-    direct, put, ready, again, names = _run(master, go)
+    direct, put, ready, again, names = run_client(master, go)
     assert direct.limit == "max_tenants" and direct.setting == "NEXUS_MAX_TENANTS"
     assert direct.details["value"] == MAX_TENANTS and direct.details["tenants"] == MAX_TENANTS
     assert "raise NEXUS_MAX_TENANTS" in direct.message

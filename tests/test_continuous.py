@@ -14,10 +14,9 @@ import time
 
 import pytest
 
-from protocol.messages import InfoRequest, RoleInfo
 from sdk.client import AsyncClient
-from tests.conftest import module_roles
-from tests.tq_helpers import Reference, micro_batch, tenant, tensors_equal
+from tests.conftest import module_roles, run_client
+from tests.tq_helpers import exactly_once, queue_job, role_info, tenant
 
 # Long enough that a short job submitted once the long one trains is done well before it.
 LONG_ITEMS = 60
@@ -25,53 +24,39 @@ LONG_ITEMS = 60
 
 @pytest.fixture(scope="module")
 def deployment(nats_server, tmp_path_factory):
-    roles = module_roles(nats_server, tmp_path_factory, "continuous")
-    try:
+    with module_roles(nats_server, tmp_path_factory, "continuous") as roles:
         roles.start("master")
         trainer = roles.start("trainer", NEXUS_TRAINER_GROUP_MAX="4")
         yield roles, trainer.instance
-    finally:
-        roles.stop_all()
 
 
 def run(deployment, body):
     roles, trainer = deployment
-
-    async def go():
-        c = await AsyncClient(roles.nats_url, roles.prefix, timeout_s=30).connect()
-        try:
-            return await body(c, trainer)
-        finally:
-            await c.close()
-
-    return asyncio.run(go())
-
-
-async def _queue_job(c: AsyncClient, cfg, n_items: int, seed: int):
-    job = await c.reserve(cfg.name, "sft", wait_s=60)
-    items = [micro_batch(cfg, job.job, i, seed=seed) for i in range(n_items)]
-    for item in items:
-        await c.queue_put(item)
-    await c.mark_ready(cfg.name, job.job)
-    return job, items
-
-
-async def _info(c: AsyncClient, trainer: str) -> RoleInfo:
-    return await c.bus.request(c.names.instance_op("trainer", trainer, "info"), InfoRequest(), RoleInfo, timeout_s=10)
+    return run_client(roles, lambda c: body(c, trainer))
 
 
 async def _wait_training(c: AsyncClient, trainer: str, job: str) -> None:
     """Until ``job`` is in the running group with at least one micro-batch trained."""
     deadline = time.monotonic() + 60
-    while (await _info(c, trainer)).extra["running"].get(job, 0) < 1:
+    while (await role_info(c, "trainer", trainer)).extra["running"].get(job, 0) < 1:
         assert time.monotonic() < deadline, f"the trainer never trained job {job}"
         await asyncio.sleep(0.02)
 
 
-def _exactly_once(cfg, items, payload: bytes) -> bool:
-    ref = Reference(cfg)
-    ref.train(items)
-    return tensors_equal(payload, ref.params())
+async def _long_job_training(c: AsyncClient, trainer: str, long_cfg, other_cfg):
+    """Both tenants created, ``long_cfg``'s long job queued and training: the trainer's counters
+    from before it, the job and its micro-batches."""
+    for cfg in (long_cfg, other_cfg):
+        await c.create_tenant(cfg)
+    before = (await role_info(c, "trainer", trainer)).extra
+    long_job, long_items = await queue_job(c, long_cfg, LONG_ITEMS, seed=long_cfg.seed)
+    await _wait_training(c, trainer, long_job.job)
+    return before, long_job, long_items
+
+
+async def _exported(c: AsyncClient, cfgs) -> list[bytes]:
+    """Each tenant's latest exported weights."""
+    return [(await c.download_weights(await c.latest_weights(cfg.name)))[0] for cfg in cfgs]
 
 
 def test_a_short_job_beside_a_long_one_clears_first(deployment):
@@ -81,16 +66,12 @@ def test_a_short_job_beside_a_long_one_clears_first(deployment):
     short_cfg = tenant("cont-short", seed=12)
 
     async def body(c, trainer):
-        for cfg in (long_cfg, short_cfg):
-            await c.create_tenant(cfg)
-        before = (await _info(c, trainer)).extra
-        long_job, long_items = await _queue_job(c, long_cfg, LONG_ITEMS, seed=11)
-        await _wait_training(c, trainer, long_job.job)
-        short_job, short_items = await _queue_job(c, short_cfg, 1, seed=12)
+        before, long_job, long_items = await _long_job_training(c, trainer, long_cfg, short_cfg)
+        short_job, short_items = await queue_job(c, short_cfg, 1, seed=12)
         short_rec = await c.wait_job(short_cfg.name, short_job.job, timeout_s=120)
         long_rec = await c.wait_job(long_cfg.name, long_job.job, timeout_s=180)
-        after = (await _info(c, trainer)).extra
-        payloads = [(await c.download_weights(await c.latest_weights(cfg.name)))[0] for cfg in (long_cfg, short_cfg)]
+        after = (await role_info(c, "trainer", trainer)).extra
+        payloads = await _exported(c, (long_cfg, short_cfg))
         return before, after, short_rec, long_rec, long_items, short_items, payloads
 
     before, after, short_rec, long_rec, long_items, short_items, payloads = run(deployment, body)
@@ -101,8 +82,8 @@ def test_a_short_job_beside_a_long_one_clears_first(deployment):
     assert after["joined_running"] > before["joined_running"]
     # Its one step was shared with the long job's: fewer grouped steps than micro-batches.
     assert after["steps"] - before["steps"] == LONG_ITEMS
-    assert _exactly_once(long_cfg, long_items, payloads[0])
-    assert _exactly_once(short_cfg, short_items, payloads[1])
+    assert exactly_once(long_cfg, long_items, payloads[0])
+    assert exactly_once(short_cfg, short_items, payloads[1])
 
 
 def test_jobs_joining_mid_round_train_exactly_once(deployment):
@@ -113,19 +94,15 @@ def test_jobs_joining_mid_round_train_exactly_once(deployment):
     joiner = tenant("join-b", seed=22, max_inflight_jobs=4)
 
     async def body(c, trainer):
-        for cfg in (long_cfg, joiner):
-            await c.create_tenant(cfg)
-        before = (await _info(c, trainer)).extra
-        long_job, long_items = await _queue_job(c, long_cfg, LONG_ITEMS, seed=21)
-        await _wait_training(c, trainer, long_job.job)
+        before, long_job, long_items = await _long_job_training(c, trainer, long_cfg, joiner)
         recs, items = [], []
         for k in range(3):
-            job, its = await _queue_job(c, joiner, 3, seed=30 + k)
+            job, its = await queue_job(c, joiner, 3, seed=30 + k)
             recs.append(await c.wait_job(joiner.name, job.job, timeout_s=120))
             items.extend(its)
         long_rec = await c.wait_job(long_cfg.name, long_job.job, timeout_s=180)
-        after = (await _info(c, trainer)).extra
-        payloads = [(await c.download_weights(await c.latest_weights(cfg.name)))[0] for cfg in (long_cfg, joiner)]
+        after = (await role_info(c, "trainer", trainer)).extra
+        payloads = await _exported(c, (long_cfg, joiner))
         return before, after, recs, items, long_rec, long_items, payloads
 
     before, after, recs, items, long_rec, long_items, payloads = run(deployment, body)
@@ -136,5 +113,5 @@ def test_jobs_joining_mid_round_train_exactly_once(deployment):
     assert after["joined_running"] - before["joined_running"] >= 1
     assert after["steps"] - before["steps"] < LONG_ITEMS + len(items)  # some steps were shared
     assert after["leases_lost"] == before["leases_lost"]
-    assert _exactly_once(joiner, items, payloads[1])
-    assert _exactly_once(long_cfg, long_items, payloads[0])
+    assert exactly_once(joiner, items, payloads[1])
+    assert exactly_once(long_cfg, long_items, payloads[0])

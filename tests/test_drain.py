@@ -23,7 +23,7 @@ from tests.slow_role import SleepRequest
 def slow_role(nats_url, layout, tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "-m", "tests.slow_role", "--nats-url", nats_url, "--prefix", layout.prefix,
-         "--instance", "s1", "--data-dir", str(tmp_path)],
+         "--instance", "s1", "--data-dir", str(tmp_path), "--teardown-grace", "2"],
         env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     yield proc, layout
@@ -91,6 +91,26 @@ def test_second_signal_exits_now(slow_role, nats_url):
     started = asyncio.run(go())
     assert proc.wait(timeout=10) == EXIT_NOW_STATUS
     assert time.monotonic() - started < 5  # did not wait for the 30 s request
+
+
+def test_a_stuck_worker_thread_does_not_keep_a_stopped_role_alive(slow_role, nats_url):
+    proc, names = slow_role
+
+    async def go():
+        bus = await Bus.connect(nats_url, name="test", reconnect_forever=False)
+        try:
+            await _wait_ready(bus, names)
+            await bus.request(names.role_op("slow", "stuck_thread"), SleepRequest(0), Ok, timeout_s=5)
+        finally:
+            await bus.close()
+
+    asyncio.run(go())
+    proc.send_signal(signal.SIGTERM)
+    # Without the exit watchdog asyncio.run joins the stuck thread forever; with it the
+    # process exits with the drain's status 2 s (the grace set above) after the teardown began.
+    assert proc.wait(timeout=20) == 0
+    out = proc.stdout.read()
+    assert '"event": "stopped"' in out and "teardown did not finish" in out, out[-2000:]
 
 
 def test_handler_bug_is_an_error_reply_not_a_crash(slow_role, nats_url):

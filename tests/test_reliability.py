@@ -19,7 +19,6 @@ from protocol.messages import (
     CheckpointCommitRequest,
     CheckpointGetRequest,
     CheckpointRef,
-    InfoRequest,
     JobRecord,
     JobRef,
     JobUpdate,
@@ -27,24 +26,14 @@ from protocol.messages import (
     LeaseRenewRequest,
     LeaseReply,
     LeaseRequest,
-    RoleInfo,
 )
 from sdk.client import AsyncClient
 from tests.test_workloads import sft_spec
-from tests.tq_helpers import Reference, micro_batch, tenant, tensors_equal
+from tests.tq_helpers import exactly_once, micro_batch, queue_job, role_info, tenant
 
 
 async def _client(roles) -> AsyncClient:
     return await AsyncClient(roles.nats_url, roles.prefix, timeout_s=30).connect()
-
-
-async def _queue_job(c: AsyncClient, cfg, n_items: int, seed: int = 0):
-    job = await c.reserve(cfg.name, "sft", wait_s=60)
-    items = [micro_batch(cfg, job.job, i, seed=seed) for i in range(n_items)]
-    for item in items:
-        await c.queue_put(item)
-    await c.mark_ready(cfg.name, job.job)
-    return job, items
 
 
 async def _wait_state(c: AsyncClient, cfg, job: str, states: tuple[str, ...], timeout_s: float = 120) -> JobRecord:
@@ -55,16 +44,6 @@ async def _wait_state(c: AsyncClient, cfg, job: str, states: tuple[str, ...], ti
             return rec
         assert time.monotonic() < deadline, f"job {job} still {rec.state}, wanted {states}"
         await asyncio.sleep(0.02)
-
-
-async def _info(c: AsyncClient, role: str, instance: str) -> RoleInfo:
-    return await c.bus.request(c.names.instance_op(role, instance, "info"), InfoRequest(), RoleInfo, timeout_s=10)
-
-
-def _exactly_once(cfg, items, payload: bytes) -> bool:
-    ref = Reference(cfg)
-    ref.train(items)
-    return tensors_equal(payload, ref.params())
 
 
 async def _wait_exit(proc, timeout_s: float = 90) -> int:
@@ -81,7 +60,7 @@ def test_a_lost_lease_can_neither_renew_nor_commit(roles):
         c = await _client(roles)
         try:
             await c.create_tenant(cfg)
-            job, _ = await _queue_job(c, cfg, 1)
+            job, _ = await queue_job(c, cfg, 1)
             lease = lambda who, s: c.bus.request(c.names.master("lease"), LeaseRequest(  # noqa: E731
                 trainer=who, job=job.job, tenant=cfg.name, lease_s=s), LeaseReply)
             first = (await lease("trainer-a", 0.2)).jobs[0]
@@ -164,7 +143,7 @@ def test_trainer_drained_mid_round_leaves_nothing_leased(roles, finish_s):
         c = await _client(roles)
         try:
             await c.create_tenant(cfg)
-            job, items = await _queue_job(c, cfg, 24, seed=4)
+            job, items = await queue_job(c, cfg, 24, seed=4)
             await _wait_state(c, cfg, job.job, ("leased",))
             doomed.send_signal(signal.SIGTERM)
             assert await _wait_exit(doomed) == 0
@@ -183,7 +162,7 @@ def test_trainer_drained_mid_round_leaves_nothing_leased(roles, finish_s):
 
     rec, items, payload = asyncio.run(go())
     assert rec.state == "cleared" and rec.trained_version == len(items)
-    assert _exactly_once(cfg, items, payload)
+    assert exactly_once(cfg, items, payload)
 
 
 # -- renewal and the fence with two trainers -------------------------------------------------
@@ -200,11 +179,11 @@ def test_a_round_longer_than_its_lease_is_renewed_not_re_leased(roles):
         c = await _client(roles)
         try:
             await c.create_tenant(cfg)
-            job, items = await _queue_job(c, cfg, 90, seed=5)
+            job, items = await queue_job(c, cfg, 90, seed=5)
             await _wait_state(c, cfg, job.job, ("leased",))
             b = await asyncio.get_running_loop().run_in_executor(None, lambda: roles.start("trainer", **env))
             rec = await c.wait_job(cfg.name, job.job, timeout_s=180)
-            infos = [await _info(c, "trainer", p.instance) for p in (a, b)]
+            infos = [await role_info(c, "trainer", p.instance) for p in (a, b)]
             payload, _ = await c.download_weights(await c.latest_weights(cfg.name))
             return rec, items, payload, infos
         finally:
@@ -214,7 +193,7 @@ def test_a_round_longer_than_its_lease_is_renewed_not_re_leased(roles):
     assert rec.state == "cleared" and rec.attempts == 1 and rec.lease_epoch == 1, rec
     assert [i.extra["leases_lost"] for i in infos] == [0, 0]
     assert [i.extra["jobs_done"] for i in infos] == [1, 0]
-    assert _exactly_once(cfg, items, payload)
+    assert exactly_once(cfg, items, payload)
 
 
 def test_a_trainer_that_lost_its_lease_commits_nothing(roles):
@@ -230,9 +209,9 @@ def test_a_trainer_that_lost_its_lease_commits_nothing(roles):
         c = await _client(roles)
         try:
             await c.create_tenant(cfg)
-            job, items = await _queue_job(c, cfg, 30, seed=6)
+            job, items = await queue_job(c, cfg, 30, seed=6)
             deadline = time.monotonic() + 60
-            while job.job not in (await _info(c, "trainer", a.instance)).extra["round"]:  # A is working on it
+            while job.job not in (await role_info(c, "trainer", a.instance)).extra["round"]:  # A is working on it
                 assert time.monotonic() < deadline, "trainer A never started the round"
                 await asyncio.sleep(0.02)
             a.send_signal(signal.SIGSTOP)
@@ -243,10 +222,10 @@ def test_a_trainer_that_lost_its_lease_commits_nothing(roles):
                 a.send_signal(signal.SIGCONT)
             # A resumes: its next renewal (or its commit) is refused.
             deadline = time.monotonic() + 60
-            while (await _info(c, "trainer", a.instance)).extra["leases_lost"] < 1:
+            while (await role_info(c, "trainer", a.instance)).extra["leases_lost"] < 1:
                 assert time.monotonic() < deadline, "trainer A never noticed its lost lease"
                 await asyncio.sleep(0.2)
-            infos = [await _info(c, "trainer", p.instance) for p in (a, b)]
+            infos = [await role_info(c, "trainer", p.instance) for p in (a, b)]
             ptr = await c.bus.request(c.names.master("checkpoint_get"), CheckpointGetRequest(cfg.name), CheckpointRef)
             payload, _ = await c.download_weights(await c.latest_weights(cfg.name))
             return rec, items, payload, infos, ptr, await c.job(cfg.name, job.job)
@@ -258,7 +237,7 @@ def test_a_trainer_that_lost_its_lease_commits_nothing(roles):
     assert [i.extra["jobs_done"] for i in infos] == [0, 1]
     assert ptr.object_name.endswith(f"{rec.job}-e2"), ptr  # B's checkpoint, not A's
     assert final.state == "cleared" and final.trained_version == len(items)
-    assert _exactly_once(cfg, items, payload)
+    assert exactly_once(cfg, items, payload)
 
 
 # -- env workers hand their workloads back ---------------------------------------------------
@@ -363,7 +342,7 @@ def test_finished_records_and_old_versions_are_compacted(roles):
             await c.create_tenant(cfg)
             jobs = []
             for i in range(4):
-                job, _ = await _queue_job(c, cfg, 1, seed=i)
+                job, _ = await queue_job(c, cfg, 1, seed=i)
                 jobs.append(await c.wait_job(cfg.name, job.job, timeout_s=120))
             deadline = time.monotonic() + 30
             while await c.jobs(cfg.name):

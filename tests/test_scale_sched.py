@@ -42,7 +42,9 @@ def test_the_scale_bench_scheduler_part_runs_and_reports():
 
     row = sched_decisions(Scheduler, n_tenants=8, finished_per_tenant=5, picks=10)
     assert row["tenants"] == 8 and row["job_records"] == 8 * 6 + 10 * 4
-    assert 0 <= row["p50_ms"] <= row["p99_ms"]
+    # The decisions were timed: thread CPU time has ns resolution, and a pick over 88 records
+    # costs tens of microseconds (a timer read in the wrong place would give 0).
+    assert row["p50_ms"] > 0, row
 
 
 def test_the_scale_bench_reports_throughput_per_tenant_unit(tmp_path):

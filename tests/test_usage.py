@@ -21,12 +21,10 @@ from actors.metering import Meter, split_by_rows
 from protocol.errors import Busy, InvalidField, QuotaExceeded
 from protocol.messages import (
     ErrorReply,
-    InfoRequest,
     JobRef,
     Ok,
     PredictReply,
     PredictRequest,
-    RoleInfo,
     TenantQuotas,
     UsageCounters,
     UsageEntry,
@@ -34,8 +32,8 @@ from protocol.messages import (
 )
 from protocol.wire import decode, encode
 from sdk.client import AsyncClient
-from tests.conftest import RoleProcs, module_roles, nexus_cmd, python_env
-from tests.tq_helpers import BASE, CALVIN_SCHEMA, micro_batch, tenant
+from tests.conftest import RoleProcs, module_roles, nexus_cmd, python_env, run_client
+from tests.tq_helpers import BASE, CALVIN_SCHEMA, micro_batch, role_info, tenant
 
 FLUSH_ENV = {"NEXUS_USAGE_FLUSH_EVERY_S": "0.2"}
 ROWS = {"a": 1, "b": 2, "c": 3}  # rows per tenant in every shared forward / step
@@ -73,44 +71,26 @@ async def prepare_training(c: AsyncClient) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def deploy(nats_server, tmp_path_factory):
-    procs = module_roles(nats_server, tmp_path_factory, "usage")
-    try:
+    with module_roles(nats_server, tmp_path_factory, "usage") as procs:
         master = spawn(procs, "master", **FLUSH_ENV)
         # A long wait window: one wave of concurrent predicts certainly meets in one group.
         procs.infer = spawn(procs, "inferencer", NEXUS_INFER_BASE=BASE, NEXUS_INFER_BATCH_WAIT_TIMEOUT_S="0.3",
                             NEXUS_INFER_MAX_BATCH_SIZE="64", **FLUSH_ENV)
         procs.wait_ready("master", master.instance, master)
-        procs.train_jobs = run(procs, prepare_training)
+        procs.train_jobs = run_client(procs, prepare_training)
         # The trainer boots with all three jobs ready: its first lease takes them into one
         # round, so every step is one grouped step of the three tenants. It boots while the
         # inference test runs.
         procs.trainer = spawn(procs, "trainer", NEXUS_TRAINER_GROUP_MAX="4", **FLUSH_ENV)
         procs.wait_ready("inferencer", procs.infer.instance, procs.infer)
         yield procs
-    finally:
-        procs.stop_all()
-
-
-def run(deploy, fn):
-    async def go():
-        c = await AsyncClient(deploy.nats_url, deploy.prefix, timeout_s=30).connect()
-        try:
-            return await fn(c)
-        finally:
-            await c.close()
-
-    return asyncio.run(go())
-
-
-async def info(c: AsyncClient, role: str, instance: str) -> RoleInfo:
-    return await c.bus.request(c.names.instance_op(role, instance, "info"), InfoRequest(), RoleInfo, timeout_s=10)
 
 
 async def flushed(c: AsyncClient, role: str, instance: str, timeout_s: float = 20) -> dict:
     """The role's meter once everything it measured was acknowledged by the master."""
     deadline = time.monotonic() + timeout_s
     while True:
-        u = (await info(c, role, instance)).extra["usage"]
+        u = (await role_info(c, role, instance)).extra["usage"]
         if u["unsent_entries"] == 0 and u["pending_seq"] == 0:
             return u
         assert time.monotonic() < deadline, u
@@ -179,7 +159,7 @@ def test_inference_charges_add_up_to_busy_time_and_follow_rows(deploy):
         records = (await c.usage(tenant=cfgs["c"].name)).records
         return replies, before_role, after_role, before, after, records
 
-    replies, r0, r1, before, after, records = run(deploy, go)
+    replies, r0, r1, before, after, records = run_client(deploy, go)
     assert all(r.batch_size == sum(ROWS.values()) for w in replies for r in w), "a wave split over groups"
     busy = r1["busy_s"]["infer"] - r0["busy_s"]["infer"]
     charged = {t: after[t].infer_device_s - before[t].infer_device_s for t in names}
@@ -205,7 +185,7 @@ def test_training_charges_add_up_to_busy_time_and_follow_rows(deploy):
         role = await flushed(c, "trainer", trainer.instance)
         return recs, role, await totals(c, names)
 
-    recs, role, usage = run(deploy, go)
+    recs, role, usage = run_client(deploy, go)
     assert [r.state for r in recs] == ["cleared"] * 3, [(r.state, r.reason) for r in recs]
     busy = role["busy_s"]["train"]
     print(f"training: measured busy {busy:.4f} s, charged {sum(u.train_device_s for u in usage.values()):.4f} s, "
@@ -242,7 +222,7 @@ def test_a_resent_usage_report_is_counted_once(deploy):
         await c.bus.request(c.names.master("usage_report"), report, Ok, timeout_s=10)
         return once, (await c.usage(tenant="urep")).records
 
-    (rec,), (again,) = run(deploy, go)
+    (rec,), (again,) = run_client(deploy, go)
     assert (rec.workload, rec.usage.train_device_s, rec.usage.train_rows) == ("w1", 1.5, 4)
     assert (again.usage.train_device_s, again.usage.train_rows) == (3.0, 8)
 
@@ -262,7 +242,7 @@ def test_inflight_jobs_quota_names_the_quota_and_clears(deploy):
         await c.reserve(cfg.name, "sft")
         return err.value
 
-    exc = run(deploy, go)
+    exc = run_client(deploy, go)
     assert isinstance(exc, Busy)  # producers wait it out as back-pressure, not a failure
     assert (exc.quota, exc.limit) == ("max_inflight_jobs", 2) and "max_inflight_jobs=2" in str(exc)
     assert exc.details["retry_after_s"] > 0
@@ -288,7 +268,7 @@ def test_rollout_quota_and_priority_bound(deploy):
             await c.create_tenant(tenant("uq-prio", priority=11))
         return roll.value, prio.value, job, create.value
 
-    roll, prio, job, create = run(deploy, go)
+    roll, prio, job, create = run_client(deploy, go)
     assert (roll.quota, roll.limit) == ("max_active_rollouts", 1)
     assert prio.field == "priority" and "max_priority=3" in str(prio)
     assert job.priority == 3
@@ -323,7 +303,7 @@ def test_predict_rate_quota(deploy):
             await asyncio.sleep(0.2)
         return out, reply, waited_s, burst
 
-    (first, second, third), reply, waited_s, burst = run(deploy, go)
+    (first, second, third), reply, waited_s, burst = run_client(deploy, go)
     assert all(isinstance(r, PredictReply) for r in burst), burst
     assert isinstance(first, PredictReply) and isinstance(second, PredictReply)  # the burst
     assert isinstance(third, ErrorReply) and third.code == "quota_exceeded"

@@ -1,10 +1,16 @@
-"""Tenants, micro-batches and an in-process reference trainer for the training-queue tests."""
+"""Tenants, micro-batches, queued jobs and an in-process reference trainer for the
+training-queue tests (the exactly-once check: `exactly_once`)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-from protocol.messages import QueuePutRequest, TenantConfig
+from protocol.messages import InfoRequest, QueuePutRequest, RoleInfo, TenantConfig
+
+if TYPE_CHECKING:
+    from sdk.client import AsyncClient
 
 LIBERO_SCHEMA = {
     "cameras": [{"name": "agentview", "height": 16, "width": 16}, {"name": "wrist", "height": 16, "width": 16}],
@@ -19,8 +25,8 @@ CALVIN_SCHEMA = {
 BASE = "tiny-qwen3-vl"
 
 
-def tenant(name: str, schema=LIBERO_SCHEMA, head: str = "mlp", seed: int = 0, **kw) -> TenantConfig:
-    return TenantConfig(name=name, base=BASE, schema=schema, head=head, seed=seed,
+def tenant(name: str, schema=LIBERO_SCHEMA, head: str = "mlp", seed: int = 0, base: str = BASE, **kw) -> TenantConfig:
+    return TenantConfig(name=name, base=base, schema=schema, head=head, seed=seed,
                         optim={"lr": 1e-3}, **kw)
 
 
@@ -41,6 +47,22 @@ def micro_batch(cfg: TenantConfig, job: str, seq: int, b: int = 2, rl_version: i
         item.returns = rng.standard_normal(b).astype(np.float32)
         item.behaviour_version = rl_version
     return item
+
+
+async def queue_job(c: AsyncClient, cfg: TenantConfig, n_items: int, seed: int = 0):
+    """Reserve an SFT job of ``cfg``, put ``n_items`` micro-batches in its partition and mark it
+    ready; return the job and the items (what `exactly_once` replays)."""
+    job = await c.reserve(cfg.name, "sft", wait_s=60)
+    items = [micro_batch(cfg, job.job, i, seed=seed) for i in range(n_items)]
+    for item in items:
+        await c.queue_put(item)
+    await c.mark_ready(cfg.name, job.job)
+    return job, items
+
+
+async def role_info(c: AsyncClient, role: str, instance: str) -> RoleInfo:
+    """One role instance's `info` reply (a trainer's counters are in ``extra``)."""
+    return await c.bus.request(c.names.instance_op(role, instance, "info"), InfoRequest(), RoleInfo, timeout_s=10)
 
 
 class Reference:
@@ -71,3 +93,11 @@ def tensors_equal(payload_a: bytes, payload_b: bytes) -> bool:
 
     a, b = load(payload_a), load(payload_b)
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def exactly_once(cfg: TenantConfig, items: list[QueuePutRequest], payload: bytes) -> bool:
+    """Are the exported weights ``payload`` bit-identical to applying each of ``items`` once, in
+    order, in-process? A lost or a repeated step would change them."""
+    ref = Reference(cfg)
+    ref.train(items)
+    return tensors_equal(payload, ref.params())

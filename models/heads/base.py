@@ -104,6 +104,17 @@ class ActionHead(nn.Module):
     def predict(self, feats: BaseOutput, vla: VLABatch, generator: torch.Generator) -> torch.Tensor:
         raise NotImplementedError
 
+    def batch_key(self, feats: BaseOutput) -> Any:
+        """Heads whose keys are equal can sample together (`predict_many`, one batched network
+        for several tenants' rows); None (the default): this head samples alone."""
+        return None
+
+    @classmethod
+    def predict_many(cls, heads: list["ActionHead"], feats: list[BaseOutput], vlas: list[VLABatch],
+                     generators: list[torch.Generator]) -> list[torch.Tensor]:
+        """`predict` of each head on its own rows, for heads of equal `batch_key`."""
+        return [h.predict(f, v, g) for h, f, v, g in zip(heads, feats, vlas, generators)]
+
 
 def randn(shape: tuple[int, ...], generator: torch.Generator, device: torch.device) -> torch.Tensor:
     return torch.randn(shape, generator=generator).to(device)

@@ -18,6 +18,12 @@ last of each block of L / depth layers; depth = L is one to one). The expert's q
 are rotated by the base's own rotary table at the positions that continue each row's prefix
 (`PrefixKV.next_pos_B` + 0..H), as pi0 numbers its suffix after the prefix's real tokens.
 
+Sampling several tenants at once: experts of one shape (same options and tenant dims) whose
+rows are equally many sample together in a grouped `predict` (`ExpertHead.predict_many`): their
+weights are stacked and each linear layer runs as one batched matmul over the tenants, so the
+Euler loop launches once per step for all of them instead of once per tenant; each tenant's
+noise still comes from its own generator, and grouped == serial within 1e-5 (CPU fp32).
+
 Training: flow matching on the action chunk (models/heads/flow.py's schedule: t from
 Beta(alpha, 1), x_t = (1 - t) noise + t actions, MSE on the velocity). Inference: the base's
 forward (and its cache) runs once; `euler_steps` Euler steps run the expert alone on it.
@@ -38,7 +44,7 @@ from torch import nn
 from models.base import BaseOutput
 from models.errors import InputError, SchemaError
 from models.families.common import AttentionShape
-from models.heads.base import HeadDims, positive, register_head
+from models.heads.base import HeadDims, positive, randn, register_head
 from models.heads.flow import FlowMatchingHead, timestep_embedding
 
 EXPERT = "expert"
@@ -189,6 +195,46 @@ class ExpertLayer(nn.Module):
         return x + self.down(F.gelu(self.gate(h), approximate="tanh") * self.up(h))
 
 
+_LAYER_PARAMS = ("attn_norm.weight", "q.weight", "k.weight", "v.weight", "o.weight", "mlp_norm.weight",
+                 "gate.weight", "up.weight", "down.weight")
+
+
+def _lin(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Per-tenant linear: x (S, ..., in), w (S, out, in), bias (S, out) -> (S, ..., out)."""
+    flat = x.reshape(x.shape[0], -1, x.shape[-1])
+    wt = w.transpose(1, 2)
+    y = torch.bmm(flat, wt) if bias is None else torch.baddbmm(bias[:, None], flat, wt)
+    return y.view(*x.shape[:-1], w.shape[1])
+
+
+def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float | None) -> torch.Tensor:
+    """nn.RMSNorm with a per-tenant weight (S, W) on x (S, ..., W)."""
+    shape = (x.shape[0],) + (1,) * (x.dim() - 2) + (x.shape[-1],)
+    return F.rms_norm(x, (x.shape[-1],), eps=eps) * weight.view(shape)
+
+
+def _layer_many(layer: "ExpertLayer", p: dict[str, torch.Tensor], x: torch.Tensor, prefix_k: torch.Tensor,
+                prefix_v: torch.Tensor, mask: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """ExpertLayer.forward with weights stacked over S tenants: x (S, B, T, W); the cache, mask
+    and rotary tables over the S * B rows (attention is per row, so rows of all tenants batch)."""
+    s_, b, t, _ = x.shape
+    heads, kv, hd = layer.heads, layer.kv_heads, layer.head_dim
+    h = _rms(x, p["attn_norm.weight"], layer.attn_norm.eps)
+    q = _lin(h, p["q.weight"]).view(s_ * b, t, heads, hd).transpose(1, 2)
+    k = _lin(h, p["k.weight"]).view(s_ * b, t, kv, hd).transpose(1, 2)
+    v = _lin(h, p["v.weight"]).view(s_ * b, t, kv, hd).transpose(1, 2)
+    q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+    k = torch.cat([prefix_k, k], dim=2)
+    v = torch.cat([prefix_v, v], dim=2)
+    group = heads // kv
+    if group > 1:
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    x = x + _lin(a.transpose(1, 2).reshape(s_, b, t, heads * hd), p["o.weight"])
+    h = _rms(x, p["mlp_norm.weight"], layer.mlp_norm.eps)
+    return x + _lin(F.gelu(_lin(h, p["gate.weight"]), approximate="tanh") * _lin(h, p["up.weight"]), p["down.weight"])
+
+
 @dataclass
 class ExpertContext:
     """What every Euler step reuses: the mapped layers' prefix KV (float32) and the rotary tables."""
@@ -246,6 +292,48 @@ class ExpertHead(FlowMatchingHead):
         prefix_mask = feats.mask_B_L.to(dev)[:, None, None, :].expand(b, 1, t, length)
         suffix = self.suffix_mask.to(dev)[None, None].expand(b, 1, t, t)
         return ExpertContext(keys, values, cos.to(dev), sin.to(dev)), torch.cat([prefix_mask, suffix], dim=-1)
+
+    def batch_key(self, feats: BaseOutput) -> Any:
+        return (ExpertHead, self.config, self.dims, self._device, tuple(feats.mask_B_L.shape))
+
+    @classmethod
+    def predict_many(cls, heads: list["ExpertHead"], feats: list[BaseOutput], vlas: list[Any],
+                     generators: list[torch.Generator]) -> list[torch.Tensor]:
+        """Euler sampling of equal-shaped experts together: (S tenants, B rows) at each step."""
+        h0 = heads[0]
+        dev, b = h0._device, len(feats[0])
+        x = torch.stack([randn((b, h0.dims.action_horizon, h0.dims.action_dim), g, dev) for g in generators])
+        ctxs = [h.context(f) for h, f in zip(heads, feats)]
+        ctx = ExpertContext([torch.cat(k) for k in zip(*(c.keys for c, _ in ctxs))],
+                            [torch.cat(v) for v in zip(*(c.values for c, _ in ctxs))],
+                            torch.cat([c.cos for c, _ in ctxs]), torch.cat([c.sin for c, _ in ctxs]))
+        mask = torch.cat([m for _, m in ctxs])
+        states = [h._state_or_none(v) for h, v in zip(heads, vlas)]
+        state = torch.stack(states)[:, :, None] if states[0] is not None else None
+        params = {name: torch.stack([h.get_parameter(name) for h in heads]) for name, _ in h0.named_parameters()}
+        k = h0.config.euler_steps
+        for i in range(k):
+            t = torch.full((len(heads) * b,), i / k, device=dev)
+            x = x + h0._velocity_many(params, x, t, state, ctx, mask) / k
+        return list(x.unbind(0))
+
+    def _velocity_many(self, p: dict[str, torch.Tensor], x: torch.Tensor, t: torch.Tensor,
+                       state: torch.Tensor | None, ctx: ExpertContext, mask: torch.Tensor) -> torch.Tensor:
+        """`velocity` with every weight stacked over S tenants: x (S, B, H, A), state (S, B, 1, sd),
+        ctx and mask over the S * B rows in tenant order."""
+        s_, b, h, _ = x.shape
+        w = self.config.width
+        a = _lin(x, p["action_in.weight"], p["action_in.bias"])
+        temb = timestep_embedding(t, w).view(s_, b, 1, w).expand(s_, b, h, w)
+        a = _lin(F.silu(_lin(torch.cat([a, temb], dim=-1), p["time_in.weight"], p["time_in.bias"])),
+                 p["time_out.weight"], p["time_out.bias"])
+        s = (_lin(state, p["state_in.weight"], p["state_in.bias"]) if state is not None
+             else torch.zeros(s_, b, 1, w, device=x.device))
+        tokens = torch.cat([s, a], dim=2)
+        for i, (layer, pk, pv) in enumerate(zip(self.layers, ctx.keys, ctx.values)):
+            tokens = _layer_many(layer, {n: p[f"layers.{i}.{n}"] for n in _LAYER_PARAMS}, tokens, pk, pv, mask,
+                                 ctx.cos, ctx.sin)
+        return _lin(_rms(tokens[:, :, 1:], p["out_norm.weight"], self.out_norm.eps), p["out.weight"], p["out.bias"])
 
     def velocity(self, x_B_H_A: torch.Tensor, t_B: torch.Tensor, state: torch.Tensor | None,
                  ctx: ExpertContext, mask: torch.Tensor) -> torch.Tensor:

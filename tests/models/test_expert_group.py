@@ -16,14 +16,14 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import pytest
 import torch
 
-from models import (BaseConfig, BaseModel, CheckpointError, OptimConfig, SchemaError, TenantSlot, forward_backward,
-                    predict, train_step)
+from models import BaseConfig, BaseModel, CheckpointError, OptimConfig, SchemaError, TenantSlot, predict, train_step
 from models.errors import InputError
 from models.group import encode_grouped
 from models.heads.expert import base_expert_errors, expert_errors
 from models.lora import AdapterConfig
 from models.testing import calvin_schema, libero_schema, random_batch
-from tests.models.test_lora_group import BATCH, batches, rel
+from tests.models.grouping import (BATCH, assert_losses_match, assert_params_match, backward_first_only,
+                                   backward_matches_serial, batches, rel, start_adapters_off_zero)
 
 torch.set_num_threads(1)
 
@@ -52,13 +52,9 @@ def base(request) -> BaseModel:
 
 def make_slots(base: BaseModel) -> list[TenantSlot]:
     optim = OptimConfig(lr=3e-3, warmup_steps=2, total_steps=STEPS)
-    slots = [TenantSlot.create(t, schema, base, head_kind=head, head_options=opts, optim=optim, seed=seed,
-                               adapter=adapter) for t, schema, head, opts, seed, adapter in tenants(base)]
-    # B starts at zero (peft's init): a non-zero start tests the adapters from step 0.
-    with torch.no_grad():
-        for s, b in ((s, b) for s in slots if s.adapter is not None for b in s.adapter.lora_B):
-            b.normal_(0, 0.05, generator=torch.Generator().manual_seed(s.seed))
-    return slots
+    return start_adapters_off_zero([
+        TenantSlot.create(t, schema, base, head_kind=head, head_options=opts, optim=optim, seed=seed, adapter=adapter)
+        for t, schema, head, opts, seed, adapter in tenants(base)])
 
 
 def test_the_cache_is_computed_once_for_all_rows(base: BaseModel) -> None:
@@ -82,17 +78,7 @@ def test_the_cache_is_computed_once_for_all_rows(base: BaseModel) -> None:
 
 
 def test_grouped_equals_serial_losses_and_gradients(base: BaseModel) -> None:
-    g, s = make_slots(base), make_slots(base)
-    gr = forward_backward(base, batches(g, 0), grouped=True)
-    sr = forward_backward(base, batches(s, 0), grouped=False)
-    for a, b in zip(gr, sr):
-        assert abs(a.loss - b.loss) <= TOL * max(1.0, abs(b.loss)), (a.tenant_id, a.loss, b.loss)
-    for gs, ss in zip(g, s):
-        for (name, gp), (_, sp) in zip(gs.named_trainable(), ss.named_trainable()):
-            if sp.grad is None:
-                assert gp.grad is None, (gs.tenant_id, name)
-                continue
-            assert rel(gp.grad, sp.grad) < TOL, (gs.tenant_id, name, rel(gp.grad, sp.grad))
+    g = backward_matches_serial(base, make_slots, TOL)
     # Every expert layer's attention weights learn from the cache they read.
     for gs in g[:3]:
         for layer in gs.head.layers:
@@ -111,28 +97,16 @@ def test_grouped_equals_serial_for_several_steps_and_sampling(base: BaseModel) -
         runs.append((slots, losses, actions))
     (g_slots, g_losses, g_actions), (s_slots, s_losses, s_actions) = runs
     for step, (gl, sl) in enumerate(zip(g_losses, s_losses)):
-        for a, b in zip(gl, sl):
-            assert abs(a - b) <= TOL * max(1.0, abs(b)), (step, gl, sl)
-    for gs, ss in zip(g_slots, s_slots):
-        assert gs.policy_version == ss.policy_version == STEPS
-        for (name, gp), (_, sp) in zip(gs.named_trainable(), ss.named_trainable()):
-            assert rel(gp.detach(), sp.detach()) < TOL, (gs.tenant_id, name, rel(gp.detach(), sp.detach()))
+        assert_losses_match(gl, sl, TOL, step)
+    assert_params_match(g_slots, s_slots, TOL, STEPS)
     for gs, a, b in zip(g_slots, g_actions, s_actions):
         assert a.shape == (BATCH, gs.schema.action_horizon, gs.schema.action_dim)
         assert rel(a, b) < TOL, (gs.tenant_id, rel(a, b))
 
 
 def test_only_own_expert_gets_gradients(base: BaseModel) -> None:
-    slots = make_slots(base)
-    items = batches(slots, 3)
-    for s in slots:
-        s.zero_grad()
-    feats = encode_grouped(base, [b.features for _, b in items], slots=slots, train=True)
-    slots[0].head.loss(feats[0], items[0][1], slots[0].generator).loss.backward()
-    assert all(float(layer.k.weight.grad.abs().max()) > 0 for layer in slots[0].head.layers)
-    for s in slots[1:]:
-        assert all(p.grad is None or float(p.grad.abs().max()) == 0.0 for _, p in s.named_trainable()), s.tenant_id
-    assert all(p.grad is None for p in base.core.parameters())
+    first = backward_first_only(base, make_slots(base))
+    assert all(float(layer.k.weight.grad.abs().max()) > 0 for layer in first.head.layers)
 
 
 def test_the_expert_reads_the_prefix_and_not_its_padding(base: BaseModel) -> None:

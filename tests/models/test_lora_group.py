@@ -13,15 +13,16 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import pytest
 import torch
 
-from models import BaseConfig, BaseModel, CheckpointError, OptimConfig, SchemaError, TenantSlot, forward_backward, train_step
+from models import BaseConfig, BaseModel, CheckpointError, OptimConfig, SchemaError, TenantSlot, train_step
 from models.group import encode_grouped, encode_serial
 from models.lora import AdapterConfig, adapter_errors, router_for
 from models.testing import calvin_schema, libero_schema, random_batch
+from tests.models.grouping import (assert_losses_match, assert_params_match, backward_first_only, backward_matches_serial,
+                                   batches, rel, start_adapters_off_zero)
 
 torch.set_num_threads(1)
 
 STEPS = 20
-BATCH = 2
 TOL = 1e-5
 # (tenant, schema, head, seed, adapter)
 TENANTS = [
@@ -37,30 +38,11 @@ TENANTS = [
 HEAD_OPTIONS = {"mlp": {"width": 32}, "flow": {"width": 32, "depth": 1}, "gaussian": {"width": 32}}
 
 
-@pytest.fixture(scope="module")
-def base() -> BaseModel:
-    return BaseModel.load(BaseConfig("tiny-qwen3-vl", image_size=64, device="cpu"))
-
-
 def make_slots(base: BaseModel) -> list[TenantSlot]:
     optim = OptimConfig(lr=3e-3, warmup_steps=2, total_steps=STEPS)
-    slots = [TenantSlot.create(t, schema, base, head_kind=head, head_options=HEAD_OPTIONS[head], optim=optim,
-                               seed=seed, adapter=adapter) for t, schema, head, seed, adapter in TENANTS]
-    # B starts at zero (peft's init): give the adapters a non-zero start so step 0 tests them too.
-    for s in slots:
-        if s.adapter is not None:
-            with torch.no_grad():
-                for b in s.adapter.lora_B:
-                    b.normal_(0, 0.05, generator=torch.Generator().manual_seed(s.seed))
-    return slots
-
-
-def batches(slots: list[TenantSlot], step: int) -> list:
-    return [(s, random_batch(s.preprocessor, BATCH, seed=1000 * i + step)) for i, s in enumerate(slots)]
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).norm() / b.norm().clamp_min(1e-12))
+    return start_adapters_off_zero([
+        TenantSlot.create(t, schema, base, head_kind=head, head_options=HEAD_OPTIONS[head], optim=optim, seed=seed,
+                          adapter=adapter) for t, schema, head, seed, adapter in TENANTS])
 
 
 def test_all_four_share_one_key(base: BaseModel) -> None:
@@ -70,17 +52,8 @@ def test_all_four_share_one_key(base: BaseModel) -> None:
 
 
 def test_grouped_equals_serial_losses_and_gradients(base: BaseModel) -> None:
-    g, s = make_slots(base), make_slots(base)
-    gr = forward_backward(base, batches(g, 0), grouped=True)
-    sr = forward_backward(base, batches(s, 0), grouped=False)
-    for a, b in zip(gr, sr):
-        assert abs(a.loss - b.loss) <= TOL * max(1.0, abs(b.loss)), (a.tenant_id, a.loss, b.loss)
-    for gs, ss in zip(g, s):
-        for (name, gp), (_, sp) in zip(gs.named_trainable(), ss.named_trainable()):
-            if sp.grad is None:
-                assert gp.grad is None, (gs.tenant_id, name)
-                continue
-            assert rel(gp.grad, sp.grad) < TOL, (gs.tenant_id, name, rel(gp.grad, sp.grad))
+    g = backward_matches_serial(base, make_slots, TOL)
+    for gs in g:
         if gs.adapter is not None:
             assert all(a.grad is not None and float(a.grad.abs().sum()) > 0 for a in gs.adapter.lora_A), gs.tenant_id
 
@@ -96,30 +69,18 @@ def test_grouped_equals_serial_for_20_steps(base: BaseModel) -> None:
                 losses[i].append(r.loss)
         runs.append((slots, losses))
     (g_slots, g_losses), (s_slots, s_losses) = runs
-    for gs, ss, gl, sl in zip(g_slots, s_slots, g_losses, s_losses):
-        assert gs.policy_version == ss.policy_version == STEPS
-        for a, b in zip(gl, sl):
-            assert abs(a - b) <= TOL * max(1.0, abs(b)), (gs.tenant_id, gl, sl)
-        for (name, gp), (_, sp) in zip(gs.named_trainable(), ss.named_trainable()):
-            assert rel(gp.detach(), sp.detach()) < TOL, (gs.tenant_id, name, rel(gp.detach(), sp.detach()))
-        for (name, p), p0 in zip(gs.named_trainable(), start[g_slots.index(gs)]):
+    assert_params_match(g_slots, s_slots, TOL, STEPS)
+    for gs, gl, sl, p0s in zip(g_slots, g_losses, s_losses, start):
+        assert_losses_match(gl, sl, TOL, gs.tenant_id)
+        for (name, p), p0 in zip(gs.named_trainable(), p0s):
             if name.startswith("adapter."):  # the adapters did train
                 assert not torch.equal(p.detach(), p0), (gs.tenant_id, name)
 
 
 def test_gradient_reaches_only_own_adapter_and_never_the_base(base: BaseModel) -> None:
-    slots = make_slots(base)
-    items = batches(slots, 3)
     # Only lora-r4's loss goes backward: no other adapter or head may see a gradient.
-    for s in slots:
-        s.zero_grad()
-    feats = encode_grouped(base, [b.features for _, b in items], slots=slots, train=True)
-    loss = slots[0].head.loss(feats[0], items[0][1], slots[0].generator).loss
-    loss.backward()
-    assert all(p.grad is not None for _, p in slots[0].named_trainable() if p.requires_grad and "adapter" in _)
-    for s in slots[1:]:
-        assert all(p.grad is None or float(p.grad.abs().max()) == 0.0 for _, p in s.named_trainable()), s.tenant_id
-    assert all(p.grad is None for p in base.core.parameters())
+    first = backward_first_only(base, make_slots(base))
+    assert all(p.grad is not None for name, p in first.named_trainable() if p.requires_grad and "adapter" in name)
 
 
 def test_frozen_rows_get_no_delta_and_the_frozen_path_is_unchanged(base: BaseModel) -> None:

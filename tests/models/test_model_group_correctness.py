@@ -9,16 +9,15 @@ import os
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import pytest
 import torch
 
-from models import BaseConfig, BaseModel, OptimConfig, TenantSlot, forward_backward, train_step
+from models import BaseModel, OptimConfig, TenantSlot, forward_backward, train_step
 from models.testing import calvin_schema, libero_schema, random_batch
+from tests.models.grouping import BATCH, batches, rel
 
 torch.set_num_threads(1)
 
 STEPS = 20
-BATCH = 2
 REL_TOL = 1e-5
 TENANTS = [  # (tenant_id, schema, head, seed)
     ("libero-a", libero_schema(), "mlp", 11),
@@ -27,11 +26,6 @@ TENANTS = [  # (tenant_id, schema, head, seed)
     ("calvin-b", calvin_schema(), "flow", 14),
 ]
 HEAD_OPTIONS = {"mlp": {"width": 64}, "flow": {"width": 64, "depth": 1}, "gaussian": {"width": 64}}
-
-
-@pytest.fixture(scope="module")
-def base() -> BaseModel:
-    return BaseModel.load(BaseConfig("tiny-qwen3-vl", image_size=64, device="cpu"))
 
 
 def make_slots(base: BaseModel) -> list[TenantSlot]:
@@ -44,14 +38,9 @@ def run(base: BaseModel, grouped: bool) -> tuple[list[TenantSlot], list[list[flo
     slots = make_slots(base)
     losses: list[list[float]] = [[] for _ in slots]
     for step in range(STEPS):
-        items = [(s, random_batch(s.preprocessor, BATCH, seed=1000 * i + step)) for i, s in enumerate(slots)]
-        for i, r in enumerate(train_step(base, items, grouped=grouped)):
+        for i, r in enumerate(train_step(base, batches(slots, step), grouped=grouped)):
             losses[i].append(r.loss)
     return slots, losses
-
-
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).norm() / b.norm().clamp_min(1e-12))
 
 
 def test_grouped_equals_serial_for_20_steps(base: BaseModel) -> None:
@@ -67,7 +56,7 @@ def test_grouped_equals_serial_for_20_steps(base: BaseModel) -> None:
         g_params, s_params = dict(gs.head.named_parameters()), dict(ss.head.named_parameters())
         assert g_params.keys() == s_params.keys()
         for name in g_params:
-            err = rel_err(g_params[name].detach(), s_params[name].detach())
+            err = rel(g_params[name].detach(), s_params[name].detach())
             assert err <= REL_TOL, f"{gs.tenant_id}.{name}: relative error {err}"
 
 

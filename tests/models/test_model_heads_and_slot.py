@@ -10,8 +10,6 @@ import pytest
 import torch
 
 from models import (
-    BaseConfig,
-    BaseModel,
     CheckpointError,
     OptimConfig,
     SchemaError,
@@ -27,11 +25,6 @@ from models.testing import calvin_schema, libero_schema, random_batch, random_ob
 
 torch.set_num_threads(1)
 SMALL = {"mlp": {"width": 32}, "flow": {"width": 32, "depth": 1, "euler_steps": 3}, "gaussian": {"width": 32}}
-
-
-@pytest.fixture(scope="module")
-def base() -> BaseModel:
-    return BaseModel.load(BaseConfig("tiny-qwen3-vl", image_size=64, device="cpu"))
 
 
 def slot(base, kind: str, seed: int = 0, schema=None) -> TenantSlot:

@@ -11,8 +11,6 @@ import pytest
 import torch
 
 from models import (
-    BaseConfig,
-    BaseModel,
     CameraSpec,
     IncompatibleBatchError,
     InputError,
@@ -29,11 +27,6 @@ from models import (
 from models.testing import calvin_schema, libero_schema, random_batch, random_observations
 
 torch.set_num_threads(1)
-
-
-@pytest.fixture(scope="module")
-def base() -> BaseModel:
-    return BaseModel.load(BaseConfig("tiny-qwen3-vl", image_size=64, device="cpu"))
 
 
 def obs(schema: TenantSchema, seed: int = 0) -> Observation:
