@@ -20,11 +20,11 @@ import pytest
 
 from actors.budget import lru_victims
 from protocol.errors import CapacityExceeded
-from protocol.messages import CheckpointGetRequest, CheckpointRef, InfoRequest, RoleInfo
+from protocol.messages import CheckpointGetRequest, CheckpointRef
 from sdk.client import AsyncClient
 from tests.conftest import module_roles
 from tests.test_inference import predict
-from tests.tq_helpers import BASE, Reference, micro_batch, tenant, tensors_equal
+from tests.tq_helpers import BASE, exactly_once, queue_job, role_info, tenant
 
 MIB = 2**20
 # An mlp head on the tiny base holds 2.4 MiB of params: a trained slot (params, grads, two
@@ -136,8 +136,7 @@ def run(deployment, body):
 
 
 async def _info(c: AsyncClient, role: str, instance: str) -> dict:
-    return (await c.bus.request(c.names.instance_op(role, instance, "info"), InfoRequest(), RoleInfo,
-                                timeout_s=10)).extra
+    return (await role_info(c, role, instance)).extra
 
 
 async def _create(c: AsyncClient, *cfgs) -> None:
@@ -147,13 +146,8 @@ async def _create(c: AsyncClient, *cfgs) -> None:
 
 async def _train(c: AsyncClient, cfg, n_items: int, seed: int):
     """One SFT job of ``n_items`` micro-batches, to its end; (record, items)."""
-    job = (await c.reserve(cfg.name, "sft", wait_s=60)).job
-    items = []
-    for seq in range(n_items):
-        items.append(micro_batch(cfg, job, seq, seed=seed))
-        await c.queue_put(items[-1])
-    await c.mark_ready(cfg.name, job)
-    return await c.wait_job(cfg.name, job, timeout_s=120), items
+    job, items = await queue_job(c, cfg, n_items, seed=seed)
+    return await c.wait_job(cfg.name, job.job, timeout_s=120), items
 
 
 def test_trainer_evicts_idle_slots_and_restores_one_exactly(deployment):
@@ -195,9 +189,7 @@ def test_trainer_evicts_idle_slots_and_restores_one_exactly(deployment):
     # The next job restored it and went on from there: steps 3 and 4, weights as if never dropped.
     assert after["slot_budget"]["restores"] - before["restores"] == 1
     assert second.trained_version == 4 and after["slots"]["ev-a"]["step"] == 4
-    ref = Reference(a)
-    ref.train(items)
-    assert tensors_equal(payload, ref.params())
+    assert exactly_once(a, items, payload)
     assert after["slot_budget"]["resident_bytes"] <= SLOT_BUDGET_MB * MIB
 
 
