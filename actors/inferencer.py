@@ -49,6 +49,7 @@ from actors.ratelimit import TenantBuckets
 from actors.reply_cache import ReplyCache
 from actors.identity import caller_from_headers, require_tenant
 from actors.runtime import Role, RoleConfig, device_memory_bytes
+from actors.budget import budget_bytes
 from actors.serving import ServingHeads
 from actors.tracing import (
     carrier_of,
@@ -183,6 +184,7 @@ class Inferencer(Role):
         self.fast = env.fast
         self.compile = env.compile  # with fast on CUDA: compiled blocks (models.fast)
         self.pipeline_depth = env.pipeline_depth
+        self.head_budget_mb = env.head_budget_mb  # 0: no budget (actors/serving.py)
         self.heads: ServingHeads | None = None
         # One thread owns the device: forwards run in order, never two at once.
         self._forward_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forward")
@@ -222,7 +224,8 @@ class Inferencer(Role):
         torch.set_num_threads(1)
         base = await asyncio.to_thread(BaseModel.load, BaseConfig(source=self.base_source, device=self.device,
                                                                   fast=self.fast, compile=self.fast and self.compile))
-        self.heads = ServingHeads(self.bus, self.names, base, self.base_source)
+        self.heads = ServingHeads(self.bus, self.names, base, self.base_source,
+                                  budget_bytes=budget_bytes(self.head_budget_mb), log=self.log)
         await self.bus.nc.subscribe(self.names.weights_all, cb=self._on_weights)
         await self.bus.nc.subscribe(self.names.tenant_deleted_all, cb=self._on_tenant_deleted)
         await self.bus.nc.subscribe(self.names.tenant_updated_all, cb=self._on_tenant_updated)
@@ -259,6 +262,8 @@ class Inferencer(Role):
             "draining_refused": self.draining_refused, "reply_cache": len(self.replies),
             "max_queue_per_key": self.admission.max_queue_per_key, "max_queued": self.admission.max_queued,
             "usage": self.meter.info(), "rate_refused": dict(self.rate.refused),
+            # NEXUS_INFER_HEAD_BUDGET_MB: bytes of loaded heads, heads evicted / reloaded so far.
+            "head_budget": self.heads.budget_report() if self.heads else {},
         }
 
     def heartbeat_gauges(self) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
@@ -267,6 +272,8 @@ class Inferencer(Role):
                       batch_wait_s=self.batch_wait_s, queued=float(sum(len(q.items) for q in self.queues.values())))
         if self.heads is not None:
             gauges["device_memory_bytes"] = float(device_memory_bytes(self.heads.base.device))
+            gauges.update(slot_bytes=float(self.heads.loaded_bytes()), slot_evictions=float(self.heads.evictions),
+                          slot_restores=float(self.heads.reloads))
         return gauges, per_tenant
 
     async def _leave_group_on_stop(self) -> None:
@@ -434,7 +441,8 @@ class Inferencer(Role):
     async def _admit(self, p: _Pending) -> None:
         assert self.heads is not None
         try:
-            p.slot, p.version = await self.heads.get(p.req.tenant, p.req.version)
+            # Held until answered (`_finish`): never dropped under the head budget meanwhile.
+            p.slot, p.version = await self.heads.get(p.req.tenant, p.req.version, hold=True)
             if p.req.workload:
                 check_token("workload", p.req.workload)  # a usage key at the master
             self._check_rate(p.req.tenant)
@@ -490,6 +498,9 @@ class Inferencer(Role):
             if p.key is not None and self._by_id.get(p.key) is p:
                 del self._by_id[p.key]
             self.held -= 1
+            if p.slot is not None and self.heads is not None:
+                self.heads.release(p.req.tenant, p.version)
+                p.slot = None  # released once
             if not p.reply.done():
                 p.reply.set_result(None)
 

@@ -41,7 +41,8 @@ from protocol.wire import decode
 RETAIN_S = 600.0
 # Heartbeat gauges taken as they come (the signal name the series uses for each).
 _LEVELS = {"memory_bytes": "memory_bytes", "device_memory_bytes": "device_memory_bytes",
-           "queued": "infer_queued"}
+           "queued": "infer_queued", "slot_bytes": "slot_bytes", "slot_evictions": "slot_evictions",
+           "slot_restores": "slot_restores"}
 # Metric messages kept as series: signal -> series name (scope is the tenant).
 _METRICS = {"loss": "loss", "version": "policy_version", "weight_sync_s": "weight_sync_seconds"}
 # Workload progress / done metrics kept as learning series.

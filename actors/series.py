@@ -68,6 +68,13 @@ SIGNALS: dict[str, Signal] = {s.name: s for s in (
     Signal("memory_bytes", "system", "gauge", _RI, "resident memory of the role's process", unit="bytes"),
     Signal("device_memory_bytes", "system", "gauge", _RI,
            "memory in use on the role's torch device (CUDA allocated; on a CPU device the RSS)", unit="bytes"),
+    # The memory budgets (NEXUS_TRAINER_SLOT_BUDGET_MB, NEXUS_INFER_HEAD_BUDGET_MB; docs/scale.md).
+    Signal("slot_bytes", "system", "gauge", _RI,
+           "tenant slots resident in a trainer / serving heads loaded in an inferencer", unit="bytes"),
+    Signal("slot_evictions", "system", "counter", _RI,
+           "tenant slots (trainer) or serving heads (inferencer) dropped from memory under the budget"),
+    Signal("slot_restores", "system", "counter", _RI,
+           "dropped slots restored from their checkpoint (trainer) or heads reloaded from the weights store (inferencer)"),
 )}
 
 

@@ -8,6 +8,13 @@
 A swap replaces the dict entry; a request already holding the old slot finishes on it. The
 current version of every tenant and every pinned version in use stay resident; other old
 versions are evicted least-recently-used beyond ``max_cached``.
+
+Memory: with ``budget_bytes`` (NEXUS_INFER_HEAD_BUDGET_MB) the least recently used heads, current
+versions too, are dropped once the loaded ones hold more; the next request for one loads it
+again from the weights store (`get`, the same path as a pinned version). A head held by a
+request (``get(..., hold=True)`` until `release`: from admission to its reply, through its
+group's forward) is never dropped. A head larger than the whole budget is refused
+(`CapacityExceeded` naming the setting), like a version whose manifest does not match.
 """
 
 from __future__ import annotations
@@ -19,25 +26,47 @@ from typing import Any
 
 from nats.js.errors import KeyNotFoundError, NoKeysError, ObjectNotFoundError
 
+from actors.budget import lru_victims, mib
 from actors.bus import js_retry
 from actors.weights import check_manifest, get_manifest, get_object, weights_name
-from protocol.errors import FailedPrecondition, NotFound
+from protocol.errors import CapacityExceeded, FailedPrecondition, NotFound
 from protocol.messages import TenantConfig, WeightsRef
 from protocol.subjects import Names, check_token, pool_name
 from protocol.wire import decode
 
+# Why a (tenant, version) is never served here; remembered, and every request for it hears it.
+REFUSALS = (FailedPrecondition, CapacityExceeded)
+# Evicted (tenant, version)s remembered to count their reloads (a few MB at most).
+EVICTED_KEPT = 65536
+
+
+def head_bytes(slot: Any) -> int:
+    """What a serving head holds: its params and buffers (and its adapter's); no optimizer state."""
+    m = slot.memory_bytes()
+    return m["params"] + m["buffers"]
+
 
 class ServingHeads:
-    def __init__(self, bus, names: Names, base, base_source: str, max_cached: int = 64) -> None:
+    def __init__(self, bus, names: Names, base, base_source: str, max_cached: int = 64, budget_bytes: int = 0,
+                 log: Any = None) -> None:
         self.bus, self.names, self.base, self.base_source = bus, names, base, base_source
         self.max_cached = max_cached
+        self.budget_bytes = budget_bytes  # 0: no budget
+        self.log = log
+        self.sizes: dict[tuple[str, int], int] = {}  # `head_bytes` of each cached head
+        self._loaded = 0  # their sum (checked at every reply: kept, not summed)
+        self._holds: dict[tuple[str, int], int] = {}  # requests holding a head (`get(hold=True)`)
+        # Dropped under the budget and not loaded again yet (to count reloads); bounded.
+        self._evicted: OrderedDict[tuple[str, int], None] = OrderedDict()
+        self.evictions = 0
+        self.reloads = 0
         self.current: dict[str, int] = {}
         self.cache: OrderedDict[tuple[str, int], Any] = OrderedDict()
         self.configs: dict[str, TenantConfig] = {}
         self._loading: dict[tuple[str, int], asyncio.Future] = {}
         # Versions whose manifest names another base or schema: refused, and every request for
         # one hears why (never a silent fall back to another version). Bounded like the cache.
-        self.refused: OrderedDict[tuple[str, int], FailedPrecondition] = OrderedDict()
+        self.refused: OrderedDict[tuple[str, int], FailedPrecondition | CapacityExceeded] = OrderedDict()
         self.sync_seconds: list[float] = []
 
     async def _kv(self, bucket: str):
@@ -70,9 +99,13 @@ class ServingHeads:
                 await self.config(tenant)
             except NotFound:
                 continue  # another pool's tenant
+            if self.budget_bytes and self.loaded_bytes() >= self.budget_bytes:
+                # The budget is full: the rest load at their first request (or announcement).
+                self.current[tenant] = max(ref.version, self.current.get(tenant, -1))
+                continue
             try:
                 await self._install(ref)
-            except FailedPrecondition:
+            except REFUSALS:
                 continue  # refused (see `refused`); its requests get the reason, the others go on
             n += 1
         return n
@@ -95,19 +128,20 @@ class ServingHeads:
     async def _install(self, ref: WeightsRef) -> None:
         try:
             slot = await self._load(ref.tenant, ref.version, ref.object_name)
-        except FailedPrecondition:
+        except REFUSALS:
             # The tenant's current version cannot be served here: requests for it must hear
             # why, not get an older version (or the initial weights) instead.
             if ref.version >= self.current.get(ref.tenant, -1):
                 self.current[ref.tenant] = ref.version
             raise
-        self.cache[(ref.tenant, ref.version)] = slot
+        self._put((ref.tenant, ref.version), slot)
         if ref.version >= self.current.get(ref.tenant, -1):
             self.current[ref.tenant] = ref.version  # the swap: one assignment
-        self._evict()
+        self._evict(keep={(ref.tenant, ref.version)})
 
-    async def get(self, tenant: str, version: int = -1) -> tuple[Any, int]:
-        """(slot, version) for a request; version -1 = current (0 = initial weights if none)."""
+    async def get(self, tenant: str, version: int = -1, hold: bool = False) -> tuple[Any, int]:
+        """(slot, version) for a request; version -1 = current (0 = initial weights if none).
+        ``hold``: the head is not dropped under the budget until `release` (tenant, version)."""
         check_token("tenant", tenant)  # a KV key: '*' or '.' would fail there as a server error
         await self.config(tenant)
         if version < 0:
@@ -124,12 +158,38 @@ class ServingHeads:
                 self._loading[key] = pending
                 pending.add_done_callback(lambda _f: self._loading.pop(key, None))
             slot = await asyncio.shield(pending)
-            self.cache[key] = slot
+            if key in self._evicted:
+                del self._evicted[key]
+                self.reloads += 1
+                self._log("info", "head reloaded", tenant=tenant, version=version, bytes=head_bytes(slot))
+            self._put(key, slot)
             if version == 0 and tenant not in self.current:
                 self.current[tenant] = 0
-            self._evict()
+            self._evict(keep={key})
         self.cache.move_to_end(key)
+        if hold:
+            self._holds[key] = self._holds.get(key, 0) + 1
         return slot, version
+
+    def release(self, tenant: str, version: int) -> None:
+        """A request that held (tenant, version) is answered: the head may go again."""
+        key = (tenant, version)
+        n = self._holds.get(key, 0) - 1
+        if n > 0:
+            self._holds[key] = n
+            return
+        self._holds.pop(key, None)
+        self._evict()  # what was over the budget while held
+
+    def loaded_bytes(self) -> int:
+        return self._loaded
+
+    def _put(self, key: tuple[str, int], slot: Any) -> None:
+        self.cache[key] = slot
+        self.cache.move_to_end(key)
+        size = head_bytes(slot)
+        self._loaded += size - self.sizes.get(key, 0)
+        self.sizes[key] = size
 
     async def _load(self, tenant: str, version: int, object_name: str) -> Any:
         from models import OptimConfig, TenantSchema, TenantSlot
@@ -143,6 +203,7 @@ class ServingHeads:
             payload = await get_object(store, object_name)
         except ObjectNotFoundError:
             if version == 0:
+                self._check_fits(tenant, version, cfg, slot)
                 return slot  # nothing trained yet: the initial weights, same seed as the trainer's
             raise NotFound(f"tenant {tenant!r} has no version {version}",
                            details={"tenant": tenant, "version": version}) from None
@@ -154,27 +215,72 @@ class ServingHeads:
             check_manifest(manifest, object_name, base=self.base_source, key=slot.key,
                            signature=slot.schema.signature(), adapter=cfg.base_adapter)
         except FailedPrecondition as exc:
-            self.refused[(tenant, version)] = exc
-            while len(self.refused) > self.max_cached:
-                self.refused.popitem(last=False)
+            self._refuse(tenant, version, exc)
             raise
         await asyncio.to_thread(slot.load_params, payload)
         slot.head.eval()  # an adapter has no mode: its dropout runs only in a training step
+        self._check_fits(tenant, version, cfg, slot)
         return slot
+
+    def _check_fits(self, tenant: str, version: int, cfg: TenantConfig, slot: Any) -> None:
+        need = head_bytes(slot)
+        if self.budget_bytes and need > self.budget_bytes:
+            exc = CapacityExceeded.of(
+                "head_budget_mb", self.budget_bytes / 2**20, "NEXUS_INFER_HEAD_BUDGET_MB",
+                f"tenant {tenant!r}'s serving head (version {version}, head {cfg.head!r}) needs {mib(need)}, more than "
+                f"this inferencer's whole head budget of {mib(self.budget_bytes)}; set it to at least "
+                f"{-(-need // 2**20)}", tenant=tenant, version=version, head_bytes=need)
+            self._refuse(tenant, version, exc)
+            raise exc
+
+    def _refuse(self, tenant: str, version: int, exc: FailedPrecondition | CapacityExceeded) -> None:
+        self.refused[(tenant, version)] = exc
+        while len(self.refused) > self.max_cached:
+            self.refused.popitem(last=False)
 
     def forget(self, tenant: str) -> None:
         """The tenant was deleted: its config, current version and cached heads go."""
         self.current.pop(tenant, None)
         self.configs.pop(tenant, None)
         for key in [k for k in self.cache if k[0] == tenant]:
-            del self.cache[key]
+            self._drop(key)
+        for key in [k for k in self._evicted if k[0] == tenant]:
+            del self._evicted[key]
 
-    def _evict(self) -> None:
-        keep = {(t, v) for t, v in self.current.items()}
+    def _drop(self, key: tuple[str, int]) -> int:
+        del self.cache[key]
+        size = self.sizes.pop(key, 0)
+        self._loaded -= size
+        return size
+
+    def _evict(self, keep: set[tuple[str, int]] | frozenset[tuple[str, int]] = frozenset()) -> None:
+        current = {(t, v) for t, v in self.current.items()}
         while len(self.cache) > self.max_cached:
             for key in self.cache:
-                if key not in keep:
-                    del self.cache[key]
+                if key not in current and key not in keep:
+                    self._drop(key)
                     break
             else:
-                return
+                break
+        if not self.budget_bytes or self._loaded <= self.budget_bytes:
+            return
+        # The budget: least recently used first (the cache's order), current versions too,
+        # never one a request holds or the one just asked for.
+        entries = ((key, self.sizes.get(key, 0), i, key not in keep and key not in self._holds)
+                   for i, key in enumerate(self.cache))
+        for key in lru_victims(entries, self.budget_bytes):
+            size = self._drop(key)
+            self._evicted[key] = None
+            while len(self._evicted) > EVICTED_KEPT:
+                self._evicted.popitem(last=False)
+            self.evictions += 1
+            self._log("info", "head evicted under the memory budget", tenant=key[0], version=key[1], bytes=size,
+                      budget_bytes=self.budget_bytes)
+
+    def budget_report(self) -> dict[str, Any]:
+        return {"budget_bytes": self.budget_bytes, "loaded_bytes": self.loaded_bytes(), "loaded": len(self.cache),
+                "evictions": self.evictions, "reloads": self.reloads, "held": sum(self._holds.values())}
+
+    def _log(self, level: str, event: str, **fields: Any) -> None:
+        if self.log is not None:
+            getattr(self.log, level)(event, **fields)

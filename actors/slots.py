@@ -4,6 +4,7 @@
     slot = await store.slot(tenant_config)        # resident, restored from its checkpoint
     await store.commit(tenant, applied_job_ids)   # checkpoint = the commit point of a job
     ref = await store.export(tenant, metrics)     # payload + manifest, announced
+    store.enforce_budget(keep)                    # idle slots past the memory budget dropped
 
 A checkpoint is one immutable object ``<tenant>/ckpt/<name>`` in the checkpoints bucket:
 msgpack of the slot's own checkpoint bytes (head, AdamW moments, counters, RNG) together with
@@ -12,25 +13,35 @@ can never be written apart. Which object is the tenant's committed state is the 
 checkpoint pointer (`CheckpointRef`, moved by compare-and-set when the master accepts the
 job's ``trained`` report under a live lease epoch): a trainer that lost its lease writes an
 object nobody points at, and can never overwrite a newer checkpoint (docs/reliability.md).
+
+Memory: beyond ``max_on_device`` the least recently used slots move to host memory
+(`offload_idle`); beyond ``budget_bytes`` (NEXUS_TRAINER_SLOT_BUDGET_MB) the least recently
+used idle slots whose state is committed are dropped (`enforce_budget`): their committed
+checkpoint is already in the object store, and `slot()` restores it at the tenant's next job,
+exactly (head, adapter, AdamW moments, counters, RNG). A slot in use (a job leased, preparing,
+running or finishing here; an op between steps) or holding state not yet committed is never
+dropped. A slot larger than the whole budget is refused (`CapacityExceeded` naming the setting).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 from nats.js.errors import ObjectNotFoundError
 
+from actors.budget import lru_victims, mib
 from actors.bus import js_retry, retry_through_outage
 from actors.weights import (MANIFEST_FORMAT, base_identity, check_manifest, get_manifest, get_object,
                              manifest_name, weights_name)
 from protocol.codec import packb, unpackb
-from protocol.errors import InternalError
+from protocol.errors import CapacityExceeded, InternalError
 from protocol.messages import CheckpointGetRequest, CheckpointRef, TenantConfig, WeightsRef
 from protocol.subjects import Names
 from protocol.wire import encode
@@ -52,6 +63,27 @@ class Resident:
     applied: OrderedDict[str, None] = field(default_factory=OrderedDict)
     checkpoint_name: str = ""  # the committed checkpoint object this state was built on
     last_used: float = 0.0
+    # (step, version) of the committed state this slot holds: another (step, version) is
+    # training not yet committed, and such a slot is never dropped from memory.
+    clean: tuple[int, int] | None = None
+    footprint: int = 0  # `slot_footprint`, fixed once built
+
+    def __post_init__(self) -> None:
+        self.footprint = slot_footprint(self.slot)
+
+    @property
+    def committed_state(self) -> bool:
+        return self.clean == (self.slot.step_count, self.slot.policy_version)
+
+
+def slot_footprint(slot: Any) -> int:
+    """Bytes the slot holds once it trained: trainable params, their grads and two AdamW
+    moments, plus buffers. A slot not trained yet holds no grads or moments: counted as if it
+    did, so the budget never admits what its first step would push over. (From the params
+    alone: never reading the optimizer's state, which a training thread may be filling.)"""
+    params = sum(p.numel() * p.element_size() for _, p in slot.named_trainable())
+    buffers = sum(b.numel() * b.element_size() for b in slot.head.buffers())
+    return 4 * params + buffers
 
 
 def fast_engine_applies(source: str, device: str | None) -> bool:
@@ -75,13 +107,24 @@ def fast_engine_applies(source: str, device: str | None) -> bool:
 
 class SlotStore:
     def __init__(self, bus, names: Names, device: str | None = None, max_on_device: int = 16,
-                 fast: bool = False, compile: bool = False) -> None:
+                 fast: bool = False, compile: bool = False, budget_bytes: int = 0,
+                 in_use: Callable[[str], bool] | None = None, log: Any = None) -> None:
         self.bus = bus
         self.names = names
         self.device = device
         self.fast = fast
         self.compile = compile
         self.max_on_device = max_on_device
+        # Slot memory (0: none). ``in_use(tenant)``: the trainer's loop holds a job of it.
+        self.budget_bytes = budget_bytes
+        self.in_use = in_use or (lambda _tenant: False)
+        self.log = log
+        self._pins: dict[str, int] = {}  # tenants an op works on between steps (`pinned`)
+        self._evicted: set[str] = set()  # dropped under the budget, not back yet
+        self.evictions = 0
+        self.restores = 0
+        self.evicted_bytes = 0
+        self.over_budget = False  # over it with nothing idle to drop (logged once per episode)
         self.bases: dict[str, Any] = {}
         self.resident: dict[str, Resident] = {}
         self._ckpt = None
@@ -128,14 +171,34 @@ class SlotStore:
         # workload's optimizer settings): the checkpoint's moments carry over either way.
         if res is None or ref.object_name != res.checkpoint_name or encode(res.config) != encode(cfg):
             res = await self._build(cfg)
+            self._check_fits(res)
             if ref.object_name:
                 await self._restore(res, await get_object(ckpt_store, ref.object_name), ref.object_name)
+            res.clean = (res.slot.step_count, res.slot.policy_version)
             self.resident[cfg.name] = res
+            if cfg.name in self._evicted:
+                self._evicted.discard(cfg.name)
+                self.restores += 1
+                self._log("info", "slot restored from its checkpoint", tenant=cfg.name, checkpoint=ref.object_name,
+                          step=res.slot.step_count, version=res.slot.policy_version)
         res.last_used = time.monotonic()
         base = await self.base(cfg.base)
         if res.slot.device != base.device:
             res.slot.to(base.device)
+        self.enforce_budget(keep={cfg.name})
         return res
+
+    def _check_fits(self, res: Resident) -> None:
+        """A slot larger than the whole budget could never be resident with it: its job is
+        refused (nothing of it stays; every other slot is untouched)."""
+        need = res.footprint
+        if self.budget_bytes and need > self.budget_bytes:
+            budget_mb = self.budget_bytes / 2**20
+            raise CapacityExceeded.of(
+                "slot_budget_mb", budget_mb, "NEXUS_TRAINER_SLOT_BUDGET_MB",
+                f"tenant {res.config.name!r}'s slot needs {mib(need)} (head {res.config.head!r}, adapter, gradients "
+                f"and AdamW moments), more than this trainer's whole slot budget of {mib(self.budget_bytes)}; set it "
+                f"to at least {-(-need // 2**20)}", tenant=res.config.name, slot_bytes=need)
 
     async def _build(self, cfg: TenantConfig) -> Resident:
         from models import OptimConfig, TenantSchema, TenantSlot
@@ -157,6 +220,57 @@ class SlotStore:
     async def reload(self, tenant: str) -> None:
         """Drop in-memory state (after a failed job): the next `slot()` restores the checkpoint."""
         self.resident.pop(tenant, None)
+
+    def forget(self, tenant: str) -> None:
+        """The tenant was deleted: nothing of it stays."""
+        self.resident.pop(tenant, None)
+        self._evicted.discard(tenant)
+
+    @contextlib.contextmanager
+    def pinned(self, tenant: str) -> Iterator[None]:
+        """``tenant``'s slot is not dropped inside the block (an op between steps uses it)."""
+        self._pins[tenant] = self._pins.get(tenant, 0) + 1
+        try:
+            yield
+        finally:
+            self._pins[tenant] -= 1
+            if not self._pins[tenant]:
+                del self._pins[tenant]
+
+    def resident_bytes(self) -> int:
+        return sum(r.footprint for r in self.resident.values())
+
+    def enforce_budget(self, keep: set[str] | frozenset[str] = frozenset()) -> list[str]:
+        """Drop the least recently used idle, committed slots until the rest fit the budget;
+        return the tenants dropped. Never one in ``keep``, in use, pinned, or holding training
+        not committed yet."""
+        if not self.budget_bytes:
+            return []
+        sizes = {name: r.footprint for name, r in self.resident.items()}
+        victims = lru_victims(((name, sizes[name], r.last_used, self._evictable(name, r, keep))
+                               for name, r in self.resident.items()), self.budget_bytes)
+        for name in victims:
+            del self.resident[name]
+            self._evicted.add(name)
+            self.evictions += 1
+            self.evicted_bytes += sizes[name]
+            self._log("info", "slot evicted under the memory budget", tenant=name, bytes=sizes[name],
+                      budget_bytes=self.budget_bytes)
+        left = sum(sizes.values()) - sum(sizes[n] for n in victims)
+        if left > self.budget_bytes and not self.over_budget:
+            # What is over is in use: it goes once its jobs finish (`enforce_budget` runs again).
+            self._log("warning", "slots in use exceed the memory budget", resident_bytes=left,
+                      budget_bytes=self.budget_bytes, slots=len(self.resident))
+        self.over_budget = left > self.budget_bytes
+        return victims
+
+    def _evictable(self, name: str, res: Resident, keep: set[str] | frozenset[str]) -> bool:
+        return (name not in keep and name not in self._pins and not self.in_use(name)
+                and res.committed_state)
+
+    def _log(self, level: str, event: str, **fields: Any) -> None:
+        if self.log is not None:
+            getattr(self.log, level)(event, **fields)
 
     def offload_idle(self, keep: set[str]) -> None:
         """Keep at most ``max_on_device`` recently used slots on the accelerator."""
@@ -189,6 +303,8 @@ class SlotStore:
         if res is None:
             return
         old, res.checkpoint_name = res.checkpoint_name, name
+        # The tenant has no job training here while its commit runs: this is the state written.
+        res.clean = (res.slot.step_count, res.slot.policy_version)
         if old and old != name:
             await self.delete_checkpoint(old)
 
@@ -244,6 +360,12 @@ class SlotStore:
         check_manifest(await get_manifest(weights, object_name), object_name, base=res.config.base,
                        key=res.slot.key, signature=res.slot.schema.signature(), adapter=res.config.base_adapter)
         return await asyncio.to_thread(res.slot.load_params, payload)
+
+    def budget_report(self) -> dict[str, Any]:
+        return {"budget_bytes": self.budget_bytes, "resident_bytes": self.resident_bytes(),
+                "resident": len(self.resident), "evictions": self.evictions, "restores": self.restores,
+                "evicted_bytes": self.evicted_bytes, "evicted_now": len(self._evicted),
+                "over_budget": self.over_budget}
 
     def memory_report(self) -> dict[str, Any]:
         return {

@@ -330,7 +330,9 @@ class TrainLoop:
             self._tasks.pop(w.job.job, None)
             self._want_lease = True  # the tenant is free: its next job may be leased
             self._done(w)
-            t.store.offload_idle(keep={x.tenant for x in self.jobs.values()})
+            busy = {x.tenant for x in self.jobs.values()}
+            t.store.offload_idle(keep=busy)
+            t.store.enforce_budget(keep=busy)  # past the memory budget, idle slots go
 
     def _done(self, w: Work) -> None:
         self.jobs.pop(w.job.job, None)

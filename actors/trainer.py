@@ -33,6 +33,7 @@ from typing import Any, AsyncIterator
 
 import numpy as np
 
+from actors.budget import budget_bytes
 from actors.bus import js_retry, retry, retry_through_outage
 from actors.identity import require_tenant
 from actors.metering import Meter, final_flush, flush_loop
@@ -83,12 +84,14 @@ class TrainerConfig:
     device: str | None = None  # None: cuda if available, else cpu
     fast: bool = _ENV_DEFAULTS.fast  # the fast engine for frozen-base forwards on CUDA
     compile: bool = _ENV_DEFAULTS.compile  # with fast: torch.compile its blocks
+    # MiB of tenant slots in memory (0: no budget); past it idle slots go back to their checkpoint.
+    slot_budget_mb: float = _ENV_DEFAULTS.slot_budget_mb
 
     @classmethod
     def from_env(cls) -> TrainerConfig:
         env = TrainerSettings.from_env()
         return cls(group_max=env.group_max, lease_s=env.lease_s, device=env.device, fast=env.fast,
-                   compile=env.compile)
+                   compile=env.compile, slot_budget_mb=env.slot_budget_mb)
 
 
 class Trainer(Role):
@@ -109,6 +112,7 @@ class Trainer(Role):
         self.lost_jobs: set[str] = set()  # jobs whose lease the renewer found lost
         self.jobs_done = 0
         self.busy_s = 0.0  # seconds in grouped train steps (the device's busy time)
+        self.micro_batches = 0  # tenant micro-batches trained (a step of 4 jobs is 4): the unit of work
         self.leases_lost = 0
         self.released = 0
         # Grouped steps whose one base forward held LoRA and frozen-base tenants together.
@@ -129,7 +133,8 @@ class Trainer(Role):
         torch.set_num_threads(1)
         self.store = SlotStore(self.bus, self.names, device=self.tcfg.device,
                                max_on_device=self.tcfg.max_on_device, fast=self.tcfg.fast,
-                               compile=self.tcfg.compile)
+                               compile=self.tcfg.compile, budget_bytes=budget_bytes(self.tcfg.slot_budget_mb),
+                               in_use=lambda tenant: self.loop.busy(tenant), log=self.log)
         await self.bus.nc.subscribe(self.names.sched_ready, cb=self._on_ready)
         await self.bus.nc.subscribe(self.names.tenant_deleted_all, cb=self._on_tenant_deleted)
         self.spawn(self._loop, "train-loop", critical=True)
@@ -138,11 +143,13 @@ class Trainer(Role):
     def info_extra(self) -> dict[str, Any]:
         return {"jobs_done": self.jobs_done, "leases_lost": self.leases_lost, "released": self.released,
                 "mixed_lora_steps": self.mixed_lora_steps, "mixed_expert_steps": self.mixed_expert_steps,
-                "round": self.loop.held(), "steps": self.loop.steps,
+                "round": self.loop.held(), "steps": self.loop.steps, "micro_batches": self.micro_batches,
                 "running": {j: w.cursor for j, w in self.loop.running.items()},  # job -> micro-batches done
                 "joined_running": self.loop.joined_running,
                 "slots": self.store.memory_report() if self.store else {},
                 "bases": sorted(self.store.bases) if self.store else [],
+                # NEXUS_TRAINER_SLOT_BUDGET_MB: bytes resident, slots evicted / restored so far.
+                "slot_budget": self.store.budget_report() if self.store else {},
                 "usage": self.meter.info()}
 
     def heartbeat_gauges(self) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
@@ -151,6 +158,8 @@ class Trainer(Role):
                       jobs_done=float(self.jobs_done))
         if self.store is not None:
             gauges["device_memory_bytes"] = float(device_memory_bytes(self.store.device))
+            gauges.update(slot_bytes=float(self.store.resident_bytes()), slot_evictions=float(self.store.evictions),
+                          slot_restores=float(self.store.restores))
         return gauges, per_tenant
 
     async def _on_ready(self, msg: Any) -> None:
@@ -158,8 +167,10 @@ class Trainer(Role):
 
     async def _on_tenant_deleted(self, msg: Any) -> None:
         tenant = msg.subject.rsplit(".", 1)[-1]
-        if self.store is not None and self.store.resident.pop(tenant, None) is not None:
+        if self.store is not None and tenant in self.store.resident:
             self.log.info("tenant slot dropped (tenant deleted)", tenant=tenant)
+        if self.store is not None:
+            self.store.forget(tenant)
         self.meter.forget(tenant)
 
     def fault_point(self, point: str) -> None:
@@ -313,6 +324,7 @@ class Trainer(Role):
                 if r is None:
                     continue
                 w.cursor += 1
+                self.micro_batches += 1
                 w.losses.append(r.loss)
                 for k, v in r.metrics.items():
                     w.metrics.setdefault(k, []).append(float(v))
@@ -472,7 +484,8 @@ class Trainer(Role):
                 break
             self.compute.release()  # a job of the tenant joined meanwhile
         try:
-            yield
+            with self.store.pinned(tenant):  # not dropped under the memory budget meanwhile
+                yield
         finally:
             self.compute.release()
 

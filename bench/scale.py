@@ -26,7 +26,13 @@ beside it (``scale.png``) and a table on stdout:
      5. the master's lease decisions over the run (p50 / p99, timed inside the master: its
         ``info`` ``scale.lease_decision_ms``);
      6. master start-up with every record present: SIGKILL the master, the supervisor starts a
-        new one; wall time until it answers, and its own ``startup_s`` (records load).
+        new one; wall time until it answers, and its own ``startup_s`` (records load);
+     7. throughput per tenant-unit of work, from the roles' ``info`` over steps 3-4: the
+        trainer's tenant micro-batches (a grouped step of 4 jobs is 4) per second of device time
+        and of wall time, and tenants per grouped step; the inferencer's predicts per second of
+        device time and rows per forward. With ``--slot-budget-mb`` / ``--head-budget-mb`` the
+        roles run under those memory budgets (docs/scale.md), and the row has their evictions
+        and restores and the trainer's peak RSS.
    Tenant accounts: the bench's server runs without accounts (roles and the bench log in
    anonymously), so per-tenant NATS accounts are not in these figures (docs/scale.md).
 
@@ -244,6 +250,8 @@ async def drive(dep: ScaleDeployment, n: int, active: int, args: argparse.Namesp
         row["register_ms"] = _summary(reg)
         # 2. idle
         row["idle"] = dep.snapshot()
+        row["budgets_mb"] = {"slot": args.slot_budget_mb, "head": args.head_budget_mb}
+        work_before = {role: (await c.info(role)).extra for role in ("trainer", "inferencer")}
         # 3. M workloads at once
         running_at: dict[str, float] = {}
         ended: dict[str, tuple[str, float]] = {}
@@ -290,6 +298,9 @@ async def drive(dep: ScaleDeployment, n: int, active: int, args: argparse.Namesp
                                 timeout_s=60)
                 lat.append((time.perf_counter() - t0) * 1000)
         row["predict_ms"] = _summary(lat)
+        # 7. throughput per tenant-unit of work (over the workloads and the predicts)
+        work_after = {role: (await c.info(role)).extra for role in ("trainer", "inferencer")}
+        row["throughput"] = throughput(work_before, work_after, row["workloads"]["wall_s"])
         # 5. lease decisions, timed in the master
         info = await c.info("master")
         row["master_scale"] = info.extra.get("scale", {})
@@ -317,6 +328,31 @@ async def drive(dep: ScaleDeployment, n: int, active: int, args: argparse.Namesp
     return row
 
 
+def throughput(before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]], wall_s: float) -> dict[str, Any]:
+    """Work done between two ``info`` of the trainer and the inferencer, per tenant-unit: a
+    tenant micro-batch trained, a predict answered."""
+    def delta(role: str, *path: str) -> float:
+        def get(d: dict[str, Any]) -> float:
+            for key in path:
+                d = d.get(key, {}) if isinstance(d, dict) else {}
+            return float(d) if isinstance(d, (int, float)) else 0.0
+        return get(after[role]) - get(before[role])
+
+    mbs, steps, train_s = (delta("trainer", "micro_batches"), delta("trainer", "steps"),
+                           delta("trainer", "usage", "busy_s", "train"))
+    served, groups, infer_s = (delta("inferencer", "served"), delta("inferencer", "groups"),
+                               delta("inferencer", "usage", "busy_s", "infer"))
+    return {"trainer": {"micro_batches": mbs, "steps": steps, "device_s": train_s,
+                        "micro_batches_per_device_s": mbs / train_s if train_s else 0.0,
+                        "micro_batches_per_wall_s": mbs / wall_s if wall_s else 0.0,
+                        "tenants_per_step": mbs / steps if steps else 0.0,
+                        "slot_budget": after["trainer"].get("slot_budget", {})},
+            "inferencer": {"predicts": served, "groups": groups, "device_s": infer_s,
+                           "predicts_per_device_s": served / infer_s if infer_s else 0.0,
+                           "rows_per_forward": served / groups if groups else 0.0,
+                           "head_budget": after["inferencer"].get("head_budget", {})}}
+
+
 def _peak(peaks: dict[str, Any], snap: dict[str, Any]) -> None:
     for section in ("rss_bytes", "nats"):
         into = peaks.setdefault(section, {})
@@ -332,6 +368,8 @@ def deployment_part(n: int, active: int, args: argparse.Namespace) -> dict[str, 
     os.environ.update({"NEXUS_MAX_ACTIVE_ROLLOUTS": str(max(3, active)), "NEXUS_MAX_TENANTS": str(max(1000, n)),
                        "NEXUS_MAX_ACTIVE_WORKLOADS": str(max(256, active)), "NEXUS_TRAINER_GROUP_MAX": "8",
                        "NEXUS_ENV_MAX_SESSIONS": str(max(64, 4 * active)),
+                       "NEXUS_TRAINER_SLOT_BUDGET_MB": str(args.slot_budget_mb),
+                       "NEXUS_INFER_HEAD_BUDGET_MB": str(args.head_budget_mb),
                        "OMP_NUM_THREADS": "1"})
     try:
         t0 = time.monotonic()
@@ -403,6 +441,20 @@ def print_table(rep: dict[str, Any]) -> None:
                 idle["rss_bytes"].get("master", 0) * mb, idle["rss_bytes"].get("trainer", 0) * mb,
                 idle["rss_bytes"].get("inferencer", 0) * mb)
         print(" ".join(f"{v:>9.3f}" if isinstance(v, float) else f"{v:>9}" for v in vals))
+    print("\nthroughput per tenant-unit of work, memory budgets")
+    head = ("tenants", "active", "slot MB", "head MB", "mb/dev s", "mb/wall s", "ten/step", "pred/dev s",
+            "rows/fwd", "evicted", "restored", "h evict", "h reload", "trainerpk")
+    print(" ".join(f"{h:>9}" for h in head))
+    for r in rows:
+        if "throughput" not in r:
+            continue
+        tr, inf = r["throughput"]["trainer"], r["throughput"]["inferencer"]
+        sb, hb = tr.get("slot_budget", {}), inf.get("head_budget", {})
+        vals = (r["tenants"], r["active"], r.get("budgets_mb", {}).get("slot", 0.0), r.get("budgets_mb", {}).get("head", 0.0),
+                tr["micro_batches_per_device_s"], tr["micro_batches_per_wall_s"], tr["tenants_per_step"],
+                inf["predicts_per_device_s"], inf["rows_per_forward"], sb.get("evictions", 0), sb.get("restores", 0),
+                hb.get("evictions", 0), hb.get("reloads", 0), r["active_peak"].get("rss_bytes", {}).get("trainer", 0) * mb)
+        print(" ".join(f"{v:>9.2f}" if isinstance(v, float) else f"{v:>9}" for v in vals))
     costs = rep.get("per_tenant", {})
     if costs.get("idle_bytes_per_tenant"):
         print("\nidle RSS per registered tenant (KB): " + ", ".join(
@@ -415,7 +467,7 @@ def plot(rep: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 3, figsize=(15, 8))
+    fig, axes = plt.subplots(3, 3, figsize=(15, 12))
     ax = axes[0][0]
     for label, style in (("this", "-"), ("baseline", "--")):
         for f in sorted({r["finished_per_tenant"] for r in rep.get("scheduler", {}).get(label, [])}):
@@ -455,6 +507,24 @@ def plot(rep: dict[str, Any], path: Path) -> None:
             ("consumers", [r["idle"]["nats"]["consumers"] for r in rows]),
             ("subscriptions", [r["idle"]["nats"]["subscriptions"] for r in rows]),
             ("server MiB", [r["idle"]["nats"]["mem_bytes"] / 2**20 for r in rows])])
+    tp = [r for r in rows if "throughput" in r]
+    if tp:
+        xs = [r["tenants"] for r in tp]
+        series(axes[2][0], "throughput per tenant-unit of work", "per device-second", [
+            ("trainer: tenant micro-batches", [r["throughput"]["trainer"]["micro_batches_per_device_s"] for r in tp]),
+            ("inferencer: predicts", [r["throughput"]["inferencer"]["predicts_per_device_s"] for r in tp])])
+    # Peak trainer RSS against the active tenants, with and without a slot budget.
+    ax = axes[2][1]
+    every = [r for r in rep.get("deployments", []) if "active_peak" in r]
+    for budget in sorted({r.get("budgets_mb", {}).get("slot", 0.0) for r in every}):
+        pts = sorted((r["active"], r["active_peak"].get("rss_bytes", {}).get("trainer", 0) / 2**20)
+                     for r in every if r.get("budgets_mb", {}).get("slot", 0.0) == budget)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o",
+                label=f"slot budget {budget:g} MiB" if budget else "no slot budget")
+    ax.set(title="trainer peak RSS", xlabel="active tenants", ylabel="MiB")
+    if every:
+        ax.legend(fontsize=7)
+    axes[2][2].axis("off")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
@@ -494,6 +564,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sft-steps", type=int, default=4)
     p.add_argument("--rl-episodes", type=int, default=4)
     p.add_argument("--predicts", type=int, default=10, help="predicts per trained tenant")
+    p.add_argument("--slot-budget-mb", type=float, default=0.0, help="NEXUS_TRAINER_SLOT_BUDGET_MB (0: none)")
+    p.add_argument("--head-budget-mb", type=float, default=0.0, help="NEXUS_INFER_HEAD_BUDGET_MB (0: none)")
     p.add_argument("--predict-tenants", type=int, default=4)
     p.add_argument("--run-timeout-s", type=float, default=1200.0)
     p.add_argument("--restart-timeout-s", type=float, default=120.0)

@@ -235,6 +235,12 @@ class TrainerSettings(EnvSettings):
     compile: bool = Field(False, **var(
         "NEXUS_TRAINER_COMPILE", "with NEXUS_TRAINER_FAST on CUDA: torch.compile the fast engine's vision "
         "blocks and decoder layers"))
+    # 0: every slot that trained stays in memory (docs/scale.md: ~8.6 MB each on the tiny base).
+    slot_budget_mb: float = Field(0.0, ge=0, **var(
+        "NEXUS_TRAINER_SLOT_BUDGET_MB", "memory for tenant slots (MiB; head, adapter, grads, AdamW moments): past it "
+        "the least recently used idle slots are dropped and restored from their checkpoint on their next job; "
+        "a slot larger than the whole budget fails its job", allowed="a number >= 0 (0 = no budget)",
+        default_text="`0` (no budget)"))
     fault: Literal[FAULT_POINTS] | None = Field(None, **var(  # type: ignore[valid-type]
         "NEXUS_TRAINER_FAULT", "tests only: SIGKILL the trainer at this point of its first job",
         default_text="unset"))
@@ -278,6 +284,12 @@ class InferencerSettings(EnvSettings):
     busy_max_retry_after_s: float = Field(INFERENCE_OUTAGE.max_backoff_s, gt=0, le=60, **var(
         "NEXUS_INFER_BUSY_MAX_RETRY_AFTER_S", "the largest `busy` retry hint (s)",
         allowed="a number in [NEXUS_INFER_BUSY_RETRY_AFTER_S, 60]"))
+    # 0: every tenant's current head stays loaded once it was served or announced.
+    head_budget_mb: float = Field(0.0, ge=0, **var(
+        "NEXUS_INFER_HEAD_BUDGET_MB", "memory for loaded serving heads (MiB): past it the least recently used "
+        "heads no request holds are dropped and reloaded from the weights store on their next request; "
+        "a head larger than the whole budget is refused", allowed="a number >= 0 (0 = no budget)",
+        default_text="`0` (no budget)"))
     reply_cache_size: int = Field(4096, ge=1, **var(
         "NEXUS_INFER_REPLY_CACHE_SIZE", "replies kept so a retried request id is answered once"))
     # The SDK's whole retry horizon: a retry it can still send always finds its first reply.

@@ -45,3 +45,24 @@ def test_the_scale_bench_scheduler_part_runs_and_reports():
     # The decisions were timed: thread CPU time has ns resolution, and a pick over 88 records
     # costs tens of microseconds (a timer read in the wrong place would give 0).
     assert row["p50_ms"] > 0, row
+
+
+def test_the_scale_bench_reports_throughput_per_tenant_unit(tmp_path):
+    """`bench.scale.throughput` from two `info` replies of each role, and the report with it."""
+    from bench.scale import throughput, write_report
+
+    before = {"trainer": {"micro_batches": 10, "steps": 5, "usage": {"busy_s": {"train": 1.0}}},
+              "inferencer": {"served": 4, "groups": 4, "usage": {"busy_s": {"infer": 0.5}}}}
+    after = {"trainer": {"micro_batches": 50, "steps": 15, "usage": {"busy_s": {"train": 3.0}},
+                         "slot_budget": {"evictions": 7}},
+             "inferencer": {"served": 24, "groups": 8, "usage": {"busy_s": {"infer": 1.5}}}}
+    tp = throughput(before, after, wall_s=8.0)
+    assert tp["trainer"]["micro_batches_per_device_s"] == 20.0 and tp["trainer"]["micro_batches_per_wall_s"] == 5.0
+    assert tp["trainer"]["tenants_per_step"] == 4.0 and tp["trainer"]["slot_budget"] == {"evictions": 7}
+    assert tp["inferencer"]["predicts_per_device_s"] == 20.0 and tp["inferencer"]["rows_per_forward"] == 5.0
+    snap = {"rss_bytes": {"trainer": 2**30}, "nats": {"mem_bytes": 0, "streams": 1, "consumers": 0, "subscriptions": 0}}
+    row = {"tenants": 16, "active": 4, "workloads": {"completed": 4}, "register_ms": {}, "submit_to_running_ms": {},
+           "predict_ms": {}, "master_scale": {}, "idle": snap, "active_peak": snap, "budgets_mb": {"slot": 32.0},
+           "throughput": tp}
+    write_report({"deployments": [row]}, tmp_path / "scale.json")
+    assert (tmp_path / "scale.png").stat().st_size > 0

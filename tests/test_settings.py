@@ -48,6 +48,8 @@ GOOD: dict[str, tuple[str, object]] = {
     "NEXUS_INFER_COMPILE": ("on", True),
     "NEXUS_TRAINER_FAST": ("on", True),
     "NEXUS_TRAINER_COMPILE": ("yes", True),
+    "NEXUS_TRAINER_SLOT_BUDGET_MB": ("512.5", 512.5),
+    "NEXUS_INFER_HEAD_BUDGET_MB": ("64", 64.0),
     "NEXUS_INFER_MAX_BATCH_SIZE": ("17", 17),
     "NEXUS_INFER_BATCH_WAIT_TIMEOUT_S": ("0.25", 0.25),
     "NEXUS_INFER_PIPELINE_DEPTH": ("3", 3),
@@ -110,6 +112,8 @@ BAD: dict[str, tuple[str, str]] = {
     "NEXUS_INFER_COMPILE": ("perhaps", "a boolean"),
     "NEXUS_TRAINER_FAST": ("sometimes", "a boolean"),
     "NEXUS_TRAINER_COMPILE": ("maybe", "a boolean"),
+    "NEXUS_TRAINER_SLOT_BUDGET_MB": ("-1", "a number >= 0 (0 = no budget)"),
+    "NEXUS_INFER_HEAD_BUDGET_MB": ("1GB", "a number >= 0 (0 = no budget)"),
     "NEXUS_INFER_MAX_BATCH_SIZE": ("2048", "an integer in [1, 1024]"),
     "NEXUS_INFER_BATCH_WAIT_TIMEOUT_S": ("11", "a number in [0, 10]"),
     "NEXUS_INFER_PIPELINE_DEPTH": ("0", "an integer in [1, 8]"),
@@ -263,6 +267,7 @@ def test_roles_read_every_variable(tmp_path, monkeypatch):
         "NEXUS_TRAINER_DEVICE": (trainer.tcfg.device, "cpu"),
         "NEXUS_TRAINER_FAST": (trainer.tcfg.fast, True),
         "NEXUS_TRAINER_COMPILE": (trainer.tcfg.compile, True),
+        "NEXUS_TRAINER_SLOT_BUDGET_MB": (trainer.tcfg.slot_budget_mb, 512.5),
         "NEXUS_TRAINER_FAULT": (trainer.fault, "after_commit"),
     }
     inf = Inferencer(cfg)
@@ -275,6 +280,7 @@ def test_roles_read_every_variable(tmp_path, monkeypatch):
             "NEXUS_INFER_MAX_BATCH_SIZE": (inf.batching.max_batch_size, 17),
             "NEXUS_INFER_BATCH_WAIT_TIMEOUT_S": (inf.batching.batch_wait_timeout_s, 0.25),
             "NEXUS_INFER_PIPELINE_DEPTH": (inf.pipeline_depth, 3),
+            "NEXUS_INFER_HEAD_BUDGET_MB": (inf.head_budget_mb, 64.0),
             "NEXUS_INFER_MAX_QUEUE_PER_KEY": (inf.admission.max_queue_per_key, 40),
             "NEXUS_INFER_MAX_QUEUED": (inf.admission.max_queued, 400),
             "NEXUS_INFER_BUSY_RETRY_AFTER_S": (inf.admission.busy_retry_after_s, 0.1),
