@@ -9,7 +9,9 @@ The master keeps every job record here (and in the jobs KV); `pick` decides, in 
 3. Among tenants with a ``ready`` auto job and no job in flight on a trainer, the order is:
    higher priority first, then the tenant served longest ago (round-robin: no tenant
    starves however many are ready), then the oldest ready time. Each tenant contributes at most
-   one job per lease, its oldest (FIFO within a tenant), so its updates apply in order.
+   one job per lease, its oldest (FIFO within a tenant), so its updates apply in order. The
+   ready tenants are a heap in that order, recomputed per tenant when its records change
+   (`touch`), so a decision does not scan or sort every ready tenant (docs/scale.md).
 4. An RL job whose data came from a policy more than ``staleness_bound`` versions (optimizer
    steps = micro-batches) behind the tenant's current version is dropped, never trained.
 
@@ -23,7 +25,9 @@ filled does not count: it waits for nobody, and a job larger than the cap is ref
 
 from __future__ import annotations
 
+import heapq
 import itertools
+import time
 from dataclasses import dataclass, field
 
 from protocol.errors import Busy, QuotaExceeded
@@ -38,6 +42,9 @@ PREFETCHED = ("ready", "leased")
 POST_COMMIT = ("trained", "exported", "synced")
 # Finished: never changes again (protocol.messages.TERMINAL_JOB_STATES).
 FINISHED = frozenset(TERMINAL_JOB_STATES)
+# Every tenant's candidacy is recomputed at least this often, so a change to a record that
+# reached the scheduler without `touch` is seen within it (the master touches on every save).
+REBUILD_S = 1.0
 
 
 @dataclass
@@ -54,6 +61,18 @@ class Scheduler:
     # place, in the master).
     _live: dict[tuple[str, str], JobRecord] = field(default_factory=dict)
     _by_tenant: dict[str, dict[str, JobRecord]] = field(default_factory=dict)
+    # The ready tenants as a heap (lazy deletion): one entry per tenant that has a ready auto
+    # job and no job on a trainer, keyed by the lease order; an entry is valid while its stamp
+    # is the tenant's latest. A decision refreshes only the tenants touched since the last one,
+    # so its cost is O(touched + leased x log ready tenants), not a scan and sort of them all.
+    _heap: list[tuple] = field(default_factory=list)
+    _stamp: dict[str, int] = field(default_factory=dict)
+    _stamps: itertools.count = field(default_factory=itertools.count)
+    _dirty: set[str] = field(default_factory=set)
+    _busy: set[str] = field(default_factory=set)  # tenants with a job held by a trainer
+    _post: dict[str, list[JobRecord]] = field(default_factory=dict)  # unowned post-commit jobs
+    _rebuilt_at: float = float("-inf")
+    refreshes: int = 0  # tenants recomputed (a test checks a decision does not touch them all)
 
     def __post_init__(self) -> None:
         for rec in self.jobs.values():
@@ -63,10 +82,17 @@ class Scheduler:
     def put(self, rec: JobRecord) -> None:
         self.jobs[(rec.tenant, rec.job)] = rec
         self._index(rec)
+        self._dirty.add(rec.tenant)
 
     def remove(self, tenant: str, job: str) -> None:
         self.jobs.pop((tenant, job), None)
         self._forget((tenant, job))
+        self._dirty.add(tenant)
+
+    def touch(self, rec: JobRecord) -> None:
+        """``rec`` changed in place (the master calls this on every save): its tenant's place
+        in the lease order is recomputed at the next decision."""
+        self._dirty.add(rec.tenant)
 
     def _index(self, rec: JobRecord) -> None:
         if rec.state not in FINISHED:
@@ -143,6 +169,7 @@ class Scheduler:
 
         A drained trainer hands its jobs back on purpose: that attempt does not count."""
         job.lease_owner, job.lease_expires_at, job.updated_at = "", 0.0, now
+        self._dirty.add(job.tenant)
         if job.state == "leased":
             if not count_attempt:
                 job.attempts = max(0, job.attempts - 1)
@@ -157,38 +184,82 @@ class Scheduler:
         """Lease up to ``max_jobs`` jobs to ``trainer``; return (leased, dropped_stale)."""
         leased: list[JobRecord] = []
         stale: list[JobRecord] = []
-        live = self.live_jobs()  # finished jobs never take part: the cost is O(unfinished)
-        busy_tenants = {j.tenant for j in live if j.lease_owner}
+        self._refresh_touched()
+        busy_now = set(self._busy)  # tenants given a job in this decision join it
         # 2. unfinished post-commit work first
-        for job in sorted((j for j in live if j.state in POST_COMMIT), key=lambda j: j.updated_at):
+        post = sorted((j for t, jobs in self._post.items() if t not in busy_now for j in jobs),
+                      key=lambda j: j.updated_at)
+        for job in post:
             if len(leased) >= max_jobs:
                 break
-            if job.state in POST_COMMIT and not job.lease_owner and job.tenant not in busy_tenants:
+            if job.state in POST_COMMIT and not job.lease_owner and job.tenant not in busy_now:
                 self._lease(job, trainer, lease_s, now)
-                busy_tenants.add(job.tenant)
+                busy_now.add(job.tenant)
                 leased.append(job)
-        # 3. one ready job per eligible tenant
-        heads: dict[str, JobRecord] = {}
-        for job in live:
-            if job.state != "ready" or not job.auto or job.tenant in busy_tenants:
+        # 3. one ready job per eligible tenant, in lease order (the heap)
+        while self._heap and len(leased) < max_jobs:
+            *key, stamp, tenant = heapq.heappop(self._heap)
+            if self._stamp.get(tenant) != stamp or tenant in busy_now:
+                continue  # superseded by a later entry, or the tenant has a job on a trainer
+            del self._stamp[tenant]
+            job = self._next_ready(tenant)
+            if job is None or any(j.lease_owner for j in self.tenant_jobs(tenant)) or self._key(job) != tuple(key):
+                # Changed without a touch: its true place is recomputed (pushed again if ready).
+                self._refresh(tenant)
                 continue
-            cur = heads.get(job.tenant)
-            if cur is None or (job.ready_at, job.job) < (cur.ready_at, cur.job):
-                heads[job.tenant] = job
-        order = sorted(heads.values(), key=lambda j: (-j.priority, self._served.get(j.tenant, 0), j.ready_at))
-        for job in order:
-            if len(leased) >= max_jobs:
-                break
             # 4. staleness, checked down the tenant's FIFO until a fresh job is found
             while job is not None and self.is_stale(job):
                 self._drop_stale(job, now)
                 stale.append(job)
-                job = self._next_ready(job.tenant)
+                job = self._next_ready(tenant)
             if job is None:
                 continue
             self._lease(job, trainer, lease_s, now)
+            busy_now.add(tenant)
             leased.append(job)
         return leased, stale
+
+    # -- the lease order -----------------------------------------------------------------
+    def _key(self, job: JobRecord) -> tuple:
+        """Higher priority first, then the tenant served longest ago (round-robin), then the
+        oldest ready time; the job id breaks what is left of a tie."""
+        return (-job.priority, self._served.get(job.tenant, 0), job.ready_at, job.job)
+
+    def _refresh_touched(self) -> None:
+        mono = time.monotonic()
+        if mono - self._rebuilt_at > REBUILD_S:
+            # Everything from the records (bounded staleness for a change without a touch;
+            # it also drops the heap's superseded entries).
+            self._rebuilt_at = mono
+            self._heap, self._stamp, self._busy, self._post = [], {}, set(), {}
+            self._dirty = set(self._by_tenant) | self._dirty
+        # The busy tenants too, touched or not: a job leaving its trainer frees its tenant, and
+        # their number is bounded by the work on trainers, not by the tenants.
+        for tenant in self._dirty | self._busy:
+            self._refresh(tenant)
+        self._dirty = set()
+
+    def _refresh(self, tenant: str) -> None:
+        """The tenant's busy flag, unowned post-commit jobs and heap entry, from its records."""
+        self.refreshes += 1
+        jobs = self.tenant_jobs(tenant)
+        self._stamp.pop(tenant, None)  # any older entry is superseded
+        if any(j.lease_owner for j in jobs):
+            self._busy.add(tenant)
+        else:
+            self._busy.discard(tenant)
+        post = [j for j in jobs if j.state in POST_COMMIT and not j.lease_owner]
+        if post:
+            self._post[tenant] = post
+        else:
+            self._post.pop(tenant, None)
+        if tenant in self._busy:
+            return
+        head = self._next_ready(tenant)
+        if head is not None:
+            stamp = next(self._stamps)
+            self._stamp[tenant] = stamp
+            heapq.heappush(self._heap, (*self._key(head), stamp, tenant))
 
     def lease_one(self, job: JobRecord, trainer: str, lease_s: float, now: float) -> None:
         self._lease(job, trainer, lease_s, now)
@@ -224,6 +295,7 @@ class Scheduler:
         return min(ready, key=lambda j: (j.ready_at, j.job)) if ready else None
 
     def _drop_stale(self, job: JobRecord, now: float) -> None:
+        self._dirty.add(job.tenant)
         version = self.versions.get(job.tenant, 0)
         job.state = "dropped_stale"
         job.reason = (f"behaviour version {job.behaviour_version} is {version - job.behaviour_version} "
@@ -232,6 +304,7 @@ class Scheduler:
         self.dropped_stale[job.tenant] = self.dropped_stale.get(job.tenant, 0) + 1
 
     def _lease(self, job: JobRecord, trainer: str, lease_s: float, now: float) -> None:
+        self._dirty.add(job.tenant)
         if job.state == "ready":
             job.state = "leased"
             job.attempts += 1

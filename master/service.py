@@ -281,6 +281,7 @@ class Master(WorkloadOps, UsageOps, Role):
             await self._release_trainer(owner, f"trainer {owner} is gone (found at master start)")
 
     async def _save(self, job: JobRecord) -> JobRecord:
+        self.sched.touch(job)  # before the await: the next lease decision sees the change
         await store_put(self.kv_jobs, f"{job.tenant}.{job.job}", encode(job))
         return job
 
