@@ -1,0 +1,19 @@
+"""bench/inference_service.py's in-process ceiling on CPU: it drives the inferencer's own group
+path with a stand-in role object, so an attribute that path gains (the usage meter did) must
+reach the bench too. The H200 run once died on exactly that after the service had run."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def test_in_process_ceiling_runs_the_group_path():
+    from bench.inference_service import in_process_ceiling
+
+    args = argparse.Namespace(preset="tiny-qwen3-vl", device="cpu", fast=False, compile=False, tenants=2,
+                              head="mlp", camera_px=0)
+    full_rps, forward_rps, per = in_process_ceiling(args, {1: 2, 2: 1})
+    assert set(per) == {1, 2}
+    assert full_rps > 0 and forward_rps > 0
+    # canonicalise + forward costs at least the forward alone, at every size
+    assert all(p["full_s"] >= 0.5 * p["forward_s"] for p in per.values()), per
