@@ -42,6 +42,10 @@ JS_API_TIMEOUT_S = 15.0
 def _is_auth_refusal(reason: str) -> bool:
     """A connect error that is the server refusing the login (not a lost server)."""
     low = reason.lower()
+    # 'Authentication Timeout' is the server giving up on a client too slow to finish its
+    # CONNECT (a starved process signing its nonce): not a refusal, so nats.py tries again.
+    if "authentication timeout" in low:
+        return False
     return "authorization" in low or "authentication" in low
 
 
@@ -234,6 +238,13 @@ def _store_errors() -> tuple[type[BaseException], ...]:
     from nats.js.errors import NoStreamResponseError, ServiceUnavailableError
 
     return (NatsTimeoutError, asyncio.TimeoutError, NoStreamResponseError, ServiceUnavailableError)
+
+
+def broker_errors() -> tuple[type[BaseException], ...]:
+    """What a call raises when the broker, not the caller, failed it (after its own retries):
+    JetStream's timeouts and leaderless streams, `Bus.request`'s no-responder and timeout, a
+    closed connection. Work cut short by one of these may be handed back and done again."""
+    return (*_store_errors(), Unavailable, RequestTimeout, nats.errors.ConnectionClosedError)
 
 
 async def js_retry(fn, *args, policy: RetryPolicy | None = None, **kwargs):

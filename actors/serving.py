@@ -254,7 +254,8 @@ class ServingHeads:
         return size
 
     def _evict(self, keep: set[tuple[str, int]] | frozenset[tuple[str, int]] = frozenset()) -> None:
-        current = {(t, v) for t, v in self.current.items()}
+        # Called at every reply (`release`): nothing is built unless the cache is over a bound.
+        current = {(t, v) for t, v in self.current.items()} if len(self.cache) > self.max_cached else set()
         while len(self.cache) > self.max_cached:
             for key in self.cache:
                 if key not in current and key not in keep:

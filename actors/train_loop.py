@@ -37,9 +37,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from actors.bus import broker_errors
 from actors.slots import Resident
 from actors.tq_read import read_job_items
-from protocol.errors import Conflict, FailedPrecondition, NexusError, RequestTimeout, Unavailable
+from protocol.errors import Conflict, FailedPrecondition, NexusError
 from protocol.messages import JobRecord, LeaseReply, LeaseRequest, QueuePutRequest
 from protocol.policy import COHORT_JOIN_WAIT_S
 
@@ -237,7 +238,7 @@ class TrainLoop:
             raise
         except Exception as exc:
             self._tasks.pop(w.job.job, None)
-            if _transient(exc):
+            if isinstance(exc, broker_errors()):
                 # The broker, not the job: a node lost past the retries' deadline. Nothing of
                 # the job was trained here, so it goes back to the master for another lease
                 # instead of failing for good.
@@ -357,14 +358,3 @@ class TrainLoop:
         for w in work:
             w.released = True
             self._done(w)
-
-
-def _transient(exc: BaseException) -> bool:
-    """An error of the broker (timeout, no responders, a stream without a leader), after the
-    call's own retries (`actors.bus.js_retry`) gave up: the job's data and slot are intact."""
-    import nats.errors
-    from nats.js.errors import NoStreamResponseError, ServiceUnavailableError
-
-    return isinstance(exc, (asyncio.TimeoutError, nats.errors.TimeoutError, nats.errors.NoRespondersError,
-                            nats.errors.ConnectionClosedError, NoStreamResponseError, ServiceUnavailableError,
-                            RequestTimeout, Unavailable))

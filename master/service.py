@@ -494,8 +494,8 @@ class Master(WorkloadOps, UsageOps, Role):
         # The partition itself says how many micro-batches the job holds: right even when a
         # master died between this publish and saving the record, and the client's retry
         # came back as a duplicate.
-        info = await self.bus.js.stream_info(self.names.tq_stream(req.tenant),
-                                             subjects_filter=self.names.tq_job(req.tenant, req.job))
+        info = await js_retry(self.bus.js.stream_info, self.names.tq_stream(req.tenant),  # rides out a node loss
+                              subjects_filter=self.names.tq_job(req.tenant, req.job))
         in_stream = (info.state.subjects or {}).get(self.names.tq_job(req.tenant, req.job), 0)
         async with self._lock:
             # Checked again after the awaits: a handback or a cancel may have sealed or failed
