@@ -49,7 +49,7 @@ from nats.js.errors import (
     ServiceUnavailableError,
 )
 
-from actors.bus import retry
+from actors.bus import js_retry, retry
 
 from actors.layout import ensure_tq_stream, publish_tq, read_deployment_settings
 from actors.identity import require_tenant
