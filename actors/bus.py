@@ -234,7 +234,9 @@ async def retry(fn, *args, policy: RetryPolicy, on_retry=None,
             await asyncio.sleep(wait)
 
 
-def _store_errors() -> tuple[type[BaseException], ...]:
+def jetstream_errors() -> tuple[type[BaseException], ...]:
+    """What a JetStream call (KV, object store, stream API, publish) raises while its stream has
+    no leader or the node it asked is gone: transient, worth another try."""
     from nats.js.errors import NoStreamResponseError, ServiceUnavailableError
 
     return (NatsTimeoutError, asyncio.TimeoutError, NoStreamResponseError, ServiceUnavailableError)
@@ -244,7 +246,7 @@ def broker_errors() -> tuple[type[BaseException], ...]:
     """What a call raises when the broker, not the caller, failed it (after its own retries):
     JetStream's timeouts and leaderless streams, `Bus.request`'s no-responder and timeout, a
     closed connection. Work cut short by one of these may be handed back and done again."""
-    return (*_store_errors(), Unavailable, RequestTimeout, nats.errors.ConnectionClosedError)
+    return (*jetstream_errors(), Unavailable, RequestTimeout, nats.errors.ConnectionClosedError)
 
 
 async def js_retry(fn, *args, policy: RetryPolicy | None = None, **kwargs):
@@ -253,7 +255,7 @@ async def js_retry(fn, *args, policy: RetryPolicy | None = None, **kwargs):
     (`protocol.policy.STORE_WRITE`). Reads and idempotent writes only."""
     from protocol.policy import STORE_WRITE
 
-    return await retry(fn, *args, policy=policy or STORE_WRITE, retry_on=_store_errors(), **kwargs)
+    return await retry(fn, *args, policy=policy or STORE_WRITE, retry_on=jetstream_errors(), **kwargs)
 
 
 async def retry_through_outage(fn, *args, policy: RetryPolicy = MASTER_OUTAGE, on_retry=None, **kwargs):

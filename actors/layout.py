@@ -22,6 +22,7 @@ from nats.js.client import KV_STREAM_TEMPLATE
 from nats.js.errors import APIError, BucketNotFoundError, KeyNotFoundError, NotFoundError
 from nats.js.object_store import OBJ_STREAM_TEMPLATE
 
+from actors.bus import js_retry
 from protocol.errors import Busy, FailedPrecondition, Unavailable
 from protocol.messages import DeploymentSettings
 from protocol.policy import DEDUP_WINDOW_S
@@ -248,7 +249,9 @@ async def publish_tq(js: JetStreamContext, names: Names, tenant: str, subject: s
     """Publish one micro-batch to the tenant's stream; a full stream raises `Busy` naming the
     tenant and its limit (with a retry hint), not JetStream's bare 'maximum bytes exceeded'."""
     try:
-        return await js.publish(subject, data, headers=headers)
+        # Safe to repeat: the Nats-Msg-Id header makes a second copy a duplicate (the stream's
+        # duplicate window), so a publish that timed out during a leader election is sent again.
+        return await js_retry(js.publish, subject, data, headers=headers)
     except APIError as exc:
         if exc.err_code != JS_ERR_MAX_BYTES:
             raise

@@ -12,8 +12,8 @@ tenant); each iteration, in order:
      scheduler picks them (priority, fairness, caps, staleness). Each is prepared in the
      background (slot brought to its committed checkpoint, partition read) and joins the group
      when ready; a job already applied before a crash goes straight to step 4. A group that
-     has not stepped yet waits (at most ``COHORT_JOIN_WAIT_S``) for the other jobs of its
-     lease, so jobs leased together share every step;
+     has not stepped yet waits (at most ``TrainerConfig.cohort_wait_s``) for the other jobs
+     of its lease, so jobs leased together share every step;
   2. jobs whose lease was lost (the renewer) leave without committing; a drain is noticed
      (past ``Leases.drain_finish_s`` every job not yet done is released to the master);
   3. one grouped step (`Trainer.train_step`): the next micro-batch of every running job,
@@ -42,7 +42,6 @@ from actors.slots import Resident
 from actors.tq_read import read_job_items
 from protocol.errors import Conflict, FailedPrecondition, NexusError
 from protocol.messages import JobRecord, LeaseReply, LeaseRequest, QueuePutRequest
-from protocol.policy import COHORT_JOIN_WAIT_S
 
 if TYPE_CHECKING:
     from actors.trainer import Trainer
@@ -202,7 +201,7 @@ class TrainLoop:
         if len(reply.jobs) == room:
             self._want_lease = True  # the master may hold more: ask again when there is room
         if reply.jobs and not self.running:
-            self._cohort_until = time.monotonic() + COHORT_JOIN_WAIT_S
+            self._cohort_until = time.monotonic() + t.tcfg.cohort_wait_s
         for job in reply.jobs:
             w = Work(job=job)
             self._add(w)

@@ -80,6 +80,7 @@ class TrainerConfig:
     group_max: int = _ENV_DEFAULTS.group_max
     lease_s: float = _ENV_DEFAULTS.lease_s
     idle_poll_s: float = 1.0
+    cohort_wait_s: float = _ENV_DEFAULTS.cohort_wait_s  # a new group's wait for the rest of its lease
     max_on_device: int = 16  # slots kept on the accelerator; the rest wait in CPU memory
     device: str | None = None  # None: cuda if available, else cpu
     fast: bool = _ENV_DEFAULTS.fast  # the fast engine for frozen-base forwards on CUDA
@@ -91,7 +92,7 @@ class TrainerConfig:
     def from_env(cls) -> TrainerConfig:
         env = TrainerSettings.from_env()
         return cls(group_max=env.group_max, lease_s=env.lease_s, device=env.device, fast=env.fast,
-                   compile=env.compile, slot_budget_mb=env.slot_budget_mb)
+                   compile=env.compile, slot_budget_mb=env.slot_budget_mb, cohort_wait_s=env.cohort_wait_s)
 
 
 class Trainer(Role):

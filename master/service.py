@@ -38,18 +38,10 @@ import uuid
 from collections import deque
 from typing import Any
 
-import nats.errors
 from opentelemetry.trace import SpanKind
-from nats.js.errors import (
-    KeyNotFoundError,
-    NoKeysError,
-    NoStreamResponseError,
-    NotFoundError,
-    ObjectNotFoundError,
-    ServiceUnavailableError,
-)
+from nats.js.errors import NoKeysError, NotFoundError, ObjectNotFoundError
 
-from actors.bus import js_retry, retry
+from actors.bus import js_retry
 
 from actors.layout import ensure_tq_stream, publish_tq, read_deployment_settings
 from actors.identity import require_tenant
@@ -98,7 +90,7 @@ from protocol.messages import (
     TenantDeleteRequest,
     WeightsRef,
 )
-from protocol.policy import KV_LOAD_ENTRY_TIMEOUT_S, OWNER_CHECK_EVERY_S, STORE_WRITE, default_quotas
+from protocol.policy import KV_LOAD_ENTRY_TIMEOUT_S, OWNER_CHECK_EVERY_S, default_quotas
 from protocol.settings import MasterSettings, leases_from_env, retention_from_env
 from protocol.subjects import canonical_base, check_token
 from protocol.wire import decode, encode
@@ -168,11 +160,11 @@ class Master(WorkloadOps, UsageOps, Role):
         await asyncio.to_thread(_import_model_core)
         js = self.bus.js
         self.partitions = PartitionReader(self.bus, self.names)
-        self.kv_tenants = await js.key_value(self.names.kv_tenants)
-        self.kv_workloads = await js.key_value(self.names.kv_workloads)
-        self.kv_jobs = await js.key_value(self.names.kv_jobs)
-        self.kv_versions = await js.key_value(self.names.kv_versions)
-        self.kv_ckpt = await js.key_value(self.names.kv_ckpt_refs)
+        self.kv_tenants = await js_retry(js.key_value, self.names.kv_tenants)
+        self.kv_workloads = await js_retry(js.key_value, self.names.kv_workloads)
+        self.kv_jobs = await js_retry(js.key_value, self.names.kv_jobs)
+        self.kv_versions = await js_retry(js.key_value, self.names.kv_versions)
+        self.kv_ckpt = await js_retry(js.key_value, self.names.kv_ckpt_refs)
         self.ckpt_refs: dict[str, CheckpointRef] = {}
         self._keys: dict[tuple[str, str], str] = {}  # (tenant, idempotency key) -> job id
         self.deployment = await read_deployment_settings(js, self.names)
@@ -391,7 +383,7 @@ class Master(WorkloadOps, UsageOps, Role):
         except NotFoundError:
             pass
         for bucket in (self.names.obj_weights, self.names.obj_checkpoints):
-            store = await self.bus.js.object_store(bucket)
+            store = await js_retry(self.bus.js.object_store, bucket)
             try:
                 infos = await store.list(ignore_deletes=True)
             except NotFoundError:
@@ -427,7 +419,7 @@ class Master(WorkloadOps, UsageOps, Role):
         name = manifest_name(name) if req.manifest else name
         data = self._read_cache.get(name)
         if data is None:
-            store = await self.bus.js.object_store(self.names.obj_weights)
+            store = await js_retry(self.bus.js.object_store, self.names.obj_weights)
             try:
                 data = (await store.get(name)).data or b""
             except ObjectNotFoundError:
@@ -860,7 +852,7 @@ class Master(WorkloadOps, UsageOps, Role):
         """Delete policy versions older than the newest `self.retention.versions_kept` of each
         tenant, except versions a live workload pins (an eval)."""
         assert self.bus is not None
-        store = await self.bus.js.object_store(self.names.obj_weights)
+        store = await js_retry(self.bus.js.object_store, self.names.obj_weights)
         try:
             infos = await store.list(ignore_deletes=True)
         except NotFoundError:
@@ -1002,8 +994,7 @@ def base_fit_errors(cfg: TenantConfig, params_field: str = "action_module.params
 
 async def store_put(kv, key: str, value: bytes) -> None:
     """A KV write that rides out a NATS leader election (`protocol.policy.STORE_WRITE`)."""
-    await retry(kv.put, key, value, policy=STORE_WRITE,
-                retry_on=(NoStreamResponseError, ServiceUnavailableError, asyncio.TimeoutError, nats.errors.TimeoutError))
+    await js_retry(kv.put, key, value)
 
 
 async def kv_items(kv) -> list[tuple[str, bytes]]:

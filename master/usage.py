@@ -25,6 +25,7 @@ from typing import Any
 
 from nats.js.errors import NotFoundError
 
+from actors.bus import js_retry
 from actors.runtime import op
 from protocol.errors import InvalidField
 from protocol.messages import (
@@ -57,7 +58,7 @@ class UsageOps:
         from master.service import kv_items
 
         self._usage_lock = asyncio.Lock()
-        self.kv_usage = await self.bus.js.key_value(self.names.kv_usage)
+        self.kv_usage = await js_retry(self.bus.js.key_value, self.names.kv_usage)
         self.usage = {}
         for key, value in await kv_items(self.kv_usage):
             self.usage[key] = decode(value, UsageRecord)
@@ -163,7 +164,7 @@ class UsageOps:
         if not tenants:
             return out
         for bucket in (self.names.obj_weights, self.names.obj_checkpoints):
-            store = await self.bus.js.object_store(bucket)
+            store = await js_retry(self.bus.js.object_store, bucket)
             try:
                 infos = await store.list(ignore_deletes=True)
             except NotFoundError:

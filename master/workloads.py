@@ -36,6 +36,7 @@ from nats.js.errors import KeyNotFoundError, NotFoundError, ObjectNotFoundError
 
 from actors.identity import require_tenant
 from actors.paths import confine, data_roots
+from actors.bus import js_retry
 from actors.runtime import op
 from actors.tracing import consumer_span
 from protocol.errors import Conflict, FailedPrecondition, NexusError, NotFound
@@ -253,7 +254,7 @@ class WorkloadOps:
         # A manifest of an older format may lack a key: the slot's config says the same.
         as_manifest = {"base": cfg.base, "schema": cfg.schema, "head": cfg.head, "head_params": cfg.head_params}
         if isinstance(pin, int):
-            store = await self.bus.js.object_store(self.names.obj_weights)
+            store = await js_retry(self.bus.js.object_store, self.names.obj_weights)
             try:
                 await store.get_info(f"{weights_name(tenant, pin)}.manifest.json")
             except ObjectNotFoundError:
@@ -282,7 +283,7 @@ class WorkloadOps:
         from protocol.messages import InfoRequest, RoleInfo, ServiceRecord
         from protocol.subjects import pool_name
 
-        kv = await self.bus.js.key_value(self.names.kv_services)
+        kv = await js_retry(self.bus.js.key_value, self.names.kv_services)
         pools: dict[str, str] = {}  # pool -> base
         registered = 0
         for key in await kv_keys(kv):

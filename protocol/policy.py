@@ -147,6 +147,9 @@ RESTART_REQUEST_TIMEOUT_S = 10.0
 # A KV write of the master's (job and workload records, checkpoint pointers) retried through
 # a NATS leader election: a stream's new leader takes 5-7 s after its node is lost (R3).
 STORE_WRITE = RetryPolicy("store_write", deadline_s=20.0, backoff_s=0.25, max_backoff_s=2.0)
+# A request whose handler still hit a leaderless stream after STORE_WRITE is answered
+# `unavailable` with this hint: the caller's own outage retry tries it again.
+BROKER_RETRY_AFTER_S = 1.0
 # How often the master checks that the trainers holding leases and the env workers running
 # workloads still answer (a role that died unseen: the health manager restarted meanwhile).
 OWNER_CHECK_EVERY_S = 10.0

@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_core import PydanticCustomError
 
 from protocol.errors import ErrorCode, NexusError
-from protocol.policy import INFERENCE_OUTAGE, LEASES, RETENTION, Leases, Retention
+from protocol.policy import COHORT_JOIN_WAIT_S, INFERENCE_OUTAGE, LEASES, RETENTION, Leases, Retention
 from protocol.subjects import DEFAULT_PREFIX, ROLES, Names
 
 # The trainer's fault points for the exactly-once tests, in lifecycle order.
@@ -224,6 +224,11 @@ class TrainerSettings(EnvSettings):
     # work, not how long a job may take.
     lease_s: float = Field(60.0, gt=0, **var(
         "NEXUS_TRAINER_LEASE_S", "a training job's lease (s), renewed from lease to clear"))
+    # A starting group's wait for the rest of its lease: longer keeps a lease's jobs in every
+    # step on a slow host (fair per-step charges, fewer steps), shorter starts training sooner.
+    cohort_wait_s: float = Field(COHORT_JOIN_WAIT_S, ge=0, le=600, **var(
+        "NEXUS_TRAINER_COHORT_WAIT_S", "a group that has not stepped yet waits this long (s) for the other jobs "
+        "of its lease still being prepared, so jobs leased together share every step"))
     device: str | None = Field(None, pattern=_DEVICE, **var(
         "NEXUS_TRAINER_DEVICE", "the trainer's torch device", allowed="cpu, cuda, cuda:N, mps or xpu",
         default_text="cuda if available, else cpu"))

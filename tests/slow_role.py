@@ -38,6 +38,13 @@ class SlowRole(Role):
         self.spawn(asyncio.to_thread(threading.Event().wait), "stuck")
         return Ok(detail="a thread is stuck")
 
+    @op("broker_timeout", SleepRequest)
+    async def broker_timeout(self, req: SleepRequest) -> Ok:
+        # A real JetStream call that times out, as one to a stream without a leader does:
+        # the API request gets no answer within the context's (here tiny) timeout.
+        await self.bus.nc.jetstream(timeout=1e-6).account_info()
+        return Ok(detail="the call was answered")
+
     @op("crash", SleepRequest)
     async def crash(self, req: SleepRequest) -> Ok:
         raise RuntimeError("handler bug")

@@ -1,5 +1,5 @@
-"""The trainer's lease cohort (actors/train_loop.py, bounded by COHORT_JOIN_WAIT_S in
-protocol/policy.py): jobs leased together in one lease reply share the group's first step, and
+"""The trainer's lease cohort (actors/train_loop.py, bounded by NEXUS_TRAINER_COHORT_WAIT_S,
+COHORT_JOIN_WAIT_S in protocol/policy.py by default): jobs leased together in one lease reply share the group's first step, and
 so every step, even when one of them takes longer to prepare.
 
 Real master and trainer processes. Both jobs are ready before the trainer starts, so its first

@@ -14,6 +14,7 @@ from actors.bus import Bus
 from actors.runtime import EXIT_NOW_STATUS
 from protocol.errors import InternalError, Unavailable
 from protocol.messages import InfoRequest, Ok, RoleInfo
+from protocol.policy import BROKER_RETRY_AFTER_S
 from protocol.subjects import Names
 from tests.conftest import python_env
 from tests.slow_role import SleepRequest
@@ -127,6 +128,27 @@ def test_handler_bug_is_an_error_reply_not_a_crash(slow_role, nats_url):
             await bus.close()
 
     assert asyncio.run(go()).role == "slow"
+    assert proc.poll() is None
+
+
+def test_a_broker_timeout_in_a_handler_is_unavailable_with_a_retry_hint(slow_role, nats_url):
+    # The caller's outage retry (workflows, SDK loops) repeats `unavailable`, not `internal`:
+    # a JetStream timeout under a leader election must not fail a workload for good.
+    proc, names = slow_role
+
+    async def go():
+        bus = await Bus.connect(nats_url, name="test", reconnect_forever=False)
+        try:
+            await _wait_ready(bus, names)
+            with pytest.raises(Unavailable, match="could not reach JetStream on broker_timeout") as err:
+                await bus.request(names.role_op("slow", "broker_timeout"), SleepRequest(0), Ok, timeout_s=5)
+            return err.value
+        finally:
+            await bus.close()
+
+    exc = asyncio.run(go())
+    assert not isinstance(exc, InternalError)
+    assert exc.details["retry_after_s"] == BROKER_RETRY_AFTER_S
     assert proc.poll() is None
 
 

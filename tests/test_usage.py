@@ -80,8 +80,11 @@ def deploy(nats_server, tmp_path_factory):
         procs.train_jobs = run_client(procs, prepare_training)
         # The trainer boots with all three jobs ready: its first lease takes them into one
         # round, so every step is one grouped step of the three tenants. It boots while the
-        # inference test runs.
-        procs.trainer = spawn(procs, "trainer", NEXUS_TRAINER_GROUP_MAX="4", **FLUSH_ENV)
+        # inference test runs: on a loaded host preparing a fresh trainer's first three slots
+        # can outlast the default cohort wait, and a job that joins after the first step
+        # changes the shares; the long wait keeps the cohort whole.
+        procs.trainer = spawn(procs, "trainer", NEXUS_TRAINER_GROUP_MAX="4", NEXUS_TRAINER_COHORT_WAIT_S="120",
+                              **FLUSH_ENV)
         procs.wait_ready("inferencer", procs.infer.instance, procs.infer)
         yield procs
 
@@ -183,10 +186,12 @@ def test_training_charges_add_up_to_busy_time_and_follow_rows(deploy):
     async def go(c: AsyncClient):
         recs = [await c.wait_job(t, j, timeout_s=120) for t, j in jobs.items()]
         role = await flushed(c, "trainer", trainer.instance)
-        return recs, role, await totals(c, names)
+        steps = (await role_info(c, "trainer", trainer.instance)).extra["steps"]
+        return recs, role, await totals(c, names), steps
 
-    recs, role, usage = run_client(deploy, go)
+    recs, role, usage, steps = run_client(deploy, go)
     assert [r.state for r in recs] == ["cleared"] * 3, [(r.state, r.reason) for r in recs]
+    assert steps == 3, steps  # every step held all three jobs (one cohort): the shares below follow rows
     busy = role["busy_s"]["train"]
     print(f"training: measured busy {busy:.4f} s, charged {sum(u.train_device_s for u in usage.values()):.4f} s, "
           f"shares {[round(usage[t].train_device_s / busy, 4) for t in names]}")
