@@ -18,11 +18,15 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import fcntl
+import json
+import os
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,7 +64,42 @@ def port_is_free(host: str, port: int) -> bool:
     return True
 
 
+# Ports handed out by `free_port` on this host, remembered this long. A port is free when
+# picked but only taken when its server binds it, which for a compose node or a restarted
+# cluster node is seconds to minutes later; another process picking meanwhile (a second test
+# worker, another `nexus up`) could get the same port, and its clients would then reach a
+# stranger's server (seen in CI: 'authentication error' on a compose node from another
+# test's clients). The kernel's choice is random, so only the pickers need to agree.
+PORT_MEMORY_S = 1800.0
+_PORT_REGISTRY = Path(tempfile.gettempdir()) / f"vla-nexus-ports-{os.getuid()}.json"
+
+
 def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free now and not handed out by this function on this host in the last
+    `PORT_MEMORY_S` (any process)."""
+    try:
+        fd = os.open(_PORT_REGISTRY, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError:
+        return _bound_port(host)  # no shared registry (read-only tmp): the kernel's pick alone
+    with os.fdopen(fd, "r+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        now = time.time()
+        try:
+            taken = {int(p): t for p, t in json.loads(f.read() or "{}").items() if now - t < PORT_MEMORY_S}
+        except (ValueError, AttributeError):
+            taken = {}  # a torn or foreign file: start again
+        for _ in range(64):
+            port = _bound_port(host)
+            if port not in taken:
+                break
+        taken[port] = now
+        f.seek(0)
+        f.truncate()
+        f.write(json.dumps(taken))
+    return port
+
+
+def _bound_port(host: str) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
