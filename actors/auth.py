@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import math
 import os
 import time
 from collections.abc import Iterator
@@ -112,6 +113,15 @@ class Credentials:
     @property
     def user_key(self) -> str:
         return str(self._claims.get("sub", ""))
+
+    @property
+    def expires_at(self) -> int | None:
+        """When the server stops accepting these credentials (unix seconds); None: never."""
+        exp = self._claims.get("exp")
+        return int(exp) if exp else None
+
+    def expired(self, now: float | None = None) -> bool:
+        return self.expires_at is not None and self.expires_at <= (time.time() if now is None else now)
 
     @property
     def tenant(self) -> str | None:
@@ -313,17 +323,21 @@ class AuthStore:
             raise NotFound(f"tenant {tenant!r} has no account", details={"tenant": tenant})
         return int(rec["storage_bytes"])
 
-    def add_tenant(self, tenant: str, storage_bytes: int | None = None) -> Path:
+    def add_tenant(self, tenant: str, storage_bytes: int | None = None, expires_in_s: float | None = None) -> Path:
         """A tenant's account (made once) and a new user's credentials: a re-issue revokes
         the tenant's previous user key. ``storage_bytes``: the account's JetStream storage
-        quota (default: the last one set, else `default_storage_bytes`). Returns the creds
-        file; `push` makes it live on a running server."""
+        quota (default: the last one set, else `default_storage_bytes`). ``expires_in_s``:
+        the credentials' lifetime (None: no expiry); the server refuses them after it and
+        closes the connections made with them, and a re-issue is the rotation. Returns the
+        creds file; `push` makes it live on a running server."""
         check_token("tenant", tenant)
         if tenant in RESERVED_USERS:
             raise InvalidField("tenant", f"{tenant!r} is the name of a platform user; pick another "
                                          f"(reserved: {', '.join(RESERVED_USERS)})")
         if storage_bytes is not None and (not isinstance(storage_bytes, int) or storage_bytes < 1):
             raise InvalidField("storage_bytes", f"must be an integer >= 1, got {storage_bytes!r}")
+        if expires_in_s is not None and not expires_in_s > 0:
+            raise InvalidField("expires_in_s", f"must be > 0 (None: no expiry), got {expires_in_s!r}")
         self._state()  # refuses before `nexus up` made the base identities
         with self._locked() as state:
             rec = state["tenants"].setdefault(tenant, {"seed": nats_jwt.new_key("account"), "revoked": {}})
@@ -332,7 +346,8 @@ class AuthStore:
             rec.setdefault("storage_bytes", default_storage_bytes())
             if rec.get("user"):
                 rec["revoked"][rec["user"]] = int(time.time())
-            creds = _issue_user(rec["seed"], tenant, tags=[f"{TENANT_TAG}{tenant}"])
+            expires_at = None if expires_in_s is None else math.ceil(time.time() + expires_in_s)
+            creds = _issue_user(rec["seed"], tenant, tags=[f"{TENANT_TAG}{tenant}"], expires_at=expires_at)
             rec["user"] = creds.user_key
             _sign_tenant(state, tenant)
         return creds.write(self.tenant_creds(tenant))
@@ -383,9 +398,11 @@ def _write_private(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
-def _issue_user(account_seed: str, name: str, tags: list[str] | None = None) -> Credentials:
+def _issue_user(account_seed: str, name: str, tags: list[str] | None = None,
+                expires_at: int | None = None) -> Credentials:
     seed = nats_jwt.new_key("user")
-    token = nats_jwt.encode(account_seed, nats_jwt.public(seed), name, nats_jwt.user_claims(tags))
+    token = nats_jwt.encode(account_seed, nats_jwt.public(seed), name, nats_jwt.user_claims(tags),
+                            expires_at=expires_at)
     return Credentials(text=nats_jwt.creds_text(token, seed))
 
 

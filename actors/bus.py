@@ -72,6 +72,13 @@ class Bus:
         if creds is None:
             creds = url_creds(url)
         who = creds if isinstance(creds, Credentials) or creds is None else Credentials.read(creds)
+        if who is not None and who.expired():
+            # The server would say only 'Authorization Violation': name the cause here.
+            raise Unauthenticated(
+                f"the credentials of user {who.user!r}{f' in {who.path}' if who.path else ''} expired at "
+                f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(who.expires_at))}; issue new ones "
+                f"(`nexus tenant create {who.user}`, which revokes these)",
+                details={"expires_at": who.expires_at, "user": who.user})
         login = who.connect_options() if who is not None else {}
         refused: list[str] = []  # the server's reasons while connecting (bounded below)
         connecting = True

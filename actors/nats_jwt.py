@@ -51,8 +51,11 @@ def _b64(data: bytes) -> str:
     return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
 
 
-def encode(issuer_seed: str, subject: str, name: str, nats: dict[str, Any]) -> str:
-    """A JWT of ``nats`` claims about ``subject``, signed by ``issuer_seed``.
+def encode(issuer_seed: str, subject: str, name: str, nats: dict[str, Any], *,
+           expires_at: int | None = None) -> str:
+    """A JWT of ``nats`` claims about ``subject``, signed by ``issuer_seed``; ``expires_at``
+    (unix seconds) its ``exp``: the server refuses the JWT after it, and closes connections
+    logged in with it then.
 
     ``jti`` is random: the server's full resolver keeps an update whose ``iat`` equals the
     stored one only when its id differs (two changes within one second must both land)."""
@@ -60,6 +63,8 @@ def encode(issuer_seed: str, subject: str, name: str, nats: dict[str, Any]) -> s
     claims = {"jti": base64.b32encode(secrets.token_bytes(32)).rstrip(b"=").decode(),
               "iat": int(time.time()), "iss": kp.public_key.decode(), "name": name, "sub": subject,
               "nats": nats}
+    if expires_at is not None:
+        claims["exp"] = int(expires_at)
     signing_input = f"{_b64(json.dumps(_HEADER).encode())}.{_b64(json.dumps(claims).encode())}"
     return f"{signing_input}.{_b64(kp.sign(signing_input.encode()))}"
 

@@ -585,6 +585,28 @@ def tenant_delete(
     return EXIT_OK
 
 
+# A tenant's credentials expire unless the operator says otherwise: a leaked file stops
+# working by itself, and `nexus tenant create NAME` again is the rotation.
+DEFAULT_CREDS_TTL = "90d"
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def duration_s(text: str) -> float | None:
+    """Seconds of a lifetime like ``90d``, ``12h``, ``30m``, ``45s``; None for ``never``."""
+    value = text.strip().lower()
+    if value == "never":
+        return None
+    number, unit = value[:-1], value[-1:]
+    try:
+        seconds = float(number) * _DURATION_UNITS[unit]
+    except (KeyError, ValueError):
+        raise ValueError(f"{text!r} is not a lifetime: a number with s, m, h or d (e.g. 12h, 90d), "
+                         "or `never`") from None
+    if not seconds > 0 or seconds == float("inf"):
+        raise ValueError(f"{text!r}: a lifetime must be > 0")
+    return seconds
+
+
 @tenant_app.command("create")
 def tenant_creds_create(
     name: Annotated[str, typer.Argument(help="tenant name")],
@@ -594,10 +616,13 @@ def tenant_creds_create(
         help="JetStream storage quota of the tenant's own account, MiB (default: the last one set, "
              "else 64)")] = None,
     timeout_s: Annotated[float, typer.Option("--timeout-s", help="how long to wait for the server to accept them")] = 10.0,
+    expires_in: Annotated[str, typer.Option(
+        "--expires-in", help="the credentials' lifetime: a number with s, m, h or d (e.g. 12h, 90d), or "
+                             "`never`; past it the server refuses them and closes their connections")] = DEFAULT_CREDS_TTL,
 ) -> int:
     """Issue a tenant's credentials file (its own NATS account), live on the running server.
-    Again for the same name: new credentials; the old ones stop working."""
-    from actors.auth import AuthStore
+    Again for the same name: new credentials; the old ones stop working (the rotation)."""
+    from actors.auth import AuthStore, Credentials
     from actors.supervisor import ClusterState
     from sdk.term import print_json
 
@@ -607,16 +632,26 @@ def tenant_creds_create(
     if storage_mb is not None and storage_mb <= 0:
         _err(f"--storage-mb: must be > 0, got {storage_mb:g}")
         return EXIT_BAD_INPUT
-    path = store.add_tenant(name, storage_bytes=None if storage_mb is None else int(storage_mb * 2**20))
+    try:
+        ttl_s = duration_s(expires_in)
+    except ValueError as exc:
+        _err(f"--expires-in: {exc}")
+        return EXIT_BAD_INPUT
+    path = store.add_tenant(name, storage_bytes=None if storage_mb is None else int(storage_mb * 2**20),
+                            expires_in_s=ttl_s)
+    expires_at = Credentials.read(path).expires_at
+    until = ("never expire" if expires_at is None
+             else f"expire {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(expires_at))}")
     url = _push_url(state, nats_url)
     live = url is not None
     if live:
         _run(_push_and_wait(store, url, name, path, accepted=True, timeout_s=timeout_s))
     if json:
-        print_json({"tenant": name, "creds": str(path), "live": live, "storage_bytes": store.storage_bytes(name)})
+        print_json({"tenant": name, "creds": str(path), "live": live, "storage_bytes": store.storage_bytes(name),
+                    "expires_at": expires_at})
     else:
-        print(f"tenant {name}: credentials in {path} ({'accepted by the running server' if live else 'used from the next `nexus up`'}); "
-              f"the tenant logs in with `nexus --creds {path} ...` or NEXUS_CREDS={path}")
+        print(f"tenant {name}: credentials in {path} ({'accepted by the running server' if live else 'used from the next `nexus up`'}; "
+              f"they {until}); the tenant logs in with `nexus --creds {path} ...` or NEXUS_CREDS={path}")
     return EXIT_OK
 
 

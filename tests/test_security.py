@@ -383,6 +383,53 @@ def test_revoked_tenant_is_disconnected_at_once(deployment):
     assert isinstance(old_again, Unauthenticated)
 
 
+def test_expired_credentials_are_refused_and_their_connection_closed(deployment, tmp_path):
+    state, _ = deployment
+    ttl_s = 3
+    out = nexus("tenant", "create", "erin", "--expires-in", f"{ttl_s}s", "--data-dir", state.data_dir, "--json")
+    assert out.returncode == 0, out.stderr
+    info = json.loads(out.stdout)
+    creds = Credentials.read(info["creds"])
+    assert info["expires_at"] == creds.expires_at and creds.expires_at - time.time() <= ttl_s + 1
+
+    async def go():
+        import nats
+
+        bus = await Bus.connect(_url(state), name="test-erin", reconnect_forever=False, creds=creds)
+        names = Names(state.prefix)
+        await bus.request(names.master("workloads"), WorkloadsRequest(), WorkloadsReply, timeout_s=10)  # works now
+        deadline = creds.expires_at + 5
+        while bus.nc.is_connected and time.time() < deadline:
+            await asyncio.sleep(0.05)
+        closed_at, still = time.time(), bus.nc.is_connected
+        await bus.nc.close()
+        # The server itself refuses them now (not only this client's check of the file).
+        try:
+            nc = await nats.connect(_url(state), allow_reconnect=False, connect_timeout=3,
+                                    **creds.connect_options())
+            await nc.close()
+            server = "CONNECTED"
+        except Exception as exc:  # nats.py raises the server's -ERR as it is
+            server = str(exc)
+        try:
+            await Bus.connect(_url(state), name="test-erin", reconnect_forever=False, creds=creds)
+            client = "CONNECTED"
+        except Unauthenticated as exc:
+            client = exc
+        return still, closed_at, server, client
+
+    still, closed_at, server, client = asyncio.run(go())
+    assert not still, "the connection outlived its credentials"
+    assert closed_at >= creds.expires_at - 1  # closed by the expiry, not before it
+    assert "User Authentication Expired" in server, server
+    assert isinstance(client, Unauthenticated) and "expired at" in client.message and "erin" in client.message
+    cli = nexus("--creds", info["creds"], "workloads", "--data-dir", state.data_dir, timeout=60)
+    lines = [ln for ln in cli.stderr.splitlines() if ln.strip()]
+    assert cli.returncode == 1 and len(lines) == 1 and "expired at" in lines[0], cli.stderr
+    bad = nexus("tenant", "create", "erin", "--expires-in", "soon", "--data-dir", state.data_dir)
+    assert bad.returncode == 2 and "--expires-in" in bad.stderr and "'soon'" in bad.stderr, bad.stderr
+
+
 def test_tenants_beyond_any_pool_are_added_while_the_server_runs(deployment):
     """70 accounts (the old fixed pool held 64) pushed to the running server one by one; the
     last one's user calls the platform at once, as itself."""
