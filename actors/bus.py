@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -218,8 +219,10 @@ class Bus:
 
 
 async def retry(fn, *args, policy: RetryPolicy, on_retry=None,
-                retry_on: tuple[type[BaseException], ...] = (Unavailable, RequestTimeout), **kwargs):
-    """Call ``fn`` until it stops failing with one of ``retry_on``, under ``policy``.
+                retry_on: tuple[type[BaseException], ...] = (Unavailable, RequestTimeout),
+                transient: Callable[[BaseException], bool] | None = None, **kwargs):
+    """Call ``fn`` until it stops failing with one of ``retry_on`` (and, given ``transient``,
+    one it says is transient), under ``policy``.
 
     Only for calls that are safe to repeat (idempotent updates, puts carrying a seq or an
     idempotency key, reads). A server's ``retry_after_s`` hint is honoured. The last error is
@@ -231,6 +234,8 @@ async def retry(fn, *args, policy: RetryPolicy, on_retry=None,
         try:
             return await fn(*args, **kwargs)
         except retry_on as exc:
+            if transient is not None and not transient(exc):
+                raise
             attempt += 1
             hint = float(getattr(exc, "details", {}).get("retry_after_s", 0.0) or 0.0)
             wait = policy.delay(attempt, hint)
@@ -249,6 +254,17 @@ def jetstream_errors() -> tuple[type[BaseException], ...]:
     return (NatsTimeoutError, asyncio.TimeoutError, NoStreamResponseError, ServiceUnavailableError)
 
 
+# JetStream answers of code 503 that are final, not a leader election: 10077 is "stream store
+# failed" (the stream at max_bytes with discard=new, a full disk). Retrying one only delays
+# the caller's real error (`actors.layout.publish_tq` turns a full queue into `Busy`).
+FINAL_JS_ERR_CODES = frozenset({10077})
+
+
+def is_transient_js(exc: BaseException) -> bool:
+    """Whether a `jetstream_errors` exception is worth another try."""
+    return getattr(exc, "err_code", None) not in FINAL_JS_ERR_CODES
+
+
 def broker_errors() -> tuple[type[BaseException], ...]:
     """What a call raises when the broker, not the caller, failed it (after its own retries):
     JetStream's timeouts and leaderless streams, `Bus.request`'s no-responder and timeout, a
@@ -262,7 +278,8 @@ async def js_retry(fn, *args, policy: RetryPolicy | None = None, **kwargs):
     (`protocol.policy.STORE_WRITE`). Reads and idempotent writes only."""
     from protocol.policy import STORE_WRITE
 
-    return await retry(fn, *args, policy=policy or STORE_WRITE, retry_on=jetstream_errors(), **kwargs)
+    return await retry(fn, *args, policy=policy or STORE_WRITE, retry_on=jetstream_errors(),
+                       transient=is_transient_js, **kwargs)
 
 
 async def retry_through_outage(fn, *args, policy: RetryPolicy = MASTER_OUTAGE, on_retry=None, **kwargs):

@@ -54,7 +54,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from actors.auth import PLATFORM_ACCOUNT, creds_from_env, redact_url
-from actors.bus import Bus, jetstream_errors
+from actors.bus import Bus, is_transient_js, jetstream_errors
 from actors.identity import ACCESS_LEVELS, Caller, authorize, caller_from_headers, check_reply, reset_caller, set_caller
 from actors.logs import bound_request, configure_logging
 from actors.tracing import extract, inject, messaging, nexus_attrs, setup_tracing, shutdown_tracing, trace_id_hex
@@ -629,25 +629,23 @@ class Role:
                         span.set_attribute("nexus.error_code", exc.code.value)
                         self.log.info("request rejected", code=exc.code.value, error=exc.message)
                         reply = ErrorReply.from_exception(exc)
-                    except jetstream_errors() as exc:
-                        # The broker, not the request, failed (a stream without a leader past
-                        # the handler's own retries): the caller is told to try again, as for
-                        # a restarting role, instead of being handed an internal error.
-                        span.record_exception(exc)
-                        span.set_status(Status(StatusCode.ERROR, str(exc)))
-                        self.log.warning("request hit a broker outage", error=f"{type(exc).__name__}: {exc}")
-                        reply = ErrorReply.from_exception(Unavailable(
-                            f"{self.name} could not reach JetStream on {op_name} "
-                            f"({type(exc).__name__}: {exc}); retry",
-                            details={"op": op_name, "retry_after_s": BROKER_RETRY_AFTER_S}))
                     except Exception as exc:
-                        # A bug in one handler must not take the role down: reply and go on.
                         span.record_exception(exc)
                         span.set_status(Status(StatusCode.ERROR, str(exc)))
-                        self.log.error("request failed", exc_info=exc)
-                        reply = ErrorReply.from_exception(
-                            InternalError(f"{self.name} failed on {op_name}: {type(exc).__name__}: {exc}")
-                        )
+                        if isinstance(exc, jetstream_errors()) and is_transient_js(exc):
+                            # The broker, not the request, failed (a stream without a leader
+                            # past the handler's own retries): the caller is told to try
+                            # again, as for a restarting role, not handed an internal error.
+                            self.log.warning("request hit a broker outage", error=f"{type(exc).__name__}: {exc}")
+                            reply = ErrorReply.from_exception(Unavailable(
+                                f"{self.name} could not reach JetStream on {op_name} "
+                                f"({type(exc).__name__}: {exc}); retry",
+                                details={"op": op_name, "retry_after_s": BROKER_RETRY_AFTER_S}))
+                        else:
+                            # A bug in one handler must not take the role down: reply and go on.
+                            self.log.error("request failed", exc_info=exc)
+                            reply = ErrorReply.from_exception(
+                                InternalError(f"{self.name} failed on {op_name}: {type(exc).__name__}: {exc}"))
                     if tenant:
                         span.set_attribute("nexus.tenant", tenant)
                     if msg.reply:

@@ -748,7 +748,9 @@ class Master(WorkloadOps, UsageOps, Role):
     async def _purge(self, job: JobRecord) -> None:
         assert self.bus is not None
         try:
-            await self.bus.js.purge_stream(self.names.tq_stream(job.tenant), subject=self.names.tq_job(job.tenant, job.job))
+            # Safe to repeat (a purge of an empty subject is a no-op): rides out a node loss.
+            await js_retry(self.bus.js.purge_stream, self.names.tq_stream(job.tenant),
+                           subject=self.names.tq_job(job.tenant, job.job))
         except NotFoundError:
             pass  # stream already gone with its tenant: nothing left to purge
 

@@ -135,8 +135,8 @@ class WorkloadOps:
         for rec in list(self.workloads.values()):
             if rec.state not in TERMINAL_WORKLOAD_STATES:
                 try:
-                    last = await self.bus.js.get_last_msg(self.names.stream_events,
-                                                          self.names.workload_events(rec.workload))
+                    last = await js_retry(self.bus.js.get_last_msg, self.names.stream_events,
+                                          self.names.workload_events(rec.workload))
                 except NotFoundError:
                     continue
                 await self._apply_event(decode(last.data, WorkloadEvent))

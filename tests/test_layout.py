@@ -58,3 +58,36 @@ def test_compose_runs_every_role_against_a_3_node_cluster():
     for name in (*ROLES, "layout"):
         assert services[name]["environment"]["NEXUS_CREDS"] == "/creds/auth/platform.creds", name
     assert Path(ROOT / "deploy/compose/Dockerfile").exists()
+
+
+def test_a_full_queue_is_busy_at_once_not_after_the_retries(nats_url, prefix):
+    # JetStream answers a publish into a stream at max_bytes (discard=new) with a 503
+    # (err_code 10077): final, not a leader election; js_retry must not spend its 20 s on it.
+    import time
+
+    from actors.layout import ensure_tq_stream, publish_tq
+    from protocol.errors import Busy
+    from protocol.messages import DeploymentSettings
+
+    names = Names(prefix)
+    settings = DeploymentSettings(replicas=1, tq_max_bytes=2**20)
+
+    async def go():
+        bus = await Bus.connect(nats_url, name="t", reconnect_forever=False)
+        try:
+            await ensure_tq_stream(bus.js, names, "full", settings)
+            subject = names.tq_job("full", "j1")
+            for k in range(64):
+                started = time.monotonic()
+                try:
+                    await publish_tq(bus.js, names, "full", subject, b"x" * 65536, {"Nats-Msg-Id": f"m{k}"}, settings)
+                except Busy as exc:
+                    return k, time.monotonic() - started, exc
+            return 64, 0.0, None
+        finally:
+            await bus.close()
+
+    k, took_s, exc = asyncio.run(go())
+    assert exc is not None and 0 < k < 64, k
+    assert took_s < 5, f"the refusal took {took_s:.1f} s: retried as if transient"
+    assert "'full'" in exc.message and str(2**20) in exc.message
