@@ -59,6 +59,7 @@ from protocol.messages import (
     WeightsChunk,
     WeightsReadRequest,
     TERMINAL_JOB_STATES,
+    TERMINAL_WORKLOAD_STATES,
     CheckpointCommitRequest,
     CheckpointGetRequest,
     CheckpointRef,
@@ -444,6 +445,13 @@ class Master(WorkloadOps, UsageOps, Role):
                 known = self._keys.get((tenant.name, req.key))
                 if known is not None and (tenant.name, known) in self.sched.jobs:
                     return self.sched.jobs[(tenant.name, known)]  # a retried reserve: the same job
+            owner = self.workloads.get(req.workload) if req.workload else None
+            if owner is not None and owner.state in TERMINAL_WORKLOAD_STATES:
+                # Checked under the lock: a cancel sets the state first, then fails the
+                # workload's jobs under this lock, so a job is either refused here or failed
+                # there, never left reserved by a producer that had not stopped yet.
+                raise FailedPrecondition(f"workload {req.workload} is {owner.state}; it takes no new jobs",
+                                         details={"workload": req.workload, "state": owner.state})
             priority = tenant.priority if req.priority is None else req.priority
             self.check_priority(priority, tenant)
             self.sched.check_reserve(tenant, req.task, self.quotas(tenant))

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from protocol.errors import Busy, Conflict
+from protocol.errors import Busy, Conflict, FailedPrecondition
 from protocol.messages import (
     CheckpointCommitRequest,
     CheckpointGetRequest,
@@ -320,6 +320,10 @@ def test_cancel_fails_the_workloads_unfinished_jobs(services):
             wl = await c.submit(spec)
             await _wait_workload(c, wl.id, lambda r: r.state == "running" and r.step >= 2)
             await wl.cancel()
+            # A producer that has not stopped yet (inside a step) may still ask for a job: the
+            # master refuses it, so nothing is left reserved behind the cancel.
+            with pytest.raises(FailedPrecondition, match="cancelled; it takes no new jobs"):
+                await c.reserve(spec["tenant"], "sft", workload=wl.id, key="late")
             await asyncio.sleep(1.0)
             return await c.jobs(spec["tenant"])
         finally:
