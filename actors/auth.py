@@ -120,8 +120,8 @@ class Credentials:
         exp = self._claims.get("exp")
         return int(exp) if exp else None
 
-    def expired(self, now: float | None = None) -> bool:
-        return self.expires_at is not None and self.expires_at <= (time.time() if now is None else now)
+    def expired(self) -> bool:
+        return self.expires_at is not None and self.expires_at <= time.time()
 
     @property
     def tenant(self) -> str | None:

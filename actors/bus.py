@@ -265,11 +265,12 @@ def is_transient_js(exc: BaseException) -> bool:
     return getattr(exc, "err_code", None) not in FINAL_JS_ERR_CODES
 
 
-def broker_errors() -> tuple[type[BaseException], ...]:
-    """What a call raises when the broker, not the caller, failed it (after its own retries):
-    JetStream's timeouts and leaderless streams, `Bus.request`'s no-responder and timeout, a
-    closed connection. Work cut short by one of these may be handed back and done again."""
-    return (*jetstream_errors(), Unavailable, RequestTimeout, nats.errors.ConnectionClosedError)
+def is_broker_outage(exc: BaseException) -> bool:
+    """Whether the broker, not the caller, failed a call (after its own retries): JetStream's
+    timeouts and leaderless streams (not its final answers), `Bus.request`'s no-responder and
+    timeout, a closed connection. Work cut short by one may be handed back and done again."""
+    return (isinstance(exc, (*jetstream_errors(), Unavailable, RequestTimeout, nats.errors.ConnectionClosedError))
+            and is_transient_js(exc))
 
 
 async def js_retry(fn, *args, policy: RetryPolicy | None = None, **kwargs):

@@ -54,7 +54,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from actors.auth import PLATFORM_ACCOUNT, creds_from_env, redact_url
-from actors.bus import Bus, is_transient_js, jetstream_errors
+from actors.bus import Bus, is_broker_outage
 from actors.identity import ACCESS_LEVELS, Caller, authorize, caller_from_headers, check_reply, reset_caller, set_caller
 from actors.logs import bound_request, configure_logging
 from actors.tracing import extract, inject, messaging, nexus_attrs, setup_tracing, shutdown_tracing, trace_id_hex
@@ -632,7 +632,7 @@ class Role:
                     except Exception as exc:
                         span.record_exception(exc)
                         span.set_status(Status(StatusCode.ERROR, str(exc)))
-                        if isinstance(exc, jetstream_errors()) and is_transient_js(exc):
+                        if is_broker_outage(exc):  # (Unavailable and RequestTimeout were answered above)
                             # The broker, not the request, failed (a stream without a leader
                             # past the handler's own retries): the caller is told to try
                             # again, as for a restarting role, not handed an internal error.

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from actors.bus import broker_errors
+from actors.bus import is_broker_outage
 from actors.slots import Resident
 from actors.tq_read import read_job_items
 from protocol.errors import Conflict, FailedPrecondition, NexusError
@@ -237,7 +237,7 @@ class TrainLoop:
             raise
         except Exception as exc:
             self._tasks.pop(w.job.job, None)
-            if isinstance(exc, broker_errors()):
+            if is_broker_outage(exc):
                 # The broker, not the job: a node lost past the retries' deadline. Nothing of
                 # the job was trained here, so it goes back to the master for another lease
                 # instead of failing for good.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import subprocess
 import sys
@@ -45,13 +46,22 @@ async def _wait_ready(bus: Bus, names: Names) -> None:
             await asyncio.sleep(0.1)
 
 
+@contextlib.asynccontextmanager
+async def _ready_bus(nats_url: str, names: Names):
+    """A client of the test's NATS, once the slow role answers; drained and closed after."""
+    bus = await Bus.connect(nats_url, name="test", reconnect_forever=False)
+    try:
+        await _wait_ready(bus, names)
+        yield bus
+    finally:
+        await bus.close()
+
+
 def test_sigterm_drains_in_flight_work_then_exits_0(slow_role, nats_url):
     proc, names = slow_role
 
     async def go():
-        bus = await Bus.connect(nats_url, name="test", reconnect_forever=False)
-        try:
-            await _wait_ready(bus, names)
+        async with _ready_bus(nats_url, names) as bus:
             pending = asyncio.ensure_future(
                 bus.request(names.role_op("slow", "sleep"), SleepRequest(1.5), Ok, timeout_s=10))
             await asyncio.sleep(0.4)  # the request is in flight now
@@ -61,8 +71,6 @@ def test_sigterm_drains_in_flight_work_then_exits_0(slow_role, nats_url):
             with pytest.raises(Unavailable):
                 await bus.request(names.role_op("slow", "info"), InfoRequest(), RoleInfo, timeout_s=2)
             return reply
-        finally:
-            await bus.close()
 
     reply = asyncio.run(go())
     assert reply.detail == "slept 1.5"
@@ -98,12 +106,8 @@ def test_a_stuck_worker_thread_does_not_keep_a_stopped_role_alive(slow_role, nat
     proc, names = slow_role
 
     async def go():
-        bus = await Bus.connect(nats_url, name="test", reconnect_forever=False)
-        try:
-            await _wait_ready(bus, names)
+        async with _ready_bus(nats_url, names) as bus:
             await bus.request(names.role_op("slow", "stuck_thread"), SleepRequest(0), Ok, timeout_s=5)
-        finally:
-            await bus.close()
 
     asyncio.run(go())
     proc.send_signal(signal.SIGTERM)
@@ -118,14 +122,10 @@ def test_handler_bug_is_an_error_reply_not_a_crash(slow_role, nats_url):
     proc, names = slow_role
 
     async def go():
-        bus = await Bus.connect(nats_url, name="test", reconnect_forever=False)
-        try:
-            await _wait_ready(bus, names)
+        async with _ready_bus(nats_url, names) as bus:
             with pytest.raises(InternalError, match="handler bug"):
                 await bus.request(names.role_op("slow", "crash"), SleepRequest(0), Ok, timeout_s=5)
             return await bus.request(names.role_op("slow", "info"), InfoRequest(), RoleInfo, timeout_s=5)
-        finally:
-            await bus.close()
 
     assert asyncio.run(go()).role == "slow"
     assert proc.poll() is None
@@ -137,14 +137,10 @@ def test_a_broker_timeout_in_a_handler_is_unavailable_with_a_retry_hint(slow_rol
     proc, names = slow_role
 
     async def go():
-        bus = await Bus.connect(nats_url, name="test", reconnect_forever=False)
-        try:
-            await _wait_ready(bus, names)
+        async with _ready_bus(nats_url, names) as bus:
             with pytest.raises(Unavailable, match="could not reach JetStream on broker_timeout") as err:
                 await bus.request(names.role_op("slow", "broker_timeout"), SleepRequest(0), Ok, timeout_s=5)
             return err.value
-        finally:
-            await bus.close()
 
     exc = asyncio.run(go())
     assert not isinstance(exc, InternalError)
@@ -156,13 +152,9 @@ def test_drain_request_stops_one_instance(slow_role, nats_url):
     proc, names = slow_role
 
     async def go():
-        bus = await Bus.connect(nats_url, name="test", reconnect_forever=False)
-        try:
-            await _wait_ready(bus, names)
+        async with _ready_bus(nats_url, names) as bus:
             from protocol.messages import DrainRequest
             return await bus.request(names.instance_op("slow", "s1", "drain"), DrainRequest("test"), Ok, timeout_s=5)
-        finally:
-            await bus.close()
 
     assert "draining" in asyncio.run(go()).detail
     assert proc.wait(timeout=15) == 0
