@@ -367,6 +367,21 @@ class AuthStore:
             _sign_tenant(state, tenant)
         self.tenant_creds(tenant).unlink(missing_ok=True)
 
+    def remove_tenant(self, tenant: str) -> dict[str, int]:
+        """A deleted tenant's account goes from the state and ``accounts.conf`` (the next
+        start preloads it no more) and its creds file from disk. Call it after `revoke_tenant`
+        was pushed: the running servers keep the account JWT that revokes its user.
+        Counts: accounts, creds."""
+        check_token("tenant", tenant)
+        if not self.exists:
+            return {"accounts": 0, "creds": 0}
+        with self._locked() as state:
+            accounts = int(state.get("tenants", {}).pop(tenant, None) is not None)
+        path = self.tenant_creds(tenant)
+        creds = int(path.exists())
+        path.unlink(missing_ok=True)
+        return {"accounts": accounts, "creds": creds}
+
     async def push(self, url: str, tenant: str, timeout_s: float = 10.0) -> None:
         """Hand the tenant's account JWT to the running server(s) over the system account:
         a new account, its imports and limits, and its revocations take effect at once

@@ -61,6 +61,20 @@ class TenantBoards:
             step = int(time.monotonic() - self._t0)
         self._writer(tenant).add_scalar(tag, float(value), global_step=int(step), walltime=at)
 
+    def drop(self, tenant: str) -> bool:
+        """A deleted tenant's run: its writer closed and its directory removed."""
+        import shutil
+
+        check_token("tenant", tenant)
+        w = self._writers.pop(tenant, None)
+        if w is not None:
+            w.close()
+        path = self.root / tenant
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+            return True
+        return False
+
     def flush(self) -> None:
         for w in self._writers.values():
             w.flush()

@@ -210,8 +210,12 @@ class Monitor(Role):
 
     async def _on_tenant_deleted(self, msg: Any) -> None:
         tenant = msg.subject.rsplit(".", 1)[-1]
+        label = self.store.tenant_label(tenant)
         dropped = self.store.drop_tenant(tenant)
-        self.log.info("tenant series dropped (tenant deleted)", tenant=tenant, series=dropped)
+        # Its TensorBoard run too (a tenant past the cap shares `other`: that run stays).
+        board = bool(self.boards is not None and label == tenant
+                     and await asyncio.to_thread(self.boards.drop, tenant))
+        self.log.info("tenant series dropped (tenant deleted)", tenant=tenant, series=dropped, board=board)
 
     # -- the periodic pass ---------------------------------------------------------------
     async def _tick_loop(self) -> None:

@@ -50,7 +50,8 @@ from actors.tracing import carrier, hop_name, messaging, nexus_attrs
 from actors.tq_read import PartitionReader
 from master.scheduler import Scheduler
 from master.usage import UsageOps
-from master.workloads import WorkloadOps
+from master.tenant_files import remove_tenant_files
+from master.workloads import WorkloadOps, report_file
 from master.validate import validate_put
 from protocol.errors import Unavailable
 from protocol.errors import (Busy, CapacityExceeded, Conflict, FailedPrecondition, InvalidField, NexusError, NotFound,
@@ -360,6 +361,12 @@ class Master(WorkloadOps, UsageOps, Role):
             raise Busy(f"tenant {req.tenant!r} has {len(held)} job(s) still held by a trainer; retry in a moment",
                        details={"tenant": req.tenant, "jobs": held, "retry_after_s": 1.0})
         removed = {"jobs": 0, "workloads": 0, "objects": 0}
+        reports = []  # the report files of its workloads, found before their records go
+        for rec in [w for w in self.workloads.values() if w.tenant == req.tenant]:
+            try:
+                reports.append(report_file(self.cfg.data_dir, rec))
+            except ValueError:  # a path that leaves the data dir was never written
+                pass
         async with self._lock:
             self._tenant(req.tenant)  # again under the lock: a concurrent delete got here first
             for key in [k for k in self.sched.jobs if k[0] == req.tenant]:
@@ -377,8 +384,11 @@ class Master(WorkloadOps, UsageOps, Role):
                     pass
             for workload in [w.workload for w in self.workloads.values() if w.tenant == req.tenant]:
                 del self.workloads[workload]
+                self._unsaved.pop(workload, None)
                 await self.kv_workloads.purge(workload)
                 removed["workloads"] += 1
+        removed["usage"] = await self.delete_usage(req.tenant)
+        removed.update(await asyncio.to_thread(remove_tenant_files, self.cfg.data_dir, req.tenant, reports))
         try:
             await self.bus.js.delete_stream(self.names.tq_stream(req.tenant))
         except NotFoundError:
@@ -434,7 +444,12 @@ class Master(WorkloadOps, UsageOps, Role):
 
     @op("list", ListRequest, access="admin")
     async def list(self, req: ListRequest) -> ListReply:
-        return ListReply(tenants=sorted(self.sched.tenants), workloads=await kv_keys(self.kv_workloads))
+        """Tenant names (at most NEXUS_MAX_TENANTS) and one page of workload ids (KV's keys)."""
+        from master.paging import page
+
+        ids, cursor = page(((k, k) for k in await kv_keys(self.kv_workloads)), req.limit, req.cursor,
+                           self.bus.max_payload, lambda k: len(k) + 4)
+        return ListReply(tenants=sorted(self.sched.tenants), workloads=ids, next_cursor=cursor)
 
     # -- training queue ------------------------------------------------------------------
     @op("reserve", ReserveRequest)
@@ -717,9 +732,12 @@ class Master(WorkloadOps, UsageOps, Role):
     async def jobs(self, req: JobsRequest) -> JobsReply:
         if req.tenant:
             self._tenant(req.tenant)
-        out = [j for j in self.sched.jobs.values()
+        from master.paging import name_key, page
+
+        out = [(name_key(j.tenant, j.job), j) for j in self.sched.jobs.values()
                if (not req.tenant or j.tenant == req.tenant) and (not req.states or j.state in req.states)]
-        return JobsReply(jobs=sorted(out, key=lambda j: (j.tenant, j.job)))
+        jobs, cursor = page(out, req.limit, req.cursor, self.bus.max_payload, lambda j: len(encode(j)))
+        return JobsReply(jobs=jobs, next_cursor=cursor)
 
     @op("queue_get", QueueGetRequest)
     async def queue_get(self, req: QueueGetRequest) -> QueueGetReply:
@@ -854,9 +872,11 @@ class Master(WorkloadOps, UsageOps, Role):
                     self.log.warning("job record purge failed", job=job.job, error=str(exc))
                 removed += 1
         versions = await self._compact_versions()
-        if removed or versions:
-            self.log.info("compacted", job_records=removed, versions=versions)
-        return {"job_records": removed, "versions": versions}
+        workloads, usage = await self.compact_workloads(now)
+        if removed or versions or workloads or usage:
+            self.log.info("compacted", job_records=removed, versions=versions, workload_records=workloads,
+                          usage_records=usage)
+        return {"job_records": removed, "versions": versions, "workload_records": workloads, "usage_records": usage}
 
     async def _compact_versions(self) -> int:
         """Delete policy versions older than the newest `self.retention.versions_kept` of each

@@ -39,7 +39,7 @@ from protocol.messages import (
     UsageReport,
     UsageRequest,
 )
-from protocol.policy import PRIORITY_MAX, PRIORITY_MIN
+from protocol.policy import COMPACTED_LABEL, OTHER_LABEL, PRIORITY_MAX, PRIORITY_MIN
 from protocol.subjects import Names, check_token
 from protocol.wire import decode, encode
 
@@ -109,10 +109,21 @@ class UsageOps:
         # Entries that land on one record are summed first: the record's applied seq then
         # covers all of them at once.
         merged: dict[str, tuple[str, str, UsageCounters]] = {}
+        labels: dict[str, set[str]] = {}  # tenant -> its labels (computed once per report)
         for e in req.entries:
             workload = e.workload or self.active_workload(e.tenant)
             try:
                 key = Names.usage_key(e.tenant, workload)
+                if self._is_label(e.tenant, workload) and key not in self.usage and key not in merged:
+                    # A new label: past the tenant's bound it is charged to `other` (docs/usage.md).
+                    known = labels.get(e.tenant)
+                    if known is None:
+                        known = labels[e.tenant] = {r.workload for r in self.usage.values()
+                                                    if r.tenant == e.tenant and self._is_label(r.tenant, r.workload)}
+                    if len(known) >= self.retention.usage_labels_max:
+                        workload, key = OTHER_LABEL, Names.usage_key(e.tenant, OTHER_LABEL)
+                    else:
+                        known.add(workload)
             except InvalidField as exc:
                 # One bad name must not block the rest of the report (it would be resent forever).
                 self.log.error("usage entry with a bad name dropped", instance=req.instance, error=exc.message)
@@ -136,6 +147,56 @@ class UsageOps:
                 applied += 1
         return Ok(detail=f"report {req.seq} of {req.instance}: {applied} of {len(merged)} records updated")
 
+    def _is_label(self, tenant: str, workload: str) -> bool:
+        """A usage key a client chose (a predict's workload) rather than one of the tenant's
+        workloads or the master's own labels: the ones `usage_labels_max` bounds."""
+        if not workload or workload in (COMPACTED_LABEL, OTHER_LABEL):
+            return False
+        rec = self.workloads.get(workload)
+        return rec is None or rec.tenant != tenant
+
+    async def compact_usage(self, now: float, workloads: list[tuple[str, str]]) -> int:
+        """Fold usage records into their tenant's `COMPACTED_LABEL` record: those of the
+        (tenant, workload)s given (their workload records are being compacted) and those of
+        labels not written to for the retention. Per-tenant totals stay what they were."""
+        from master.service import store_put
+
+        gone = {Names.usage_key(t, w) for t, w in workloads}
+        folded = 0
+        async with self._usage_lock:
+            keys = [k for k, r in self.usage.items() if r.workload != COMPACTED_LABEL and (
+                k in gone or (self._is_label(r.tenant, r.workload) or r.workload in ("_", OTHER_LABEL))
+                and now - r.updated_at > self.retention.records_s)]
+            by_tenant: dict[str, list[str]] = {}
+            for k in keys:
+                by_tenant.setdefault(self.usage[k].tenant, []).append(k)
+            for tenant, ks in by_tenant.items():
+                target_key = Names.usage_key(tenant, COMPACTED_LABEL)
+                target = self.usage.get(target_key) or UsageRecord(tenant=tenant, workload=COMPACTED_LABEL,
+                                                                   usage=UsageCounters())
+                for k in ks:
+                    target.usage.add(self.usage[k].usage)
+                target.updated_at = now
+                # The total first, then the parts: a master dying in between over-counts once,
+                # never loses usage.
+                await store_put(self.kv_usage, target_key, encode(target))
+                self.usage[target_key] = target
+                for k in ks:
+                    await js_retry(self.kv_usage.purge, k)
+                    del self.usage[k]
+                    folded += 1
+        return folded
+
+    async def delete_usage(self, tenant: str) -> int:
+        """Every usage record of a deleted tenant, from KV and memory."""
+        n = 0
+        async with self._usage_lock:
+            for k in [k for k, r in self.usage.items() if r.tenant == tenant]:
+                await js_retry(self.kv_usage.purge, k)
+                del self.usage[k]
+                n += 1
+        return n
+
     def usage_records(self, tenant: str = "", workload: str = "") -> list[UsageRecord]:
         return sorted((r for r in self.usage.values()
                        if (not tenant or r.tenant == tenant) and (not workload or r.workload == workload)),
@@ -154,9 +215,12 @@ class UsageOps:
     async def usage_op(self, req: UsageRequest) -> UsageReply:
         if req.tenant:
             check_token("tenant", req.tenant)
-        records = self.usage_records(req.tenant, req.workload)
+        from master.paging import name_key, page
+
+        records, cursor = page(((name_key(r.tenant, r.workload), r) for r in self.usage_records(req.tenant, req.workload)),
+                               req.limit, req.cursor, self.bus.max_payload, lambda r: len(encode(r)) + 32)
         tenants = {r.tenant for r in records} | ({req.tenant} if req.tenant else set())
-        return UsageReply(records=records, stored_now=await self.stored_bytes(tenants))
+        return UsageReply(records=records, stored_now=await self.stored_bytes(tenants), next_cursor=cursor)
 
     async def stored_bytes(self, tenants: set[str]) -> dict[str, int]:
         """Bytes each tenant's objects (checkpoints, exported versions) hold now."""

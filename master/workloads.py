@@ -57,9 +57,13 @@ from protocol.messages import (
     WorkloadsReply,
     WorkloadsRequest,
 )
+from protocol.policy import LIFECYCLE_SAVE
 from protocol.wire import decode, encode
+from master.paging import page, time_key
 
 INTAKE_DURABLE = "master-intake"
+# Deliveries of one intake message at most; the last one that fails is rejected with an event.
+INTAKE_MAX_DELIVER = 5
 PENDING_RETRY_S = 1.0
 # Asking each registered inferencer which base it serves, at submit: a short bound per
 # instance (a busy one still answers info at once: control ops skip the concurrency slots).
@@ -125,6 +129,7 @@ class WorkloadOps:
         from master.service import kv_values
 
         self.workloads = {}
+        self._unsaved: dict[str, tuple[str, str]] = {}  # workload -> (state, message) KV refused
         for value in await kv_values(self.kv_workloads):
             rec = decode(value, WorkloadRecord)
             self.workloads[rec.workload] = rec
@@ -207,8 +212,8 @@ class WorkloadOps:
         now = time.time()
         rec = WorkloadRecord(workload=workload, tenant=spec.tenant, task=spec.task, state="pending",
                              spec=stored, created_at=now, updated_at=now, eval_version=eval_version)
+        await self._save_workload(rec)  # KV first: a record it does not hold is never in memory
         self.workloads[workload] = rec
-        await self._save_workload(rec)
         await self._publish_event(rec, "accepted",
                                   message=f"{spec.task} workload of tenant {spec.tenant} accepted{note}")
         await self._try_start(rec)
@@ -319,7 +324,8 @@ class WorkloadOps:
     async def _intake_loop(self) -> None:
         """Durable intake: plain NATS clients publish specs on <prefix>.workloads.submit."""
         js = self.bus.js
-        cfg = ConsumerConfig(durable_name=INTAKE_DURABLE, ack_policy=AckPolicy.EXPLICIT, ack_wait=60, max_deliver=5)
+        cfg = ConsumerConfig(durable_name=INTAKE_DURABLE, ack_policy=AckPolicy.EXPLICIT, ack_wait=60,
+                             max_deliver=INTAKE_MAX_DELIVER)
         sub = await js.pull_subscribe(self.names.workloads_submit, durable=INTAKE_DURABLE,
                                       stream=self.names.stream_intake, config=cfg)
         while True:
@@ -340,26 +346,36 @@ class WorkloadOps:
                                        {"nexus.workload": workload}):
                         await self._accept(msg.data, workload)
                 except NexusError as exc:
-                    tenant = _tenant_guess(msg.data)
-                    await self.bus.publish(self.names.workload_events(workload), WorkloadEvent(
-                        workload=workload, tenant=tenant, kind="rejected", state="failed", message=exc.message,
-                        errors=[{k: str(v) for k, v in e.items()} for e in exc.details.get("errors", [])]
-                        or [{"field": str(exc.details.get("field", "")), "message": exc.message}],
-                        at=time.time()))
-                    self.log.info("intake spec rejected", workload=workload, error=exc.message)
+                    await self._reject_intake(workload, msg.data, exc.message, exc.details)
                 except Exception as exc:
-                    self.log.error("intake failed", workload=workload, exc_info=exc)
-                    await msg.nak(delay=2)
-                    continue
+                    delivered = int(getattr(msg.metadata, "num_delivered", 0) or 0)
+                    self.log.error("intake failed", workload=workload, delivered=delivered, exc_info=exc)
+                    if delivered < INTAKE_MAX_DELIVER:
+                        await msg.nak(delay=2)
+                        continue
+                    # The last delivery: JetStream would drop it silently; the publisher hears why.
+                    await self._reject_intake(
+                        workload, msg.data, f"not accepted after {delivered} attempts (the intake's bound, "
+                        f"max_deliver={INTAKE_MAX_DELIVER}); last error: {type(exc).__name__}: {exc}", {})
                 await msg.ack()
+
+    async def _reject_intake(self, workload: str, data: bytes, message: str, details: dict[str, Any]) -> None:
+        """The `rejected` event of an intake message that is dropped, naming every bad field."""
+        tenant = _tenant_guess(data)
+        await self.bus.publish(self.names.workload_events(workload), WorkloadEvent(
+            workload=workload, tenant=tenant, kind="rejected", state="failed", message=message,
+            errors=[{k: str(v) for k, v in e.items()} for e in details.get("errors", [])]
+            or [{"field": str(details.get("field", "")), "message": message}],
+            at=time.time()))
+        self.log.info("intake spec rejected", workload=workload, error=message)
 
     # -- lifecycle -----------------------------------------------------------------------
     async def _try_start(self, rec: WorkloadRecord) -> None:
         """Start ``rec``'s producer, once: a submit's start and the pending loop's retry can
         overlap while an env worker is slow to answer (seen with 256 submits at once), and with
         several env workers the second start would land on another one and run it twice."""
-        if rec.state != "pending" or rec.workload in self._starting:
-            return
+        if rec.state != "pending" or rec.workload in self._starting or rec.workload in self._unsaved:
+            return  # (unsaved: a change KV has not taken yet, `running` say, is still being written)
         self._starting.add(rec.workload)
         try:
             await self._start_pending(rec)
@@ -445,9 +461,24 @@ class WorkloadOps:
         else:
             await self._save_workload(rec)
 
-    async def _set_state(self, rec: WorkloadRecord, state: str, message: str) -> None:
+    async def _set_state(self, rec: WorkloadRecord, state: str, message: str) -> bool:
+        """Move ``rec`` to ``state``: written to KV first, then applied in memory and announced.
+        A write that fails leaves memory as KV has it and is retried in the background
+        (`LIFECYCLE_SAVE`) until KV takes it; False then (the change is not made yet)."""
+        before = (rec.state, rec.message, rec.updated_at)
         rec.state, rec.message, rec.updated_at = state, message, time.time()  # type: ignore[assignment]
-        await self._save_workload(rec)
+        try:
+            await self._save_workload(rec)
+        except Exception as exc:
+            rec.state, rec.message, rec.updated_at = before  # type: ignore[assignment]
+            first = rec.workload not in self._unsaved
+            self._unsaved[rec.workload] = (state, message)  # the latest change wins
+            self.log.error("workload state not saved; retrying", workload=rec.workload, state=state,
+                           kept=rec.state, error=str(exc))
+            if first:
+                self.spawn(self._resave_state(rec.workload), f"resave-{rec.workload}")
+            return False
+        self._unsaved.pop(rec.workload, None)
         if state in TERMINAL_WORKLOAD_STATES:
             try:
                 path = await asyncio.to_thread(write_report, self.cfg.data_dir, rec,
@@ -457,6 +488,25 @@ class WorkloadOps:
                 self.log.error("workload report not written", workload=rec.workload, error=str(exc))
         await self._publish_event(rec, "state", message=message)
         self.log.info("workload state", workload=rec.workload, tenant=rec.tenant, state=state, detail=message)
+        return True
+
+    async def _resave_state(self, workload: str) -> None:
+        """A lifecycle change KV refused, written again after LIFECYCLE_SAVE's bounded back-off
+        for as long as it takes (a `done` whose write failed must not leave the workload
+        `running` until a master restart)."""
+        attempt = 0
+        while workload in self._unsaved:
+            attempt += 1
+            await asyncio.sleep(LIFECYCLE_SAVE.delay(attempt))
+            rec, change = self.workloads.get(workload), self._unsaved.get(workload)
+            if rec is None or change is None:  # deleted with its tenant, or saved meanwhile
+                self._unsaved.pop(workload, None)
+                return
+            # Still listed while it runs: a refusal updates the entry instead of starting
+            # another retry; a success removes it.
+            if await self._set_state(rec, *change):
+                self.log.info("workload state saved after retry", workload=workload, state=change[0],
+                              attempts=attempt)
 
     async def _save_workload(self, rec: WorkloadRecord) -> None:
         from master.service import store_put
@@ -502,16 +552,24 @@ class WorkloadOps:
 
     @op("workloads", WorkloadsRequest)
     async def list_workloads(self, req: WorkloadsRequest) -> WorkloadsReply:
-        recs = [w for w in self.workloads.values() if not req.tenant or w.tenant == req.tenant]
-        return WorkloadsReply(workloads=sorted(recs, key=lambda w: w.created_at))
+        # One page (master/paging.py), oldest first: the whole history passed the max payload.
+        recs = [(time_key(w.created_at, w.workload), w) for w in self.workloads.values()
+                if not req.tenant or w.tenant == req.tenant]
+        out, cursor = page(recs, req.limit, req.cursor, self.bus.max_payload, lambda w: len(encode(w)))
+        return WorkloadsReply(workloads=out, next_cursor=cursor)
 
     @op("tenants", WorkloadsRequest, access="admin")
     async def list_tenants(self, req: WorkloadsRequest) -> TenantsReply:
+        """One page of tenants by name, with their versions and workload history (ids)."""
         history: dict[str, list[str]] = {}
         for rec in sorted(self.workloads.values(), key=lambda w: w.created_at):
             history.setdefault(rec.tenant, []).append(rec.workload)
-        return TenantsReply(tenants=[self.sched.tenants[t] for t in sorted(self.sched.tenants)],
-                            versions=dict(self.sched.versions), history=history)
+        cfgs = [(t, cfg) for t, cfg in self.sched.tenants.items() if not req.tenant or t == req.tenant]
+        out, cursor = page(cfgs, req.limit, req.cursor, self.bus.max_payload,
+                           lambda c: len(encode(c)) + 16 * len(history.get(c.name, ())) + 32)
+        names = {c.name for c in out}
+        return TenantsReply(tenants=out, versions={t: v for t, v in self.sched.versions.items() if t in names},
+                            history={t: h for t, h in history.items() if t in names}, next_cursor=cursor)
 
     @op("cancel", WorkloadRef, access="checked")
     async def cancel(self, req: WorkloadRef) -> WorkloadRecord:
@@ -520,7 +578,11 @@ class WorkloadOps:
         if rec.state in TERMINAL_WORKLOAD_STATES:
             return rec
         worker = rec.worker if rec.state == "running" else ""
-        await self._set_state(rec, "cancelled", "cancelled by request")
+        if not await self._set_state(rec, "cancelled", "cancelled by request"):
+            from protocol.errors import Unavailable
+
+            raise Unavailable(f"the cancel of {rec.workload} could not be written yet (the workloads store refused "
+                              "it); the master writes it again until it is taken", details={"workload": rec.workload})
         # Nothing of a cancelled workload trains any more, and it holds no cap or rollout.
         # A leased one too: its trainer's renewal or commit is refused from now on.
         await self.fail_unready_jobs(rec.workload, "its workload was cancelled",
@@ -539,6 +601,32 @@ class WorkloadOps:
                                    WorkloadRef(workload=workload), Ok, timeout_s=30)
         except NexusError as exc:  # the worker may be gone: the workload is cancelled anyway
             self.log.warning("stop_producer failed", workload=workload, worker=worker, error=exc.message)
+
+    async def compact_workloads(self, now: float) -> tuple[int, int]:
+        """Finished workload records past the retention (NEXUS_RETENTION_S), or past the
+        count bound (NEXUS_RETENTION_MAX_WORKLOADS, oldest first), go from KV and memory; their
+        usage folds into the tenant's `_compacted` usage record first. Their reports on disk
+        stay. (removed workload records, folded usage records)"""
+
+        r = self.retention
+        done = sorted((w for w in self.workloads.values()
+                       if w.state in TERMINAL_WORKLOAD_STATES and w.workload not in self._unsaved),
+                      key=lambda w: (w.updated_at, w.workload))
+        excess = max(0, len(done) - r.workload_records_max)
+        victims = [w for i, w in enumerate(done) if i < excess or now - w.updated_at > r.records_s]
+        if not victims:
+            return 0, await self.compact_usage(now, [])
+        folded = await self.compact_usage(now, [(w.tenant, w.workload) for w in victims])
+        removed = 0
+        for rec in victims:
+            try:
+                await js_retry(self.kv_workloads.purge, rec.workload)
+            except Exception as exc:  # kept in memory and KV alike: the next pass
+                self.log.warning("workload record purge failed", workload=rec.workload, error=str(exc))
+                continue
+            self.workloads.pop(rec.workload, None)
+            removed += 1
+        return removed, folded
 
     def pinned_versions(self) -> dict[str, set[int]]:
         """Policy versions a live workload reads (an eval's pinned version): never compacted."""

@@ -279,7 +279,9 @@ class MonitorSnapshot:
 @message("list.request", 1)
 @dataclass
 class ListRequest:
-    pass
+    # Paging over workload ids (`protocol.policy.LIST_PAGE_DEFAULT`; 0 = the default page).
+    limit: int = 0
+    cursor: str = ""  # a reply's next_cursor: the page after it
 
 
 @message("list.reply", 1)
@@ -287,6 +289,7 @@ class ListRequest:
 class ListReply:
     tenants: list[str]
     workloads: list[str]
+    next_cursor: str = ""  # "" = this was the last page
 
 
 # -- tenants -------------------------------------------------------------------------
@@ -643,12 +646,15 @@ class HandbackRequest:
 class JobsRequest:
     tenant: str = ""  # all tenants when empty
     states: list[str] = field(default_factory=list)
+    limit: int = 0  # records per page (0 = `protocol.policy.LIST_PAGE_DEFAULT`)
+    cursor: str = ""  # a reply's next_cursor: the page after it
 
 
 @message("tq.jobs.reply", 1)
 @dataclass
 class JobsReply:
     jobs: list[JobRecord]
+    next_cursor: str = ""  # "" = this was the last page
 
 
 # -- trainer -------------------------------------------------------------------------
@@ -926,12 +932,15 @@ class SubmitRequest:
 @dataclass
 class WorkloadsRequest:
     tenant: str = ""
+    limit: int = 0  # records per page (0 = `protocol.policy.LIST_PAGE_DEFAULT`)
+    cursor: str = ""  # a reply's next_cursor: the page after it
 
 
 @message("workloads.reply", 1)
 @dataclass
 class WorkloadsReply:
     workloads: list[WorkloadRecord]
+    next_cursor: str = ""  # "" = this was the last page
 
 
 @message("tenants.reply", 1)
@@ -941,6 +950,7 @@ class TenantsReply:
     versions: dict[str, int]
     # tenant -> its workload ids, oldest first (a tenant runs workloads one after another)
     history: dict[str, list[str]] = field(default_factory=dict)
+    next_cursor: str = ""  # "" = this was the last page (paged by tenant name)
 
 
 @message("tenant.delete", 1)
@@ -960,7 +970,8 @@ class TenantDeleted:
 
     tenant: str
     at: float
-    removed: dict[str, int] = field(default_factory=dict)  # what went: objects, jobs, workloads
+    # What went, counted per kind: objects, jobs, workloads, usage, reports, datasets, boards.
+    removed: dict[str, int] = field(default_factory=dict)
 
 
 @message("dataset.sample", 1)
@@ -1058,6 +1069,8 @@ class UsageRecord:
 class UsageRequest:
     tenant: str = ""  # "" = every tenant
     workload: str = ""  # "" = every workload
+    limit: int = 0  # records per page (0 = `protocol.policy.LIST_PAGE_DEFAULT`)
+    cursor: str = ""  # a reply's next_cursor: the page after it
 
 
 @message("usage.reply", 1)
@@ -1066,3 +1079,4 @@ class UsageReply:
     records: list[UsageRecord]
     # tenant -> bytes its checkpoints and exported versions hold in the object store now.
     stored_now: dict[str, int] = field(default_factory=dict)
+    next_cursor: str = ""  # "" = this was the last page

@@ -79,6 +79,32 @@ class Retention:
     job_records_s: float = 3600.0
     # Policy versions kept per tenant besides the pinned ones (a running eval's version).
     versions_kept: int = 8
+    # Finished workload records (each holds its whole spec) and usage records not written to
+    # for this long are compacted: removed from KV and memory, their usage folded into the
+    # tenant's `COMPACTED_LABEL` record so `nexus usage` totals stay whole. 7 days.
+    records_s: float = 7 * 86400.0
+    # ... and past this many finished workload records, the oldest go first whatever their age.
+    workload_records_max: int = 10000
+    # Distinct usage labels (a predict's `workload` that is no workload of the tenant) a tenant
+    # may have; the rest are charged to `OTHER_LABEL` (docs/usage.md).
+    usage_labels_max: int = 64
+
+
+# Usage-record labels the master writes itself (master/usage.py).
+COMPACTED_LABEL = "_compacted"  # a tenant's usage of compacted workloads and labels
+OTHER_LABEL = "other"  # predict labels past the tenant's usage_labels_max
+
+# List ops (`workloads`, `jobs`, `list`, `tenants`, `usage`) answer one page: at most this many
+# records (a caller's `limit` is capped to LIST_PAGE_MAX) and at most LIST_PAGE_BYTES_FRACTION of
+# the server's max payload; `next_cursor` names where the next page starts.
+LIST_PAGE_DEFAULT = 200
+LIST_PAGE_MAX = 1000
+LIST_PAGE_BYTES_FRACTION = 0.8
+
+# A lifecycle change the master could not write to KV (a long leader election, a full disk) is
+# written again after these delays, for as long as it takes: the change is applied in memory
+# only once KV has it, so memory and KV never disagree about a workload's state.
+LIFECYCLE_SAVE = RetryPolicy("lifecycle_save", attempts=1, backoff_s=1.0, max_backoff_s=30.0)
 
 
 # The defaults; the roles take them with their NEXUS_* variables (protocol.settings:
@@ -187,6 +213,10 @@ class UsageFlush:
     timeout_s: float = 5.0
     # A draining role's last report waits at most this long for the master.
     final_timeout_s: float = 10.0
+    # One report is at most this fraction of the server's max payload: more deltas than fit
+    # are split over several reports (each acknowledged on its own), never one that NATS
+    # refuses and that would be resent forever.
+    max_payload_fraction: float = 0.5
     # The attribution rule's fixed cost of each tenant in a step / forward, in row-equivalents
     # (`actors.metering.split_by_rows`). 0: plain rows, a bill a tenant can predict from its
     # data. Measured on an H200 (qwen3-vl-4b, docs/usage.md): ~0.5 for mlp / gaussian heads,

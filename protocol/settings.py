@@ -194,9 +194,19 @@ class RetentionSettings(EnvSettings):
         "NEXUS_JOB_RETENTION_S", "finished job records are deleted after this long (s)"))
     versions_kept: int = Field(RETENTION.versions_kept, ge=1, **var(
         "NEXUS_VERSIONS_KEPT", "policy versions kept per tenant besides the pinned ones"))
+    records_s: float = Field(RETENTION.records_s, ge=0, **var(
+        "NEXUS_RETENTION_S", "finished workload records and usage records idle this long are compacted "
+        "(removed; their usage folded into the tenant's `_compacted` record) (s)", default_text="604800 (7 days)"))
+    workload_records_max: int = Field(RETENTION.workload_records_max, ge=1, **var(
+        "NEXUS_RETENTION_MAX_WORKLOADS", "finished workload records kept at most; past it the oldest are compacted"))
+    usage_labels_max: int = Field(RETENTION.usage_labels_max, ge=1, le=100000, **var(
+        "NEXUS_USAGE_LABELS_MAX", "distinct usage labels (a predict's workload that is none of the tenant's "
+        "workloads) per tenant; the rest are charged to `other`"))
 
     def retention(self) -> Retention:
-        return Retention(every_s=self.every_s, job_records_s=self.job_records_s, versions_kept=self.versions_kept)
+        return Retention(every_s=self.every_s, job_records_s=self.job_records_s, versions_kept=self.versions_kept,
+                         records_s=self.records_s, workload_records_max=self.workload_records_max,
+                         usage_labels_max=self.usage_labels_max)
 
 
 class MasterSettings(EnvSettings):
@@ -344,6 +354,21 @@ class SimulatorSettings(EnvSettings):
         default_text="`<sys.prefix>/vulkan`, then `.venv/vulkan`"))
 
 
+class SimCallSettings(EnvSettings):
+    """Bounds of every simulator call (`actors.simcall`): a hung simulator fails its episode."""
+
+    roles = ("env",)
+    readers = "env worker (sessions and producers)"
+
+    timeout_s: float = Field(120.0, gt=0, le=86400, **var(
+        "NEXUS_SIM_TIMEOUT_S", "a simulator call (make, reset, step) taking longer fails its session or episode (s)"))
+    # A thread inside a hung simulator cannot be killed: it holds one of the process's default
+    # executor threads (min(32, cores + 4)) until the call returns, so only a few may pile up.
+    max_hung: int = Field(2, ge=1, le=16, **var(
+        "NEXUS_SIM_MAX_HUNG", "simulator calls past their timeout still holding a thread; past it the worker "
+        "refuses new simulator calls (`unavailable`) until one returns"))
+
+
 class UsageSettings(EnvSettings):
     """Metering (`actors.metering`, `protocol.policy.UsageFlush`)."""
 
@@ -457,7 +482,7 @@ class CliSettings(EnvSettings):
 
 GROUPS: tuple[type[EnvSettings], ...] = (
     RoleSettings, HealthSettings, LeaseSettings, RetentionSettings, MasterSettings, TrainerSettings,
-    InferencerSettings, EnvWorkerSettings, SimulatorSettings, UsageSettings, QuotaSettings,
+    InferencerSettings, EnvWorkerSettings, SimulatorSettings, SimCallSettings, UsageSettings, QuotaSettings,
     TelemetrySettings, MonitorSettings, AuthSettings, CliSettings,
 )
 
@@ -656,7 +681,7 @@ def main(argv: list[str] | None = None) -> int:
 __all__ = [
     "FAULT_POINTS", "GROUPS", "STANDARD_VARIABLES", "CliSettings", "EnvSettings", "EnvWorkerSettings",
     "HealthSettings", "InferencerSettings", "LeaseSettings", "MasterSettings", "MonitorSettings", "RetentionSettings",
-    "RoleSettings", "SUPERVISOR_SETS", "SettingsError", "SimulatorSettings", "TelemetrySettings", "TrainerSettings",
+    "RoleSettings", "SUPERVISOR_SETS", "SettingsError", "SimCallSettings", "SimulatorSettings", "TelemetrySettings", "TrainerSettings",
     "check_supervised_roles", "env_table_markdown", "unknown_variables",
     "leases_from_env", "render_env_doc", "retention_from_env", "role_settings",
 ]

@@ -317,6 +317,10 @@ def _workloads_table(wrows: list[dict]) -> None:
         for w in wrows])
 
 
+# Finished workloads `nexus status` lists (the newest); the rest are counted in one line.
+STATUS_FINISHED_SHOWN = 20
+
+
 @app.command()
 def status(
     data_dir: DataDir = DEFAULT_DATA_DIR, nats_url: NatsUrl = None, prefix: Prefix = None,
@@ -334,15 +338,22 @@ def status(
             except NexusError as exc:  # no monitor: say so, still show the workloads
                 _err(f"roles unknown: {exc.message}")
                 st = None
-            try:
+            try:  # every page (the client follows the master's cursor)
                 workloads, jobs = await client.workloads(), await client.jobs()
-            except NexusError:  # no master yet: roles only
+            except NexusError as exc:  # no master yet: roles only, and say so (never an empty table)
+                _err(f"workloads unknown: {exc.message}")
+                if st is None:
+                    raise Unavailable("neither the monitor nor the master answers; is the cluster up?") from None
                 workloads, jobs = [], []
-            if st is None and not workloads:
-                raise Unavailable("neither the monitor nor the master answers; is the cluster up?")
             return st, workloads, jobs
 
     st, workloads, jobs = _run(fetch())
+    # Every pending / running workload, and the newest finished ones; the rest are counted.
+    finished = [w for w in workloads if w.state in ("completed", "failed", "cancelled")]
+    hidden = {w.workload for w in finished[:-STATUS_FINISHED_SHOWN]} if len(finished) > STATUS_FINISHED_SHOWN else set()
+    more = len(hidden)
+    if not json:
+        workloads = [w for w in workloads if w.workload not in hidden]
     if st is None:
         st = ClusterStatus(roles=[], metrics={}, generated_at=time.time())
     rows = [_asdict(r) for r in st.roles]
@@ -358,6 +369,8 @@ def status(
     if wrows:
         print()
         _workloads_table(wrows)
+    if more:
+        print(f"... and {more} more finished workloads (`nexus workloads list` shows every one)")
     return EXIT_OK
 
 
@@ -560,8 +573,10 @@ def tenant_delete(
     data_dir: DataDir = DEFAULT_DATA_DIR, nats_url: NatsUrl = None, prefix: Prefix = None,
     json: Json = False, timeout_s: TimeoutS = 30.0,
 ) -> int:
-    """Delete a tenant: its slot, training-queue stream, policy versions, checkpoints, job and
-    workload records. Refused while one of its workloads runs (cancel it first)."""
+    """Delete a tenant: its slot, training-queue stream, policy versions, checkpoints, job,
+    workload and usage records, reports, recorded datasets, TensorBoard run, and (when this data
+    dir holds the credentials) its account and creds. Refused while one of its workloads runs
+    (cancel it first)."""
     from sdk.term import print_json
 
     if not yes:
@@ -577,12 +592,38 @@ def tenant_delete(
             return await client.delete_tenant(name)
 
     gone = _run(go())
+    gone.removed.update(_remove_tenant_account(data_dir, name, timeout_s))
     if json:
         print_json(_asdict(gone))
     else:
         removed = ", ".join(f"{n} {what}" for what, n in sorted(gone.removed.items()))
         print(f"tenant {gone.tenant} deleted ({removed or 'nothing else stored'})")
     return EXIT_OK
+
+
+def _remove_tenant_account(data_dir: Path, name: str, timeout_s: float) -> dict[str, int]:
+    """A deleted tenant's account and creds, when this data dir's auth holds them: the user is
+    revoked (pushed to the running cluster, its connections closed), then the account leaves
+    the state and ``accounts.conf``, and the creds file goes. The master cannot do this: the
+    auth dir (the operator's keys) is the CLI's, not the master role's."""
+    from actors.auth import AuthStore, Credentials
+    from actors.supervisor import ClusterState
+
+    resolved = data_dir.resolve()
+    store = AuthStore(resolved)
+    if not store.exists:
+        return {}
+    path = store.tenant_creds(name)
+    old = Credentials.read(path) if path.exists() else None
+    try:
+        store.revoke_tenant(name)
+        revoked = True
+    except NexusError:  # no live user (revoked before, or never issued here)
+        revoked = False
+    url = _push_url(ClusterState.read(resolved), None)
+    if revoked and url is not None:
+        _run(_push_and_wait(store, url, name, old, accepted=False, timeout_s=timeout_s))
+    return store.remove_tenant(name)
 
 
 # A tenant's credentials expire unless the operator says otherwise: a leaked file stops

@@ -181,12 +181,26 @@ class AsyncClient:
         return await self.bus.request(subject, InfoRequest(), RoleInfo, timeout_s=self.timeout_s)
 
     async def list(self) -> ListReply:
-        return await self.bus.request(self.names.master("list"), ListRequest(), ListReply,
-                                      timeout_s=self.timeout_s)
+        """Tenant names and every workload id (the master's pages, followed)."""
+        pages = await self._all_pages("list", ListRequest(), ListReply)
+        return ListReply(tenants=pages[0].tenants, workloads=[w for p in pages for w in p.workloads])
 
     # -- low-level training-queue primitives (compose your own algorithm) ---------------
     async def _master(self, op: str, msg: Any, expect: type[T]) -> T:
         return await self.bus.request(self.names.master(op), msg, expect, timeout_s=self.timeout_s)
+
+    async def _all_pages(self, op: str, req: Any, expect: type[T]) -> list[T]:
+        """Every page of a list op (master/paging.py): each reply is bounded (records, bytes)
+        and names the next page's cursor until the last. A failed page raises: a caller never
+        gets part of a list as if it were all of it."""
+        pages: list[T] = []
+        while True:
+            reply = await self._master(op, req, expect)
+            pages.append(reply)
+            cursor = getattr(reply, "next_cursor", "")
+            if not cursor or cursor == req.cursor:
+                return pages
+            req = dataclasses.replace(req, cursor=cursor)
 
     async def create_tenant(self, config: TenantConfig, exist_ok: bool = False) -> TenantConfig:
         return await self._master("tenant_create", CreateTenantRequest(config=config, exist_ok=exist_ok), TenantConfig)
@@ -200,7 +214,9 @@ class AsyncClient:
 
     async def usage(self, tenant: str = "", workload: str = "") -> UsageReply:
         """Metered usage per (tenant, workload): device-seconds, rows, requests, bytes."""
-        return await self._master("usage", UsageRequest(tenant=tenant, workload=workload), UsageReply)
+        pages = await self._all_pages("usage", UsageRequest(tenant=tenant, workload=workload), UsageReply)
+        return UsageReply(records=[r for p in pages for r in p.records],
+                          stored_now={t: n for p in pages for t, n in p.stored_now.items()})
 
     async def reserve(self, tenant: str, task: str, *, auto: bool = True, wait_s: float = 0.0,
                       priority: int | None = None, key: str = "", workload: str = "") -> JobRecord:
@@ -250,7 +266,8 @@ class AsyncClient:
         return await self._master("job", JobRef(tenant=tenant, job=job), JobRecord)
 
     async def jobs(self, tenant: str = "", states: list[str] | None = None) -> list[JobRecord]:
-        return (await self._master("jobs", JobsRequest(tenant=tenant, states=states or []), JobsReply)).jobs
+        pages = await self._all_pages("jobs", JobsRequest(tenant=tenant, states=states or []), JobsReply)
+        return [j for p in pages for j in p.jobs]
 
     async def queue_get(self, tenant: str, job: str, start: int = 0, max_items: int = 1) -> QueueGetReply:
         return await self._master("queue_get", QueueGetRequest(tenant=tenant, job=job, start=start,
@@ -363,10 +380,21 @@ class AsyncClient:
         return await self._master("workload", WorkloadRef(workload=workload), WorkloadRecord)
 
     async def workloads(self, tenant: str = "") -> list[WorkloadRecord]:
-        return (await self._master("workloads", WorkloadsRequest(tenant=tenant), WorkloadsReply)).workloads
+        """Every workload record (of ``tenant``), oldest first: the master's pages, followed."""
+        pages = await self._all_pages("workloads", WorkloadsRequest(tenant=tenant), WorkloadsReply)
+        return [w for p in pages for w in p.workloads]
+
+    async def workloads_page(self, tenant: str = "", limit: int = 0, cursor: str = "") -> WorkloadsReply:
+        """One page of workload records; its ``next_cursor`` ("" after the last) asks for the next."""
+        return await self._master("workloads", WorkloadsRequest(tenant=tenant, limit=limit, cursor=cursor),
+                                  WorkloadsReply)
 
     async def tenants(self) -> TenantsReply:
-        return await self._master("tenants", WorkloadsRequest(), TenantsReply)
+        """Every tenant, its version and workload history: the master's pages, followed."""
+        pages = await self._all_pages("tenants", WorkloadsRequest(), TenantsReply)
+        return TenantsReply(tenants=[t for p in pages for t in p.tenants],
+                            versions={t: v for p in pages for t, v in p.versions.items()},
+                            history={t: h for p in pages for t, h in p.history.items()})
 
     async def delete_tenant(self, tenant: str, wait_s: float = 60.0) -> TenantDeleted:
         """Remove a tenant (slot, queue stream, versions, checkpoints, records); refused while
