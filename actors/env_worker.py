@@ -30,6 +30,7 @@ from actors.auth import PLATFORM_ACCOUNT
 from actors.identity import current_caller, deny
 from actors.paths import confine, data_roots
 from actors.runtime import Role, RoleConfig, op
+from envs.simcall import SimTimeout, guard, sim_call
 from protocol.policy import DRAIN_RELEASE
 from protocol.errors import FailedPrecondition, InvalidField, NexusError, NotFound
 from protocol.messages import (
@@ -92,7 +93,7 @@ class EnvWorker(Role):
 
     def info_extra(self) -> dict[str, Any]:
         return {"sessions": len(self.sessions), "expired": self.expired,
-                "producers": {k: p.status() for k, p in self.producers.items()}}
+                "producers": {k: p.status() for k, p in self.producers.items()}, "sim_calls": guard().info()}
 
     # -- sessions ------------------------------------------------------------------------
     def _session(self, sid: str) -> _Session:
@@ -208,7 +209,13 @@ class EnvWorker(Role):
 
     async def _call(self, s: _Session, fn, *args) -> Any:
         try:
-            return await asyncio.to_thread(fn, *args)
+            # Bounded (envs.simcall, NEXUS_SIM_TIMEOUT_S): a hung simulator closes its session.
+            return await sim_call(f"{s.env_id} {getattr(fn, '__name__', 'call')}", fn, *args)
+        except SimTimeout as exc:
+            # Not closed: its close would queue behind the hung call on a second thread.
+            await self._drop(s, f"simulator hung: {exc.message}", close=False)
+            raise FailedPrecondition(f"session {s.id} ({s.env_id}) hung and was closed: {exc.message}; "
+                                     "open a new one", details={"session": s.id, **exc.details}) from None
         except NexusError:
             raise  # the caller's mistake (bad action shape, unknown task): session stays usable
         except Exception as exc:
@@ -218,10 +225,11 @@ class EnvWorker(Role):
                 f"session {s.id} ({s.env_id}) crashed and was closed: {type(exc).__name__}: {exc}",
                 details={"session": s.id}) from None
 
-    async def _drop(self, s: _Session, reason: str) -> None:
+    async def _drop(self, s: _Session, reason: str, close: bool = True) -> None:
         self.sessions.pop(s.id, None)
         try:
-            await asyncio.to_thread(s.env.close)
+            if close:  # (a hung simulator is left to its thread)
+                await sim_call(f"{s.env_id} close", s.env.close)  # bounded: a broken one's close may hang
         except Exception as exc:  # closing a broken simulator may fail too; it is gone anyway
             self.log.warning("env close failed", session=s.id, error=str(exc))
         self.log.info("session closed", session=s.id, reason=reason, steps=s.steps)

@@ -28,9 +28,10 @@ import threading
 import uuid
 from typing import Any, Literal
 
-from protocol.errors import NexusError
+from protocol.errors import NexusError, PayloadTooLarge
 from protocol.messages import Ok, UsageCounters, UsageEntry, UsageReport
 from protocol.policy import UsageFlush
+from protocol.wire import encode
 
 Kind = Literal["train", "infer"]
 Key = tuple[str, str]  # (tenant, workload)
@@ -65,6 +66,7 @@ class Meter:
         self.intervals = 0
         self.reported_s = 0.0  # device-seconds the master acknowledged
         self.reports_acked = 0
+        self.splits = 0  # reports that held only part of the deltas (the rest went in the next)
 
     def charge(self, kind: Kind, busy_s: float, rows: dict[Key, int],
                requests: dict[Key, int] | None = None) -> None:
@@ -92,9 +94,11 @@ class Meter:
         with self._lock:
             self._deltas.setdefault((tenant, workload), UsageCounters()).stored_bytes += n
 
-    def take_report(self, role: str, instance: str) -> UsageReport | None:
+    def take_report(self, role: str, instance: str, max_bytes: int = 0) -> UsageReport | None:
         """The report to send now: the unacknowledged one again (unchanged, same seq: the
-        master may have applied it and lost the reply), else the deltas so far, else None."""
+        master may have applied it and lost the reply), else the deltas so far, else None.
+        ``max_bytes`` > 0: the report holds only as many entries as fit in it encoded; the
+        rest stay for the next report (sent right after this one is acknowledged)."""
         with self._lock:
             if self._pending is not None:
                 return self._pending
@@ -102,10 +106,33 @@ class Meter:
                 return None
             self._seq += 1
             entries = [UsageEntry(tenant=t, workload=w, usage=c) for (t, w), c in sorted(self._deltas.items())]
-            self._deltas = {}
-            self._pending = UsageReport(role=role, instance=instance, seq=self._seq, entries=entries,
-                                        busy_s=sum(self.busy_s.values()), boot=self.boot)
+            report = UsageReport(role=role, instance=instance, seq=self._seq, entries=entries,
+                                 busy_s=sum(self.busy_s.values()), boot=self.boot)
+            if max_bytes > 0:
+                while len(report.entries) > 1 and len(encode(report)) > max_bytes:
+                    report.entries = report.entries[:len(report.entries) // 2]
+                self.splits += int(len(report.entries) < len(entries))
+            for e in report.entries:
+                del self._deltas[(e.tenant, e.workload)]
+            self._pending = report
             return self._pending
+
+    def has_work(self) -> bool:
+        """A report is pending or deltas wait."""
+        with self._lock:
+            return self._pending is not None or bool(self._deltas)
+
+    def more(self) -> bool:
+        """Deltas wait beyond the pending report (a split one): flush again now."""
+        with self._lock:
+            return self._pending is None and bool(self._deltas)
+
+    def drop_pending(self) -> UsageReport | None:
+        """Give the unacknowledged report up (the master refuses it for good, it is never
+        going to fit); the caller logs what was lost."""
+        with self._lock:
+            report, self._pending = self._pending, None
+            return report
 
     def acked(self, report: UsageReport) -> None:
         with self._lock:
@@ -127,17 +154,27 @@ class Meter:
             return {"busy_s": dict(self.busy_s), "intervals": self.intervals,
                     "reported_s": self.reported_s, "reports_acked": self.reports_acked,
                     "unsent_s": charged, "unsent_entries": len(self._deltas),
-                    "pending_seq": pending.seq if pending else 0}
+                    "pending_seq": pending.seq if pending else 0, "splits": self.splits}
 
 
 async def flush(bus: Any, names: Any, meter: Meter, role: str, instance: str, timeout_s: float,
-                log: Any) -> bool:
-    """Send one report to the master; True when there was nothing to send or it was taken."""
-    report = meter.take_report(role, instance)
+                log: Any, max_payload_fraction: float = UsageFlush.max_payload_fraction) -> bool:
+    """Send one report to the master; True when there was nothing to send or it was taken.
+    A report is at most ``max_payload_fraction`` of the server's max payload (split, never
+    refused by NATS and resent forever)."""
+    bound = int(bus.max_payload * max_payload_fraction)
+    report = meter.take_report(role, instance, max_bytes=bound)
     if report is None:
         return True
     try:
         await bus.request(names.master("usage_report"), report, Ok, timeout_s=timeout_s)
+    except PayloadTooLarge as exc:
+        # One entry alone past the bound (names are at most 64 characters: not expected). It
+        # would never fit: given up, loudly, so the rest of the metering goes on.
+        meter.drop_pending()
+        log.error("usage report dropped: larger than the max payload even alone", seq=report.seq,
+                  entries=len(report.entries), bound_bytes=bound, error=exc.message)
+        return False
     except NexusError as exc:
         # The master is away: the same report goes again next period (applied once there).
         log.warning("usage report not taken; will resend", seq=report.seq, error=exc.message)
@@ -147,10 +184,13 @@ async def flush(bus: Any, names: Any, meter: Meter, role: str, instance: str, ti
 
 
 async def flush_loop(role: Any, meter: Meter, policy: UsageFlush) -> None:
-    """A role's critical loop: one report per ``policy.every_s``."""
+    """A role's critical loop: one report per ``policy.every_s`` (and the rest of a split one
+    right after it)."""
     while True:
         await role.idle("usage-flush", policy.every_s)
-        await flush(role.bus, role.names, meter, role.name, role.instance, policy.timeout_s, role.log)
+        while await flush(role.bus, role.names, meter, role.name, role.instance, policy.timeout_s, role.log,
+                          policy.max_payload_fraction) and meter.more():
+            pass
 
 
 async def final_flush(role: Any, meter: Meter, policy: UsageFlush) -> None:
@@ -158,9 +198,10 @@ async def final_flush(role: Any, meter: Meter, policy: UsageFlush) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + policy.final_timeout_s
     while loop.time() < deadline:
-        if meter.take_report(role.name, role.instance) is None:
+        if not meter.has_work():
             return
         left = max(0.1, min(policy.timeout_s, deadline - loop.time()))
-        if not await flush(role.bus, role.names, meter, role.name, role.instance, left, role.log):
+        if not await flush(role.bus, role.names, meter, role.name, role.instance, left, role.log,
+                           policy.max_payload_fraction):
             await asyncio.sleep(min(0.5, max(0.0, deadline - loop.time())))
     role.log.error("usage not reported before exit", **meter.info())

@@ -355,7 +355,7 @@ class SimulatorSettings(EnvSettings):
 
 
 class SimCallSettings(EnvSettings):
-    """Bounds of every simulator call (`actors.simcall`): a hung simulator fails its episode."""
+    """Bounds of every simulator call (`envs.simcall`): a hung simulator fails its episode."""
 
     roles = ("env",)
     readers = "env worker (sessions and producers)"

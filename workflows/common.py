@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from envs.simcall import sim_call
 from protocol.errors import Busy, FailedPrecondition, NexusError, NotFound
 from protocol.messages import ProducerSpec, QueuePutRequest, WorkloadEvent
 from protocol.policy import RetryPolicy
@@ -270,7 +271,8 @@ class Workflow:
 
     async def _episode_steps(self, env: Any, seed: int, sample: bool, version: int, exec_steps: int,
                              record: list[dict[str, Any]] | None) -> tuple[bool, float]:
-        obs, info = await asyncio.to_thread(env.reset, seed)
+        # Every simulator call bounded (envs.simcall): a hung one raises SimTimeout.
+        obs, info = await sim_call("reset", env.reset, seed)
         low, high = np.asarray(env.spec.action_low, np.float32), np.asarray(env.spec.action_high, np.float32)
         total, success, done = 0.0, False, False
         while not done:
@@ -283,7 +285,7 @@ class Workflow:
             reward, terminated, truncated = 0.0, False, False
             next_obs = obs
             for a in chunk[:n]:
-                next_obs, r, terminated, truncated, info = await asyncio.to_thread(env.step, np.clip(a, low, high))
+                next_obs, r, terminated, truncated, info = await sim_call("step", env.step, np.clip(a, low, high))
                 reward += float(r)
                 if terminated or truncated:
                     break

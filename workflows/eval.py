@@ -9,6 +9,7 @@ import asyncio
 
 import numpy as np
 
+from envs.simcall import SimTimeout, sim_call
 from workflows.common import Workflow
 
 EVAL_DEFAULTS = {"exec_steps": 0}
@@ -19,7 +20,7 @@ async def evaluate(wf: Workflow) -> None:
     import envs
 
     spec = wf.spec
-    env = await asyncio.to_thread(envs.make, spec.env_id, **spec.env_options)
+    env = await sim_call("make", envs.make, spec.env_id, **spec.env_options)
     version = spec.eval_version  # pinned once by the master; never changes here
     if version < 0:  # a training workload's closing evaluation: its final version
         await wf._refresh_version()
@@ -28,7 +29,16 @@ async def evaluate(wf: Workflow) -> None:
     exec_steps = int({**EVAL_DEFAULTS, **spec.algo}["exec_steps"])
     try:
         for ep in range(spec.eval_episodes):
-            success, ret = await wf._episode(env, spec.eval_seed + ep, spec.eval_sample, version, exec_steps, None)
+            try:
+                success, ret = await wf._episode(env, spec.eval_seed + ep, spec.eval_sample, version, exec_steps,
+                                                 None)
+            except SimTimeout as exc:
+                # A hung simulator fails its episode (a failure with return 0) and is replaced;
+                # its thread is given up (envs.simcall), never closed under the hung call.
+                wf.log.warning("eval episode failed: simulator hung; env replaced", workload=spec.workload,
+                               episode=ep, error=exc.message)
+                success, ret = False, 0.0
+                env = await sim_call("make", envs.make, spec.env_id, **spec.env_options)
             wf._episode_done(success, ret)
             if (ep + 1) % 10 == 0 or ep + 1 == spec.eval_episodes:
                 await wf._event("progress", metrics=eval_metrics(wf))

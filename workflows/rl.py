@@ -13,6 +13,7 @@ import numpy as np
 
 from protocol.errors import Busy, InvalidField
 from protocol.messages import QueuePutRequest
+from envs.simcall import SimTimeout, sim_call
 from workflows.common import Workflow
 from workflows.gae import gae
 
@@ -41,7 +42,21 @@ class RLWorkflow(Workflow):
         n_envs = max(1, int(algo.get("parallel_envs", 1)))
         if n_envs > MAX_PARALLEL_ENVS:  # the spec bounds it too; a raw start_producer must not
             raise InvalidField("algo.parallel_envs", f"{n_envs} is over the limit of {MAX_PARALLEL_ENVS}")
-        pool = [await asyncio.to_thread(envs.make, self.spec.env_id, **self.spec.env_options) for _ in range(n_envs)]
+        pool = [await sim_call("make", envs.make, self.spec.env_id, **self.spec.env_options) for _ in range(n_envs)]
+
+        async def episode(j: int, seed_j: int, record: list[dict[str, Any]]) -> tuple[bool, float] | None:
+            # A hung simulator fails its episode (dropped: a partial segment has no end to
+            # bootstrap from) and is replaced; its thread is given up (envs.simcall). Past the
+            # hung bound the next call raises Unavailable and the workload fails.
+            try:
+                return await self._episode(pool[j], seed_j, True, -1, int(algo["exec_steps"]), record)
+            except SimTimeout as exc:
+                self.log.warning("rl episode dropped: simulator hung; env replaced", workload=self.spec.workload,
+                                 error=exc.message)
+                record.clear()
+                pool[j] = await sim_call("make", envs.make, self.spec.env_id, **self.spec.env_options)
+                return None
+
         seed = self.spec.seed * 1_000_003
         window: list[tuple[bool, float]] = []
         try:
@@ -56,11 +71,12 @@ class RLWorkflow(Workflow):
                                else len(segments) < int(algo["episodes_per_update"])):
                             k = n_envs if by_steps else min(n_envs, int(algo["episodes_per_update"]) - len(segments))
                             records: list[list[dict[str, Any]]] = [[] for _ in range(k)]
-                            results = await asyncio.gather(*(
-                                self._episode(pool[j], seed + j, True, -1, int(algo["exec_steps"]), records[j])
-                                for j in range(k)))
+                            results = await asyncio.gather(*(episode(j, seed + j, records[j]) for j in range(k)))
                             seed += k
-                            for steps, (success, ret) in zip(records, results):
+                            for steps, result in zip(records, results):
+                                if result is None:
+                                    continue
+                                success, ret = result
                                 segments.append(steps)
                                 self._episode_done(success, ret)
                                 window.append((success, ret))
