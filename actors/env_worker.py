@@ -30,7 +30,7 @@ from actors.auth import PLATFORM_ACCOUNT
 from actors.identity import current_caller, deny
 from actors.paths import confine, data_roots
 from actors.runtime import Role, RoleConfig, op
-from envs.simcall import SimTimeout, guard, sim_call
+from envs.simcall import SimTimeout, configure as configure_sim_calls, guard, sim_call
 from protocol.policy import DRAIN_RELEASE
 from protocol.errors import FailedPrecondition, InvalidField, NexusError, NotFound
 from protocol.messages import (
@@ -82,6 +82,7 @@ class EnvWorker(Role):
         self.expired = 0
         self.producers: dict[str, Any] = {}
         self.readers: OrderedDict[str, Any] = OrderedDict()
+        self.sim = configure_sim_calls()  # every simulator call's timeout and hung bound (envs.simcall)
 
     async def setup(self) -> None:
         import importlib

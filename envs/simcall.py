@@ -69,10 +69,20 @@ _GUARD: list[SimGuard] = []
 
 def guard() -> SimGuard:
     """The process's guard (one per process: the executor it bounds is the process's)."""
-    if not _GUARD:
-        s = SimCallSettings.from_env()
-        _GUARD.append(SimGuard(s.timeout_s, s.max_hung))
-    return _GUARD[0]
+    return _GUARD[0] if _GUARD else configure()
+
+
+def configure() -> SimGuard:
+    """The process's guard from NEXUS_SIM_*, read now (an env worker at its start); the hung
+    count of calls already given up carries over."""
+    s = SimCallSettings.from_env()
+    g = SimGuard(s.timeout_s, s.max_hung)
+    if _GUARD:
+        g.hung, g.timeouts = _GUARD[0].hung, _GUARD[0].timeouts
+        _GUARD[0] = g
+    else:
+        _GUARD.append(g)
+    return g
 
 
 async def sim_call(what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
