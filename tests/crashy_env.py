@@ -25,3 +25,25 @@ def make_crashy(env_id: str = "test/crashy-v0", **kw) -> CrashyReach:
 
 
 envs.register("test/crashy-v0", make_crashy, overwrite=True)
+
+
+class HangyReach(ReachEnv):
+    """`step` with an action of 7 sleeps HANG_S (a simulator that hangs past its timeout)."""
+
+    HANG_S = 4.0
+
+    def step(self, action):
+        if float(np.asarray(action).reshape(-1)[0]) == 7.0:
+            import time
+
+            time.sleep(self.HANG_S)
+        return super().step(action)
+
+
+def make_hangy(env_id: str = "test/hangy-v0", **kw) -> HangyReach:
+    env = make_reach(env_id=env_id, **kw)
+    env.__class__ = HangyReach
+    return env
+
+
+envs.register("test/hangy-v0", make_hangy, overwrite=True)
