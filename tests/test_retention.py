@@ -121,7 +121,7 @@ def test_finished_records_compacted_with_usage_totals_kept_and_labels_capped(rol
 
     old, before, after_wl, new, after, now_wl = asyncio.run(go())
     labels = sorted(r.workload for r in before.records if not r.workload.startswith("w"))
-    assert labels == [OTHER_LABEL, "label0", "label1", "label2"]
+    assert labels == ["label0", "label1", "label2", OTHER_LABEL]
     assert next(r for r in before.records if r.workload == OTHER_LABEL).usage.requests == 2
     assert _requests(before, "keep") == 35
     assert not {w.workload for w in after_wl} & set(old)  # compacted from memory and KV
