@@ -227,3 +227,58 @@ def test_a_hung_simulator_fails_its_session_not_the_worker(roles):
     assert took < 3.5
     assert info.extra["sim_calls"]["hung"] == 1 and info.extra["sim_calls"]["timeouts"] == 1
     assert obs.session and after.extra["sim_calls"]["hung"] == 0
+
+
+def test_tenant_delete_removes_all_of_its_state(roles):
+    """Records, usage, reports, recorded datasets and the TensorBoard run; a tenant whose name
+    extends the deleted one's keeps its own."""
+    roles.start("master")
+    data = roles.data_dir
+
+    async def go():
+        c = await _client(roles).connect()
+        try:
+            gone = await _finished(c, "a", 2)
+            kept = await _finished(c, "a-b", 1)
+            await _report(c, 1, [("a", gone[0], 4), ("a", "mylabel", 1), ("a-b", kept[0], 2)])
+            # What the producers and the monitor write for a tenant (workflows/sft.py, actors/boards.py).
+            for name in (f"a-{gone[0]}", f"a-b-{kept[0]}", "a", "tenants/a"):
+                (data / "datasets" / name / "meta").mkdir(parents=True)
+            for tenant in ("a", "a-b"):
+                (data / "tensorboard" / tenant).mkdir(parents=True)
+            reports_before = sorted(p.name for p in (data / "reports").iterdir())
+            deleted = await c.delete_tenant("a")
+            return gone, kept, reports_before, deleted, await c.usage(), await c.workloads()
+        finally:
+            await c.close()
+
+    gone, kept, reports_before, deleted, usage, workloads = asyncio.run(go())
+    assert reports_before == sorted(f"{w}.json" for w in gone + kept)  # a cancel writes the report
+    assert deleted.removed["workloads"] == 2 and deleted.removed["usage"] == 2
+    assert deleted.removed["reports"] == 2 and deleted.removed["datasets"] == 3 and deleted.removed["boards"] == 1
+    assert sorted(p.name for p in (data / "reports").iterdir()) == [f"{kept[0]}.json"]
+    assert sorted(p.name for p in (data / "datasets").iterdir()) == [f"a-b-{kept[0]}", "tenants"]
+    assert not (data / "datasets" / "tenants" / "a").exists()
+    assert sorted(p.name for p in (data / "tensorboard").iterdir()) == ["a-b"]
+    assert {r.tenant for r in usage.records} == {"a-b"} and [w.workload for w in workloads] == kept
+
+
+def test_auth_store_removes_a_deleted_tenants_account(tmp_path):
+    from actors.auth import AuthStore
+
+    store = AuthStore(tmp_path)
+    store.ensure()
+    creds = store.add_tenant("acct")
+    store.add_tenant("other")
+    store.revoke_tenant("acct")
+    assert not creds.exists()
+    store.add_tenant("acct")  # issued again, then deleted for good
+    removed = store.remove_tenant("acct")
+    assert removed == {"accounts": 1, "creds": 1}
+    assert not store.tenant_creds("acct").exists() and store.tenant_creds("other").exists()
+    assert store.tenants() == ["other"]
+    conf = store.accounts_conf.read_text()
+    assert "other" in json.dumps(json.loads(store.state_path.read_text())["tenants"])
+    assert "acct" not in json.loads(store.state_path.read_text())["tenants"]
+    assert store.remove_tenant("acct") == {"accounts": 0, "creds": 0}
+    assert conf == store.accounts_conf.read_text()
