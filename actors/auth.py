@@ -26,7 +26,8 @@ A tenant account imports the platform's request-reply subjects (`tenant_services
 the tenant) into the ``Nats-Request-Info`` header every responder reads (`actors.identity`),
 and hears its own workloads' events (`protocol.subjects.tenant_events_pattern`).
 Its own JetStream is bounded by its
-storage quota (the account JWT's limits).
+storage quota, and its connections, subscriptions and message size by its core limits (the
+account JWT's limits, `ACCOUNT_LIMITS`), all set by the operator.
 """
 
 from __future__ import annotations
@@ -196,6 +197,22 @@ def default_storage_bytes() -> int:
     return int(CliSettings.model_fields["tenant_storage_mb"].default * 2**20)
 
 
+# The core NATS limits of a tenant's account, set by the operator (`nexus tenant create
+# --max-conns / --max-subs / --max-payload-kb`) and enforced by nats-server: state.json's
+# name -> the account JWT's ``limits`` key. conn: connections of the account, all servers
+# together (past it a new one is refused); subs: per connection; payload: bytes per message.
+ACCOUNT_LIMITS = {"max_conns": "conn", "max_subs": "subs", "max_payload": "payload"}
+
+
+def default_account_limits() -> dict[str, int]:
+    """A new tenant account's limits when `nexus tenant create` names none (state.json names)."""
+    from protocol.settings import CliSettings
+
+    fields = CliSettings.model_fields
+    return {"max_conns": int(fields["tenant_max_conns"].default), "max_subs": int(fields["tenant_max_subs"].default),
+            "max_payload": int(fields["tenant_max_payload_kb"].default) * 1024}
+
+
 class AuthStore:
     """The keys and identities of one deployment, and the account JWTs its servers trust.
 
@@ -323,10 +340,22 @@ class AuthStore:
             raise NotFound(f"tenant {tenant!r} has no account", details={"tenant": tenant})
         return int(rec["storage_bytes"])
 
-    def add_tenant(self, tenant: str, storage_bytes: int | None = None, expires_in_s: float | None = None) -> Path:
+    def account_limits(self, tenant: str) -> dict[str, int]:
+        """The tenant account's core limits (`ACCOUNT_LIMITS` names: max_conns, max_subs,
+        max_payload in bytes)."""
+        rec = self._state().get("tenants", {}).get(tenant)
+        if rec is None:
+            raise NotFound(f"tenant {tenant!r} has no account", details={"tenant": tenant})
+        defaults = default_account_limits()
+        return {k: int(rec.get(k, defaults[k])) for k in ACCOUNT_LIMITS}
+
+    def add_tenant(self, tenant: str, storage_bytes: int | None = None, expires_in_s: float | None = None,
+                   limits: dict[str, int] | None = None) -> Path:
         """A tenant's account (made once) and a new user's credentials: a re-issue revokes
         the tenant's previous user key. ``storage_bytes``: the account's JetStream storage
-        quota (default: the last one set, else `default_storage_bytes`). ``expires_in_s``:
+        quota (default: the last one set, else `default_storage_bytes`). ``limits``: some of
+        its core limits (`ACCOUNT_LIMITS` names; each default: the last one set, else
+        `default_account_limits`). ``expires_in_s``:
         the credentials' lifetime (None: no expiry); the server refuses them after it and
         closes the connections made with them, and a re-issue is the rotation. Returns the
         creds file; `push` makes it live on a running server."""
@@ -338,12 +367,19 @@ class AuthStore:
             raise InvalidField("storage_bytes", f"must be an integer >= 1, got {storage_bytes!r}")
         if expires_in_s is not None and not expires_in_s > 0:
             raise InvalidField("expires_in_s", f"must be > 0 (None: no expiry), got {expires_in_s!r}")
+        for name, value in (limits or {}).items():
+            if name not in ACCOUNT_LIMITS:
+                raise InvalidField(f"limits.{name}", f"not an account limit; allowed: {', '.join(ACCOUNT_LIMITS)}")
+            # int32 on the server (a larger value would wrap there).
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value < 2**31:
+                raise InvalidField(f"limits.{name}", f"must be an integer in 1..{2**31 - 1}, got {value!r}")
         self._state()  # refuses before `nexus up` made the base identities
         with self._locked() as state:
             rec = state["tenants"].setdefault(tenant, {"seed": nats_jwt.new_key("account"), "revoked": {}})
             if storage_bytes is not None:
                 rec["storage_bytes"] = storage_bytes
             rec.setdefault("storage_bytes", default_storage_bytes())
+            rec.update(limits or {})
             if rec.get("user"):
                 rec["revoked"][rec["user"]] = int(time.time())
             expires_at = None if expires_in_s is None else math.ceil(time.time() + expires_in_s)
@@ -462,9 +498,15 @@ def _sign_tenant(state: dict, tenant: str) -> None:
     imports.append({"name": events, "subject": events, "account": platform_pub, "type": "stream"})
     jetstream = {"mem_storage": 0, "disk_storage": int(rec["storage_bytes"]), "streams": TENANT_STREAMS,
                  "consumer": TENANT_CONSUMERS}
+    # Recorded once (an account from before these limits gets the defaults, then keeps them).
+    for name, value in default_account_limits().items():
+        rec.setdefault(name, value)
+    # leaf 0: no leaf node joins as a tenant. (The JWT's ``data`` stays unlimited: nats-server
+    # does not enforce it; a tenant's traffic is bounded by these, its quotas and rates.)
+    core = {jwt_key: int(rec[name]) for name, jwt_key in ACCOUNT_LIMITS.items()} | {"leaf": 0}
     rec["jwt"] = nats_jwt.encode(
         state["operator"], nats_jwt.public(rec["seed"]), f"{TENANT_ACCOUNT_PREFIX}{tenant}",
-        nats_jwt.account_claims(jetstream=jetstream, imports=imports, revocations=rec["revoked"]))
+        nats_jwt.account_claims(jetstream=jetstream, imports=imports, revocations=rec["revoked"], limits=core))
 
 
 def render_preload(state: dict) -> str:

@@ -32,7 +32,7 @@ from actors.paths import confine, data_roots
 from actors.runtime import Role, RoleConfig, op
 from envs.simcall import SimTimeout, configure as configure_sim_calls, guard, sim_call
 from protocol.policy import DRAIN_RELEASE
-from protocol.errors import FailedPrecondition, InvalidField, NexusError, NotFound
+from protocol.errors import FailedPrecondition, InvalidField, NexusError, NotFound, QuotaExceeded
 from protocol.messages import (
     EnvCloseRequest,
     EnvCreateRequest,
@@ -51,9 +51,6 @@ from protocol.settings import EnvWorkerSettings
 from protocol.subjects import check_token
 
 SWEEP_EVERY_S = 1.0
-# Frames per sample reply: the reply must fit the 1 MB max payload (2 cameras of 64x64 are
-# ~25 KB a frame); a larger request is an error naming this bound, not a failed reply.
-MAX_SAMPLE = 32
 MAX_READERS = 8  # open dataset readers kept per worker
 MAX_LEASE_S = 3600.0
 
@@ -79,6 +76,7 @@ class EnvWorker(Role):
         self.sessions: dict[str, _Session] = {}
         self.env_settings = EnvWorkerSettings.from_env()
         self.max_sessions = self.env_settings.max_sessions
+        self.max_sessions_per_tenant = self.env_settings.max_sessions_per_tenant
         self.expired = 0
         self.producers: dict[str, Any] = {}
         self.readers: OrderedDict[str, Any] = OrderedDict()
@@ -116,12 +114,35 @@ class EnvWorker(Role):
             raise InvalidField("lease_s", f"must be in (0, {MAX_LEASE_S:g}]")
         if len(self.sessions) >= self.max_sessions:
             raise FailedPrecondition(f"worker {self.instance} holds {len(self.sessions)} sessions, its maximum")
+        caller = current_caller()
+        self._check_tenant_sessions(caller)
         env = await asyncio.to_thread(envs.make, req.env_id, **req.options)
+        # Counted again after the (threaded) make: concurrent creates of one tenant cannot
+        # all pass the check above and overshoot the bound together.
+        try:
+            self._check_tenant_sessions(caller)
+        except QuotaExceeded:
+            await asyncio.to_thread(env.close)
+            raise
         sid = uuid.uuid4().hex[:12]
         self.sessions[sid] = _Session(sid, req.env_id, env, req.lease_s, time.monotonic(), asyncio.Lock(),
-                                      owner=current_caller().account)
+                                      owner=caller.account)
         self.log.info("session opened", session=sid, env_id=req.env_id)
         return EnvSession(session=sid, worker=self.instance, env_id=req.env_id, spec=spec_dict(env.spec))
+
+    def _check_tenant_sessions(self, caller: Any) -> None:
+        """A tenant's sessions on this worker (counted by its account) within
+        NEXUS_ENV_MAX_SESSIONS_PER_TENANT: one tenant cannot take every session of a worker
+        all tenants share. The platform's own sessions (producers) are bounded by the worker's."""
+        if caller.is_platform:
+            return
+        held = sum(1 for s in self.sessions.values() if s.owner == caller.account)
+        if held >= self.max_sessions_per_tenant:
+            raise QuotaExceeded.of(
+                "env_sessions_per_tenant", self.max_sessions_per_tenant,
+                f"{caller.describe()} holds {held} sessions on env worker {self.instance} "
+                f"(NEXUS_ENV_MAX_SESSIONS_PER_TENANT); close one, or let an unused one's lease lapse",
+                SWEEP_EVERY_S, setting="NEXUS_ENV_MAX_SESSIONS_PER_TENANT", held=held)
 
     @op("reset", EnvResetRequest, access="any")
     async def reset(self, req: EnvResetRequest) -> EnvObs:
@@ -153,8 +174,7 @@ class EnvWorker(Role):
     @op("sample", SampleRequest, access="checked")
     async def sample(self, req: SampleRequest) -> DatasetBatch:
         """Frames of a local LeRobot v3.0 dataset; readers stay open (bounded) between calls."""
-        if not 1 <= req.n <= MAX_SAMPLE and not req.indices:
-            raise InvalidField("n", f"must be in 1..{MAX_SAMPLE}")
+        # n and len(indices) are bounded by SampleRequest itself (at decode, SAMPLE_MAX_FRAMES).
         confine(req.root, "root", data_roots(self.cfg.data_dir))
         reader = await self._reader(req.root)
         if req.indices:

@@ -21,7 +21,8 @@ to what reaches it after (the caller retries on another instance).
 
 Bounded work and failover: a request is refused with `Busy` (``details.retry_after_s``) at
 once when the instance already holds ``max_queued`` requests or its key's queue holds
-``max_queue_per_key``; nothing is queued past those bounds. A request carrying a
+``max_queue_per_key``, and with `QuotaExceeded` (a `Busy`) when its tenant already has
+``max_queued_per_tenant`` held here; nothing is queued past those bounds. A request carrying a
 ``request_id`` is worked once per instance: a retry of one still in flight joins it (both
 callers get the one reply), and a retry of one already answered gets the same reply again
 from a bounded cache (``reply_cache_size`` entries for ``reply_cache_ttl_s``).
@@ -112,6 +113,9 @@ class AdmissionConfig:
     reply_cache_ttl_s: float = _ENV_DEFAULTS.reply_cache_ttl_s
     # Copies of one request held at once; more is a flood, answered Busy.
     max_joined_per_request: int = _ENV_DEFAULTS.max_joined_per_request
+    # One tenant's requests held at once (queued + in a forward): its flood leaves room for
+    # the others' (the predict rate quota bounds how fast it sends, this how much it holds).
+    max_queued_per_tenant: int = _ENV_DEFAULTS.max_queued_per_tenant
 
     def __post_init__(self) -> None:
         if self.max_queue_per_key < 1:
@@ -127,6 +131,8 @@ class AdmissionConfig:
             raise ValueError(f"reply_cache_ttl_s={self.reply_cache_ttl_s}: must be > 0")
         if self.max_joined_per_request < 1:
             raise ValueError(f"max_joined_per_request={self.max_joined_per_request}: must be >= 1")
+        if self.max_queued_per_tenant < 1:
+            raise ValueError(f"max_queued_per_tenant={self.max_queued_per_tenant}: must be >= 1")
 
     @classmethod
     def from_env(cls) -> AdmissionConfig:
@@ -197,6 +203,8 @@ class Inferencer(Role):
         self.dropped = 0
         # Bounded work and dedup (see the module docstring).
         self.held = 0  # requests admitted and not yet answered
+        self.held_by_tenant: Counter[str] = Counter()  # the same, per tenant (no zero entries)
+        self.tenant_refused = 0  # requests refused past max_queued_per_tenant
         self.busy = 0  # requests refused Busy
         self.replayed = 0  # retries answered from the reply cache
         self.joined = 0  # retries that joined their request in flight
@@ -261,6 +269,7 @@ class Inferencer(Role):
             "held": self.held, "busy": self.busy, "replayed": self.replayed, "joined": self.joined,
             "draining_refused": self.draining_refused, "reply_cache": len(self.replies),
             "max_queue_per_key": self.admission.max_queue_per_key, "max_queued": self.admission.max_queued,
+            "max_queued_per_tenant": self.admission.max_queued_per_tenant, "tenant_refused": self.tenant_refused,
             "usage": self.meter.info(), "rate_refused": dict(self.rate.refused),
             # NEXUS_INFER_HEAD_BUDGET_MB: bytes of loaded heads, heads evicted / reloaded so far.
             "head_budget": self.heads.budget_report() if self.heads else {},
@@ -383,10 +392,23 @@ class Inferencer(Role):
             await self._refuse_busy(msg, f"inferencer {self.instance} holds {self.held} requests "
                                          f"(max_queued={self.admission.max_queued})", self.held, span)
             return False
+        tenant_held = self.held_by_tenant[req.tenant]
+        if tenant_held >= self.admission.max_queued_per_tenant:
+            self.busy += 1
+            self.tenant_refused += 1
+            hint = self._busy_hint_s(tenant_held)
+            span.set_attribute("nexus.outcome", "busy")
+            await self._reply(msg, ErrorReply.from_exception(QuotaExceeded.of(
+                "max_queued_per_tenant", self.admission.max_queued_per_tenant,
+                f"tenant {req.tenant!r} has {tenant_held} requests held by inferencer {self.instance} "
+                f"(NEXUS_INFER_MAX_QUEUED_PER_TENANT); retry in {hint:g} s", hint, tenant=req.tenant,
+                setting="NEXUS_INFER_MAX_QUEUED_PER_TENANT")), span)
+            return False
         p = _Pending(req=req, msg=msg, arrived=now, expires=now + req.timeout_s, key=key, span=span,
                      arrived_ns=arrived_ns)
         p.reply = asyncio.get_running_loop().create_future()
         self.held += 1
+        self.held_by_tenant[req.tenant] += 1
         if key is not None:
             self._by_id[key] = p
         # Tracked like any request, so a drain waits for it.
@@ -498,6 +520,9 @@ class Inferencer(Role):
             if p.key is not None and self._by_id.get(p.key) is p:
                 del self._by_id[p.key]
             self.held -= 1
+            self.held_by_tenant[p.req.tenant] -= 1
+            if self.held_by_tenant[p.req.tenant] <= 0:
+                del self.held_by_tenant[p.req.tenant]  # bounded by the tenants holding requests now
             if p.slot is not None and self.heads is not None:
                 self.heads.release(p.req.tenant, p.version)
                 p.slot = None  # released once

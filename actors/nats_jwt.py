@@ -80,12 +80,17 @@ def operator_claims(system_account: str) -> dict[str, Any]:
 
 
 def account_claims(*, jetstream: dict[str, int] | None = None, exports: list[dict] | None = None,
-                   imports: list[dict] | None = None, revocations: dict[str, int] | None = None) -> dict[str, Any]:
-    """An account: its limits (no JetStream unless ``jetstream`` gives its limits), the
-    subjects it exports and imports, and the user keys it revoked (key -> unix time: every
-    user JWT of that key issued at or before it is refused, and its connections closed)."""
+                   imports: list[dict] | None = None, revocations: dict[str, int] | None = None,
+                   limits: dict[str, int] | None = None) -> dict[str, Any]:
+    """An account: its limits (no JetStream unless ``jetstream`` gives its limits; ``limits``
+    overrides `CORE_LIMITS` entries, e.g. ``conn``, ``subs``, ``payload``), the subjects it
+    exports and imports, and the user keys it revoked (key -> unix time: every user JWT of
+    that key issued at or before it is refused, and its connections closed)."""
     js = jetstream or {"mem_storage": 0, "disk_storage": 0, "streams": 0, "consumer": 0}
-    out: dict[str, Any] = {"type": "account", "version": 2, "limits": {**CORE_LIMITS, **js}}
+    unknown = set(limits or {}) - set(CORE_LIMITS)
+    if unknown:
+        raise ValueError(f"not core account limits: {sorted(unknown)} (known: {sorted(CORE_LIMITS)})")
+    out: dict[str, Any] = {"type": "account", "version": 2, "limits": {**CORE_LIMITS, **(limits or {}), **js}}
     if exports:
         out["exports"] = exports
     if imports:

@@ -44,7 +44,7 @@ from nats.js.errors import NoKeysError, NotFoundError, ObjectNotFoundError
 from actors.bus import js_retry
 
 from actors.layout import ensure_tq_stream, publish_tq, read_deployment_settings
-from actors.identity import require_tenant
+from actors.identity import current_caller, require_tenant
 from actors.runtime import Role, RoleConfig, op
 from actors.tracing import carrier, hop_name, messaging, nexus_attrs
 from actors.tq_read import PartitionReader
@@ -300,9 +300,19 @@ class Master(WorkloadOps, UsageOps, Role):
         cfg = req.config
         check_token("config.name", cfg.name)
         require_tenant(cfg.name, "tenant_create")
+        by_operator = current_caller().is_platform
+        if not by_operator and cfg.quotas is not None:
+            # docs/security.md: quotas, priority ceilings and in-flight caps are the operator's.
+            raise InvalidField("config.quotas", "quotas are set by the operator (`nexus tenant quotas`), never in "
+                                                "a tenant's own request; leave it unset (null)")
         cfg.signature = _schema_signature(cfg.schema)
         _check_config(cfg)
-        self.check_priority(cfg.priority, cfg, "config.priority")
+        # Bounded by the stored tenant's quotas when it exists (a tenant's re-create brings
+        # none), else by the request's (the platform's own, or the defaults).
+        existing = self.sched.tenants.get(cfg.name)
+        if not by_operator and existing is not None:
+            cfg.quotas = existing.quotas
+        self.check_schedule(cfg, existing or cfg, "config")
         if cfg.base_adapter or cfg.head == "expert":
             # Off the loop: the first check imports transformers (seconds) to read the base's layers.
             errors = await asyncio.to_thread(base_fit_errors, cfg, "head_params")
@@ -311,6 +321,8 @@ class Master(WorkloadOps, UsageOps, Role):
         async with self._lock:
             existing = self.sched.tenants.get(cfg.name)
             if existing is not None:
+                if not by_operator:
+                    cfg.quotas = existing.quotas  # the operator's, kept (and compared) as they are
                 cfg.created_at = existing.created_at
                 if req.exist_ok and encode(existing) == encode(cfg):
                     return existing

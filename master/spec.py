@@ -78,6 +78,8 @@ MAX_HORIZON = 256
 # (protocol.policy holds it: the master bounds a reserve's priority by the same range and the
 # tenant's max_priority quota).
 from protocol.policy import PRIORITY_MAX, PRIORITY_MIN  # noqa: E402
+# The caps' bounds, the master's too (a tenant's quotas may lower max_inflight_jobs's).
+from protocol.policy import MAX_INFLIGHT_JOBS_PER_TASK, SFT_PREFETCH_ITEMS_MAX, STALENESS_BOUND_MAX  # noqa: E402
 # "suite/name-v0": env ids are resolved by the env workers' registry, not here.
 ENV_ID_PATTERN = r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+"
 # A base that is not a preset must be a path, spelled with a '/' (./my_model), so a typo in a
@@ -390,14 +392,15 @@ class ScheduleSpec(_Section):
 
     priority: Int = _doc(f"higher is leased first; ties go round-robin; allowed {PRIORITY_MIN}..{PRIORITY_MAX}. "
                          "Default 0: equal shares", 0, ge=PRIORITY_MIN, le=PRIORITY_MAX)
-    max_inflight_jobs: Int = _doc("unfinished training jobs per tenant-task. Default 2: keeps a producer "
-                                  "from running far ahead of training", 2, ge=1, le=64)
+    max_inflight_jobs: Int = _doc("unfinished training jobs per tenant-task, at most the tenant's quota "
+                                  "max_inflight_jobs (set by the operator). Default 2: keeps a producer "
+                                  "from running far ahead of training", 2, ge=1, le=MAX_INFLIGHT_JOBS_PER_TASK)
     staleness_bound: Int = _doc("RL data more than this many policy versions old is dropped. Default "
-                                "128: the reference system's bound", 128, ge=1)
+                                "128: the reference system's bound", 128, ge=1, le=STALENESS_BOUND_MAX)
     sft_prefetch_items: Int = _doc("SFT micro-batches per tenant in ready or leased jobs (the ones "
                                    "waiting for or on a trainer); a put beyond it is retried by the "
                                    "producer. Default 16: offline data cannot crowd out online RL",
-                                   16, ge=1, le=4096)
+                                   16, ge=1, le=SFT_PREFETCH_ITEMS_MAX)
     budget: BudgetSpec = _docf("limits; default none: sft ends after algorithm.steps, eval after "
                                "eval.episodes, rl runs until cancelled", BudgetSpec)
 

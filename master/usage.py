@@ -39,7 +39,8 @@ from protocol.messages import (
     UsageReport,
     UsageRequest,
 )
-from protocol.policy import COMPACTED_LABEL, OTHER_LABEL, PRIORITY_MAX, PRIORITY_MIN
+from protocol.policy import (COMPACTED_LABEL, MAX_INFLIGHT_JOBS_PER_TASK, OTHER_LABEL, PRIORITY_MAX, PRIORITY_MIN,
+                             SFT_PREFETCH_ITEMS_MAX, STALENESS_BOUND_MAX)
 from protocol.subjects import Names, check_token
 from protocol.wire import decode, encode
 
@@ -47,6 +48,20 @@ from protocol.wire import decode, encode
 # restarted under a new id no longer retries its old reports, so the oldest can go.
 APPLIED_KEEP = 64
 ACTIVE_STATES = ("pending", "running")
+
+
+def _changed_quotas(base: TenantQuotas, changes: dict[str, Any]) -> TenantQuotas:
+    """``base`` with ``changes`` applied; an unknown field or a bad value names its field."""
+    import dataclasses
+
+    known = {f.name for f in dataclasses.fields(TenantQuotas)}
+    for name in changes:
+        if name not in known:
+            raise InvalidField(f"changes.{name}", f"not a quota; allowed: {', '.join(sorted(known))}")
+    try:
+        return dataclasses.replace(base, **changes)
+    except TypeError as exc:
+        raise InvalidField("changes", str(exc)) from None
 
 
 class UsageOps:
@@ -75,19 +90,39 @@ class UsageOps:
                                       f"quota max_priority={self.quotas(cfg).max_priority})",
                                details={"quota": "max_priority", "limit": top})
 
+    def check_schedule(self, cfg: TenantConfig, bound_by: TenantConfig, prefix: str) -> None:
+        """A tenant's own scheduling fields within what the operator gives: priority in
+        PRIORITY_MIN..its max_priority quota, max_inflight_jobs up to its max_inflight_jobs
+        quota (and MAX_INFLIGHT_JOBS_PER_TASK), sft_prefetch_items and staleness_bound up to
+        their documented bounds. ``bound_by``: whose quotas hold (the stored tenant's when it
+        exists: a request never brings its own); ``prefix``: ``config`` or ``schedule``."""
+        self.check_priority(cfg.priority, bound_by, f"{prefix}.priority")
+        quota = self.quotas(bound_by).max_inflight_jobs
+        ceilings = {"max_inflight_jobs": (min(MAX_INFLIGHT_JOBS_PER_TASK, quota),
+                                          f"tenant {bound_by.name!r}: quota max_inflight_jobs={quota}"),
+                    "sft_prefetch_items": (SFT_PREFETCH_ITEMS_MAX, "SFT_PREFETCH_ITEMS_MAX"),
+                    "staleness_bound": (STALENESS_BOUND_MAX, "STALENESS_BOUND_MAX")}
+        for name, (top, why) in ceilings.items():
+            value = getattr(cfg, name)
+            if not (isinstance(value, int) and 1 <= value <= top):
+                raise InvalidField(f"{prefix}.{name}", f"{value!r} is outside 1..{top} ({why}; the operator "
+                                                      "sets quotas with `nexus tenant quotas`)",
+                                   details={"limit": top})
+
     @op("tenant_quotas", TenantQuotasRequest, access="admin")
     async def tenant_quotas(self, req: TenantQuotasRequest) -> TenantConfig:
         from master.service import store_put
 
-        if req.quotas is not None and req.quotas.max_priority > PRIORITY_MAX:
-            raise InvalidField("quotas.max_priority", f"{req.quotas.max_priority}: at most {PRIORITY_MAX}")
         async with self._lock:
             cfg = self._tenant(req.tenant)
-            cfg.quotas = req.quotas
+            quotas = _changed_quotas(self.quotas(cfg), req.changes) if req.changes else req.quotas
+            if quotas is not None and quotas.max_priority > PRIORITY_MAX:
+                raise InvalidField("quotas.max_priority", f"{quotas.max_priority}: at most {PRIORITY_MAX}")
+            cfg.quotas = quotas
             await store_put(self.kv_tenants, cfg.name, encode(cfg))
         # Inferencers cache tenant configs (the predict rate is read from them): drop it.
         await self.bus.publish(self.names.tenant_updated(cfg.name), cfg)
-        self.log.info("tenant quotas set", tenant=cfg.name, quotas=str(req.quotas or "defaults"))
+        self.log.info("tenant quotas set", tenant=cfg.name, quotas=str(cfg.quotas or "defaults"))
         return cfg
 
     # -- usage ---------------------------------------------------------------------------

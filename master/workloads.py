@@ -189,9 +189,9 @@ class WorkloadOps:
             if errors:
                 raise SpecError(errors)
         existing = self.sched.tenants.get(spec.tenant)
-        # The spec's priority within the tenant's quota (its tier's bound), checked before
-        # anything is created or changed.
-        self.check_priority(cfg.priority, existing or cfg, "schedule.priority")
+        # The spec's priority and caps within the tenant's quotas (the operator's, or the
+        # defaults: a spec carries none), checked before anything is created or changed.
+        self.check_schedule(cfg, existing or cfg, "schedule")
         if existing is not None:
             # A tenant outlives its workloads: the next one (SFT, then RL from that policy,
             # then an eval) keeps the slot, versions and history, one workload at a time.

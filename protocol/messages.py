@@ -322,6 +322,11 @@ class TenantQuotas:
                 raise InvalidField(f"quotas.{name}", f"must be an integer >= 1, got {getattr(self, name)!r}")
         if not (isinstance(self.predict_rate_per_s, (int, float)) and self.predict_rate_per_s > 0):
             raise InvalidField("quotas.predict_rate_per_s", f"must be > 0, got {self.predict_rate_per_s!r}")
+        from protocol.policy import PRIORITY_MAX, PRIORITY_MIN
+
+        if not (isinstance(self.max_priority, int) and PRIORITY_MIN <= self.max_priority <= PRIORITY_MAX):
+            raise InvalidField("quotas.max_priority", f"must be an integer in {PRIORITY_MIN}..{PRIORITY_MAX}, "
+                                                      f"got {self.max_priority!r}")
 
 
 @message("tenant.config", 1)
@@ -373,10 +378,13 @@ class GetTenantRequest:
 @message("tenant.quotas", 1)
 @dataclass
 class TenantQuotasRequest:
-    """Set a tenant's quotas (an operator op); ``quotas`` None: back to the defaults."""
+    """Set a tenant's quotas (an operator op); ``quotas`` None: back to the defaults.
+    ``changes`` (TenantQuotas field -> value), when given: those fields changed on top of the
+    tenant's current quotas (else the deployment's defaults), ``quotas`` then unused."""
 
     tenant: str
     quotas: TenantQuotas | None = None
+    changes: dict[str, Any] = field(default_factory=dict)
 
 
 # -- training queue ------------------------------------------------------------------
@@ -985,8 +993,18 @@ class SampleRequest:
     indices: list[int] = field(default_factory=list)  # exact frames instead of a random sample
 
     def __post_init__(self) -> None:
+        from protocol.policy import SAMPLE_MAX_FRAMES
+
         if self.seed is not None and self.seed < 0:
             raise InvalidField("seed", f"must be >= 0, got {self.seed}")
+        # Checked at decode: a worker never reads more frames than one reply can carry.
+        if self.indices:
+            if len(self.indices) > SAMPLE_MAX_FRAMES:
+                raise InvalidField("indices", f"{len(self.indices)} frames asked; at most {SAMPLE_MAX_FRAMES} "
+                                              "per request (SAMPLE_MAX_FRAMES): ask in several requests")
+        elif not (isinstance(self.n, int) and 1 <= self.n <= SAMPLE_MAX_FRAMES):
+            raise InvalidField("n", f"must be an integer in 1..{SAMPLE_MAX_FRAMES} (SAMPLE_MAX_FRAMES), "
+                                    f"got {self.n!r}")
         if any(not _INT64_MIN <= i <= _INT64_MAX for i in self.indices):  # int64 on the worker
             raise InvalidField("indices", "every index must fit in int64")
 

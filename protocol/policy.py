@@ -190,6 +190,17 @@ KV_LOAD_ENTRY_TIMEOUT_S = 30.0
 # (`master.spec` bounds spec.schedule.priority by it; a tenant's quota max_priority may lower
 # the top, never raise it past PRIORITY_MAX).
 PRIORITY_MIN, PRIORITY_MAX = -10, 10
+# A tenant's own scheduling caps (spec.schedule, or its tenant_create config), each bounded
+# so a tenant cannot claim more than the operator gives: max_inflight_jobs per task at most
+# this and its quota max_inflight_jobs; SFT micro-batches held in ready or leased jobs (each
+# one lives in the platform's training-queue stream); RL data kept this many versions back.
+MAX_INFLIGHT_JOBS_PER_TASK = 64
+SFT_PREFETCH_ITEMS_MAX = 4096
+STALENESS_BOUND_MAX = 100_000
+# Frames in one dataset `sample` reply (``n`` or ``len(indices)``): the reply must fit the
+# 1 MB max payload (2 cameras of 64x64 are ~25 KB a frame), so a larger request is refused
+# at decode naming the field and this bound, never a failed reply.
+SAMPLE_MAX_FRAMES = 32
 
 
 def default_quotas():

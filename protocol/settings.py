@@ -313,6 +313,10 @@ class InferencerSettings(EnvSettings):
     # The SDK has one attempt out at a time: a few copies cover retries racing a slow reply.
     max_joined_per_request: int = Field(16, ge=1, **var(
         "NEXUS_INFER_MAX_JOINED_PER_REQUEST", "copies of one request id that may wait on it at once"))
+    # A quarter of the default max_queued: one tenant's flood cannot hold the whole instance.
+    max_queued_per_tenant: int = Field(1024, ge=1, **var(
+        "NEXUS_INFER_MAX_QUEUED_PER_TENANT", "requests of one tenant held at once (queued and in a forward) "
+        "before `quota_exceeded` (a busy: the caller retries); NEXUS_INFER_MAX_QUEUED still bounds all"))
 
     @model_validator(mode="after")
     def _order(self) -> InferencerSettings:
@@ -330,6 +334,10 @@ class EnvWorkerSettings(EnvSettings):
     readers = "env worker"
 
     max_sessions: int = Field(64, ge=1, **var("NEXUS_ENV_MAX_SESSIONS", "simulator sessions per env worker"))
+    # A quarter of the worker's: one tenant cannot take every session of a shared worker.
+    max_sessions_per_tenant: int = Field(16, ge=1, **var(
+        "NEXUS_ENV_MAX_SESSIONS_PER_TENANT", "simulator sessions one tenant's account holds on one env worker "
+        "(past it `create` is refused `quota_exceeded`; NEXUS_ENV_MAX_SESSIONS still bounds all of them)"))
     plugins: tuple[str, ...] = Field((), **var(
         "NEXUS_ENV_PLUGINS", "modules an env worker imports at start (they call `envs.register`)",
         allowed="comma-separated module names", default_text="none"))
@@ -471,13 +479,25 @@ class AuthSettings(EnvSettings):
 class CliSettings(EnvSettings):
     """Read by typer (``envvar=``) in sdk/cli.py; a test checks the names agree."""
 
-    readers = "`nexus` (`up`: the port; `tenant create`: the storage quota)"
+    readers = "`nexus` (`up`: the port; `tenant create`: the account's quota and limits)"
 
     nats_port: int = Field(4222, ge=1, le=65535, **var(
         "NEXUS_NATS_PORT", "port of the embedded nats-server", flag="--nats-port", cli=True))
     tenant_storage_mb: float = Field(64.0, gt=0, **var(
         "NEXUS_TENANT_STORAGE_MB", "JetStream storage quota (MiB) of a new tenant's own account "
         "(`nexus tenant create`; a tenant created again keeps its last one)", flag="--storage-mb", cli=True))
+    # The tenant account's core NATS limits (its account JWT, enforced by nats-server): a few
+    # SDK clients and CLI calls at once, each with a handful of subscriptions.
+    tenant_max_conns: int = Field(16, ge=1, le=100_000, **var(
+        "NEXUS_TENANT_MAX_CONNS", "connections a new tenant's account may hold at once, all servers together "
+        "(`nexus tenant create`; created again: kept unless given)", flag="--max-conns", cli=True))
+    tenant_max_subs: int = Field(256, ge=1, le=1_000_000, **var(
+        "NEXUS_TENANT_MAX_SUBS", "subscriptions per connection of a new tenant's account "
+        "(`nexus tenant create`; created again: kept unless given)", flag="--max-subs", cli=True))
+    # 1 MiB: nats-server's own default max_payload (the lower of the two holds).
+    tenant_max_payload_kb: int = Field(1024, ge=1, le=65536, **var(
+        "NEXUS_TENANT_MAX_PAYLOAD_KB", "largest message (KiB) a new tenant's account may publish "
+        "(`nexus tenant create`; created again: kept unless given)", flag="--max-payload-kb", cli=True))
 
 
 GROUPS: tuple[type[EnvSettings], ...] = (

@@ -626,6 +626,55 @@ def _remove_tenant_account(data_dir: Path, name: str, timeout_s: float) -> dict[
     return store.remove_tenant(name)
 
 
+@tenant_app.command("quotas")
+def tenant_quotas(
+    name: Annotated[str, typer.Argument(help="tenant name")],
+    max_inflight_jobs: Annotated[int | None, typer.Option(
+        "--max-inflight-jobs", min=1, show_default=False,
+        help="unfinished training jobs, all tasks together (also the ceiling of its schedule.max_inflight_jobs)")] = None,
+    max_active_rollouts: Annotated[int | None, typer.Option(
+        "--max-active-rollouts", min=1, show_default=False, help="rollouts collecting at once")] = None,
+    predict_rate_per_s: Annotated[float | None, typer.Option(
+        "--predict-rate-per-s", show_default=False, help="predicts per second per inferencer (> 0)")] = None,
+    predict_burst: Annotated[int | None, typer.Option(
+        "--predict-burst", min=1, show_default=False, help="predicts above that rate in a burst")] = None,
+    max_priority: Annotated[int | None, typer.Option(
+        "--max-priority", show_default=False, help="the highest scheduling priority its jobs may ask (-10..10)")] = None,
+    defaults: Annotated[bool, typer.Option("--defaults", help="back to the deployment's defaults (NEXUS_QUOTA_*)")] = False,
+    data_dir: DataDir = DEFAULT_DATA_DIR, nats_url: NatsUrl = None, prefix: Prefix = None,
+    json: Json = False, timeout_s: TimeoutS = 10.0,
+) -> int:
+    """Show or set a tenant's quotas (an operator command: a tenant's own request never sets
+    them). Options given change those quotas, the others stay; none: show them."""
+    from sdk.term import print_json
+
+    changes = {k: v for k, v in (("max_inflight_jobs", max_inflight_jobs), ("max_active_rollouts", max_active_rollouts),
+                                 ("predict_rate_per_s", predict_rate_per_s), ("predict_burst", predict_burst),
+                                 ("max_priority", max_priority)) if v is not None}
+    if defaults and changes:
+        _err("--defaults: give it alone (it drops every quota of the tenant's own)")
+        return EXIT_BAD_INPUT
+
+    async def go():
+        async with _client(data_dir, nats_url, prefix, timeout_s) as client:
+            if defaults:
+                return await client.set_quotas(name, None)
+            if changes:
+                return await client.update_quotas(name, **changes)
+            return await client.tenant(name)
+
+    config = _run(go())
+    quotas = _asdict(config.quotas) if config.quotas is not None else None
+    if json:
+        print_json({"tenant": name, "quotas": quotas})
+    elif quotas is None:
+        print(f"tenant {name}: the deployment's default quotas (NEXUS_QUOTA_*)")
+    else:
+        print(f"tenant {name}: " + ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
+                                             for k, v in quotas.items()))
+    return EXIT_OK
+
+
 # A tenant's credentials expire unless the operator says otherwise: a leaked file stops
 # working by itself, and `nexus tenant create NAME` again is the rotation.
 DEFAULT_CREDS_TTL = "90d"
@@ -656,13 +705,24 @@ def tenant_creds_create(
         "--storage-mb", envvar="NEXUS_TENANT_STORAGE_MB", show_default=False,
         help="JetStream storage quota of the tenant's own account, MiB (default: the last one set, "
              "else 64)")] = None,
+    max_conns: Annotated[int | None, typer.Option(
+        "--max-conns", envvar="NEXUS_TENANT_MAX_CONNS", show_default=False, min=1,
+        help="connections the tenant's account may hold at once (default: the last one set, else 16)")] = None,
+    max_subs: Annotated[int | None, typer.Option(
+        "--max-subs", envvar="NEXUS_TENANT_MAX_SUBS", show_default=False, min=1,
+        help="subscriptions per connection of the tenant's account (default: the last one set, else 256)")] = None,
+    max_payload_kb: Annotated[int | None, typer.Option(
+        "--max-payload-kb", envvar="NEXUS_TENANT_MAX_PAYLOAD_KB", show_default=False, min=1,
+        help="largest message the tenant may publish, KiB (default: the last one set, else 1024)")] = None,
     timeout_s: Annotated[float, typer.Option("--timeout-s", help="how long to wait for the server to accept them")] = 10.0,
     expires_in: Annotated[str, typer.Option(
         "--expires-in", help="the credentials' lifetime: a number with s, m, h or d (e.g. 12h, 90d), or "
                              "`never`; past it the server refuses them and closes their connections")] = DEFAULT_CREDS_TTL,
 ) -> int:
     """Issue a tenant's credentials file (its own NATS account), live on the running server.
-    Again for the same name: new credentials; the old ones stop working (the rotation)."""
+    Again for the same name: new credentials; the old ones stop working (the rotation). The
+    account's storage quota and limits (connections, subscriptions, message size) are the
+    operator's: set here, kept when not given again."""
     from actors.auth import AuthStore, Credentials
     from actors.supervisor import ClusterState
     from sdk.term import print_json
@@ -678,8 +738,11 @@ def tenant_creds_create(
     except ValueError as exc:
         _err(f"--expires-in: {exc}")
         return EXIT_BAD_INPUT
+    limits = {k: v for k, v in (("max_conns", max_conns), ("max_subs", max_subs),
+                                ("max_payload", None if max_payload_kb is None else max_payload_kb * 1024))
+              if v is not None}
     path = store.add_tenant(name, storage_bytes=None if storage_mb is None else int(storage_mb * 2**20),
-                            expires_in_s=ttl_s)
+                            expires_in_s=ttl_s, limits=limits)
     expires_at = Credentials.read(path).expires_at
     until = ("never expire" if expires_at is None
              else f"expire {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(expires_at))}")
@@ -689,7 +752,7 @@ def tenant_creds_create(
         _run(_push_and_wait(store, url, name, path, accepted=True, timeout_s=timeout_s))
     if json:
         print_json({"tenant": name, "creds": str(path), "live": live, "storage_bytes": store.storage_bytes(name),
-                    "expires_at": expires_at})
+                    **store.account_limits(name), "expires_at": expires_at})
     else:
         print(f"tenant {name}: credentials in {path} ({'accepted by the running server' if live else 'used from the next `nexus up`'}; "
               f"they {until}); the tenant logs in with `nexus --creds {path} ...` or NEXUS_CREDS={path}")

@@ -212,6 +212,11 @@ class AsyncClient:
         """Set a tenant's quotas (None: the deployment's defaults); an operator op."""
         return await self._master("tenant_quotas", TenantQuotasRequest(tenant=tenant, quotas=quotas), TenantConfig)
 
+    async def update_quotas(self, tenant: str, **changes: Any) -> TenantConfig:
+        """Change some of a tenant's quotas (`TenantQuotas` fields), the others kept as they
+        are (or the deployment's defaults); an operator op."""
+        return await self._master("tenant_quotas", TenantQuotasRequest(tenant=tenant, changes=changes), TenantConfig)
+
     async def usage(self, tenant: str = "", workload: str = "") -> UsageReply:
         """Metered usage per (tenant, workload): device-seconds, rows, requests, bytes."""
         pages = await self._all_pages("usage", UsageRequest(tenant=tenant, workload=workload), UsageReply)

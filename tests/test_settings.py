@@ -66,7 +66,9 @@ GOOD: dict[str, tuple[str, object]] = {
     "NEXUS_INFER_REPLY_CACHE_SIZE": ("100", 100),
     "NEXUS_INFER_REPLY_CACHE_TTL_S": ("30", 30.0),
     "NEXUS_INFER_MAX_JOINED_PER_REQUEST": ("2", 2),
+    "NEXUS_INFER_MAX_QUEUED_PER_TENANT": ("30", 30),
     "NEXUS_ENV_MAX_SESSIONS": ("5", 5),
+    "NEXUS_ENV_MAX_SESSIONS_PER_TENANT": ("3", 3),
     "NEXUS_ENV_PLUGINS": ("tests.crashy_env, json", ("tests.crashy_env", "json")),
     "NEXUS_VULKAN_DIR": ("/opt/vk", Path("/opt/vk")),
     "NEXUS_USAGE_FLUSH_EVERY_S": ("0.5", 0.5),
@@ -91,6 +93,9 @@ GOOD: dict[str, tuple[str, object]] = {
     "NEXUS_DATA_ROOTS": ("/data/a:/data/b", "/data/a:/data/b"),
     "NEXUS_NATS_PORT": ("4333", 4333),
     "NEXUS_TENANT_STORAGE_MB": ("8", 8.0),
+    "NEXUS_TENANT_MAX_CONNS": ("4", 4),
+    "NEXUS_TENANT_MAX_SUBS": ("32", 32),
+    "NEXUS_TENANT_MAX_PAYLOAD_KB": ("64", 64),
 }
 # A value each variable refuses, and words its line must carry (the allowed values).
 BAD: dict[str, tuple[str, str]] = {
@@ -136,7 +141,9 @@ BAD: dict[str, tuple[str, str]] = {
     "NEXUS_INFER_REPLY_CACHE_SIZE": ("0", "an integer >= 1"),
     "NEXUS_INFER_REPLY_CACHE_TTL_S": ("0", "a number > 0"),
     "NEXUS_INFER_MAX_JOINED_PER_REQUEST": ("1.0e1", "an integer >= 1"),
+    "NEXUS_INFER_MAX_QUEUED_PER_TENANT": ("0", "an integer >= 1"),
     "NEXUS_ENV_MAX_SESSIONS": ("-5", "an integer >= 1"),
+    "NEXUS_ENV_MAX_SESSIONS_PER_TENANT": ("0", "an integer >= 1"),
     "NEXUS_ENV_PLUGINS": ("tests/crashy_env.py", "is not a module name"),
     "NEXUS_USAGE_FLUSH_EVERY_S": ("0", "a number in [0.01, 3600]"),
     "NEXUS_METER_TRAIN_OVERHEAD_ROWS": ("-1", "a number in [0, 1024]"),
@@ -158,6 +165,9 @@ BAD: dict[str, tuple[str, str]] = {
     "NEXUS_TENSORBOARD": ("sometimes", "a boolean"),
     "NEXUS_NATS_PORT": ("70000", "an integer in [1, 65535]"),
     "NEXUS_TENANT_STORAGE_MB": ("0", "a number > 0"),
+    "NEXUS_TENANT_MAX_CONNS": ("0", "an integer in [1, 100000]"),
+    "NEXUS_TENANT_MAX_SUBS": ("many", "an integer in [1, 1e+06]"),
+    "NEXUS_TENANT_MAX_PAYLOAD_KB": ("70000", "an integer in [1, 65536]"),
 }
 # Free text or a path: nothing to refuse (an empty value is unset).
 UNREFUSED = {"NEXUS_DATA_DIR", "NEXUS_INFER_BASE", "NEXUS_VULKAN_DIR", "NEXUS_CREDS", "NEXUS_DATA_ROOTS"}
@@ -304,6 +314,7 @@ def test_roles_read_every_variable(tmp_path, monkeypatch):
             "NEXUS_INFER_REPLY_CACHE_SIZE": (inf.admission.reply_cache_size, 100),
             "NEXUS_INFER_REPLY_CACHE_TTL_S": (inf.admission.reply_cache_ttl_s, 30.0),
             "NEXUS_INFER_MAX_JOINED_PER_REQUEST": (inf.admission.max_joined_per_request, 2),
+            "NEXUS_INFER_MAX_QUEUED_PER_TENANT": (inf.admission.max_queued_per_tenant, 30),
         }
         for who, role in (("trainer", trainer), ("inferencer", inf)):
             reads[f"NEXUS_USAGE_FLUSH_EVERY_S ({who})"] = (role.usage_flush.every_s, 0.5)
@@ -323,6 +334,7 @@ def test_roles_read_every_variable(tmp_path, monkeypatch):
         "NEXUS_ENV_MAX_SESSIONS": (env.max_sessions, 5),
         "NEXUS_SIM_TIMEOUT_S": (env.sim.timeout_s, 7.5),
         "NEXUS_SIM_MAX_HUNG": (env.sim.max_hung, 3),
+        "NEXUS_ENV_MAX_SESSIONS_PER_TENANT": (env.max_sessions_per_tenant, 3),
         "NEXUS_ENV_PLUGINS": (env.env_settings.plugins, ("tests.crashy_env", "json")),
         "NEXUS_VULKAN_DIR": (vulkan_icd_candidates()[0], Path("/opt/vk") / ICD_FILE),
     }
@@ -348,7 +360,9 @@ def test_roles_read_every_variable(tmp_path, monkeypatch):
     reads["NEXUS_DATA_ROOTS"] = (data_roots(tmp_path)[-2:], [Path("/data/a"), Path("/data/b")])
     wrong = {k: got for k, (got, want) in reads.items() if got != want}
     assert not wrong
-    read = {k.split(" ")[0] for k in reads} | {"NEXUS_NATS_PORT", "NEXUS_TENANT_STORAGE_MB"}  # the CLI's: test_cli_envvars_agree
+    cli = {"NEXUS_NATS_PORT", "NEXUS_TENANT_STORAGE_MB", "NEXUS_TENANT_MAX_CONNS", "NEXUS_TENANT_MAX_SUBS",
+           "NEXUS_TENANT_MAX_PAYLOAD_KB"}
+    read = {k.split(" ")[0] for k in reads} | cli  # the CLI's: test_cli_envvars_agree
     assert read == set(GOOD)
 
 
