@@ -51,12 +51,21 @@ def test_compose_runs_every_role_against_a_3_node_cluster():
         assert services[role]["command"] == [role], role
     assert {"nats-1", "nats-2", "nats-3", "jaeger", "layout"} <= set(services)
     assert "--replicas" in services["layout"]["entrypoint"]
-    # Operator mode: the identities first (auth-init), every client logs in as the platform.
-    assert services["auth-init"]["command"][:3] == ["nexus", "auth", "init"]
+    # Operator mode: the identities first (auth-init, the only one with the seeds' volume),
+    # then each role logs in as its own user, from its own volume; the nodes get no seed.
+    init = services["auth-init"]
+    assert "nexus auth init" in init["command"][-1]
+    assert "nexus-creds:/creds" in init["volumes"]
     for node in ("nats-1", "nats-2", "nats-3"):
         assert services[node]["depends_on"]["auth-init"]["condition"] == "service_completed_successfully"
-    for name in (*ROLES, "layout"):
-        assert services[name]["environment"]["NEXUS_CREDS"] == "/creds/auth/platform.creds", name
+        assert not any(v.startswith("nexus-creds:") for v in services[node]["volumes"]), node
+        assert "nats-auth:/etc/nats/creds/auth:ro" in services[node]["volumes"], node
+    for name, user in (*((r, r) for r in ROLES), ("layout", "supervisor")):
+        assert services[name]["environment"]["NEXUS_CREDS"] == "/creds/role.creds", name
+        creds = [v for v in services[name]["volumes"] if v.endswith(":/creds:ro")]
+        assert creds == [f"creds-{user}:/creds:ro"], (name, services[name]["volumes"])
+        assert f"creds-{user}:/out/{user}" in init["volumes"], name
+        assert not any(v.startswith("nexus-creds:") for v in services[name]["volumes"]), name
     assert Path(ROOT / "deploy/compose/Dockerfile").exists()
 
 
