@@ -69,6 +69,35 @@ def test_compose_runs_every_role_against_a_3_node_cluster():
     assert Path(ROOT / "deploy/compose/Dockerfile").exists()
 
 
+def test_k8s_broker_has_auth_and_each_role_pod_mounts_only_its_own_creds():
+    docs = [d for d in yaml.safe_load_all((ROOT / "deploy/k8s/nexus.yaml").read_text()) if d]
+    env = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "nexus-env")
+    assert env["data"]["NEXUS_CREDS"] == "/creds/role.creds"
+    pods = {d["metadata"]["name"]: d["spec"]["template"]["spec"] for d in docs if d["kind"] in ("Deployment", "Job")}
+    want = {f"nexus-{r}": f"nexus-creds-{r}" for r in ROLES} | {"nexus-layout": "nexus-creds-supervisor"}
+    assert set(pods) == set(want)
+    for name, pod in pods.items():
+        secrets = [v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v]
+        assert secrets == [want[name]], (name, secrets)
+        creds = next(v["name"] for v in pod["volumes"] if "secret" in v)
+        mounts = [m for c in pod["containers"] for m in c.get("volumeMounts", []) if m["name"] == creds]
+        assert mounts == [{"name": creds, "mountPath": "/creds", "readOnly": True}], name
+        assert all(c.get("envFrom") == [{"configMapRef": {"name": "nexus-env"}}] for c in pod["containers"]), name
+    # The broker: operator mode from the nexus-nats-auth Secret (JWTs only), on every node.
+    values = yaml.safe_load((ROOT / "deploy/k8s/nats-values.yaml").read_text())
+    assert values["config"]["merge"]["$include"] == "auth/nats-auth.conf"
+    volume = values["podTemplate"]["patch"][0]["value"]
+    assert volume == {"name": "nexus-nats-auth", "secret": {"secretName": "nexus-nats-auth"}}
+    for part in ("container", "reloader"):
+        mount = values[part]["patch"][0]["value"]
+        assert mount == {"name": "nexus-nats-auth", "mountPath": "/etc/nats-config/auth", "readOnly": True}, part
+    script = (ROOT / "deploy/k8s/make-secrets.sh").read_text()
+    assert "nexus auth init" in script and "nexus-nats-auth" in script and "nexus-creds-$role" in script
+    assert "state.json" not in script and "admin.creds" not in script  # no seed leaves the directory
+    for role in (*ROLES, "supervisor"):
+        assert role in script.split("for role in ", 1)[1].split(";", 1)[0], role
+
+
 def test_a_full_queue_is_busy_at_once_not_after_the_retries(nats_url, prefix):
     # JetStream answers a publish into a stream at max_bytes (discard=new) with a 503
     # (err_code 10077): final, not a leader election; js_retry must not spend its 20 s on it.
