@@ -10,14 +10,18 @@ account signs its users'. `AuthStore` keeps, under ``<data>/auth/`` (0700, files
     nats-auth.conf      a node's include: accounts.conf + its resolver (`nexus auth init`)
     jwt/<node>/         each server's full resolver (account JWTs pushed at run time)
     sys.creds           the system account's user: pushes account updates to the servers
-    platform.creds      the roles' (the platform account: all of JetStream)
+    platform.creds      a user with every permission in the platform account (no role gets it)
     admin.creds         the operator's CLI and SDK (a user of the platform account)
     tenants/<name>.creds  a tenant's (its own account; only the exported subjects)
+
+and, beside it, ``<data>/role-creds/<role>.creds`` (dir 0711): each platform process's own
+user of the platform account, allowed only its subjects (`actors.permissions`); a role
+process is handed its own file and nothing of ``auth/``.
 
 A creds file is the standard NATS one (user JWT + seed)::
 
     store = AuthStore(Path(".nexus"), prefix="nexus")
-    store.ensure()                       # operator, SYS, PLATFORM, admin; idempotent
+    store.ensure()                       # operator, SYS, PLATFORM, admin, role users; idempotent
     path = store.add_tenant("acme")      # then make it live: `await store.push(url, "acme")`
     store.revoke_tenant("acme")          # and push again: acme's connections close
 

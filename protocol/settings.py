@@ -437,7 +437,7 @@ class AuthSettings(EnvSettings):
 
     creds: Path | None = Field(None, **var(
         "NEXUS_CREDS", "credentials file a client or role logs in with", flag="--creds (before the command)",
-        default_text="the admin's (`cluster.json`'s URL); roles: the platform's"))
+        default_text="the admin's (`cluster.json`'s URL); roles: their own, `DATA_DIR/role-creds/<role>.creds` (`nexus up` sets it)"))
     data_roots: str = Field("", **var(
         "NEXUS_DATA_ROOTS", "extra directories a tenant's dataset roots may lie under (os.pathsep-separated)",
         allowed="directories, os.pathsep-separated", default_text="`DATA_DIR/datasets` and `../shared/fixtures` only"))
