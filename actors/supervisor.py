@@ -94,7 +94,7 @@ def resolve_role_users(roles: tuple[str, ...]) -> dict[str, tuple[int, int]]:
         return {}
     out = {}
     for role in roles:
-        name = (setting or DEFAULT_ROLE_USER).replace("{role}", role)
+        name = role_user_name(role, setting)
         try:
             entry = pwd.getpwnam(name)
         except KeyError:
@@ -107,6 +107,15 @@ def resolve_role_users(roles: tuple[str, ...]) -> dict[str, tuple[int, int]]:
             raise FailedPrecondition(f"NEXUS_ROLE_USER={setting!r}: {name!r} is root; pick an unprivileged user")
         out[role] = (entry.pw_uid, entry.pw_gid)
     return out
+
+
+def role_user_name(role: str, setting: str | None = None) -> str:
+    """The user name ``role`` runs as under NEXUS_ROLE_USER ``setting`` (default: read it)."""
+    if setting is None:
+        from protocol.settings import AuthSettings
+
+        setting = AuthSettings.from_env().role_user
+    return (setting or DEFAULT_ROLE_USER).replace("{role}", role)
 
 
 def _chown_tree(path: Path, uid: int, gid: int) -> None:
