@@ -68,8 +68,9 @@ def _stream_of_kv(bucket: str) -> str:
 
 def _common(n: Names, role: str) -> tuple[list[str], list[str]]:
     """(pub, sub) of every role (`actors.runtime.Role`): its own ops, beats, metrics, and
-    its record in the services bucket."""
-    pub = [f"{n.prefix}.health.heartbeat.{role}.*", n.metrics_all,
+    its record in the services bucket; and `info` of its own instances (the container health
+    probe, deploy/compose/probe.py, asks its instance as the role's user)."""
+    pub = [f"{n.prefix}.health.heartbeat.{role}.*", n.metrics_all, f"{n.prefix}.svc.{role}.*.info",
            "$JS.API.INFO", f"$JS.API.STREAM.INFO.{_stream_of_kv(n.kv_services)}", _kv(n.kv_services, f"{role}.*")]
     sub = [n.role_ops(role), f"{n.prefix}.svc.{role}.*.*", _INBOX]
     return pub, sub

@@ -275,7 +275,9 @@ class Supervisor:
             self.auth = AuthStore(self.cfg.data_dir, prefix=self.cfg.prefix)
             self.auth.ensure()
             self.creds = self.auth.role_creds(SUPERVISOR)
-        self.role_users = resolve_role_users(self.cfg.roles)
+        # On --nats-url the roles log in with the operator's NEXUS_CREDS file as given (not
+        # ours to hand over to another user): they run as this process's user.
+        self.role_users = resolve_role_users(self.cfg.roles) if self.auth is not None else {}
         if self.role_users:
             self._fence_roles()
         if self.cfg.nats_cluster > 1:

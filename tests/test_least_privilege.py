@@ -156,6 +156,22 @@ def test_the_server_refuses_a_role_outside_its_list(deployment):
     assert f'permissions violation for subscription to "{names.master("submit")}"' in said, errors
 
 
+def test_each_role_user_can_probe_its_own_instance(deployment):
+    """The container health check (deploy/compose/probe.py) asks the role's own instance for
+    `info` with the role's own credentials."""
+    store = AuthStore(Path(deployment.data_dir), prefix=deployment.prefix)
+
+    async def go():
+        out = {}
+        for child in deployment.roles:
+            async with AsyncClient(redact_url(deployment.nats_url), deployment.prefix, timeout_s=10,
+                                   creds=store.role_creds(child.role)) as c:
+                out[child.role] = (await c.info(child.role, child.instance)).state
+        return out
+
+    assert asyncio.run(go()) == {r: "ready" for r in ROLES}
+
+
 @pytest.mark.skipif(not FENCED, reason="needs root and an interpreter the role user can run; "
                                        "otherwise roles share the supervisor's uid (docs/security.md)")
 def test_role_processes_run_as_the_role_user_and_cannot_read_the_seeds(deployment):
