@@ -10,14 +10,18 @@ account signs its users'. `AuthStore` keeps, under ``<data>/auth/`` (0700, files
     nats-auth.conf      a node's include: accounts.conf + its resolver (`nexus auth init`)
     jwt/<node>/         each server's full resolver (account JWTs pushed at run time)
     sys.creds           the system account's user: pushes account updates to the servers
-    platform.creds      the roles' (the platform account: all of JetStream)
+    platform.creds      a user with every permission in the platform account (no role gets it)
     admin.creds         the operator's CLI and SDK (a user of the platform account)
     tenants/<name>.creds  a tenant's (its own account; only the exported subjects)
+
+and, beside it, ``<data>/role-creds/<role>.creds`` (dir 0711): each platform process's own
+user of the platform account, allowed only its subjects (`actors.permissions`); a role
+process is handed its own file and nothing of ``auth/``.
 
 A creds file is the standard NATS one (user JWT + seed)::
 
     store = AuthStore(Path(".nexus"), prefix="nexus")
-    store.ensure()                       # operator, SYS, PLATFORM, admin; idempotent
+    store.ensure()                       # operator, SYS, PLATFORM, admin, role users; idempotent
     path = store.add_tenant("acme")      # then make it live: `await store.push(url, "acme")`
     store.revoke_tenant("acme")          # and push again: acme's connections close
 
@@ -53,6 +57,8 @@ PLATFORM_ACCOUNT = "PLATFORM"
 # A tenant account's JWT name is this prefix + its name (what `nsc` / server logs show).
 TENANT_ACCOUNT_PREFIX = "tenant_"
 AUTH_DIR = "auth"
+# Each platform process's own credentials (`AuthStore.role_creds`), outside AUTH_DIR.
+ROLE_CREDS_DIR = "role-creds"
 RESERVED_USERS = ("sys", "platform", "admin")
 ENV_CREDS = "NEXUS_CREDS"
 
@@ -309,6 +315,51 @@ class AuthStore:
         if fresh:
             for stale in (self.root / "tenants").glob("*.creds"):
                 stale.unlink()
+        if self.prefix != "*":  # a test server shared by many prefixes has no role users
+            self._issue_roles(fresh)
+
+    # -- the roles' own users --------------------------------------------------------------
+    @property
+    def role_creds_dir(self) -> Path:
+        """Where each platform process's own credentials lie: beside ``auth/``, not in it,
+        so a role can read its file (`role_creds`) while ``auth/`` (every seed) stays 0700."""
+        return self.data_dir / ROLE_CREDS_DIR
+
+    def role_creds(self, role: str) -> Path:
+        """``role``'s credentials (one of `actors.permissions.PROCESSES`): a user of the
+        platform account whose JWT allows only what that role publishes and subscribes to."""
+        from actors.permissions import PROCESSES
+
+        if role not in PROCESSES:
+            raise InvalidField("role", f"{role!r} is not a platform process; allowed: {list(PROCESSES)}")
+        return self.role_creds_dir / f"{role}.creds"
+
+    def _issue_roles(self, fresh: bool) -> None:
+        """Issue each process's user when its file is missing, was signed by other keys, or
+        its permissions differ from what `actors.permissions` derives now (a new prefix, a
+        new version); the replaced user key is revoked in the platform account's JWT."""
+        from actors.permissions import PROCESSES, role_permissions
+
+        self.role_creds_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.role_creds_dir, 0o711)  # traversable, not listable: each file names its reader
+        with self._locked() as state:
+            platform_seed = state["accounts"][PLATFORM_ACCOUNT]["seed"]
+            keys = state.setdefault("role_users", {})
+            revoked = state["accounts"][PLATFORM_ACCOUNT].setdefault("revoked", {})
+            changed = False
+            for role in PROCESSES:
+                path = self.role_creds(role)
+                want = role_permissions(role, self.prefix)
+                if not fresh and path.exists() and _same_user(path, keys.get(role), want):
+                    continue
+                creds = _issue_user(platform_seed, role, permissions=want)
+                if keys.get(role):
+                    revoked[keys[role]] = int(time.time())
+                keys[role] = creds.user_key
+                creds.write(path)
+                changed = True
+            if changed:
+                _sign_base(state)
 
     def write_server_include(self, resolver_dir: Path) -> Path:
         """`server_include`: ``accounts.conf`` (included relative to this file, as nats-server
@@ -450,11 +501,21 @@ def _write_private(path: Path, text: str) -> None:
 
 
 def _issue_user(account_seed: str, name: str, tags: list[str] | None = None,
-                expires_at: int | None = None) -> Credentials:
+                expires_at: int | None = None, permissions: dict[str, Any] | None = None) -> Credentials:
     seed = nats_jwt.new_key("user")
-    token = nats_jwt.encode(account_seed, nats_jwt.public(seed), name, nats_jwt.user_claims(tags),
-                            expires_at=expires_at)
+    token = nats_jwt.encode(account_seed, nats_jwt.public(seed), name,
+                            nats_jwt.user_claims(tags, permissions=permissions), expires_at=expires_at)
     return Credentials(text=nats_jwt.creds_text(token, seed))
+
+
+def _same_user(path: Path, key: str | None, permissions: dict[str, Any]) -> bool:
+    """Whether the creds file at ``path`` is the user ``key`` with exactly ``permissions``."""
+    try:
+        claims = nats_jwt.decode_claims(nats_jwt.parse_creds(path.read_text())[0])
+    except (OSError, ValueError):
+        return False
+    nats = claims.get("nats", {})
+    return bool(key) and claims.get("sub") == key and all(nats.get(k) == v for k, v in permissions.items())
 
 
 # JetStream of the platform account: everything the host gives (its streams, KV, objects).
@@ -479,9 +540,11 @@ def _sign_base(state: dict) -> None:
     events = tenant_events_pattern(state["prefix"])
     exports.append({"name": events, "subject": events, "type": "stream"})
     platform_pub = nats_jwt.public(accounts[PLATFORM_ACCOUNT]["seed"])
+    # revoked: role users replaced by a re-issue (`AuthStore._issue_roles`).
     accounts[PLATFORM_ACCOUNT]["jwt"] = nats_jwt.encode(
         op, platform_pub, PLATFORM_ACCOUNT,
-        nats_jwt.account_claims(jetstream=PLATFORM_JETSTREAM, exports=exports))
+        nats_jwt.account_claims(jetstream=PLATFORM_JETSTREAM, exports=exports,
+                                revocations=accounts[PLATFORM_ACCOUNT].get("revoked") or None))
     for tenant in state.get("tenants", {}):
         _sign_tenant(state, tenant)
 

@@ -31,7 +31,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from actors.auth import AUTH_DIR, AuthStore, resolver_block
+from actors.auth import AUTH_DIR, AuthStore, Credentials, resolver_block
+from actors.permissions import SUPERVISOR
 from protocol.errors import NexusError, Unavailable
 from protocol.subjects import Names
 
@@ -427,7 +428,9 @@ class EmbeddedCluster:
         probe = StreamConfig(name=names.stream_cluster_probe, subjects=[names.cluster_probe],
                              storage=StorageType.MEMORY, num_replicas=self.size)
         last_error = "no answer yet"
-        login = self.auth.platform().connect_options() if self.auth is not None else {}
+        # The supervisor's own user (actors/permissions.py): it may create and delete streams.
+        login = (Credentials.read(self.auth.role_creds(SUPERVISOR)).connect_options()
+                 if self.auth is not None else {})
         nc = await nats.connect(self.urls, name="cluster-probe", connect_timeout=2, **login,
                                 max_reconnect_attempts=-1, reconnect_time_wait=0.2)
         try:

@@ -100,10 +100,15 @@ def account_claims(*, jetstream: dict[str, int] | None = None, exports: list[dic
     return out
 
 
-def user_claims(tags: list[str] | None = None) -> dict[str, Any]:
-    """A user with every permission inside its account (the account is the boundary)."""
+def user_claims(tags: list[str] | None = None, permissions: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A user with every permission inside its account (the account is the boundary), or
+    only ``permissions``: nats-io/jwt v2's ``pub`` / ``sub`` (``{"allow": [...], "deny":
+    [...]}``) and ``resp`` (``{"max": N, "ttl": nanoseconds}``: it may answer a request it
+    received, whatever ``pub`` says), as `actors.permissions` derives them for a role."""
     out: dict[str, Any] = {"type": "user", "version": 2, "pub": {}, "sub": {},
                            "subs": NO_LIMIT, "data": NO_LIMIT, "payload": NO_LIMIT}
+    if permissions:
+        out.update({k: permissions[k] for k in ("pub", "sub", "resp") if k in permissions})
     if tags:
         out["tags"] = tags
     return out

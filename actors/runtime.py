@@ -109,8 +109,8 @@ class RoleConfig:
     # The retry hint a `Busy` reply carries when the bound above is hit.
     busy_retry_after_s: float = 0.25
     log_level: str = "INFO"
-    # Credentials file the role connects with (the platform's, from `nexus up`); None: the
-    # file the URL names (``?creds=``), or none on a server without auth.
+    # Credentials file the role connects with (its own user's, DATA_DIR/role-creds/<role>.creds
+    # from `nexus up`); None: the file the URL names (``?creds=``), or none without auth.
     creds: Path | None = None
 
     def __post_init__(self) -> None:

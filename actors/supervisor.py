@@ -25,6 +25,7 @@ import argparse
 import asyncio
 import ctypes
 import os
+import pwd
 import signal
 import subprocess
 import sys
@@ -38,6 +39,7 @@ import orjson
 
 from actors.bus import Bus
 from actors.auth import ENV_CREDS, AuthStore, creds_from_env
+from actors.permissions import SUPERVISOR
 from actors.broker import EmbeddedBroker, EmbeddedCluster
 from actors.layout import ensure_layout, read_deployment_settings
 from protocol.errors import Draining, FailedPrecondition, InternalError, NexusError, NotFound, Unavailable
@@ -67,6 +69,60 @@ REPLACED_KEPT = 256
 
 # When a role process dies unexpectedly (non-zero exit or a signal), or a restart is asked for.
 RestartPolicy = RestartBudget
+
+
+# Directories under the data dir a role process writes, and which roles write them (made
+# theirs when roles run as their own user). Logs are opened by the supervisor.
+ROLE_WRITES: dict[str, tuple[str, ...]] = {
+    "traces": ROLES,            # span files, one per instance (actors/tracing.py)
+    "reports": ("master",),     # workload reports (master/workloads.py)
+    "datasets": ("env",),       # recorded demonstrations (workflows/sft.py)
+    "tensorboard": ("monitor",),  # per-tenant event files (actors/boards.py)
+}
+# The role user `nexus up` uses, when it runs as root and NEXUS_ROLE_USER is unset, if it exists.
+DEFAULT_ROLE_USER = "nexus"
+
+
+def resolve_role_users(roles: tuple[str, ...]) -> dict[str, tuple[int, int]]:
+    """role -> (uid, gid) to start it as, from NEXUS_ROLE_USER (`{role}`: a user per role);
+    empty when this process is not root (it cannot switch users: roles then share its uid),
+    when the setting is ``-``, or when it is unset and no ``nexus`` user exists."""
+    from protocol.settings import AuthSettings
+
+    setting = AuthSettings.from_env().role_user
+    if setting == "-" or os.geteuid() != 0:
+        return {}
+    out = {}
+    for role in roles:
+        name = role_user_name(role, setting)
+        try:
+            entry = pwd.getpwnam(name)
+        except KeyError:
+            if setting is None:
+                return {}  # no dedicated user: roles run as root, as before (docs/security.md)
+            raise FailedPrecondition(f"NEXUS_ROLE_USER={setting!r}: no user {name!r} on this machine "
+                                     f"(for role {role}); create it, or set NEXUS_ROLE_USER=-",
+                                     details={"user": name, "role": role}) from None
+        if entry.pw_uid == 0:
+            raise FailedPrecondition(f"NEXUS_ROLE_USER={setting!r}: {name!r} is root; pick an unprivileged user")
+        out[role] = (entry.pw_uid, entry.pw_gid)
+    return out
+
+
+def role_user_name(role: str, setting: str | None = None) -> str:
+    """The user name ``role`` runs as under NEXUS_ROLE_USER ``setting`` (default: read it)."""
+    if setting is None:
+        from protocol.settings import AuthSettings
+
+        setting = AuthSettings.from_env().role_user
+    return (setting or DEFAULT_ROLE_USER).replace("{role}", role)
+
+
+def _chown_tree(path: Path, uid: int, gid: int) -> None:
+    os.chown(path, uid, gid)
+    for root, dirs, files in os.walk(path):
+        for name in (*dirs, *files):
+            os.chown(os.path.join(root, name), uid, gid, follow_symlinks=False)
 
 
 @dataclass
@@ -187,6 +243,8 @@ class Supervisor:
         self.auth: AuthStore | None = None
         self.creds: Path | None = creds_from_env()
         self.children: dict[str, _Child] = {}
+        # role -> (uid, gid) it runs as; empty: roles run as this process's user.
+        self.role_users: dict[str, tuple[int, int]] = {}
         self.state: ClusterState | None = None
         self._stopping = asyncio.Event()
         self._control: Bus | None = None  # serves restart requests
@@ -216,7 +274,12 @@ class Supervisor:
         if not self.cfg.nats_url:
             self.auth = AuthStore(self.cfg.data_dir, prefix=self.cfg.prefix)
             self.auth.ensure()
-            self.creds = self.auth.platform_creds
+            self.creds = self.auth.role_creds(SUPERVISOR)
+        # On --nats-url the roles log in with the operator's NEXUS_CREDS file as given (not
+        # ours to hand over to another user): they run as this process's user.
+        self.role_users = resolve_role_users(self.cfg.roles) if self.auth is not None else {}
+        if self.role_users:
+            self._fence_roles()
         if self.cfg.nats_cluster > 1:
             self.broker = EmbeddedCluster(data_dir=self.cfg.data_dir, size=self.cfg.nats_cluster,
                                           client_ports=[self.cfg.nats_port], auth=self.auth)
@@ -278,34 +341,92 @@ class Supervisor:
             return [self.broker.proc.pid]
         return []
 
+    def role_creds(self, role: str) -> Path | None:
+        """What ``role`` logs in with: its own user's file when we run the broker (never the
+        seeds, never another role's); on --nats-url, NEXUS_CREDS as given."""
+        return self.auth.role_creds(role) if self.auth is not None else self.creds
+
+    def _fence_roles(self) -> None:
+        """Running as root with role users (`resolve_role_users`): each role's creds file
+        becomes readable by its user only, and the directories roles write are theirs.
+        ``auth/`` (every seed) stays 0700 root's: a role process cannot read it."""
+        data = self.cfg.data_dir
+        for path in [data, *data.parents]:
+            st = path.stat()
+            for role, (uid, gid) in self.role_users.items():
+                if not (st.st_mode & 0o001 or (st.st_uid == uid and st.st_mode & 0o100)
+                        or (st.st_gid == gid and st.st_mode & 0o010)):
+                    raise FailedPrecondition(
+                        f"the role user of {role} (uid {uid}) cannot enter {path} (mode {st.st_mode & 0o777:o}): "
+                        f"put the data dir where it can, or set NEXUS_ROLE_USER=- to run roles as this user",
+                        details={"path": str(path), "uid": uid})
+        if self.auth is not None:
+            os.chmod(self.auth.root, 0o700)
+            for role, (uid, gid) in self.role_users.items():
+                creds = self.auth.role_creds(role)
+                os.chown(creds, uid, gid)
+                os.chmod(creds, 0o400)
+        uids = {ids for ids in self.role_users.values()}
+        for sub, writers in ROLE_WRITES.items():
+            path = data / sub
+            path.mkdir(parents=True, exist_ok=True)
+            owners = {self.role_users[r] for r in writers if r in self.role_users}
+            if len(owners) == 1:
+                uid, gid = owners.pop()
+                _chown_tree(path, uid, gid)
+                os.chmod(path, 0o755)
+            elif owners:  # several role users write here: each its own files (sticky)
+                os.chmod(path, 0o1777)
+        for uid, gid in uids:
+            home = data / "home" / str(uid)
+            home.mkdir(parents=True, exist_ok=True)
+            _chown_tree(home, uid, gid)
+
     def _spawn(self, role: str) -> _Child:
         instance = f"{role}-{uuid.uuid4().hex[:6]}"
         log_path = self.logs_dir / f"{role}.log"
         env = dict(os.environ)
+        creds = self.role_creds(role)
+        env.pop(ENV_CREDS, None)
         env.update(
             NEXUS_NATS_URL=self.nats_url,
             NEXUS_PREFIX=self.cfg.prefix,
             NEXUS_DATA_DIR=str(self.cfg.data_dir),
-            **({ENV_CREDS: str(self.creds)} if self.creds else {}),
+            **({ENV_CREDS: str(creds)} if creds else {}),
             OMP_NUM_THREADS="1",  # one BLAS thread per process: 2 cores are shared by all roles
             PYTHONUNBUFFERED="1",
         )
+        ids = self.role_users.get(role)
+        if ids is not None:
+            env["HOME"] = str(self.cfg.data_dir / "home" / str(ids[0]))  # root's is not theirs
         with open(log_path, "ab") as log:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "actors.run", role, "--instance", instance],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                # Own process group: a Ctrl-C reaches the supervisor only, which then stops
-                # the roles in order.
-                start_new_session=True,
-                preexec_fn=_die_with_parent,
-            )
+            try:
+                proc = self._popen(role, instance, log, env, ids)
+            except PermissionError as exc:  # the role user cannot run this interpreter / code
+                raise FailedPrecondition(
+                    f"role {role} cannot start as uid {ids[0] if ids else os.getuid()}: {exc}; the role user needs "
+                    f"to read and run {sys.executable} and the code (or set NEXUS_ROLE_USER=-)",
+                    details={"role": role}) from None
         old = self.children.get(role)
         child = _Child(role, instance, proc, log_path, old.restarts if old else deque())
         self.children[role] = child
         return child
+
+    @staticmethod
+    def _popen(role: str, instance: str, log, env: dict, ids: tuple[int, int] | None) -> subprocess.Popen:
+        return subprocess.Popen(
+            [sys.executable, "-m", "actors.run", role, "--instance", instance],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            # Own process group: a Ctrl-C reaches the supervisor only, which then stops
+            # the roles in order.
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+            # As root with a role user: the role runs as it (no supplementary groups).
+            **({"user": ids[0], "group": ids[1], "extra_groups": []} if ids is not None else {}),
+        )
 
     def _write_state(self) -> None:
         assert self.state is not None

@@ -470,10 +470,15 @@ class AuthSettings(EnvSettings):
 
     creds: Path | None = Field(None, **var(
         "NEXUS_CREDS", "credentials file a client or role logs in with", flag="--creds (before the command)",
-        default_text="the admin's (`cluster.json`'s URL); roles: the platform's"))
+        default_text="the admin's (`cluster.json`'s URL); roles: their own, `DATA_DIR/role-creds/<role>.creds` (`nexus up` sets it)"))
     data_roots: str = Field("", **var(
         "NEXUS_DATA_ROOTS", "extra directories a tenant's dataset roots may lie under (os.pathsep-separated)",
         allowed="directories, os.pathsep-separated", default_text="`DATA_DIR/datasets` and `../shared/fixtures` only"))
+    role_user: str | None = Field(None, pattern=r"^(-|[A-Za-z0-9_.{}-]{1,64})$", **var(
+        "NEXUS_ROLE_USER", "the user `nexus up` (run as root) starts role processes as, so they cannot read "
+        "`DATA_DIR/auth` (the seeds); `{role}` in it is the role's name (a user per role); `-`: the supervisor's own",
+        allowed="a user name (may contain `{role}`), or `-`",
+        default_text="`nexus` when that user exists and `nexus up` runs as root, else the supervisor's own"))
 
 
 class CliSettings(EnvSettings):

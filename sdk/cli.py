@@ -782,8 +782,9 @@ def auth_init(
                                "node, writable there, one per node)")] = Path("/data/jwt"),
     json: Json = False,
 ) -> int:
-    """Create the operator, system, platform and admin identities in DATA_DIR/auth (kept when
-    they exist) and the include a NATS node's config needs (auth/nats-auth.conf)."""
+    """Create the operator, system, platform and admin identities in DATA_DIR/auth, a user per
+    role in DATA_DIR/role-creds (kept when they exist), and the include a NATS node's config
+    needs (auth/nats-auth.conf)."""
     from actors.auth import AuthStore
     from protocol.subjects import DEFAULT_PREFIX
     from sdk.term import print_json
@@ -793,12 +794,14 @@ def auth_init(
     store.ensure()
     include = store.write_server_include(resolver_dir)
     out = {"auth_dir": str(store.root), "created": fresh, "include": str(include),
-           "platform_creds": str(store.platform_creds), "admin_creds": str(store.admin_creds)}
+           "platform_creds": str(store.platform_creds), "admin_creds": str(store.admin_creds),
+           "role_creds": str(store.role_creds_dir)}
     if json:
         print_json(out)
     else:
         print(f"identities {'created' if fresh else 'kept'} in {store.root}; NATS nodes include {include}; "
-              f"roles log in with NEXUS_CREDS={store.platform_creds}, operators with {store.admin_creds}")
+              f"each role logs in with NEXUS_CREDS={store.role_creds_dir}/<role>.creds (its own), "
+              f"operators with {store.admin_creds}")
     return EXIT_OK
 
 

@@ -56,6 +56,7 @@ NATS_SERVICES = ("nats-1", "nats-2", "nats-3")
 ROLE_IMAGE = "vla-nexus/role:latest"
 # Where auth-init puts the identities in the creds volume (the compose file's NEXUS_CREDS).
 CREDS_IN_VOLUME = "/creds/auth"
+ROLE_CREDS_IN_VOLUME = "/creds/role-creds"  # each platform process's own user (AuthStore.role_creds)
 # Bounds that only stop a broken stack from hanging the suite; the real figures are printed.
 BUILD_BOUND_S = 900.0
 UP_BOUND_S = 300.0
@@ -323,10 +324,29 @@ def test_nats_runs_in_operator_mode(stack):
         asyncio.run(Bus.connect(stack.plain_url, name="test-anonymous", reconnect_forever=False))
     init = stack.containers("auth-init")
     assert init and stack.inspect(init[0])["State"]["ExitCode"] == 0
-    before = stack.in_volume("cat", f"{CREDS_IN_VOLUME}/platform.creds")
+    before = stack.in_volume("cat", f"{ROLE_CREDS_IN_VOLUME}/trainer.creds")
     again = stack.cmd("run", "--rm", "-T", "--no-deps", "auth-init").stdout
     assert "kept" in again, again
-    assert stack.in_volume("cat", f"{CREDS_IN_VOLUME}/platform.creds") == before
+    assert stack.in_volume("cat", f"{ROLE_CREDS_IN_VOLUME}/trainer.creds") == before
+
+
+def test_each_container_mounts_only_its_own_credentials(stack):
+    """A role container sees its own user's credentials (creds-<role>) and the data volume,
+    never the seeds (nexus-creds) or another role's; a NATS node mounts only the public JWTs."""
+    seeds = f"{stack.project}_nexus-creds"
+    for service in ROLE_SERVICES:
+        for cid in stack.containers(service):
+            mounts = {m.get("Name", "") for m in stack.inspect(cid)["Mounts"] if m.get("Type") == "volume"}
+            assert mounts == {f"{stack.project}_nexus-data", f"{stack.project}_creds-{service}"}, (service, mounts)
+            listed = _run(["docker", "exec", cid, "ls", "-A", "/creds"]).stdout.split()
+            assert listed == ["role.creds"], (service, listed)
+            user = _run(["docker", "exec", cid, "python", "-c",
+                         "from actors.auth import Credentials; print(Credentials.read('/creds/role.creds').user)"]).stdout
+            assert user.strip() == service, (service, user)
+    for node in NATS_SERVICES:
+        for cid in stack.containers(node):
+            mounts = {m.get("Name", "") for m in stack.inspect(cid)["Mounts"] if m.get("Type") == "volume"}
+            assert seeds not in mounts and f"{stack.project}_nats-auth" in mounts, (node, mounts)
 
 
 # -- workloads through a NATS node kill and a trainer kill -----------------------------------
@@ -483,10 +503,10 @@ def test_spans_from_four_role_containers(stack):
 
 
 def _layout_fails_in_one_line(what: str, url: str, timeout: float, creds_volume: str = "") -> None:
-    """The layout job's command in the role image, against ``url`` (logging in with the
-    platform's credentials from ``creds_volume``): non-zero, one `error:` line."""
+    """The layout job's command in the role image, against ``url`` (logging in as the
+    supervisor's user from ``creds_volume``): non-zero, one `error:` line."""
     t0 = time.monotonic()
-    login = (["-v", f"{creds_volume}:/creds:ro", "-e", f"NEXUS_CREDS={CREDS_IN_VOLUME}/platform.creds"]
+    login = (["-v", f"{creds_volume}:/creds:ro", "-e", f"NEXUS_CREDS={ROLE_CREDS_IN_VOLUME}/supervisor.creds"]
              if creds_volume else [])
     proc = _run(["docker", "run", "--rm", "--network", "host", *login, ROLE_IMAGE,
                  "nexus", "layout", "--replicas", "3", "--nats-url", url], check=False, timeout=timeout)
@@ -505,8 +525,8 @@ def test_bad_setting_no_broker_or_missing_node_exits_with_one_line(stack):
     assert len(lines) == 1 and "NEXUS_HEARTBEAT_INTERVAL_S" in lines[0], lines
 
     # A role whose credentials file is not there (a creds volume not mounted), or with none.
-    for what, creds, says in (("missing credentials file", ["-e", "NEXUS_CREDS=/creds/auth/platform.creds"],
-                               "/creds/auth/platform.creds"),
+    for what, creds, says in (("missing credentials file", ["-e", "NEXUS_CREDS=/creds/role.creds"],
+                               "/creds/role.creds"),
                               ("no credentials", [], "no credentials")):
         t0 = time.monotonic()
         proc = _run(["docker", "run", "--rm", "--network", "host", *creds,

@@ -91,6 +91,7 @@ GOOD: dict[str, tuple[str, object]] = {
     "NEXUS_TENSORBOARD": ("no", False),
     "NEXUS_CREDS": ("/tmp/x.creds", Path("/tmp/x.creds")),
     "NEXUS_DATA_ROOTS": ("/data/a:/data/b", "/data/a:/data/b"),
+    "NEXUS_ROLE_USER": ("nexus-{role}", "nexus-{role}"),
     "NEXUS_NATS_PORT": ("4333", 4333),
     "NEXUS_TENANT_STORAGE_MB": ("8", 8.0),
     "NEXUS_TENANT_MAX_CONNS": ("4", 4),
@@ -168,6 +169,7 @@ BAD: dict[str, tuple[str, str]] = {
     "NEXUS_TENANT_MAX_CONNS": ("0", "an integer in [1, 100000]"),
     "NEXUS_TENANT_MAX_SUBS": ("many", "an integer in [1, 1e+06]"),
     "NEXUS_TENANT_MAX_PAYLOAD_KB": ("70000", "an integer in [1, 65536]"),
+    "NEXUS_ROLE_USER": ("a b", "a user name (may contain `{role}`), or `-`"),
 }
 # Free text or a path: nothing to refuse (an empty value is unset).
 UNREFUSED = {"NEXUS_DATA_DIR", "NEXUS_INFER_BASE", "NEXUS_VULKAN_DIR", "NEXUS_CREDS", "NEXUS_DATA_ROOTS"}
@@ -357,6 +359,9 @@ def test_roles_read_every_variable(tmp_path, monkeypatch):
     from actors.paths import data_roots
 
     reads["NEXUS_CREDS"] = (cfg.creds, Path("/tmp/x.creds"))
+    from actors.supervisor import role_user_name
+
+    reads["NEXUS_ROLE_USER"] = (role_user_name("trainer"), "nexus-trainer")
     reads["NEXUS_DATA_ROOTS"] = (data_roots(tmp_path)[-2:], [Path("/data/a"), Path("/data/b")])
     wrong = {k: got for k, (got, want) in reads.items() if got != want}
     assert not wrong
