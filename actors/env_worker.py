@@ -28,7 +28,7 @@ import numpy as np
 from actors.bus import retry
 from actors.auth import PLATFORM_ACCOUNT
 from actors.identity import current_caller, deny
-from actors.paths import confine, data_roots
+from actors.paths import caller_roots, confine
 from actors.runtime import Role, RoleConfig, op
 from protocol.policy import DRAIN_RELEASE
 from protocol.errors import FailedPrecondition, InvalidField, NexusError, NotFound
@@ -153,7 +153,7 @@ class EnvWorker(Role):
         """Frames of a local LeRobot v3.0 dataset; readers stay open (bounded) between calls."""
         if not 1 <= req.n <= MAX_SAMPLE and not req.indices:
             raise InvalidField("n", f"must be in 1..{MAX_SAMPLE}")
-        confine(req.root, "root", data_roots(self.cfg.data_dir))
+        confine(req.root, "root", caller_roots(self.cfg.data_dir))
         reader = await self._reader(req.root)
         if req.indices:
             batch = await asyncio.to_thread(reader.get_batch, np.asarray(req.indices, np.int64))
