@@ -690,10 +690,11 @@ def read_report(data_dir: str | Path, rec: WorkloadRecord) -> dict[str, Any]:
             fd = os.open(parts[-1], os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0), dir_fd=dfd)
         except OSError as exc:
             raise FileNotFoundError(str(exc)) from None
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_REPORT_BYTES:
+            os.close(fd)
+            raise FileNotFoundError("not a report file")
         with os.fdopen(fd, "rb") as f:
-            st = os.fstat(f.fileno())
-            if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_REPORT_BYTES:
-                raise FileNotFoundError("not a report file")
             report = json.loads(f.read(MAX_REPORT_BYTES + 1))
     finally:
         os.close(dfd)
