@@ -91,8 +91,9 @@ class BaseOps:
 
     async def resolve_base(self, base: str, field: str, caller: Caller | None = None) -> str:
         """What the backend loads for ``base``: a preset unchanged, ``registered:<name>`` its
-        directory, a path (the platform's callers; for a tenant only a registered directory)
-        its resolved absolute path. InvalidField naming ``field`` and what is allowed."""
+        directory, a path (the platform's callers only: a tenant never names one, not even a
+        registered directory's) its resolved absolute path. InvalidField naming ``field`` and
+        what is allowed."""
         from master.spec import known_presets
 
         caller = caller or current_caller()
@@ -106,11 +107,6 @@ class BaseOps:
             return rec.path
         if base in known_presets() or caller.is_platform:
             return base if base in known_presets() else canonical_base(base)
-        # A tenant naming a path: only a directory the operator registered (its own config,
-        # sent back by the master when it creates the tenant, names one that way).
-        real = canonical_base(base)
-        if any(rec.path == real for rec in self.bases.values()):
-            return real
         raise InvalidField(field, f"{base!r} is not allowed: a tenant names no host path; allowed: "
                                   f"{self._allowed_bases()}", details={"value": base})
 

@@ -204,6 +204,8 @@ class WorkloadOps:
             _check_same_policy(cfg, existing, same_tenant=True)
             await self._update_scheduling(existing, cfg)
         else:
+            # The base as the spec named it: tenant_create resolves it again, under the same rule.
+            cfg.base = written.base or cfg.base
             await self.tenant_create(CreateTenantRequest(config=cfg))
         return await self._record(workload, spec, spec_to_dict(written), serving_note)
 

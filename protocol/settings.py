@@ -440,7 +440,9 @@ class AuthSettings(EnvSettings):
         default_text="the admin's (`cluster.json`'s URL); roles: the platform's"))
     data_roots: str = Field("", **var(
         "NEXUS_DATA_ROOTS", "extra directories a tenant's dataset roots may lie under (os.pathsep-separated)",
-        allowed="directories, os.pathsep-separated", default_text="`DATA_DIR/datasets` and `../shared/fixtures` only"))
+        allowed="directories, os.pathsep-separated",
+        default_text="the tenant's own `DATA_DIR/datasets/tenants/<tenant>`, `DATA_DIR/datasets/published` "
+                     "and `../shared/fixtures` only"))
 
 
 class CliSettings(EnvSettings):
