@@ -290,7 +290,7 @@ def record_command(
 def publish_command(
     src: Annotated[str, typer.Argument(metavar="SRC", help="dataset root (holds meta/info.json)")],
     name: Annotated[str, typer.Argument(metavar="NAME", help="published name: 1-64 of A-Z a-z 0-9 _ -")],
-    data_dir: Annotated[Path, typer.Option("--data-dir", envvar="NEXUS_DATA_DIR", show_default=False,
+    data_dir: Annotated[Path, typer.Option("--data-dir", show_default=False,
                                            help="the deployment's data dir (default ./.nexus)")] = Path(".nexus"),
     overwrite: Annotated[bool, typer.Option("--overwrite", help="replace a dataset published under NAME")] = False,
 ) -> int:
