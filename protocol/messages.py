@@ -947,7 +947,7 @@ class WorkloadReport:
     """A finished workload's report (what the master wrote to its outputs.report_path)."""
 
     workload: str
-    path: str = ""  # on the master's host
+    path: str = ""  # relative to the master's data dir: reports/<tenant>/<report_path> (no host path)
     report: dict[str, Any] = field(default_factory=dict)
 
 
