@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import stat
 import time
 import uuid
@@ -315,7 +316,8 @@ class WorkloadOps:
                 pools[str(info.extra["pool"])] = str(info.extra.get("base", ""))
         if not registered:
             self.log.info("no inferencer registered: base check skipped", tenant=tenant, base=base)
-            return f"; note: no inferencer is registered yet, so nothing serves base {self.base_label(base)!r} until one starts"
+            return (f"; note: no inferencer is registered yet, so nothing serves base {self.base_label(base)!r} "
+                    "until one starts")
         if not pools:
             return f"; note: no inferencer answered, base {self.base_label(base)!r} not checked"
         if base in pools.values() or pool_name(base) in pools:
@@ -608,10 +610,10 @@ def report_parts(rec: WorkloadRecord) -> list[str]:
     """The report's place under the data dir, as path parts: ``reports/<tenant>/`` and then
     outputs.report_path (default ``<workload>.json``), each part checked again (a record
     stored before the rule, or written by hand, is no exception)."""
-    from master.spec import report_path_problem
-    from protocol.subjects import check_token
+    from master.spec import TENANT_PATTERN, report_path_problem
 
-    check_token("tenant", rec.tenant)
+    if not isinstance(rec.tenant, str) or not re.fullmatch(TENANT_PATTERN, rec.tenant):
+        raise ValueError(f"tenant {rec.tenant!r} is no tenant name")  # never a path part
     rel = (rec.spec.get("outputs") or {}).get("report_path") or f"{rec.workload}.json"
     problem = report_path_problem(rel) if isinstance(rel, str) else "not a string"
     if problem:

@@ -68,7 +68,7 @@ def test_reports_live_under_the_tenants_reports_dir(tmp_path):
     for bad in ("../auth/state.json", "/etc/x", "a//b"):
         with pytest.raises(ValueError, match="outputs.report_path"):
             write_report(tmp_path, _rec("alice", "w2", bad))
-    with pytest.raises(Exception):
+    with pytest.raises(ValueError, match="no tenant name"):
         write_report(tmp_path, _rec("../x", "w2"))
 
 
