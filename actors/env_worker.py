@@ -28,7 +28,7 @@ import numpy as np
 from actors.bus import retry
 from actors.auth import PLATFORM_ACCOUNT
 from actors.identity import current_caller, deny
-from actors.paths import confine, data_roots
+from actors.paths import caller_roots, confine
 from actors.runtime import Role, RoleConfig, op
 from envs.simcall import SimTimeout, configure as configure_sim_calls, guard, sim_call
 from protocol.policy import DRAIN_RELEASE
@@ -175,7 +175,7 @@ class EnvWorker(Role):
     async def sample(self, req: SampleRequest) -> DatasetBatch:
         """Frames of a local LeRobot v3.0 dataset; readers stay open (bounded) between calls."""
         # n and len(indices) are bounded by SampleRequest itself (at decode, SAMPLE_MAX_FRAMES).
-        confine(req.root, "root", data_roots(self.cfg.data_dir))
+        confine(req.root, "root", caller_roots(self.cfg.data_dir))
         reader = await self._reader(req.root)
         if req.indices:
             batch = await asyncio.to_thread(reader.get_batch, np.asarray(req.indices, np.int64))

@@ -88,6 +88,8 @@ def kv_buckets(names: Names) -> dict[str, int]:
         names.kv_ckpt_refs: 1,
         # Metered usage per (tenant, workload), written by the master alone.
         names.kv_usage: 1,
+        # Registered base name -> directory (`nexus base add`), written by the master alone.
+        names.kv_bases: 1,
     }
 
 

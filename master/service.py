@@ -49,6 +49,7 @@ from actors.runtime import Role, RoleConfig, op
 from actors.tracing import carrier, hop_name, messaging, nexus_attrs
 from actors.tq_read import PartitionReader
 from master.scheduler import Scheduler
+from master.bases import BaseOps
 from master.usage import UsageOps
 from master.tenant_files import remove_tenant_files
 from master.workloads import WorkloadOps, report_file
@@ -133,7 +134,7 @@ def new_job_id() -> str:
     return f"j{int(time.time() * 1000):013d}{uuid.uuid4().hex[:6]}"
 
 
-class Master(WorkloadOps, UsageOps, Role):
+class Master(WorkloadOps, UsageOps, BaseOps, Role):
     name = "master"
 
     def __init__(self, cfg: RoleConfig) -> None:
@@ -179,6 +180,7 @@ class Master(WorkloadOps, UsageOps, Role):
         self.spawn(self._compact_loop, "compaction", critical=True)
         self.spawn(self._owner_check_loop, "owner-check", critical=True)
         await self.setup_usage()
+        await self.setup_bases()
         started = time.perf_counter()
         await self.setup_workloads()
         self.startup_s["load_workloads"] = time.perf_counter() - started
@@ -300,6 +302,8 @@ class Master(WorkloadOps, UsageOps, Role):
         cfg = req.config
         check_token("config.name", cfg.name)
         require_tenant(cfg.name, "tenant_create")
+        # A tenant names a preset or a registered base, never a host path (master/bases.py).
+        cfg.base = await self.resolve_base(cfg.base, "config.base")
         by_operator = current_caller().is_platform
         if not by_operator and cfg.quotas is not None:
             # docs/security.md: quotas, priority ceilings and in-flight caps are the operator's.

@@ -85,6 +85,10 @@ ENV_ID_PATTERN = r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+"
 # A base that is not a preset must be a path, spelled with a '/' (./my_model), so a typo in a
 # preset name is an error instead of a missing directory found minutes later on a trainer.
 BASE_PATH_PATTERN = r".*/.*"
+# A base the operator registered (`nexus base add NAME PATH`): the master resolves the name to
+# its directory; a tenant never names a host path (docs/security.md "Paths a tenant names").
+REGISTERED_BASE_PREFIX = "registered:"
+REGISTERED_BASE_PATTERN = rf"{REGISTERED_BASE_PREFIX}{TENANT_PATTERN}"
 VERSION_PIN_PATTERN = rf"latest|tenant:{TENANT_PATTERN}@(latest|[0-9]+)"
 # PPO fields the gaussian head reads from its own config (models/heads/gaussian.py).
 PPO_HEAD_FIELDS = ("clip_ratio", "value_coef", "entropy_coef")
@@ -262,8 +266,11 @@ class EnvSource(_Section):
 class DatasetSource(_Section):
     """A local LeRobot v3.0 dataset and how its features map onto the tenant schema."""
 
-    root: Str = _doc("dataset root directory (holds meta/info.json); a relative path is resolved "
-                     "against the working directory of the env worker that reads it", min_length=1)
+    root: Str = _doc("dataset root directory (holds meta/info.json). A tenant names an absolute path "
+                     "under its own <data dir>/datasets/tenants/<tenant>/, the operator's published "
+                     "<data dir>/datasets/published/, the shared fixtures or a NEXUS_DATA_ROOTS directory; "
+                     "the operator's own workloads may name any path (a relative one is resolved against "
+                     "the working directory of the env worker that reads it)", min_length=1)
     camera_map: dict[Str, Str] = _doc("dataset camera key -> observation camera name; every "
                                       "observation camera exactly once", min_length=1)
     state_key: Str = _doc("state feature key the reader takes the state vector from (needed when "
@@ -451,17 +458,46 @@ class OutputsSpec(_Section):
         "steps of the tenant passed since its last export; commits stay per job, and the workload's "
         "last job always exports. Default 0: after every trained job", 0, ge=0)
     report_path: Str | None = _doc(
-        "where the master writes the workload's final JSON report when it ends: a path relative to "
-        "the master's data dir (it may not leave it); also `nexus download WORKLOAD --report`. "
-        "Default null: <data dir>/reports/<workload>.json", None, min_length=1)
+        "file name (or relative path) of the workload's final JSON report inside the tenant's own "
+        "reports dir, <data dir>/reports/<tenant>/, written by the master when the workload ends; "
+        "also `nexus download WORKLOAD --report`. Each '/'-separated part is letters, digits, _ . - "
+        "(not '.' or '..'), at most 8 parts and 255 characters. Default null: <workload>.json",
+        None, min_length=1)
 
     @field_validator("report_path")
     @classmethod
     def _confined(cls, value: str | None) -> str | None:
-        if value is not None and (value.startswith("/") or ".." in Path(value).parts):
-            raise _custom(f"{value!r} is not allowed; allowed: a relative path inside the master's data dir "
-                          "(no leading '/', no '..')")
+        if value is not None:
+            problem = report_path_problem(value)
+            if problem:
+                raise _custom(f"{value!r} is not allowed ({problem}); allowed: a file name or relative path "
+                              "inside the tenant's reports dir, each '/'-separated part of letters, digits, "
+                              "_ . - (not '.' or '..'), e.g. sft-run.json or runs/first.json")
         return value
+
+
+# A report path part: a plain file or directory name (the master writes it under the tenant's
+# reports dir, never following a link; docs/security.md "Paths a tenant names").
+REPORT_PART_PATTERN = r"[A-Za-z0-9_.-]{1,128}"
+MAX_REPORT_PARTS = 8
+MAX_REPORT_PATH = 255
+
+
+def report_path_problem(value: str) -> str:
+    """Why ``value`` is no report path a tenant may name ('' when it is one)."""
+    if len(value) > MAX_REPORT_PATH:
+        return f"longer than {MAX_REPORT_PATH} characters"
+    parts = value.split("/")
+    if value.startswith("/"):
+        return "absolute"
+    if len(parts) > MAX_REPORT_PARTS:
+        return f"more than {MAX_REPORT_PARTS} parts"
+    for part in parts:
+        if part in ("", ".", ".."):
+            return f"part {part!r}" if part else "an empty part"
+        if not re.fullmatch(REPORT_PART_PATTERN, part):
+            return f"part {part!r} has characters outside A-Z a-z 0-9 _ . -"
+    return ""
 
 
 def _check_base(value: Any) -> str:
@@ -469,13 +505,15 @@ def _check_base(value: Any) -> str:
         from master.spec_schema import kind
 
         raise _custom(f"expected a string, got {kind(value)}")
-    if value in known_presets() or re.fullmatch(BASE_PATH_PATTERN, value):
+    if value in known_presets() or re.fullmatch(REGISTERED_BASE_PATTERN, value) or re.fullmatch(BASE_PATH_PATTERN, value):
         return value
-    raise _custom(f"{value!r} is not allowed; allowed: one of {', '.join(known_presets())}, or a path "
-                  "containing '/' (./my_base)")
+    raise _custom(f"{value!r} is not allowed; allowed: one of {', '.join(known_presets())}, a base the "
+                  f"operator registered as {REGISTERED_BASE_PREFIX}<name> (`nexus base list`), or (operator "
+                  "only) a path containing '/' (./my_base)")
 
 
 _BASE_SCHEMA = {"type": "string", "anyOf": [{"enum": list(known_presets())},
+                                            {"pattern": f"^(?:{REGISTERED_BASE_PATTERN})$"},
                                             {"pattern": f"^(?:{BASE_PATH_PATTERN})$"}]}
 
 
@@ -495,8 +533,9 @@ class WorkloadSpec(_Section):
         "tenant name, unique per deployment", pattern=f"^(?:{TENANT_PATTERN})$")
     task: TaskType = _doc("sft: supervised fine-tuning; rl: asynchronous PPO; eval: read-only evaluation")
     base: Annotated[str | None, WithJsonSchema({"anyOf": [_BASE_SCHEMA, {"type": "null"}]})] = _doc(
-        "frozen base model: a preset name or a local save_pretrained directory written with a '/' "
-        f"(./my_base). {_POLICY_FIELD}", None)
+        "frozen base model: a preset name, a base the operator registered written registered:<name> "
+        "(`nexus base list`), or (the operator's own workloads only) a local save_pretrained directory "
+        f"written with a '/' (./my_base). {_POLICY_FIELD}", None)
     action_module: ActionModuleSpec | None = _doc(f"the tenant's trainable head. {_POLICY_FIELD}", None)
     base_adapter: BaseAdapterSpec | None = _doc("LoRA adapters on the base, trained with the action "
                                                 "module. Default null: the base stays frozen", None)

@@ -25,6 +25,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import re
+import stat
 import time
 import uuid
 from dataclasses import asdict
@@ -34,8 +37,8 @@ from typing import Any
 from nats.js.api import AckPolicy, ConsumerConfig
 from nats.js.errors import KeyNotFoundError, NotFoundError, ObjectNotFoundError
 
-from actors.identity import require_tenant
-from actors.paths import confine, data_roots
+from actors.identity import current_caller, deny, require_tenant
+from actors.paths import caller_roots, confine
 from actors.bus import js_retry
 from actors.runtime import op
 from actors.tracing import consumer_span
@@ -173,10 +176,13 @@ class WorkloadOps:
         if spec.task != "eval" and spec.tenant not in self.sched.tenants:
             self.check_tenant_capacity()
         if spec.dataset is not None:
-            confine(spec.dataset.root, "dataset.root", data_roots(self.cfg.data_dir))
+            confine(spec.dataset.root, "dataset.root", caller_roots(self.cfg.data_dir))
         ds_errors = dataset_errors(spec)  # features vs schema, when the dataset is readable here
         if ds_errors:
             raise SpecError(ds_errors)
+        written = spec  # stored as the tenant wrote it (registered:<name>, never its host path)
+        if spec.base is not None:
+            spec = spec.model_copy(update={"base": await self.resolve_base(spec.base, "base")})
         if spec.task == "eval":
             return await self._accept_eval(spec, workload)
         serving_note = await self._check_base_served(spec.tenant, spec.base) if spec.task == "rl" else ""
@@ -204,8 +210,10 @@ class WorkloadOps:
             _check_same_policy(cfg, existing, same_tenant=True)
             await self._update_scheduling(existing, cfg)
         else:
+            # The base as the spec named it: tenant_create resolves it again, under the same rule.
+            cfg.base = written.base or cfg.base
             await self.tenant_create(CreateTenantRequest(config=cfg))
-        return await self._record(workload, spec, spec_to_dict(spec), serving_note)
+        return await self._record(workload, spec, spec_to_dict(written), serving_note)
 
     async def _record(self, workload: str, spec: Any, stored: dict[str, Any], note: str,
                       eval_version: int = -1) -> WorkloadRecord:
@@ -232,8 +240,9 @@ class WorkloadOps:
         cfg = self.sched.tenants.get(target)
         if cfg is None:
             field = "tenant" if target == spec.tenant else "eval.version"
+            # Names only the tenant asked about (the caller's own): never the deployment's others.
             raise NotFound(f"tenant {target!r} does not exist: an eval scores an existing tenant's policy "
-                           f"(train it first; tenants: {', '.join(sorted(self.sched.tenants)) or 'none'})",
+                           "(train it first with an sft or rl workload)",
                            details={"field": field, "tenant": target})
         training = [w for w in self.workloads.values() if w.tenant == target and w.task != "eval"
                     and w.state in ("pending", "running")]
@@ -312,14 +321,17 @@ class WorkloadOps:
                 pools[str(info.extra["pool"])] = str(info.extra.get("base", ""))
         if not registered:
             self.log.info("no inferencer registered: base check skipped", tenant=tenant, base=base)
-            return f"; note: no inferencer is registered yet, so nothing serves base {base!r} until one starts"
+            return (f"; note: no inferencer is registered yet, so nothing serves base {self.base_label(base)!r} "
+                    "until one starts")
         if not pools:
-            return f"; note: no inferencer answered, base {base!r} not checked"
+            return f"; note: no inferencer answered, base {self.base_label(base)!r} not checked"
         if base in pools.values() or pool_name(base) in pools:
             return ""
-        known = ", ".join(f"{p} (base {b})" for p, b in sorted(pools.items()))
-        raise SpecError([("base", f"no inferencer serves {base!r}; allowed: a base one of the inference "
-                                  f"pools serves: {known}", base)])
+        # Bases as the caller may name them: a registered one by its name, no host path to a tenant.
+        known = ", ".join(f"{p} (base {self.base_label(b)})" for p, b in sorted(pools.items()))
+        shown = self.base_label(base)
+        raise SpecError([("base", f"no inferencer serves {shown!r}; allowed: a base one of the inference "
+                                  f"pools serves: {known}", shown)])
 
     async def _intake_loop(self) -> None:
         """Durable intake: plain NATS clients publish specs on <prefix>.workloads.submit."""
@@ -531,7 +543,7 @@ class WorkloadOps:
     @op("workload", WorkloadRef, access="checked")
     async def workload(self, req: WorkloadRef) -> WorkloadRecord:
         rec = self._workload(req.workload)
-        require_tenant(rec.tenant, "workload")
+        _require_own(rec, "workload")
         return rec
 
     @op("workload_report", WorkloadRef, access="checked")
@@ -540,15 +552,17 @@ class WorkloadOps:
         from protocol.errors import FailedPrecondition
 
         rec = self._workload(req.workload)
-        require_tenant(rec.tenant, "workload_report")
+        _require_own(rec, "workload_report")
         if rec.state not in TERMINAL_WORKLOAD_STATES:
             raise FailedPrecondition(f"workload {rec.workload} is {rec.state}; its report is written when it ends")
-        path = report_file(self.cfg.data_dir, rec)
+        rel = str((rec.spec.get("outputs") or {}).get("report_path") or f"{rec.workload}.json")
         try:
-            report = json.loads(await asyncio.to_thread(path.read_text))
-        except FileNotFoundError:
-            raise NotFound(f"no report of {rec.workload} at {path}", details={"path": str(path)}) from None
-        return WorkloadReport(workload=rec.workload, path=str(path), report=report)
+            rel = "/".join(report_parts(rec))  # relative to the data dir: no host path to a tenant
+            report = await asyncio.to_thread(read_report, self.cfg.data_dir, rec)
+        except (FileNotFoundError, ValueError):
+            raise NotFound(f"no report of {rec.workload} at {rel} (it was not written: see the master's log)",
+                           details={"path": rel}) from None
+        return WorkloadReport(workload=rec.workload, path=rel, report=report)
 
     @op("workloads", WorkloadsRequest)
     async def list_workloads(self, req: WorkloadsRequest) -> WorkloadsReply:
@@ -574,7 +588,7 @@ class WorkloadOps:
     @op("cancel", WorkloadRef, access="checked")
     async def cancel(self, req: WorkloadRef) -> WorkloadRecord:
         rec = self._workload(req.workload)
-        require_tenant(rec.tenant, "cancel")  # before anything changes
+        _require_own(rec, "cancel")  # before anything changes
         if rec.state in TERMINAL_WORKLOAD_STATES:
             return rec
         worker = rec.worker if rec.state == "running" else ""
@@ -674,29 +688,120 @@ class WorkloadOps:
             del self.rollouts[key]
 
 
+REPORTS_DIR = "reports"
+# A report read back is the master's own JSON: anything larger is not one.
+MAX_REPORT_BYTES = 16 * 1024 * 1024
+_DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0)
+
+
+def report_parts(rec: WorkloadRecord) -> list[str]:
+    """The report's place under the data dir, as path parts: ``reports/<tenant>/`` and then
+    outputs.report_path (default ``<workload>.json``), each part checked again (a record
+    stored before the rule, or written by hand, is no exception)."""
+    from master.spec import TENANT_PATTERN, report_path_problem
+
+    if not isinstance(rec.tenant, str) or not re.fullmatch(TENANT_PATTERN, rec.tenant):
+        raise ValueError(f"tenant {rec.tenant!r} is no tenant name")  # never a path part
+    rel = (rec.spec.get("outputs") or {}).get("report_path") or f"{rec.workload}.json"
+    problem = report_path_problem(rel) if isinstance(rel, str) else "not a string"
+    if problem:
+        raise ValueError(f"outputs.report_path {rel!r} is not allowed ({problem})")
+    return [REPORTS_DIR, rec.tenant, *rel.split("/")]
+
+
 def report_file(data_dir: str | Path, rec: WorkloadRecord) -> Path:
-    """Where a workload's report goes: outputs.report_path under the data dir (default
-    reports/<workload>.json), confined to it (the spec refuses '/' and '..'; a symlink that
-    leads out is refused here)."""
-    root = Path(data_dir).resolve()
-    rel = (rec.spec.get("outputs") or {}).get("report_path") or f"reports/{rec.workload}.json"
-    path = (root / rel).resolve()
-    if not path.is_relative_to(root):
-        raise ValueError(f"outputs.report_path {rel!r} leaves the data dir {root}")
-    return path
+    """Where a workload's report goes: ``<data dir>/reports/<tenant>/<outputs.report_path>``
+    (default ``<workload>.json``). A name only: `write_report` and `read_report` walk to it
+    one directory at a time without following a link, so nothing outside the tenant's
+    reports dir (auth/, cluster.json, another tenant's reports) is ever written or read."""
+    return Path(data_dir).resolve().joinpath(*report_parts(rec))
+
+
+def _open_dirs(data_dir: str | Path, parts: list[str], create: bool) -> int:
+    """An fd of ``data_dir/parts...``, each part opened with O_NOFOLLOW relative to the one
+    before (a symlink or a file in the way is an OSError, never followed); made if missing
+    when ``create``. The caller closes it."""
+    fd = os.open(Path(data_dir).resolve(), _DIR_FLAGS)
+    try:
+        for part in parts:
+            if create:
+                try:
+                    os.mkdir(part, 0o750, dir_fd=fd)
+                except FileExistsError:
+                    pass
+            nfd = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = nfd
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def write_report(data_dir: str | Path, rec: WorkloadRecord, usage: dict[str, Any] | None = None) -> Path:
     """The report: the workload record, and the usage charged to it by the time it ended
     (`master.usage`; the last seconds of device time may still be on their way: `nexus usage`
-    has the final figure)."""
-    path = report_file(data_dir, rec)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    has the final figure). Written to a new temp file (O_EXCL, a unique name) in the report's
+    directory and renamed over the name: never a half-written report, never through a link."""
+    parts = report_parts(rec)
     report = {"format": "vla-nexus/workload-report/1", **asdict(rec), "usage": usage or {}}
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(report, indent=2, sort_keys=True, default=str))
-    tmp.replace(path)  # never a half-written report
-    return path
+    data = json.dumps(report, indent=2, sort_keys=True, default=str).encode()
+    dfd = _open_dirs(data_dir, parts[:-1], create=True)
+    try:
+        tmp = f".{parts[-1]}.{uuid.uuid4().hex}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o640, dir_fd=dfd)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            # rename never follows a link at the target name: it replaces the name itself.
+            os.replace(tmp, parts[-1], src_dir_fd=dfd, dst_dir_fd=dfd)
+        except BaseException:
+            try:
+                os.unlink(tmp, dir_fd=dfd)
+            except OSError:
+                pass
+            raise
+    finally:
+        os.close(dfd)
+    return report_file(data_dir, rec)
+
+
+def read_report(data_dir: str | Path, rec: WorkloadRecord) -> dict[str, Any]:
+    """The report `write_report` wrote for ``rec``, read the same confined way (O_NOFOLLOW at
+    every step, a regular file, bounded). FileNotFoundError when there is none for this
+    workload (never a report of another workload at the same path)."""
+    parts = report_parts(rec)
+    try:
+        dfd = _open_dirs(data_dir, parts[:-1], create=False)
+    except OSError as exc:
+        raise FileNotFoundError(str(exc)) from None
+    try:
+        try:
+            fd = os.open(parts[-1], os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0), dir_fd=dfd)
+        except OSError as exc:
+            raise FileNotFoundError(str(exc)) from None
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_REPORT_BYTES:
+            os.close(fd)
+            raise FileNotFoundError("not a report file")
+        with os.fdopen(fd, "rb") as f:
+            report = json.loads(f.read(MAX_REPORT_BYTES + 1))
+    finally:
+        os.close(dfd)
+    if not isinstance(report, dict) or report.get("workload") != rec.workload:
+        raise FileNotFoundError("the file there is no report of this workload")
+    return report
+
+
+def _require_own(rec: WorkloadRecord, op_name: str) -> None:
+    """`require_tenant` for an op that names a workload id: a tenant asking about another
+    tenant's workload is denied without being told whose it is."""
+    caller = current_caller()
+    if caller.is_platform or (caller.tenant is not None and caller.tenant == rec.tenant):
+        return
+    raise deny(caller, f"{op_name} {rec.workload}", None, "it is not one of the caller's workloads")
 
 
 def policy_sections(policy: dict[str, Any]) -> dict[str, Any]:

@@ -387,6 +387,44 @@ class TenantQuotasRequest:
     changes: dict[str, Any] = field(default_factory=dict)
 
 
+# -- bases the operator registered --------------------------------------------------
+@message("base.add", 1)
+@dataclass
+class BaseAddRequest:
+    """Register ``name`` for the base directory ``path`` on the master's host (an operator op):
+    tenants then name it ``registered:<name>`` and never a host path."""
+
+    name: str
+    path: str
+
+
+@message("base.record", 1)
+@dataclass
+class RegisteredBase:
+    """A registered base (the value under its name in the bases KV bucket)."""
+
+    name: str
+    path: str  # resolved absolute directory on the master's host
+    added_at: float = 0.0
+
+
+@message("bases.request", 1)
+@dataclass
+class BasesRequest:
+    pass
+
+
+@message("bases.reply", 1)
+@dataclass
+class BasesReply:
+    """What a spec's ``base`` may name: presets, and ``registered:<name>`` for each registered
+    base. ``bases`` has the host paths for the platform only; a tenant gets the names."""
+
+    presets: list[str]
+    names: list[str]
+    bases: list[RegisteredBase] = field(default_factory=list)
+
+
 # -- training queue ------------------------------------------------------------------
 JobState = Literal[
     "reserved", "filling", "ready", "leased", "trained", "exported", "synced", "cleared",
@@ -923,7 +961,7 @@ class WorkloadReport:
     """A finished workload's report (what the master wrote to its outputs.report_path)."""
 
     workload: str
-    path: str = ""  # on the master's host
+    path: str = ""  # relative to the master's data dir: reports/<tenant>/<report_path> (no host path)
     report: dict[str, Any] = field(default_factory=dict)
 
 

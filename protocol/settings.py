@@ -473,7 +473,9 @@ class AuthSettings(EnvSettings):
         default_text="the admin's (`cluster.json`'s URL); roles: their own, `DATA_DIR/role-creds/<role>.creds` (`nexus up` sets it)"))
     data_roots: str = Field("", **var(
         "NEXUS_DATA_ROOTS", "extra directories a tenant's dataset roots may lie under (os.pathsep-separated)",
-        allowed="directories, os.pathsep-separated", default_text="`DATA_DIR/datasets` and `../shared/fixtures` only"))
+        allowed="directories, os.pathsep-separated",
+        default_text="the tenant's own `DATA_DIR/datasets/tenants/<tenant>`, `DATA_DIR/datasets/published` "
+                     "and `../shared/fixtures` only"))
     role_user: str | None = Field(None, pattern=r"^(-|[A-Za-z0-9_.{}-]{1,64})$", **var(
         "NEXUS_ROLE_USER", "the user `nexus up` (run as root) starts role processes as, so they cannot read "
         "`DATA_DIR/auth` (the seeds); `{role}` in it is the role's name (a user per role); `-`: the supervisor's own",

@@ -310,6 +310,12 @@ class Names:
         return f"{self.prefix}_ckpt_refs"
 
     @property
+    def kv_bases(self) -> str:
+        """Name -> `RegisteredBase`: the base directories the operator registered
+        (`nexus base add`); tenants name them ``registered:<name>``. The master alone writes it."""
+        return f"{self.prefix}_bases"
+
+    @property
     def kv_usage(self) -> str:
         """``<tenant>.<workload>`` -> `UsageRecord`: metered device time, requests, bytes.
         The master is its only writer (roles send it `UsageReport`s, ``master.usage_report``)."""

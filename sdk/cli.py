@@ -14,6 +14,8 @@
     nexus logs ROLE                        nexus usage [--tenant T] [--workload W] [--json]
     nexus spec schema | validate FILE [--json]     nexus layout --nats-url URL [--replicas 3]
     nexus dataset info PATH [--json] | show PATH --index I | record --out DIR --episodes N
+    nexus dataset publish SRC NAME [--data-dir DIR]    (operator: every tenant may read it)
+    nexus base add NAME PATH | list [--json]      (bases a tenant names as registered:NAME)
 
 Client commands find the cluster from ``--nats-url`` or ``<--data-dir>/cluster.json``
 (default ``./.nexus/``); ``NEXUS_NATS_URL``, ``NEXUS_PREFIX``, ``NEXUS_DATA_DIR`` and (for
@@ -51,6 +53,9 @@ app.add_typer(tenant_app, name="tenant")
 auth_app = typer.Typer(help="the deployment's identities: init (for a broker `nexus up` does not start)",
                        no_args_is_help=True)
 app.add_typer(auth_app, name="auth")
+# The bases tenants may name besides the presets (`registered:<name>` in a spec).
+base_app = typer.Typer(help="registered bases: add (operator), list", no_args_is_help=True)
+app.add_typer(base_app, name="base")
 
 
 def _add_dataset_app() -> None:
@@ -536,6 +541,50 @@ def usage(
            "STORED_NOW"),
           [(r["tenant"], r["workload"], f"{r['train_device_s']:.3f}", f"{r['infer_device_s']:.3f}", r["train_rows"],
             r["requests"], r["stored_bytes"], r["stored_now"]) for r in rows])
+    return EXIT_OK
+
+
+@base_app.command("add")
+def base_add(
+    name: Annotated[str, typer.Argument(help="the name tenants use: registered:NAME (A-Z a-z 0-9 _ -)")],
+    path: Annotated[str, typer.Argument(help="the base's save_pretrained directory on the master's host")],
+    data_dir: DataDir = DEFAULT_DATA_DIR, nats_url: NatsUrl = None, prefix: Prefix = None,
+    json: Json = False, timeout_s: TimeoutS = 10.0,
+) -> int:
+    """Register a base directory under a name (an operator op): tenants name `registered:NAME`."""
+    from sdk.term import print_json
+
+    async def go():
+        async with _client(data_dir, nats_url, prefix, timeout_s) as client:
+            return await client.add_base(name, path)
+
+    rec = _run(go())
+    if json:
+        print_json(_asdict(rec))
+    else:
+        print(f"registered:{rec.name} -> {rec.path}")
+    return EXIT_OK
+
+
+@base_app.command("list")
+def base_list(
+    data_dir: DataDir = DEFAULT_DATA_DIR, nats_url: NatsUrl = None, prefix: Prefix = None,
+    json: Json = False, timeout_s: TimeoutS = 10.0,
+) -> int:
+    """What a spec's base may name: presets and registered names (paths: the operator only)."""
+    from sdk.term import print_json, table
+
+    async def go():
+        async with _client(data_dir, nats_url, prefix, timeout_s) as client:
+            return await client.bases()
+
+    reply = _run(go())
+    if json:
+        print_json(_asdict(reply))
+        return EXIT_OK
+    paths = {f"registered:{b.name}": b.path for b in reply.bases}
+    table(("BASE", "KIND", "PATH"), [(p, "preset", "") for p in reply.presets]
+          + [(n, "registered", paths.get(n, "")) for n in reply.names])
     return EXIT_OK
 
 

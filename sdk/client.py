@@ -401,6 +401,20 @@ class AsyncClient:
                             versions={t: v for p in pages for t, v in p.versions.items()},
                             history={t: h for p in pages for t, h in p.history.items()})
 
+    async def add_base(self, name: str, path: str) -> Any:
+        """Register the base directory ``path`` (on the master's host) as ``name``; tenants then
+        name it ``registered:<name>`` in a spec's base (an operator op)."""
+        from protocol.messages import BaseAddRequest, RegisteredBase
+
+        return await self._master("base_add", BaseAddRequest(name=name, path=path), RegisteredBase)
+
+    async def bases(self) -> Any:
+        """`BasesReply`: the presets and registered names a spec's base may name (paths: the
+        platform's callers only)."""
+        from protocol.messages import BasesReply, BasesRequest
+
+        return await self._master("bases", BasesRequest(), BasesReply)
+
     async def delete_tenant(self, tenant: str, wait_s: float = 60.0) -> TenantDeleted:
         """Remove a tenant (slot, queue stream, versions, checkpoints, records); refused while
         one of its workloads is pending or running. Waits up to ``wait_s`` for trainers to let

@@ -1,4 +1,4 @@
-"""`nexus dataset ...`: inspect and record LeRobot v3.0 datasets.
+"""`nexus dataset ...`: inspect, record and publish LeRobot v3.0 datasets.
 
 `dataset_app` is the typer sub-app `nexus dataset` mounts. The same handlers (`cmd_info`,
 `cmd_show`, `cmd_record`: an argparse-style namespace in, an exit status out: 0 ok, 2 on a clear
@@ -9,6 +9,7 @@ user-facing error printed to stderr) can also be wired into an argparse CLI with
     python -m sdk.dataset_cli show ../shared/fixtures/lerobot/libero_like --index 45 --json
     python -m sdk.dataset_cli record --out /tmp/reach_demos --episodes 20 [--env builtin/reach-v0]
         [--seed 0] [--video | --images] [--overwrite]
+    python -m sdk.dataset_cli publish /tmp/reach_demos reach-demos [--data-dir .nexus] [--overwrite]
 """
 
 from __future__ import annotations
@@ -156,6 +157,19 @@ def cmd_record(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_publish(args: argparse.Namespace) -> int:
+    """Copy a dataset into the data dir's published area (an operator's act), where every
+    tenant may name it as dataset.root and no tenant request writes."""
+    from actors.paths import publish_dataset
+
+    try:
+        target = publish_dataset(args.src, args.name, Path(args.data_dir), overwrite=args.overwrite)
+    except ValueError as exc:
+        return _fail("publish", str(exc))
+    print(f"published {args.src} as {args.name!r}: tenants name dataset.root {target}")
+    return EXIT_OK
+
+
 def _env_option(text: str) -> tuple[str, Any]:
     """KEY=VALUE, the value read as YAML (so 128, true, [top, wrist] and rgb all work)."""
     import yaml
@@ -178,7 +192,7 @@ def _positive_int(text: str) -> int:
 
 def add_dataset_commands(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("dataset", help="inspect or record LeRobot v3.0 datasets")
-    sub = parser.add_subparsers(dest="dataset_command", metavar="{info,show,record}", required=True)
+    sub = parser.add_subparsers(dest="dataset_command", metavar="{info,show,record,publish}", required=True)
 
     p = sub.add_parser("info", help="fps, features, episodes, frames, tasks")
     p.add_argument("path", help="dataset root (holds meta/info.json)")
@@ -208,6 +222,13 @@ def add_dataset_commands(subparsers: argparse._SubParsersAction) -> argparse.Arg
                          help="cameras as PNG in the data parquet")
     p.add_argument("--overwrite", action="store_true", help="replace an existing dataset at --out")
     p.set_defaults(storage="video", func=_guard("record", cmd_record))
+
+    p = sub.add_parser("publish", help="copy a dataset into the data dir's published area (operator)")
+    p.add_argument("src", help="dataset root (holds meta/info.json)")
+    p.add_argument("name", help="published name: 1-64 of A-Z a-z 0-9 _ -")
+    p.add_argument("--data-dir", default=".nexus", help="the deployment's data dir (default ./.nexus)")
+    p.add_argument("--overwrite", action="store_true", help="replace a dataset published under NAME")
+    p.set_defaults(func=_guard("publish", cmd_publish))
     return parser
 
 
@@ -263,6 +284,19 @@ def record_command(
                               env_option=_env_options(env_option or []),
                               storage="images" if images else "video", overwrite=overwrite)
     return _guard("record", cmd_record)(args)
+
+
+@dataset_app.command("publish")
+def publish_command(
+    src: Annotated[str, typer.Argument(metavar="SRC", help="dataset root (holds meta/info.json)")],
+    name: Annotated[str, typer.Argument(metavar="NAME", help="published name: 1-64 of A-Z a-z 0-9 _ -")],
+    data_dir: Annotated[Path, typer.Option("--data-dir", show_default=False,
+                                           help="the deployment's data dir (default ./.nexus)")] = Path(".nexus"),
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="replace a dataset published under NAME")] = False,
+) -> int:
+    """Publish a dataset to every tenant: copied to <data dir>/datasets/published/NAME, read-only."""
+    args = argparse.Namespace(src=src, name=name, data_dir=str(data_dir), overwrite=overwrite)
+    return _guard("publish", cmd_publish)(args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

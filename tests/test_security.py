@@ -517,12 +517,13 @@ def test_access_rules_and_path_confinement(tmp_path):
         authorize(stranger, "jobs", "tenant", JobsRequest(tenant="bob"))
     assert authorize(PLATFORM, "jobs", "admin", JobsRequest(tenant="alice")).tenant == "alice"
 
-    roots = data_roots(tmp_path)
-    (tmp_path / "datasets" / "mine").mkdir(parents=True)
-    (tmp_path / "datasets" / "escape").symlink_to("/etc")
-    assert confine(str(tmp_path / "datasets" / "mine"), "root", roots, bob)
+    roots = data_roots(tmp_path, "bob")
+    mine = tmp_path / "datasets" / "tenants" / "bob"
+    (mine / "mine").mkdir(parents=True)
+    (mine / "escape").symlink_to("/etc")
+    assert confine(str(mine / "mine"), "root", roots, bob)
     assert confine(str(SHARED / "fixtures" / "lerobot"), "root", roots, bob)
-    for bad in ("/etc", str(tmp_path / "datasets" / "escape"), str(tmp_path / "datasets" / ".." / "x"), "datasets/mine"):
+    for bad in ("/etc", str(mine / "escape"), str(mine / ".." / "x"), "datasets/mine"):
         with pytest.raises(PermissionDenied, match="root: "):
             confine(bad, "root", roots, bob)
     assert confine("/etc", "root", roots, PLATFORM) == "/etc"  # the platform is not confined

@@ -214,26 +214,30 @@ def test_export_every_steps_and_report_path_compile():
     assert compile_tenant(spec).export_every_steps == 2
     rec = WorkloadRecord(workload="w9", tenant="t", task="sft", state="completed",
                          spec=spec.model_dump(mode="json"), created_at=0.0, updated_at=0.0)
-    assert report_file("/data", rec) == Path("/data/reports/w9.json").resolve()
+    assert report_file("/data", rec) == Path("/data/reports/t/w9.json").resolve()
 
 
-@pytest.mark.parametrize("bad", ["/etc/passwd", "../up.json", "a/../../b.json"])
-def test_report_path_cannot_leave_the_data_dir(bad):
+@pytest.mark.parametrize("bad", ["/etc/passwd", "../up.json", "a/../../b.json", "a//b.json", "a/./b.json",
+                                 "a b.json", "x/", "r\\..\\x.json"])
+def test_report_path_cannot_leave_the_tenants_reports_dir(bad):
     with pytest.raises(SpecError) as info:
         parse_spec(_set(doc("sft"), "outputs.report_path", bad))
     (err,) = info.value.details["errors"]
     assert err["field"] == "outputs.report_path" and err["value"] == bad
-    assert "inside the master's data dir" in err["message"]
+    assert "inside the tenant's reports dir" in err["message"]
 
 
 def test_report_path_symlink_out_is_refused(tmp_path):
-    (tmp_path / "data").mkdir()
-    (tmp_path / "data" / "link").symlink_to(tmp_path)
+    from master.workloads import write_report
+
+    (tmp_path / "data" / "reports" / "t").mkdir(parents=True)
+    (tmp_path / "data" / "reports" / "t" / "link").symlink_to(tmp_path)
     spec = parse_spec(_set(doc("sft"), "outputs.report_path", "link/escape.json"))
     rec = WorkloadRecord(workload="w", tenant="t", task="sft", state="completed",
                          spec=spec.model_dump(mode="json"), created_at=0.0, updated_at=0.0)
-    with pytest.raises(ValueError, match="leaves the data dir"):
-        report_file(tmp_path / "data", rec)
+    with pytest.raises(OSError):
+        write_report(tmp_path / "data", rec)
+    assert not (tmp_path / "escape.json").exists()
 
 
 def test_dataset_keys_are_checked_against_the_dataset_features():

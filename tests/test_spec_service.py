@@ -62,7 +62,7 @@ def test_export_every_steps_announces_every_n_and_the_last_and_writes_the_report
     # One job per step (items_per_job 1); exports at 2 and 4, and the workload's last step 5.
     assert [v for v in announced if v > 0] == [2, 4, 5]
     assert all(j.state == "cleared" for j in jobs) and len(jobs) == 5  # skipped exports still clear
-    report = json.loads((tmp_path / "out" / "ex.json").read_text())  # the roles' data dir
+    report = json.loads((tmp_path / "reports" / "ex-every" / "out" / "ex.json").read_text())  # the roles' data dir
     assert report["workload"] == rec.workload and report["state"] == "completed"
     assert report["spec"]["outputs"]["export_every_steps"] == 2
     assert json.loads(downloaded.read_text()) == report

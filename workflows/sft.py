@@ -89,7 +89,11 @@ class SFTWorkflow(Workflow):
         from envs.lerobot import record
         from envs.lerobot.record import RecordConfig
 
-        root = self.data_dir / "datasets" / f"{self.spec.tenant}-{self.spec.workload}"
+        from actors.paths import tenant_datasets
+
+        # The tenant's own datasets dir: it may read its demos back (dataset.root, sample), no
+        # other tenant may (actors/paths.py).
+        root = tenant_datasets(self.data_dir, self.spec.tenant) / self.spec.workload
         if not (root / "meta" / "info.json").exists():
             await self._event("progress", message=f"recording {self.spec.demo_episodes} expert demonstrations")
             await asyncio.to_thread(record, RecordConfig(out=root, episodes=self.spec.demo_episodes,

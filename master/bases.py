@@ -1,0 +1,122 @@
+"""The bases a tenant may name: presets, and the directories the operator registered.
+
+A base is a directory of weights on the master's (and the trainers' and inferencers') host. A
+tenant never names a host path: it names a preset or ``registered:<name>``, a name the
+operator gave a directory with ``nexus base add NAME PATH`` (op ``base_add``, admin only; the
+name -> path map is the ``<prefix>_bases`` KV bucket, written by the master alone).
+``nexus base list`` (op ``bases``) shows every caller the names; only the platform sees paths.
+
+`resolve_base` turns what a spec or a `TenantConfig` names into what the backend loads (a
+preset, or the directory's resolved absolute path: the identity `protocol.subjects.pool_name`
+derives the inference pool from), so trainers and inferencers never see ``registered:``.
+The platform's own callers may still name any local directory (tests, examples, operators).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from actors.bus import js_retry
+from actors.identity import Caller, current_caller
+from actors.runtime import op
+from protocol.errors import InvalidField
+from protocol.messages import BaseAddRequest, BasesReply, BasesRequest, RegisteredBase
+from protocol.subjects import canonical_base, check_token
+from protocol.wire import decode, encode
+
+
+def _registered_prefix() -> str:
+    from master.spec import REGISTERED_BASE_PREFIX
+
+    return REGISTERED_BASE_PREFIX
+
+
+class BaseOps:
+    """Mixed into `master.service.Master` (bus, names, log)."""
+
+    bases: dict[str, RegisteredBase]
+
+    async def setup_bases(self) -> None:
+        from master.service import kv_items
+
+        self.kv_bases = await js_retry(self.bus.js.key_value, self.names.kv_bases)
+        self.bases = {}
+        for key, value in await kv_items(self.kv_bases):
+            try:
+                self.bases[key] = decode(value, RegisteredBase)
+            except Exception as exc:  # a record of another version: skip it, say so
+                self.log.warning("unreadable base record", key=key, error=str(exc))
+
+    @op("base_add", BaseAddRequest, access="admin")
+    async def base_add(self, req: BaseAddRequest) -> RegisteredBase:
+        """Register (or move) ``req.name`` -> the directory ``req.path`` on the master's host."""
+        from master.service import store_put
+
+        check_token("name", req.name)
+        path = os.path.realpath(os.path.expanduser(req.path)) if req.path else ""
+        if not path or not os.path.isdir(path):
+            raise InvalidField("path", f"{req.path!r} is no directory on the master's host; allowed: a base's "
+                                       "save_pretrained directory")
+        rec = RegisteredBase(name=req.name, path=path, added_at=time.time())
+        await store_put(self.kv_bases, req.name, encode(rec))
+        self.bases[req.name] = rec
+        self.log.info("base registered", name=req.name, path=path)
+        return rec
+
+    @op("bases", BasesRequest, access="any")
+    async def list_bases(self, req: BasesRequest) -> BasesReply:
+        from master.spec import known_presets
+
+        names = sorted(self.bases)
+        platform = current_caller().is_platform
+        return BasesReply(presets=list(known_presets()), names=[f"{_registered_prefix()}{n}" for n in names],
+                          bases=[self.bases[n] for n in names] if platform else [])
+
+    async def _registered(self, name: str) -> RegisteredBase | None:
+        rec = self.bases.get(name)
+        if rec is None:  # registered through another master since this one loaded
+            try:
+                rec = decode((await self.kv_bases.get(name)).value, RegisteredBase)
+            except Exception:
+                return None
+            self.bases[name] = rec
+        return rec
+
+    def _allowed_bases(self) -> str:
+        from master.spec import known_presets
+
+        registered = ", ".join(f"{_registered_prefix()}{n}" for n in sorted(self.bases)) or "none registered yet"
+        return f"a preset ({', '.join(known_presets())}) or a base the operator registered ({registered})"
+
+    async def resolve_base(self, base: str, field: str, caller: Caller | None = None) -> str:
+        """What the backend loads for ``base``: a preset unchanged, ``registered:<name>`` its
+        directory, a path (the platform's callers only: a tenant never names one, not even a
+        registered directory's) its resolved absolute path. InvalidField naming ``field`` and
+        what is allowed."""
+        from master.spec import known_presets
+
+        caller = caller or current_caller()
+        prefix = _registered_prefix()
+        if base.startswith(prefix):
+            name = base.removeprefix(prefix)
+            rec = await self._registered(name) if name else None
+            if rec is None:
+                raise InvalidField(field, f"{base!r} is not registered; allowed: {self._allowed_bases()}",
+                                   details={"value": base})
+            return rec.path
+        if base in known_presets() or caller.is_platform:
+            return base if base in known_presets() else canonical_base(base)
+        raise InvalidField(field, f"{base!r} is not allowed: a tenant names no host path; allowed: "
+                                  f"{self._allowed_bases()}", details={"value": base})
+
+    def base_label(self, base: str, caller: Caller | None = None) -> str:
+        """``base`` as the caller may see it: a preset, ``registered:<name>`` for a registered
+        directory, and for a tenant never an unregistered host path."""
+        caller = caller or current_caller()
+        for name, rec in sorted(self.bases.items()):
+            if rec.path == base:
+                return f"{_registered_prefix()}{name}"
+        if caller.is_platform or "/" not in base:
+            return base
+        return "an operator's local base"
