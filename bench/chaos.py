@@ -495,7 +495,7 @@ class Chaos:
             cwd = str(self.dep.data_dir)
         # Its client port: the one of the deployment's URLs this process listens on (the
         # port may live in a config file, so it is read from the socket table, not argv).
-        url_ports = {int(u.rsplit(":", 1)[1]) for u in str(state.get("nats_url", "")).split(",") if ":" in u}
+        url_ports = _url_ports(str(state.get("nats_url", "")))
         ports = sorted(_listening_ports(pid) & url_ports)
         port = ports[0] if ports else None
         self.nats.pid, self.nats.at = pid, time.time()
@@ -772,6 +772,23 @@ class Chaos:
             except Exception as exc:  # noqa: BLE001 - reported: the audit counts it as a mismatch
                 checkpoints[tenant] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
         return jobs, versions, checkpoints, err
+
+
+def _url_ports(url: str) -> set[int]:
+    """The client ports of a deployment's URL (comma-separated servers). Since tenant auth each
+    server carries ``?creds=PATH`` (and may carry ``user:pass@``): read the port from the
+    plain address, never by splitting the raw text at its last colon."""
+    from urllib.parse import urlsplit
+
+    from actors.auth import strip_userinfo
+
+    ports = set()
+    for one in url.split(","):
+        if one.strip():
+            port = urlsplit(strip_userinfo(one.strip())).port
+            if port is not None:
+                ports.add(port)
+    return ports
 
 
 def _listening_ports(pid: int) -> set[int]:
