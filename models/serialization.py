@@ -30,7 +30,14 @@ def load(data: bytes, fmt: str) -> tuple[dict[str, torch.Tensor], dict[str, Any]
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise CheckpointError(f"expected bytes, got {type(data).__name__}")
     try:
-        tensors = st_load(bytes(data))
+        # Each tensor safetensors loads is a torch.frombuffer view of an immutable ``bytes``
+        # object. Cloned here so every tensor owns writable memory: `TenantSlot.restore`
+        # hands the AdamW moments and step to the optimizer as they are (on CPU ``.to(device)``
+        # and ``load_state_dict`` copy nothing), and each later step then wrote in place into
+        # those ``bytes`` objects (issue 24: undefined behaviour, Python believes them
+        # immutable). One copy of a checkpoint per restore; the params are copied again into
+        # the slot's own tensors.
+        tensors = {k: v.clone() for k, v in st_load(bytes(data)).items()}
         header = _read_header(bytes(data))
     except CheckpointError:
         raise

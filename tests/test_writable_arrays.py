@@ -110,3 +110,33 @@ def test_preprocess_copies_a_read_only_state():
     with torch_warnings_are_errors():
         batch = pre([obs])
     assert torch.equal(batch.state_B_D[0, :8], torch.arange(8, dtype=torch.float32))
+
+
+def test_restored_optimizer_state_owns_its_memory():
+    """safetensors loads each tensor as a view of an immutable ``bytes`` object; a restored
+    slot's AdamW moments and step were such views, written in place by every later step.
+    Now every optimizer tensor of a restored slot owns torch-allocated memory (a view of a
+    Python buffer has a storage that cannot be resized), and training on goes on as before."""
+    from actors.trainer import item_to_batch
+    from models import BaseConfig, BaseModel, OptimConfig, TenantSchema, TenantSlot, train_step
+
+    cfg = tenant("acme")
+    base = BaseModel.load(BaseConfig(source=cfg.base, device="cpu"))
+
+    def new_slot():
+        return TenantSlot.create(cfg.name, TenantSchema.from_dict(cfg.schema), base, head_kind=cfg.head,
+                                 optim=OptimConfig(**cfg.optim), seed=cfg.seed)
+
+    a = new_slot()
+    train_step(base, [(a, item_to_batch(a, micro_batch(cfg, "j", 0)))], grouped=True)
+    blob = a.checkpoint()
+    b = new_slot()
+    b.restore(blob)
+    state = [v for st in b.optimizer.state.values() for v in st.values() if torch.is_tensor(v)]
+    assert state and all(v.untyped_storage().resizable() for v in state)
+    # Both slots step on identically: the restore is exact, and the blob is untouched.
+    with torch_warnings_are_errors():
+        for s in (a, b):
+            train_step(base, [(s, item_to_batch(s, micro_batch(cfg, "j", 1)))], grouped=True)
+    assert all(torch.equal(x, y) for x, y in zip(a.head.state_dict().values(), b.head.state_dict().values()))
+    assert a.checkpoint() == b.checkpoint()
