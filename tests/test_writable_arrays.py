@@ -113,10 +113,10 @@ def test_preprocess_copies_a_read_only_state():
 
 
 def test_restored_optimizer_state_owns_its_memory():
-    """safetensors loads each tensor as a view of an immutable ``bytes`` object; a restored
-    slot's AdamW moments and step were such views, written in place by every later step.
-    Now every optimizer tensor of a restored slot owns torch-allocated memory (a view of a
-    Python buffer has a storage that cannot be resized), and training on goes on as before."""
+    """safetensors loads each tensor as a view of a Python bytearray; a restored slot's AdamW
+    moments and step were such views, written in place by every later step from the training
+    thread. Now every optimizer tensor of a restored slot owns torch-allocated memory (a view
+    of a Python buffer has a storage that cannot be resized), and training goes on as before."""
     from actors.trainer import item_to_batch
     from models import BaseConfig, BaseModel, OptimConfig, TenantSchema, TenantSlot, train_step
 
