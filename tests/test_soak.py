@@ -45,6 +45,13 @@ def malloc_check_env() -> dict[str, str]:
     return env
 
 
+def _heap_checked(pid: int) -> bool:
+    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    if b"MALLOC_CHECK_=3" not in environ:
+        return False
+    return not MALLOC_DEBUG_SO.exists() or "libc_malloc_debug" in Path(f"/proc/{pid}/maps").read_text()
+
+
 class CheckedRoles(RoleProcs):
     """`RoleProcs` whose roles are exec'd (never forked from the zygote) with the heap checker on."""
 
@@ -70,6 +77,8 @@ def _soak(nats_url: str, prefix: str, data_dir: Path, tenants: int, jobs: int, i
     with CheckedRoles(nats_url, prefix, data_dir) as roles:
         roles.start("master")
         trainer = roles.start("trainer", NEXUS_TRAINER_GROUP_MAX=str(tenants))
+        for _, inst, p in roles.procs:  # the checker is really on in each role process
+            assert _heap_checked(p.pid), f"{inst} (pid {p.pid}) runs without glibc's heap checker"
 
         async def one_tenant(c, cfg):
             await c.create_tenant(cfg)
