@@ -54,7 +54,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from actors.auth import PLATFORM_ACCOUNT, creds_from_env, redact_url
-from actors.bus import Bus, is_broker_outage
+from actors.bus import Bus, is_broker_outage, js_retry
 from actors.identity import ACCESS_LEVELS, Caller, authorize, caller_from_headers, check_reply, reset_caller, set_caller
 from actors.logs import bound_request, configure_logging
 from actors.tracing import extract, inject, messaging, nexus_attrs, setup_tracing, shutdown_tracing, trace_id_hex
@@ -530,8 +530,11 @@ class Role:
             updated_at=time.time(),
         )
         try:
-            kv = await self.bus.js.key_value(self.names.kv_services)
-            await kv.put(Names.service_key(self.name, self.instance), encode(record))
+            # Through a leader election (a NATS node lost: the services stream has no leader
+            # for seconds): a role started then stayed unregistered for good, so nothing saw
+            # its replacement ready (found by the default suite's chaos run, issue 24).
+            kv = await js_retry(self.bus.js.key_value, self.names.kv_services)
+            await js_retry(kv.put, Names.service_key(self.name, self.instance), encode(record))
         except Exception as exc:  # broker down or bucket missing: keep running, say so
             self.log.warning("service registration failed", error=str(exc))
 
