@@ -486,7 +486,7 @@ class Role:
         self.state = "draining"
         started = time.monotonic()
         self.log.info("draining", in_flight=len(self._inflight))
-        await self._register()
+        await self._register(retry=False)
         await self._beat()
         # Stop taking new requests first; requests already delivered still get handled
         # (drain, not unsubscribe: the latter would drop delivered-but-unread requests, whose
@@ -504,7 +504,7 @@ class Role:
         await self.on_drain()
         await self._drain_subs([self._instance_sub] if self._instance_sub is not None else [])
         self.state = "stopped"
-        await self._register()
+        await self._register(retry=False)
         await self._beat()
         await self.bus.nc.flush(timeout=2)
         self.log.info("stopped", drain_s=round(time.monotonic() - started, 3))
@@ -517,7 +517,9 @@ class Role:
                 self.log.warning("unsubscribe failed", error=str(exc))
 
     # -- registration and heartbeat ------------------------------------------------------
-    async def _register(self) -> None:
+    async def _register(self, retry: bool = True) -> None:
+        """``retry=False`` (drain, stop): one attempt, so a stop with the broker gone is not
+        held up by the retries; the heartbeats say the same."""
         assert self.bus is not None
         record = ServiceRecord(
             role=self.name,
@@ -533,8 +535,9 @@ class Role:
             # Through a leader election (a NATS node lost: the services stream has no leader
             # for seconds): a role started then stayed unregistered for good, so nothing saw
             # its replacement ready (found by the default suite's chaos run, issue 24).
-            kv = await js_retry(self.bus.js.key_value, self.names.kv_services)
-            await js_retry(kv.put, Names.service_key(self.name, self.instance), encode(record))
+            call = js_retry if retry else _once
+            kv = await call(self.bus.js.key_value, self.names.kv_services)
+            await call(kv.put, Names.service_key(self.name, self.instance), encode(record))
         except Exception as exc:  # broker down or bucket missing: keep running, say so
             self.log.warning("service registration failed", error=str(exc))
 
@@ -709,6 +712,10 @@ class Role:
 
     async def _on_nats_error(self, exc: Exception) -> None:
         self.log.warning("nats error", error=str(exc))
+
+
+async def _once(fn, *args):
+    return await fn(*args)
 
 
 def run_role(role_cls: type[Role], cfg: RoleConfig) -> int:
