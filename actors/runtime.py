@@ -54,7 +54,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from actors.auth import PLATFORM_ACCOUNT, creds_from_env, redact_url
-from actors.bus import Bus, is_broker_outage
+from actors.bus import Bus, is_broker_outage, js_retry
 from actors.identity import ACCESS_LEVELS, Caller, authorize, caller_from_headers, check_reply, reset_caller, set_caller
 from actors.logs import bound_request, configure_logging
 from actors.tracing import extract, inject, messaging, nexus_attrs, setup_tracing, shutdown_tracing, trace_id_hex
@@ -486,7 +486,7 @@ class Role:
         self.state = "draining"
         started = time.monotonic()
         self.log.info("draining", in_flight=len(self._inflight))
-        await self._register()
+        await self._register(retry=False)
         await self._beat()
         # Stop taking new requests first; requests already delivered still get handled
         # (drain, not unsubscribe: the latter would drop delivered-but-unread requests, whose
@@ -504,7 +504,7 @@ class Role:
         await self.on_drain()
         await self._drain_subs([self._instance_sub] if self._instance_sub is not None else [])
         self.state = "stopped"
-        await self._register()
+        await self._register(retry=False)
         await self._beat()
         await self.bus.nc.flush(timeout=2)
         self.log.info("stopped", drain_s=round(time.monotonic() - started, 3))
@@ -517,7 +517,9 @@ class Role:
                 self.log.warning("unsubscribe failed", error=str(exc))
 
     # -- registration and heartbeat ------------------------------------------------------
-    async def _register(self) -> None:
+    async def _register(self, retry: bool = True) -> None:
+        """``retry=False`` (drain, stop): one attempt, so a stop with the broker gone is not
+        held up by the retries; the heartbeats say the same."""
         assert self.bus is not None
         record = ServiceRecord(
             role=self.name,
@@ -530,8 +532,12 @@ class Role:
             updated_at=time.time(),
         )
         try:
-            kv = await self.bus.js.key_value(self.names.kv_services)
-            await kv.put(Names.service_key(self.name, self.instance), encode(record))
+            # Through a leader election (a NATS node lost: the services stream has no leader
+            # for seconds): a role started then stayed unregistered for good, so nothing saw
+            # its replacement ready (found by the default suite's chaos run, issue 24).
+            call = js_retry if retry else _once
+            kv = await call(self.bus.js.key_value, self.names.kv_services)
+            await call(kv.put, Names.service_key(self.name, self.instance), encode(record))
         except Exception as exc:  # broker down or bucket missing: keep running, say so
             self.log.warning("service registration failed", error=str(exc))
 
@@ -706,6 +712,10 @@ class Role:
 
     async def _on_nats_error(self, exc: Exception) -> None:
         self.log.warning("nats error", error=str(exc))
+
+
+async def _once(fn, *args):
+    return await fn(*args)
 
 
 def run_role(role_cls: type[Role], cfg: RoleConfig) -> int:

@@ -2,7 +2,8 @@
 
     OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python -m bench.chaos --mode kill --budget full
     OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python -m bench.chaos --mode drain --budget full
-    .venv/bin/python -m bench.chaos --budget small --interval-s 5,8 --kills 7      # what the test runs
+    .venv/bin/python -m bench.chaos --budget small --interval-s 4,8 --kills 7      # the 7-kill test
+    .venv/bin/python -m bench.chaos --budget tiny --interval-s 3,6 --kills 3 --nats-cluster 3  # the default suite's
     .venv/bin/python -m bench.chaos --budget full --nats-cluster 3                  # + one NATS node killed
 
 In order:
@@ -11,7 +12,8 @@ In order:
      restarts a role.
   2. Four workloads on the built-in reach task, submitted with the SDK: two RL tenants, one SFT
      tenant, one eval of the SFT tenant's policy (it starts when the SFT workload is done).
-     ``--budget small|full`` sizes them (small: about a minute of chaos; full: 8-10 minutes).
+     ``--budget tiny|small|full`` sizes them (tiny: a few kills, the default suite's run;
+     small: about a minute of chaos; full: 8-10 minutes).
   3. Chaos: every ``--interval-s lo,hi`` seconds one role process, chosen so that every role
      type is hit once per round (master, trainer, inferencer, env, health, monitor), is
      SIGKILLed (``--mode kill``) or drained (``--mode drain``: a ``RestartRequest(mode="drain")``
@@ -88,6 +90,16 @@ NATS_DOWN_S = 10.0  # a killed NATS node stays down this long before it is start
 # Per budget: what to change in the example specs. Small: the short test (about a minute of
 # chaos on 2 cores); full: the benchmark (8-10 minutes, at least 20 kills).
 BUDGETS: dict[str, dict[str, Any]] = {
+    # Tiny: the default suite's run (tests/test_chaos.py; a few kills and one NATS node of
+    # three, a few minutes at most on 2 cores). The workloads still outlast the chaos: the SFT
+    # tenant records its demos and trains 6 jobs, then the eval starts.
+    "tiny": {
+        "sft": {"demos": 10, "steps": 24, "items_per_job": 4, "batch_size": 8},
+        "rl": {"steps_per_update": 32, "parallel_envs": 2, "micro_batch": 16, "epochs": 1, "max_steps": 64},
+        "eval_episodes": 4,
+        "kills": 3,
+        "timeout_s": 300.0,
+    },
     "small": {
         "sft": {"demos": 20, "steps": 48, "items_per_job": 4, "batch_size": 16},
         "rl": {"steps_per_update": 64, "parallel_envs": 4, "micro_batch": 32, "epochs": 1, "max_steps": 64},
@@ -495,7 +507,7 @@ class Chaos:
             cwd = str(self.dep.data_dir)
         # Its client port: the one of the deployment's URLs this process listens on (the
         # port may live in a config file, so it is read from the socket table, not argv).
-        url_ports = {int(u.rsplit(":", 1)[1]) for u in str(state.get("nats_url", "")).split(",") if ":" in u}
+        url_ports = _url_ports(str(state.get("nats_url", "")))
         ports = sorted(_listening_ports(pid) & url_ports)
         port = ports[0] if ports else None
         self.nats.pid, self.nats.at = pid, time.time()
@@ -774,6 +786,23 @@ class Chaos:
         return jobs, versions, checkpoints, err
 
 
+def _url_ports(url: str) -> set[int]:
+    """The client ports of a deployment's URL (comma-separated servers). Since tenant auth each
+    server carries ``?creds=PATH`` (and may carry ``user:pass@``): read the port from the
+    plain address, never by splitting the raw text at its last colon."""
+    from urllib.parse import urlsplit
+
+    from actors.auth import strip_userinfo
+
+    ports = set()
+    for one in url.split(","):
+        if one.strip():
+            port = urlsplit(strip_userinfo(one.strip())).port
+            if port is not None:
+                ports.add(port)
+    return ports
+
+
 def _listening_ports(pid: int) -> set[int]:
     """TCP ports a process listens on (Linux: its socket inodes against /proc/net/tcp*)."""
     inodes = set()
@@ -908,13 +937,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mode", choices=("kill", "drain"), default="kill")
     p.add_argument("--budget", choices=sorted(BUDGETS), default="full")
     p.add_argument("--interval-s", type=_interval, default=(15.0, 30.0), help="lo,hi seconds between kills")
-    p.add_argument("--kills", type=int, default=-1, help="role kills (default: small 7, full 22; 0: a baseline without chaos)")
+    p.add_argument("--kills", type=int, default=-1,
+                   help="role kills (default: tiny 3, small 7, full 22; 0: a baseline without chaos)")
     p.add_argument("--nats-cluster", type=int, default=1, choices=(1, 3))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--data-dir", type=Path)
     p.add_argument("--keep-data", action="store_true")
     p.add_argument("--out", type=Path, help="JSON path (default bench/results/chaos-<mode>.json)")
-    p.add_argument("--timeout-s", type=float, default=0.0, help="whole run (default: small 420, full 2400)")
+    p.add_argument("--timeout-s", type=float, default=0.0, help="whole run (default: tiny 300, small 420, full 2400)")
     p.add_argument("--allowed-failure", help="regex: a failed job whose reason matches is not counted lost")
     args = p.parse_args(argv)
     cfg = ChaosConfig(mode=args.mode, budget=args.budget, interval_s=args.interval_s, kills=args.kills,

@@ -130,7 +130,9 @@ class TenantPreprocessor:
         return frame
 
     def _state(self, state) -> torch.Tensor:
-        arr = np.asarray(state, dtype=np.float32)
+        # np.array copies: ``state`` may be a read-only array (a decoded message, pyarrow, a
+        # caller's view), and torch.from_numpy must never alias memory it may not write.
+        arr = np.array(state, dtype=np.float32)
         if arr.shape != (self.schema.state_dim,):
             raise InputError(f"state: shape {arr.shape}, schema declares ({self.schema.state_dim},)")
         if not np.isfinite(arr).all():

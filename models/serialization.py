@@ -30,7 +30,15 @@ def load(data: bytes, fmt: str) -> tuple[dict[str, torch.Tensor], dict[str, Any]
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise CheckpointError(f"expected bytes, got {type(data).__name__}")
     try:
-        tensors = st_load(bytes(data))
+        # Each tensor safetensors loads is a torch.frombuffer view of a Python bytearray it
+        # allocated (a storage torch does not own: freed through Python refcounting, under the
+        # GIL, by whichever thread drops it last). Cloned so every tensor owns torch memory:
+        # `TenantSlot.restore` hands the AdamW moments and step to the optimizer as they are
+        # (on CPU ``.to(device)`` and ``load_state_dict`` copy nothing), and every later step
+        # then wrote in place into those Python buffers from the training thread (issue 24,
+        # a hazard removed while hunting heap corruption). One copy of a checkpoint per
+        # restore; the params are copied again into the slot's own tensors.
+        tensors = {k: v.clone() for k, v in st_load(bytes(data)).items()}
         header = _read_header(bytes(data))
     except CheckpointError:
         raise

@@ -8,8 +8,12 @@ forged payload never becomes a tensor of the wrong size::
     data = packb({"obs": np.zeros((2, 3), np.float32)})
     obj = unpackb(data)
 
-Decoded numpy arrays are read-only views of the message buffer (zero-copy); call
-``.copy()`` to mutate. Decoded torch tensors own writable memory.
+Decoded numpy arrays and torch tensors own writable memory: one copy of the raw bytes per
+array. A read-only view of the bytes (zero-copy) was the old behaviour; it reached torch
+(``torch.from_numpy`` / ``torch.as_tensor`` alias it), where any in-place op is undefined
+behaviour on memory Python believes immutable, and PyTorch warns about it. One memcpy per
+decoded array (a few MB of frames at most per message, ~1 ms) buys consumers that can never
+write into a ``bytes`` object, whatever they do with the array (issue 24).
 """
 
 from __future__ import annotations
@@ -111,7 +115,8 @@ def _ext_hook(code: int, data: bytes) -> Any:
             raise ProtocolError(
                 f"numpy array {dtype}{tuple(shape)}: expected {want} bytes, got {len(raw)} (truncated?)"
             )
-        return np.frombuffer(raw, dtype=np.dtype(dtype).newbyteorder("<")).reshape(shape)
+        # bytearray: the array owns a writable copy (see the module doc), never a view of `raw`.
+        return np.frombuffer(bytearray(raw), dtype=np.dtype(dtype).newbyteorder("<")).reshape(shape)
     if code == EXT_TENSOR:
         import torch
 

@@ -2,10 +2,13 @@
 
 The suite itself is bench/chaos.py (run here as a subprocess, as a user would, so its cleanup
 path is the one exercised); the benchmark is ``python -m bench.chaos --budget full`` (22 kills,
-one NATS node of three). Here: small budgets, 7 SIGKILLs 4-8 s apart, every role type at least
-once (the NATS node kill lives in the benchmark and the cluster tests), and the invariants:
-no job lost, no optimizer step applied twice, every workload completed, every kill replaced.
-A drain-mode run (4 drains through the supervisor's restart request) is marked slow.
+one NATS node of three). Here, in the default suite: a tiny budget with 3 SIGKILLs 3-6 s apart
+and one NATS node of three SIGKILLed and started again (the deployment's URL carries
+``?creds=`` since tenant auth: the harness once crashed parsing it, so only a run that kills a
+node guards it), and a small budget with 7 SIGKILLs 4-8 s apart, every role type at least once;
+the invariants: no job lost, no optimizer step applied twice, every workload completed, every
+kill replaced. A drain-mode run (4 drains through the supervisor's restart request) is marked
+slow.
 
 The checker comes first: it is fed made-up job histories with each fault it must catch.
 """
@@ -20,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.chaos import _url_ports
 from bench.chaos_audit import audit_jobs, percentile
 from tests.conftest import ROOT, python_env
 
@@ -89,12 +93,21 @@ def test_percentile_nearest_rank():
     assert percentile([float(i) for i in range(1, 101)], 99) == 99.0
 
 
+def test_url_ports_read_each_servers_port_past_its_credentials():
+    """cluster.json's URL names the admin's credentials on every server (``?creds=PATH``, a
+    path that may hold a colon); a ``user:pass@`` may precede the host."""
+    url = ("nats://127.0.0.1:55627?creds=/tmp/x/admin.creds,nats://u:p@127.0.0.1:55628?creds=/a:1/b.creds,"
+           " nats://127.0.0.1:4222")
+    assert _url_ports(url) == {55627, 55628, 4222}
+    assert _url_ports("") == set()
+
+
 CLEANUP_S = 60  # the harness's own teardown after a SIGTERM (it drains every role it started)
 
 
-def _run_chaos(tmp_path: Path, *args: str, timeout_s: float) -> dict:
+def _run_chaos(tmp_path: Path, *args: str, timeout_s: float, budget: str = "small") -> dict:
     out = tmp_path / "chaos.json"
-    proc = subprocess.Popen([sys.executable, "-m", "bench.chaos", "--budget", "small", "--out", str(out), *args],
+    proc = subprocess.Popen([sys.executable, "-m", "bench.chaos", "--budget", budget, "--out", str(out), *args],
                             cwd=ROOT, env=python_env(OMP_NUM_THREADS="1"), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     try:
@@ -131,6 +144,19 @@ def _assert_invariants(rep: dict) -> None:
     assert not not_done, f"workloads not completed: {not_done}\n{out}"
     assert inv["every_kill_replaced"]["ok"], f"{inv['every_kill_replaced']['detail']}\n{out}"
     assert rep["_code"] == 0, f"failed: {rep['failed']}\n{out}"
+
+
+@pytest.mark.timeout(420)  # 340 s of run, then CLEANUP_S for the harness to stop
+def test_kills_and_a_nats_node_of_three_lose_nothing_and_apply_nothing_twice(tmp_path):
+    """The default suite's chaos run: a few role kills and one NATS node of three killed
+    half-way (after the first kill) and started again, on a deployment with tenant auth."""
+    rep = _run_chaos(tmp_path, "--mode", "kill", "--interval-s", "3,6", "--kills", "3", "--nats-cluster", "3",
+                     "--seed", "3", budget="tiny", timeout_s=340)
+    assert len(rep["kill_log"]) == 3, rep["_output"]
+    node = rep["nats_node"]
+    assert node["done"] and node["back_s"] is not None and not node["skipped"], (node, rep["_output"])
+    assert rep["invariants"]["nats_node_killed_and_back"]["ok"], rep["_output"]
+    _assert_invariants(rep)
 
 
 @pytest.mark.timeout(480)  # 400 s of run, then CLEANUP_S for the harness to stop
