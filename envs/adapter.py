@@ -158,6 +158,11 @@ def check_action(spec: EnvSpec, action: Any) -> np.ndarray:
     return np.clip(arr, np.asarray(spec.action_low, np.float32), np.asarray(spec.action_high, np.float32))
 
 
+# The largest frame side any env renders on request (the tenant schema's camera bound,
+# models/schema.py): options come from tenants, and an unbounded side is an unbounded render.
+MAX_IMAGE_SIDE = 4096
+
+
 def config_from_options(cls: type, env_id: str, options: dict[str, Any],
                         image_size: int | tuple[int, int] | None = None, **fixed: Any) -> Any:
     """Build an adapter's config dataclass from registry options; unknown ones raise, naming
@@ -172,6 +177,10 @@ def config_from_options(cls: type, env_id: str, options: dict[str, Any],
         if image_size is not None:
             h, w = (image_size, image_size) if isinstance(image_size, int) else image_size
             options.update(image_height=h, image_width=w)
+        for name in ("image_height", "image_width"):
+            side = options.get(name)
+            if isinstance(side, (int, np.integer)) and not isinstance(side, bool) and side > MAX_IMAGE_SIDE:
+                raise ConfigError(f"{env_id}: option {name}={side} is too large; allowed: 1..{MAX_IMAGE_SIDE}")
         return cls(**options, **fixed)
     except ConfigError:
         raise

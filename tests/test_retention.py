@@ -242,23 +242,26 @@ def test_tenant_delete_removes_all_of_its_state(roles):
             kept = await _finished(c, "a-b", 1)
             await _report(c, 1, [("a", gone[0], 4), ("a", "mylabel", 1), ("a-b", kept[0], 2)])
             # What the producers and the monitor write for a tenant (workflows/sft.py, actors/boards.py).
-            for name in (f"a-{gone[0]}", f"a-b-{kept[0]}", "a", "tenants/a"):
+            for name in (f"a-{gone[0]}", f"a-b-{kept[0]}", "tenants/a", "tenants/a-b", "published/a"):
                 (data / "datasets" / name / "meta").mkdir(parents=True)
             for tenant in ("a", "a-b"):
                 (data / "tensorboard" / tenant).mkdir(parents=True)
-            reports_before = sorted(p.name for p in (data / "reports").iterdir())
+            reports_before = sorted(str(p.relative_to(data / "reports")) for p in (data / "reports").rglob("*.json"))
             deleted = await c.delete_tenant("a")
             return gone, kept, reports_before, deleted, await c.usage(), await c.workloads()
         finally:
             await c.close()
 
     gone, kept, reports_before, deleted, usage, workloads = asyncio.run(go())
-    assert reports_before == sorted(f"{w}.json" for w in gone + kept)  # a cancel writes the report
+    # A cancel writes the report, under the tenant's own reports dir.
+    assert reports_before == sorted([*(f"a/{w}.json" for w in gone), *(f"a-b/{w}.json" for w in kept)])
     assert deleted.removed["workloads"] == 2 and deleted.removed["usage"] == 2
-    assert deleted.removed["reports"] == 2 and deleted.removed["datasets"] == 3 and deleted.removed["boards"] == 1
-    assert sorted(p.name for p in (data / "reports").iterdir()) == [f"{kept[0]}.json"]
-    assert sorted(p.name for p in (data / "datasets").iterdir()) == [f"a-b-{kept[0]}", "tenants"]
-    assert not (data / "datasets" / "tenants" / "a").exists()
+    assert deleted.removed["reports"] == 2 and deleted.removed["datasets"] == 2 and deleted.removed["boards"] == 1
+    assert sorted(str(p.relative_to(data / "reports")) for p in (data / "reports").rglob("*.json")) == \
+        [f"a-b/{kept[0]}.json"]
+    assert sorted(p.name for p in (data / "datasets").iterdir()) == [f"a-b-{kept[0]}", "published", "tenants"]
+    assert sorted(p.name for p in (data / "datasets" / "tenants").iterdir()) == ["a-b"]
+    assert (data / "datasets" / "published" / "a").is_dir()  # the operator's, not tenant a's
     assert sorted(p.name for p in (data / "tensorboard").iterdir()) == ["a-b"]
     assert {r.tenant for r in usage.records} == {"a-b"} and [w.workload for w in workloads] == kept
 
