@@ -64,7 +64,7 @@ from actors.tracing import (
 )
 from protocol.errors import Busy, Draining, InternalError, NexusError, QuotaExceeded
 from protocol.messages import ErrorReply, PredictReply, PredictRequest, WeightsRef
-from protocol.policy import INFERENCE_OUTAGE, default_quotas, usage_flush_from_env
+from protocol.policy import default_quotas, usage_flush_from_env
 from protocol.settings import InferencerSettings
 from protocol.subjects import check_token, pool_name
 from protocol.wire import decode, encode

@@ -657,6 +657,7 @@ def _remove_tenant_account(data_dir: Path, name: str, timeout_s: float) -> dict[
     auth dir (the operator's keys) is the CLI's, not the master role's."""
     from actors.auth import AuthStore, Credentials
     from actors.supervisor import ClusterState
+    from protocol.errors import NexusError
 
     resolved = data_dir.resolve()
     store = AuthStore(resolved)

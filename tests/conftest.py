@@ -7,7 +7,9 @@ its own subject prefix, so tests share one server without seeing each other's tr
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import subprocess
 import sys
 import uuid
 from pathlib import Path
@@ -106,6 +108,29 @@ def python_env(**extra: str) -> dict[str, str]:
 
 def nexus_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "sdk.cli", *args]
+
+
+def nexus_run(*args: str, timeout: float = 120, **env: str) -> subprocess.CompletedProcess:
+    """One `nexus` command in a child process, with NEXUS_* settings from ``env``."""
+    return subprocess.run(nexus_cmd(*args), capture_output=True, text=True, timeout=timeout, env=python_env(**env))
+
+
+@contextlib.contextmanager
+def nexus_up(data_dir: Path, **env: str):
+    """`nexus up --detach` in ``data_dir`` on a free port (operator mode), its `ClusterState`,
+    and `nexus down` after; both asserted. ``env``: the deployment's NEXUS_* settings."""
+    from actors.broker import free_port
+    from actors.supervisor import ClusterState
+
+    up = nexus_run("up", "--detach", "--data-dir", str(data_dir), "--nats-port", str(free_port()), timeout=240, **env)
+    assert up.returncode == 0, up.stdout + up.stderr
+    state = ClusterState.read(data_dir)
+    assert state is not None and state.ready and state.creds
+    try:
+        yield state
+    finally:
+        down = nexus_run("down", "--data-dir", str(data_dir), **env)
+        assert down.returncode == 0, down.stdout + down.stderr
 
 
 _ZYGOTE: list = []  # [Zygote] once started; [None] with --spawn=exec

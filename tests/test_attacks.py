@@ -27,12 +27,10 @@ import numpy as np
 import pytest
 
 from actors.auth import redact_url
-from actors.broker import free_port
-from actors.bus import Bus
 from actors.supervisor import ClusterState
 from protocol.subjects import Names
 from sdk.client import AsyncClient
-from tests.conftest import nexus_cmd, python_env
+from tests.conftest import nexus_cmd, nexus_up, python_env
 from tests.test_workloads import sft_spec
 
 BASE = "tiny-qwen3-vl-64"
@@ -78,27 +76,29 @@ CAMERAS = {"observation.images.top": "top", "observation.images.wrist": "wrist"}
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory):
     data_dir = tmp_path_factory.mktemp("attacks")
-    env = dict(NEXUS_ENV_MAX_SESSIONS_PER_TENANT=str(SESSIONS_PER_TENANT),
-               NEXUS_INFER_MAX_QUEUED_PER_TENANT=str(QUEUED_PER_TENANT))
-    up = subprocess.run(nexus_cmd("up", "--detach", "--data-dir", str(data_dir), "--nats-port", str(free_port())),
-                        capture_output=True, text=True, timeout=240, env=python_env(NEXUS_INFER_BASE=BASE, **env))
-    assert up.returncode == 0, up.stdout + up.stderr
-    state = ClusterState.read(data_dir)
+    with nexus_up(data_dir, NEXUS_INFER_BASE=BASE, NEXUS_ENV_MAX_SESSIONS_PER_TENANT=str(SESSIONS_PER_TENANT),
+                  NEXUS_INFER_MAX_QUEUED_PER_TENANT=str(QUEUED_PER_TENANT)) as state:
+        yield state, _tenants(data_dir), data_dir, _operator_base(data_dir)
+
+
+def _tenants(data_dir: Path) -> dict[str, str]:
+    """alice, the hidden tenant and mallory (under account limits), each's creds path."""
     creds = {}
     for tenant, flags in (("alice", ()), (HIDDEN, ()),
                           ("mallory", ("--max-conns", str(MAX_CONNS), "--max-payload-kb", "256", "--storage-mb", "1"))):
         out = nexus("tenant", "create", tenant, "--data-dir", str(data_dir), "--json", *flags)
         assert out.returncode == 0, out.stdout + out.stderr
         creds[tenant] = json.loads(out.stdout)["creds"]
+    return creds
+
+
+def _operator_base(data_dir: Path) -> Path:
+    """A base directory the operator registered (`nexus base add tiny DIR`)."""
     base_dir = data_dir / "operator-bases" / "tiny"
     base_dir.mkdir(parents=True)
     out = nexus("base", "add", "tiny", str(base_dir), "--data-dir", str(data_dir))
     assert out.returncode == 0, out.stdout + out.stderr
-    try:
-        yield state, creds, data_dir, base_dir
-    finally:
-        down = nexus("down", "--data-dir", str(data_dir))
-        assert down.returncode == 0, down.stdout + down.stderr
+    return base_dir
 
 
 def _url(state: ClusterState) -> str:

@@ -26,12 +26,11 @@ import yaml
 
 from actors import nats_jwt
 from actors.auth import AuthStore, Credentials, redact_url
-from actors.broker import free_port
 from actors.permissions import PROCESSES, role_permissions
 from actors.supervisor import ClusterState
 from protocol.subjects import ROLES, Names
 from sdk.client import AsyncClient
-from tests.conftest import nexus_cmd, python_env
+from tests.conftest import nexus_cmd, nexus_up, python_env
 from tests.test_workloads import eval_spec, rl_spec, sft_spec
 
 ROLE_USER = "nobody"
@@ -64,15 +63,11 @@ def deployment():
     # Not under pytest's 0700 tmp dir: the role user must be able to enter the data dir.
     data_dir = Path(tempfile.mkdtemp(prefix="nexus-lp-", dir="/tmp"))
     os.chmod(data_dir, 0o755)
-    up = nexus("up", "--detach", "--data-dir", str(data_dir), "--nats-port", str(free_port()), timeout=240,
-               NEXUS_ROLE_USER=ROLE_USER if FENCED else "-")
-    assert up.returncode == 0, up.stdout + up.stderr
-    state = ClusterState.read(data_dir)
-    assert state is not None and state.ready
-    yield state
-    down = nexus("down", "--data-dir", str(data_dir))
-    assert down.returncode == 0, down.stdout + down.stderr
-    shutil.rmtree(data_dir, ignore_errors=True)
+    try:
+        with nexus_up(data_dir, NEXUS_INFER_BASE="tiny-qwen3-vl-64", NEXUS_ROLE_USER=ROLE_USER if FENCED else "-") as state:
+            yield state
+    finally:
+        shutil.rmtree(data_dir, ignore_errors=True)
 
 
 def _environ(pid: int) -> dict[str, str]:

@@ -24,10 +24,9 @@ import numpy as np
 import pytest
 
 from actors.auth import AuthStore, Credentials
-from actors.broker import free_port
 from actors.bus import Bus
 from actors.supervisor import ClusterState
-from protocol.errors import NexusError, PermissionDenied, QuotaExceeded, Unauthenticated, Unavailable
+from protocol.errors import NexusError, PermissionDenied, QuotaExceeded, Unauthenticated
 from protocol.messages import (
     CheckpointCommitRequest,
     CreateTenantRequest,
@@ -70,7 +69,7 @@ from protocol.messages import (
 from protocol.subjects import Names, pool_name
 from protocol.wire import decode
 from sdk.client import AsyncClient
-from tests.conftest import SHARED, nexus_cmd, python_env
+from tests.conftest import SHARED, nexus_cmd, nexus_up, python_env
 from tests.test_workloads import sft_spec
 
 BASE = "tiny-qwen3-vl-64"
@@ -84,20 +83,15 @@ def nexus(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory):
     data_dir = tmp_path_factory.mktemp("secure")
-    up = nexus("up", "--detach", "--data-dir", str(data_dir), "--nats-port", str(free_port()), timeout=240)
-    assert up.returncode == 0, up.stdout + up.stderr
-    state = ClusterState.read(data_dir)
-    assert state is not None and state.creds
-    creds = {}
-    for tenant in ("alice", "bob"):
-        out = nexus("tenant", "create", tenant, "--data-dir", str(data_dir), "--json")
-        assert out.returncode == 0, out.stdout + out.stderr
-        info = json.loads(out.stdout)
-        assert info["live"] is True
-        creds[tenant] = info["creds"]
-    yield state, creds
-    down = nexus("down", "--data-dir", str(data_dir))
-    assert down.returncode == 0, down.stdout + down.stderr
+    with nexus_up(data_dir, NEXUS_INFER_BASE=BASE) as state:
+        creds = {}
+        for tenant in ("alice", "bob"):
+            out = nexus("tenant", "create", tenant, "--data-dir", str(data_dir), "--json")
+            assert out.returncode == 0, out.stdout + out.stderr
+            info = json.loads(out.stdout)
+            assert info["live"] is True
+            creds[tenant] = info["creds"]
+        yield state, creds
 
 
 def _url(state: ClusterState) -> str:
@@ -492,7 +486,7 @@ def test_storage_quota_is_the_tenant_accounts_jetstream_limit(deployment):
 
 def test_access_rules_and_path_confinement(tmp_path):
     """The runtime's rules on their own (the server-asserted caller as the header gives it)."""
-    from actors.identity import PLATFORM, Caller, authorize, caller_from_headers
+    from actors.identity import PLATFORM, authorize, caller_from_headers
     from actors.paths import confine, data_roots
 
     bob = caller_from_headers({"Nats-Request-Info": json.dumps(
@@ -527,3 +521,31 @@ def test_access_rules_and_path_confinement(tmp_path):
         with pytest.raises(PermissionDenied, match="root: "):
             confine(bad, "root", roots, bob)
     assert confine("/etc", "root", roots, PLATFORM) == "/etc"  # the platform is not confined
+
+
+def test_tenant_delete_removes_its_account_and_credentials(deployment):
+    """`nexus tenant delete`: the tenant's user is revoked on the running server (its next
+    login refused), and its account and creds file leave the auth store; others stay."""
+    state, creds = deployment
+    out = nexus("tenant", "create", "fleeting", "--data-dir", state.data_dir, "--json")
+    assert out.returncode == 0, out.stderr
+    path = json.loads(out.stdout)["creds"]
+    held = Credentials.read(path)  # a copy the tenant kept
+    gone = nexus("tenant", "delete", "fleeting", "--yes", "--json", "--data-dir", state.data_dir)
+    assert gone.returncode == 0, gone.stdout + gone.stderr
+    removed = json.loads(gone.stdout)["removed"]
+
+    async def login():
+        try:
+            bus = await Bus.connect(_url(state), name="test-fleeting", reconnect_forever=False, creds=held)
+            await bus.close()
+            return "CONNECTED"
+        except Unauthenticated as exc:
+            return exc
+
+    refused = asyncio.run(login())
+    store = AuthStore(Path(state.data_dir))
+    assert removed.get("accounts") == 1 and removed.get("creds") == 1, removed
+    assert isinstance(refused, Unauthenticated), refused
+    assert "fleeting" not in store.tenants() and not os.path.exists(path)
+    assert "alice" in store.tenants() and os.path.exists(creds["alice"])

@@ -25,7 +25,6 @@ import nats
 import pytest
 
 from actors.auth import AuthStore, redact_url
-from actors.broker import free_port
 from actors.bus import Bus
 from actors.supervisor import ClusterState
 from protocol.errors import InvalidField, NotFound, PermissionDenied, QuotaExceeded
@@ -44,7 +43,7 @@ from protocol.policy import SAMPLE_MAX_FRAMES
 from protocol.subjects import Names
 from protocol.wire import decode, encode, packb
 from sdk.client import AsyncClient
-from tests.conftest import nexus_cmd, python_env
+from tests.conftest import nexus_cmd, nexus_up, python_env
 from tests.test_usage import obs
 from tests.test_workloads import sft_spec
 from tests.tq_helpers import BASE, tenant
@@ -62,14 +61,10 @@ def nexus(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory):
-    data_dir = tmp_path_factory.mktemp("limits")
-    up = nexus("up", "--detach", "--data-dir", str(data_dir), "--nats-port", str(free_port()), timeout=240)
-    assert up.returncode == 0, up.stdout + up.stderr
-    state = ClusterState.read(data_dir)
-    assert state is not None and state.creds
-    yield state
-    down = nexus("down", "--data-dir", str(data_dir))
-    assert down.returncode == 0, down.stdout + down.stderr
+    with nexus_up(tmp_path_factory.mktemp("limits"), NEXUS_INFER_BASE=BASE,
+                  NEXUS_ENV_MAX_SESSIONS_PER_TENANT=str(SESSIONS_PER_TENANT),
+                  NEXUS_INFER_MAX_QUEUED_PER_TENANT=str(QUEUED_PER_TENANT)) as state:
+        yield state
 
 
 def creds_for(state: ClusterState, name: str, *flags: str) -> dict:

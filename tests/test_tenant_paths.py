@@ -15,14 +15,12 @@ import asyncio
 import copy
 import hashlib
 import json
-import os
 import stat
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from actors.broker import free_port
 from actors.identity import PLATFORM, Caller
 from actors.paths import confine, data_roots, publish_dataset, published_datasets, tenant_datasets
 from actors.supervisor import ClusterState
@@ -31,7 +29,7 @@ from protocol.errors import InvalidField, NexusError, NotFound, PermissionDenied
 from protocol.messages import DatasetBatch, SampleRequest, WorkloadRecord
 from protocol.subjects import Names
 from sdk.client import AsyncClient
-from tests.conftest import nexus_cmd, python_env
+from tests.conftest import nexus_cmd, nexus_up, python_env
 from tests.test_workloads import sft_spec, rl_spec
 
 BASE = "tiny-qwen3-vl-64"
@@ -172,18 +170,13 @@ def nexus(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory):
     data_dir = tmp_path_factory.mktemp("paths")
-    up = nexus("up", "--detach", "--data-dir", str(data_dir), "--nats-port", str(free_port()), timeout=240)
-    assert up.returncode == 0, up.stdout + up.stderr
-    state = ClusterState.read(data_dir)
-    assert state is not None and state.creds
-    creds = {}
-    for tenant in ("alice", "bob", "zed-secret-name"):
-        out = nexus("tenant", "create", tenant, "--data-dir", str(data_dir), "--json")
-        assert out.returncode == 0, out.stdout + out.stderr
-        creds[tenant] = json.loads(out.stdout)["creds"]
-    yield state, creds, data_dir
-    down = nexus("down", "--data-dir", str(data_dir))
-    assert down.returncode == 0, down.stdout + down.stderr
+    with nexus_up(data_dir, NEXUS_INFER_BASE=BASE) as state:
+        creds = {}
+        for tenant in ("alice", "bob", "zed-secret-name"):
+            out = nexus("tenant", "create", tenant, "--data-dir", str(data_dir), "--json")
+            assert out.returncode == 0, out.stdout + out.stderr
+            creds[tenant] = json.loads(out.stdout)["creds"]
+        yield state, creds, data_dir
 
 
 def _url(state: ClusterState) -> str:

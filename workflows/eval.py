@@ -5,7 +5,6 @@ queue, no optimizer, no version change.
 
 from __future__ import annotations
 
-import asyncio
 
 import numpy as np
 
