@@ -20,8 +20,9 @@ import time
 from actors.bus import js_retry
 from actors.identity import Caller, current_caller
 from actors.runtime import op
-from protocol.errors import InvalidField
+from protocol.errors import CapacityExceeded, InvalidField
 from protocol.messages import BaseAddRequest, BasesReply, BasesRequest, RegisteredBase
+from protocol.policy import MAX_REGISTERED_BASES
 from protocol.subjects import canonical_base, check_token
 from protocol.wire import decode, encode
 
@@ -58,6 +59,10 @@ class BaseOps:
         if not path or not os.path.isdir(path):
             raise InvalidField("path", f"{req.path!r} is no directory on the master's host; allowed: a base's "
                                        "save_pretrained directory")
+        if req.name not in self.bases and len(self.bases) >= MAX_REGISTERED_BASES:
+            raise CapacityExceeded(f"capacity registered_bases={MAX_REGISTERED_BASES} reached: {len(self.bases)} "
+                                   "bases are registered; `nexus base add` an existing name to point it elsewhere",
+                                   details={"limit": "registered_bases", "value": MAX_REGISTERED_BASES})
         rec = RegisteredBase(name=req.name, path=path, added_at=time.time())
         await store_put(self.kv_bases, req.name, encode(rec))
         self.bases[req.name] = rec

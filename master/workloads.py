@@ -60,7 +60,7 @@ from protocol.messages import (
     WorkloadsReply,
     WorkloadsRequest,
 )
-from protocol.policy import LIFECYCLE_SAVE
+from protocol.policy import LIFECYCLE_SAVE, MAX_REPORTS_PER_TENANT
 from protocol.wire import decode, encode
 from master.paging import page, time_key
 
@@ -765,7 +765,28 @@ def write_report(data_dir: str | Path, rec: WorkloadRecord, usage: dict[str, Any
             raise
     finally:
         os.close(dfd)
+    _prune_reports(Path(data_dir) / REPORTS_DIR / rec.tenant, keep=MAX_REPORTS_PER_TENANT)
     return report_file(data_dir, rec)
+
+
+def _prune_reports(tenant_dir: Path, keep: int) -> int:
+    """Remove the oldest of a tenant's report files past ``keep`` (a tenant can end workloads
+    without bound; its reports may not grow with them). Links are never followed: os.walk
+    does not enter a linked dir, and unlink removes a link, not its target."""
+    if tenant_dir.is_symlink() or not tenant_dir.is_dir():
+        return 0
+    files = []
+    for top, _, names in os.walk(tenant_dir, followlinks=False):
+        for name in names:
+            path = os.path.join(top, name)
+            try:
+                files.append((os.lstat(path).st_mtime, path))
+            except FileNotFoundError:
+                continue  # removed meanwhile
+    files.sort()
+    for _, path in files[:max(0, len(files) - keep)]:
+        os.unlink(path)
+    return max(0, len(files) - keep)
 
 
 def read_report(data_dir: str | Path, rec: WorkloadRecord) -> dict[str, Any]:

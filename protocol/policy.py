@@ -202,6 +202,13 @@ STALENESS_BOUND_MAX = 100_000
 # at decode naming the field and this bound, never a failed reply.
 SAMPLE_MAX_FRAMES = 32
 
+# A tenant's reports on the master's disk (<data>/reports/<tenant>/): past this many files the
+# oldest go as a new one is written (its workload records may have been compacted long ago).
+MAX_REPORTS_PER_TENANT = 1000
+# Bases the operator registers (`nexus base add`): each one may be loaded by every trainer
+# and inferencer that serves it, so the list stays short.
+MAX_REGISTERED_BASES = 64
+
 
 def default_quotas():
     """The quotas of a tenant that has none of its own: `protocol.messages.TenantQuotas`'s

@@ -15,6 +15,7 @@ import asyncio
 import copy
 import hashlib
 import json
+import os
 import stat
 import subprocess
 from pathlib import Path
@@ -106,6 +107,25 @@ def test_a_report_read_back_is_the_workloads_own(tmp_path):
 
 
 # -- datasets, unit level ------------------------------------------------------------------
+def test_a_tenants_reports_are_bounded_oldest_first(tmp_path):
+    """Past the bound, the oldest report files go; a link is removed, never its target."""
+    from master.workloads import _prune_reports
+
+    d = tmp_path / "reports" / "t"
+    (d / "sub").mkdir(parents=True)
+    outside = tmp_path / "keep.json"
+    outside.write_text("x")
+    for i in range(5):
+        p = d / ("sub" if i % 2 else "") / f"r{i}.json"
+        p.write_text("r")
+        os.utime(p, (i, i))
+    (d / "link").symlink_to(outside)
+    os.utime(d / "link", (10, 10), follow_symlinks=False)
+    assert _prune_reports(d, keep=3) == 3
+    assert sorted(p.name for p in d.rglob("*") if not p.is_dir()) == ["link", "r3.json", "r4.json"]
+    assert outside.read_text() == "x"
+
+
 def test_a_tenant_reads_its_own_and_the_published_datasets_only(tmp_path):
     own, other = tenant_datasets(tmp_path, "alice") / "d", tenant_datasets(tmp_path, "bob") / "d"
     pub = published_datasets(tmp_path) / "p"
