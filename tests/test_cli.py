@@ -20,7 +20,6 @@ from sdk.progress import PlainProgress, Rate, budget_of, fmt_duration, progress_
 from tests.conftest import ROOT, nexus_cmd, python_env
 
 
-
 def nexus(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run(nexus_cmd(*args), cwd=ROOT, env=python_env(OMP_NUM_THREADS="1"), capture_output=True,
                           text=True, timeout=timeout, stdin=subprocess.DEVNULL)

@@ -33,8 +33,6 @@ from master.spec_schema import leaf_paths
 from master.workloads import compile_producer, policy_pin, report_file
 from protocol.messages import WorkloadRecord
 
-ROOT = Path(__file__).resolve().parents[1]
-
 CAMERAS = [{"name": "top", "height": 64, "width": 64}, {"name": "wrist", "height": 64, "width": 64}]
 
 
