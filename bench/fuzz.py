@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     from actors.bus import Bus
     from actors.layout import ensure_layout
     from protocol.subjects import Names
-    from tests.conftest import RoleProcs
+    from tests.conftest import RoleProcs, write_libero_like
 
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="nexus-fuzz-") as tmp:
@@ -61,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
 
             asyncio.run(layout())
             fuzzing.start_roles(roles)
-            ctx = asyncio.run(fuzzing.make_context(broker.url, prefix))
+            dataset = write_libero_like(Path(tmp) / "datasets" / "libero_like")  # what `sample` cases read
+            ctx = asyncio.run(fuzzing.make_context(broker.url, prefix, dataset))
             run = asyncio.run(fuzzing.fuzz(broker.url, prefix, roles.procs, ctx, args.cases, args.warmup_fraction,
                                            seed=args.seed))
             alive = {role: proc.poll() is None for role, _, proc in roles.procs}

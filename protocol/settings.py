@@ -475,7 +475,7 @@ class AuthSettings(EnvSettings):
         "NEXUS_DATA_ROOTS", "extra directories a tenant's dataset roots may lie under (os.pathsep-separated)",
         allowed="directories, os.pathsep-separated",
         default_text="the tenant's own `DATA_DIR/datasets/tenants/<tenant>`, `DATA_DIR/datasets/published` "
-                     "and `../shared/fixtures` only"))
+                     "and the test fixtures beside the checkout (not part of this repository) only"))
     role_user: str | None = Field(None, pattern=r"^(-|[A-Za-z0-9_.{}-]{1,64})$", **var(
         "NEXUS_ROLE_USER", "the user `nexus up` (run as root) starts role processes as, so they cannot read "
         "`DATA_DIR/auth` (the seeds); `{role}` in it is the role's name (a user per role); `-`: the supervisor's own",

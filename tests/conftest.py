@@ -21,6 +21,54 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
+# The dataset the lerobot library itself wrote (and the values it read back), beside the
+# checkout where the project keeps it; a fresh clone has none. Only the tests whose point is
+# comparing against lerobot's own bytes need it (and skip without it); the others use
+# `libero_like`, a dataset of the same shape our own writer makes.
+LEROBOT_FIXTURE = SHARED / "fixtures" / "lerobot" / "libero_like"
+LIBERO_LIKE_TASKS = ("put the black bowl on the plate", "open the top drawer of the cabinet")
+LIBERO_LIKE_EPISODES = ((0, 30), (1, 25), (0, 35))  # (task, frames): 90 frames, as the lerobot fixture
+
+
+def write_libero_like(root: Path) -> Path:
+    """A LeRobot v3.0 dataset shaped like the lerobot-written ``libero_like`` fixture, written
+    by `envs.lerobot.LeRobotWriter` at ``root``: fps 10, robot panda, 3 episodes (30, 25, 35
+    frames), 2 tasks, AV1 cameras ``observation.images.image`` and ``...wrist_image`` at 64x64,
+    ``observation.state`` float32 (8,), ``action`` float32 (7,). Frames differ from their
+    neighbours (a brightness ramp per frame) and values are seeded, so lookups can be checked."""
+    import numpy as np
+
+    from envs.lerobot import LeRobotWriter, WriterConfig
+
+    cam = {"dtype": "video", "shape": [64, 64, 3]}
+    features = {
+        "observation.images.image": cam,
+        "observation.images.wrist_image": cam,
+        "observation.state": {"dtype": "float32", "shape": [8],
+                              "names": ["eef_x", "eef_y", "eef_z", "eef_ax", "eef_ay", "eef_az", "gripper_l", "gripper_r"]},
+        "action": {"dtype": "float32", "shape": [7], "names": ["dx", "dy", "dz", "drx", "dry", "drz", "gripper"]},
+    }
+    rng = np.random.default_rng(0)
+    ramp = np.linspace(0, 96, 64, dtype=np.float32)
+    with LeRobotWriter(WriterConfig(root=root, fps=10, features=features, robot_type="panda")) as w:
+        for task, T in LIBERO_LIKE_EPISODES:
+            level = np.arange(T, dtype=np.float32)[:, None, None] * (150 / T)  # (T, 1, 1)
+            base = level + ramp[None, :, None] + ramp[None, None, :]  # (T, H, W)
+            image = np.stack([base, base * 0.5, 255 - base], axis=-1).clip(0, 255).astype(np.uint8)
+            w.add_episode(LIBERO_LIKE_TASKS[task], {
+                "observation.images.image": image,
+                "observation.images.wrist_image": image[:, ::-1].copy(),
+                "observation.state": rng.normal(size=(T, 8)).astype(np.float32),
+                "action": rng.uniform(-1, 1, size=(T, 7)).astype(np.float32),
+            })
+    return root
+
+
+@pytest.fixture(scope="session")
+def libero_like(tmp_path_factory) -> Path:
+    """A libero_like-shaped dataset this session wrote itself (`write_libero_like`): for every
+    test that reads a LeRobot dataset but is not about lerobot's own bytes."""
+    return write_libero_like(tmp_path_factory.mktemp("datasets") / "libero_like")
 
 
 @pytest.fixture(scope="session")

@@ -33,6 +33,7 @@ import typing
 import zlib
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal, Union
 
 import msgpack
@@ -888,10 +889,10 @@ def start_roles(roles: Any) -> None:
             f.result()  # a role that failed to start raises here, with its log
 
 
-async def make_context(nats_url: str, prefix: str) -> Context:
-    """A live tenant with a filling job and an open env session; lazy paths warmed."""
+async def make_context(nats_url: str, prefix: str, dataset: Path) -> Context:
+    """A live tenant with a filling job and an open env session; lazy paths warmed. ``dataset``:
+    a readable LeRobot root (the session's `libero_like`)."""
     from sdk.client import AsyncClient
-    from tests.conftest import SHARED
     from tests.tq_helpers import BASE, micro_batch, tenant
 
     cfg = tenant(FUZZ_TENANT)
@@ -909,7 +910,7 @@ async def make_context(nats_url: str, prefix: str) -> Context:
         await c.predict(cfg.name, images, np.zeros(cfg.schema["state_dim"], np.float32), "pick")
     return Context(tenant=cfg.name, schema=cfg.schema, base=BASE, jobs=[job.job],
                    sessions=[session.session, closable.session],
-                   roots=[str(SHARED / "fixtures" / "lerobot" / "libero_like")])
+                   roots=[str(dataset)])
 
 
 @dataclass

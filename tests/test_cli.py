@@ -19,8 +19,6 @@ from protocol.messages import WorkloadRecord
 from sdk.progress import PlainProgress, Rate, budget_of, fmt_duration, progress_line
 from tests.conftest import ROOT, nexus_cmd, python_env
 
-FIXTURE = ROOT.parent / "shared" / "fixtures" / "lerobot" / "libero_like"
-
 
 def nexus(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run(nexus_cmd(*args), cwd=ROOT, env=python_env(OMP_NUM_THREADS="1"), capture_output=True,
@@ -46,13 +44,12 @@ def test_spec_validate_json_valid_and_invalid(tmp_path):
     assert "colour: unknown field" in out.stderr and "task: 'dance' is not allowed" in out.stderr
 
 
-@pytest.mark.skipif(not (FIXTURE / "meta" / "info.json").is_file(), reason=f"lerobot fixture not at {FIXTURE}")
-def test_dataset_info_json_through_nexus():
-    out = nexus("dataset", "info", str(FIXTURE), "--json")
+def test_dataset_info_json_through_nexus(libero_like):
+    out = nexus("dataset", "info", str(libero_like), "--json")
     assert out.returncode == 0, out.stderr
     info = json.loads(out.stdout)
     assert info["fps"] == 10 and info["total_frames"] == 90 and len(info["episodes"]) == 3
-    out = nexus("dataset", "show", str(FIXTURE), "--index", "90")
+    out = nexus("dataset", "show", str(libero_like), "--index", "90")
     assert out.returncode == 2 and "out of range" in out.stderr
 
 

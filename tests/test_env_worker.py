@@ -61,11 +61,9 @@ def test_sessions_reset_step_close_and_bad_input(roles):
     assert info.extra["expired"] >= 1 and info.extra["sessions"] == 1  # only `good` is left
 
 
-def test_dataset_sample_primitive_and_bad_dataset(roles, tmp_path):
-    from tests.conftest import SHARED
-
+def test_dataset_sample_primitive_and_bad_dataset(roles, tmp_path, libero_like):
     roles.start("env")
-    fixture = SHARED / "fixtures" / "lerobot" / "libero_like"
+    fixture = libero_like
 
     async def go():
         c = await AsyncClient(roles.nats_url, roles.prefix, timeout_s=30).connect()

@@ -38,10 +38,10 @@ SEED = 0
 KNOWN_HANDLER_BUGS: set[tuple[str, str]] = set()
 
 
-def test_every_op_answers_generated_input_and_no_role_dies(roles):
+def test_every_op_answers_generated_input_and_no_role_dies(roles, libero_like):
     started = time.monotonic()
     fuzzing.start_roles(roles)
-    ctx = asyncio.run(fuzzing.make_context(roles.nats_url, roles.prefix))
+    ctx = asyncio.run(fuzzing.make_context(roles.nats_url, roles.prefix, libero_like))
     ready_s = time.monotonic() - started
     run = asyncio.run(fuzzing.fuzz(roles.nats_url, roles.prefix, roles.procs, ctx, CASES, WARMUP_FRACTION,
                                    seed=SEED))

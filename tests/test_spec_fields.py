@@ -33,9 +33,6 @@ from master.spec_schema import leaf_paths
 from master.workloads import compile_producer, policy_pin, report_file
 from protocol.messages import WorkloadRecord
 
-ROOT = Path(__file__).resolve().parents[1]
-FIXTURE = ROOT.parent / "shared/fixtures/lerobot/libero_like"
-
 CAMERAS = [{"name": "top", "height": 64, "width": 64}, {"name": "wrist", "height": 64, "width": 64}]
 
 
@@ -256,12 +253,11 @@ def test_dataset_keys_are_checked_against_the_dataset_features():
     assert err[0] == "dataset.state_key" and "observation.state_dim: 0" in err[1]
 
 
-@pytest.mark.skipif(not (FIXTURE / "meta/info.json").exists(), reason="shared LeRobot fixture not present")
-def test_dataset_errors_read_the_fixture():
-    features = json.loads((FIXTURE / "meta/info.json").read_text())["features"]
+def test_dataset_errors_read_the_fixture(libero_like):
+    features = json.loads((libero_like / "meta/info.json").read_text())["features"]
     cams = {k: n for k, n in zip([k for k, f in features.items() if f["dtype"] in ("image", "video")],
                                  ["top", "wrist"])}
-    spec_doc = _set(doc("dataset"), "dataset", {"root": str(FIXTURE), "camera_map": cams})
+    spec_doc = _set(doc("dataset"), "dataset", {"root": str(libero_like), "camera_map": cams})
     spec_doc["observation"]["state_dim"] = features["observation.state"]["shape"][0]
     spec_doc["action"]["dim"] = features["action"]["shape"][0]
     assert dataset_errors(parse_spec(spec_doc)) == []

@@ -1,4 +1,9 @@
-"""Shared fixtures for tests/envs: the lerobot-written fixture dataset and a recorded one."""
+"""Shared fixtures for tests/envs: the lerobot-written fixture dataset and a recorded one.
+
+`fixture_root` / `expected` are the dataset the lerobot library wrote and what it read back
+(`tests.conftest.LEROBOT_FIXTURE`, not part of this repository): tests that compare against
+them skip without it. A test that only needs a dataset of that shape takes `libero_like`
+(tests/conftest.py), which the session writes itself."""
 
 from __future__ import annotations
 
@@ -8,17 +13,18 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import LEROBOT_FIXTURE as FIXTURE_ROOT
+
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
-FIXTURE_ROOT = PROJECT_ROOT / ".." / "shared" / "fixtures" / "lerobot" / "libero_like"
 EXPECTED_PATH = FIXTURE_ROOT.parent / "libero_like.expected.json"
 
 
 @pytest.fixture(scope="session")
 def fixture_root() -> Path:
     if not (FIXTURE_ROOT / "meta" / "info.json").is_file():
-        pytest.skip(f"lerobot fixture not found at {FIXTURE_ROOT}")
+        pytest.skip(f"compares against what the lerobot library wrote and read back; that fixture "
+                    f"is not part of this repository and is not at {FIXTURE_ROOT}")
     return FIXTURE_ROOT
 
 

@@ -32,8 +32,8 @@ def test_info_json(fixture_root, expected, capsys):
     assert [e["length"] for e in out["episodes"]] == [30, 25, 35]
 
 
-def test_info_table(fixture_root, capsys):
-    assert run_cli(["info", str(fixture_root)]) == EXIT_OK
+def test_info_table(libero_like, capsys):
+    assert run_cli(["info", str(libero_like)]) == EXIT_OK
     out = capsys.readouterr().out
     assert "fps 10" in out and "observation.images.image" in out and "open the top drawer" in out
 
@@ -50,8 +50,8 @@ def test_show_json_matches_lerobot(fixture_root, expected, capsys):
         np.testing.assert_allclose(out["cameras"][key]["mean_per_channel"], cam["mean_per_channel"], atol=1e-6)
 
 
-def test_show_index_past_end(fixture_root, capsys):
-    assert run_cli(["show", str(fixture_root), "--index", "90"]) == EXIT_USAGE
+def test_show_index_past_end(libero_like, capsys):
+    assert run_cli(["show", str(libero_like), "--index", "90"]) == EXIT_USAGE
     err = capsys.readouterr().err
     assert "out of range" in err and "0..89" in err
 
@@ -95,9 +95,9 @@ def test_record_unknown_env(tmp_path, capsys):
     assert not (tmp_path / "x").exists()
 
 
-def test_module_entry_point(fixture_root):
+def test_module_entry_point(libero_like):
     proc = subprocess.run(
-        [sys.executable, "-m", "sdk.dataset_cli", "show", str(fixture_root), "--index", "0", "--json"],
+        [sys.executable, "-m", "sdk.dataset_cli", "show", str(libero_like), "--index", "0", "--json"],
         cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=60,
     )
     assert proc.returncode == 0, proc.stderr

@@ -77,8 +77,8 @@ def _float_chw_batch(imgs_BHWC: np.ndarray) -> np.ndarray:
     return (imgs_BHWC.astype(np.float32) / 255.0).astype(np.float64).mean(axis=(1, 2))
 
 
-def test_sample_is_seeded_and_batched(fixture_root):
-    with LeRobotReader(fixture_root) as ds:
+def test_sample_is_seeded_and_batched(libero_like):
+    with LeRobotReader(libero_like) as ds:
         a = ds.sample(16, rng=3)
         b = ds.sample(16, rng=np.random.default_rng(3))
         assert np.array_equal(a.index_B, b.index_B)
@@ -90,26 +90,26 @@ def test_sample_is_seeded_and_batched(fixture_root):
             assert np.array_equal(f.images["observation.images.wrist_image"], a.images["observation.images.wrist_image"][i])
 
 
-def test_decoded_episode_cache_is_bounded(fixture_root):
+def test_decoded_episode_cache_is_bounded(libero_like):
     one_episode = 35 * 64 * 64 * 3  # the longest episode of one camera
-    with LeRobotReader(ReaderConfig(fixture_root, cache_bytes=one_episode)) as ds:
+    with LeRobotReader(ReaderConfig(libero_like, cache_bytes=one_episode)) as ds:
         ds.get_batch(np.arange(len(ds)))
         assert ds._episode_cache_bytes <= one_episode
         assert len(ds._episode_cache) == 1
-    with LeRobotReader(ReaderConfig(fixture_root, cache_bytes=0)) as ds:  # no caching still works
+    with LeRobotReader(ReaderConfig(libero_like, cache_bytes=0)) as ds:  # no caching still works
         assert ds[89].episode_index == 2 and not ds._episode_cache
 
 
-def test_negative_index_counts_from_the_end(fixture_root):
-    with LeRobotReader(fixture_root) as ds:
+def test_negative_index_counts_from_the_end(libero_like):
+    with LeRobotReader(libero_like) as ds:
         assert ds[-1].index == 89
 
 
 # -- errors ------------------------------------------------------------------------------
 @pytest.fixture
-def copy_root(fixture_root, tmp_path) -> Path:
+def copy_root(libero_like, tmp_path) -> Path:
     dst = tmp_path / "ds"
-    shutil.copytree(fixture_root, dst)
+    shutil.copytree(libero_like, dst)
     return dst
 
 
@@ -158,8 +158,8 @@ def test_missing_video_file_names_the_path(copy_root):
     assert str(video) in e.value.message
 
 
-def test_index_past_the_end_gives_the_valid_range(fixture_root):
-    with LeRobotReader(fixture_root) as ds:
+def test_index_past_the_end_gives_the_valid_range(libero_like):
+    with LeRobotReader(libero_like) as ds:
         with pytest.raises(DatasetIndexError, match=r"valid range 0\.\.89") as e:
             ds[90]
         assert isinstance(e.value, IndexError)
