@@ -108,8 +108,53 @@ class VideoDecoder:
             c.close()
 
 
+# Linux capability of changing scheduling policies (capability(7)); capget/capset's v3 ABI.
+_CAP_SYS_NICE = 23
+_CAP_V3 = 0x20080522
+
+
+def no_realtime_in_this_thread() -> None:
+    """Drop CAP_SYS_NICE from the calling thread (and so from the threads it starts).
+
+    Why: the libsvtav1 encoder (lerobot's default AV1 codec, bundled with PyAV) sets the
+    thread that opens it, and its own worker threads, to SCHED_FIFO priority 99 whenever it
+    may, i.e. as root. The thread then stays real-time after the encode: every process it
+    forks later (an env worker's, a test's `nexus up`) starts real-time too, and a real-time
+    nats-server or role at 100 % CPU starves every other process on the host (seen: a
+    deployment hung for 30 minutes). Without the capability the encoder's request fails and
+    it encodes as usual at normal priority. Capabilities are per thread on Linux, so only
+    the encoding thread and what it starts lose it. Elsewhere (not Linux) a no-op."""
+    import ctypes
+    import ctypes.util
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return
+
+    class Header(ctypes.Structure):
+        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+    class Data(ctypes.Structure):
+        _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    header, data = Header(_CAP_V3, 0), (Data * 2)()
+    if libc.capget(ctypes.byref(header), data) != 0:
+        raise OSError(ctypes.get_errno(), "capget: cannot read this thread's capabilities")
+    word, bit = divmod(_CAP_SYS_NICE, 32)
+    if not (data[word].effective | data[word].permitted) & (1 << bit):
+        return  # not held (not root, or dropped before): nothing to do
+    data[word].effective &= ~(1 << bit)
+    data[word].permitted &= ~(1 << bit)
+    if libc.capset(ctypes.byref(header), data) != 0:
+        raise OSError(ctypes.get_errno(), "capset: cannot drop CAP_SYS_NICE")
+
+
 class VideoEncoder:
-    """Appends RGB frames to one mp4; the presentation time of frame n is n / fps."""
+    """Appends RGB frames to one mp4; the presentation time of frame n is n / fps.
+
+    Every call drops CAP_SYS_NICE from its thread first (`no_realtime_in_this_thread`): the
+    encoder starts its threads at the first frame, from whichever thread writes it."""
 
     def __init__(
         self,
@@ -123,6 +168,7 @@ class VideoEncoder:
         crf: int | None = DEFAULT_CRF,
     ) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
+        no_realtime_in_this_thread()
         self.path = path
         self.vcodec = vcodec
         self.pix_fmt = pix_fmt
@@ -140,6 +186,7 @@ class VideoEncoder:
         self.bytes_written = 0
 
     def write(self, frame_HWC: np.ndarray, keyframe: bool = False) -> None:
+        no_realtime_in_this_thread()
         frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(frame_HWC, np.uint8), format="rgb24")
         frame.pts = self.frames_written
         if keyframe:
@@ -154,6 +201,7 @@ class VideoEncoder:
             self._container.mux(p)
 
     def close(self) -> None:
+        no_realtime_in_this_thread()
         if self._container is None:
             return
         self._mux(self._stream.encode(None))

@@ -189,3 +189,30 @@ def test_record_with_dart_noise_keeps_clean_labels(tmp_path):
         gaps[name] = np.abs(b.state_B_S[1:, 2:][same_ep] - np.clip(b.action_B_A[:-1][same_ep], -1, 1)).max()
         ds.close()
     assert gaps["clean"] < 1e-5 and gaps["noisy"] > 0.05
+
+
+def test_encoding_leaves_the_thread_at_normal_priority(tmp_path):
+    """libsvtav1 sets the thread that encodes to SCHED_FIFO 99 when it may (as root, as CI
+    runs): everything forked after would start real-time and can starve the host. The
+    encoder drops that right from its thread first; a fresh thread checks it (threading
+    keeps this test's main thread as it was)."""
+    import os
+    import threading
+
+    from envs.lerobot.video import VideoEncoder
+
+    seen = {}
+
+    def encode():
+        enc = VideoEncoder(tmp_path / "v.mp4", fps=10, height=64, width=64)
+        for i in range(4):
+            enc.write(np.full((64, 64, 3), 40 * i, np.uint8), keyframe=i == 0)
+        seen["after write"] = os.sched_getscheduler(0)
+        enc.close()
+        seen["after close"] = os.sched_getscheduler(0)
+
+    t = threading.Thread(target=encode)
+    t.start()
+    t.join(60)
+    assert seen == {"after write": os.SCHED_OTHER, "after close": os.SCHED_OTHER}, seen
+    assert (tmp_path / "v.mp4").stat().st_size > 0
