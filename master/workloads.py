@@ -116,7 +116,8 @@ def compile_producer(spec: Any, workload: str, eval_version: int = -1, start_ver
     algo = spec.algorithm.model_dump() if spec.algorithm is not None else {}
     p = ProducerSpec(workload=workload, tenant=spec.tenant, kind=spec.task, seed=spec.seed,
                      max_steps=step_budget(spec, start_version), max_episodes=budget.max_episodes or 0,
-                     max_wall_s=float(budget.max_wall_s or 0.0), start_version=start_version)
+                     max_wall_s=float(budget.max_wall_s or 0.0),
+                     start_version=start_version if spec.task != "eval" else -1)
     if budget.target is not None:
         t = budget.target
         p.target_metric, p.target_at_least, p.target_at_most, p.target_window = (
