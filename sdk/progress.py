@@ -136,7 +136,8 @@ def _count_text(rec: Any, budget: Budget) -> str:
                 f"{fmt_duration(budget.done)}/{fmt_duration(budget.total)}")
     done = int(budget.done)
     steps = f"{done}/{int(budget.total)} steps" if budget.total else f"{done} steps"
-    steps += f" (v{rec.step})"  # the tenant's version, which the steps are not
+    # The tenant's version, which the steps are not (before the first progress event: the start).
+    steps += f" (v{max(rec.step, getattr(rec, 'start_version', -1))})"
     return f"{steps}  ep {rec.episodes}" if rec.task == "rl" else steps
 
 
