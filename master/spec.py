@@ -287,8 +287,17 @@ class SFTAlgorithm(_Section):
                      "small heads on a frozen base", 1e-4, gt=0, le=1)
     batch_size: Int = _doc("samples per micro-batch (one optimizer step each). Default 32: fits one "
                            "queue message for 2 cameras at 64x64", 32, ge=1, le=1024)
-    steps: Int = _doc("optimizer steps to train; also the length of the cosine LR decay. Default "
-                      "1000: a few minutes for the tiny bases on CPU", 1000, ge=1)
+    DEFAULT_STEPS: ClassVar[int] = 1000  # a few minutes for the tiny bases on CPU
+
+    steps: Int | None = _doc("optimizer steps this workload trains, counted from the tenant's version "
+                             "when it is accepted (a tenant at version 384 given steps 128 ends at 512); "
+                             "also the length of the cosine LR decay. Set either steps or until_version. "
+                             "Default null: 1000 steps (a few minutes for the tiny bases on CPU) unless "
+                             "until_version is set", None, ge=1)
+    until_version: Int | None = _doc("train until the tenant's policy version reaches this (a total, not "
+                                     "a count: the workload trains until_version minus the version it is "
+                                     "accepted at); one already reached is refused at submit. Default null: "
+                                     "train `steps` more", None, ge=1)
     items_per_job: Int = _doc("micro-batches per training-queue job; at most "
                               "schedule.sft_prefetch_items. The trainer commits once per job (and "
                               "exports per outputs.export_every_steps), so more items per job mean "
@@ -300,9 +309,20 @@ class SFTAlgorithm(_Section):
     warmup_steps: Int = _doc("linear LR warmup steps (at most steps). Default 0: heads start small "
                              "and AdamW's bias correction already damps early steps", 0, ge=0)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _default_steps(cls, data: Any) -> Any:
+        # Neither set: the default step count. Normalised here so a stored spec says what ran.
+        if isinstance(data, dict) and data.get("steps") is None and data.get("until_version") is None:
+            data = {**data, "steps": cls.DEFAULT_STEPS}
+        return data
+
     @model_validator(mode="after")
     def _checks(self) -> SFTAlgorithm:
-        if self.warmup_steps > self.steps:
+        if self.steps is not None and self.until_version is not None:
+            raise_rules("SFTAlgorithm", [rule(("until_version",), "set either steps (how many more) or "
+                                              "until_version (the version to reach), not both", self.until_version)])
+        if self.steps is not None and self.warmup_steps > self.steps:
             raise_rules("SFTAlgorithm", [rule(("warmup_steps",), f"{self.warmup_steps} exceeds "
                                               f"steps={self.steps}; allowed: <= steps", self.warmup_steps)])
         return self
@@ -386,8 +406,12 @@ class BudgetTarget(_Section):
 class BudgetSpec(_Section):
     """Limits: the workload completes when the first one is reached (null: no limit)."""
 
-    max_steps: Int | None = _doc("optimizer steps", None, ge=1)
-    max_episodes: Int | None = _doc("env episodes (rollouts, demos excluded, or eval)", None, ge=1)
+    max_steps: Int | None = _doc("optimizer steps this workload trains (counted from the tenant's version "
+                                 "when it is accepted, not from 0; sft: the smaller of this and "
+                                 "algorithm.steps / until_version)", None, ge=1)
+    max_episodes: Int | None = _doc("env episodes of this workload (rollouts, demos excluded, or eval); a "
+                                    "producer resumed on another env worker counts its predecessor's",
+                                    None, ge=1)
     max_wall_s: Float | None = _doc("seconds since the workload started", None, gt=0)
     target: BudgetTarget | None = _doc("a quality target, e.g. {metric: success_rate, at_least: 0.95} "
                                        "(rl) or {metric: loss, at_most: 0.05} (sft). Default null: "
@@ -408,7 +432,8 @@ class ScheduleSpec(_Section):
                                    "waiting for or on a trainer); a put beyond it is retried by the "
                                    "producer. Default 16: offline data cannot crowd out online RL",
                                    16, ge=1, le=SFT_PREFETCH_ITEMS_MAX)
-    budget: BudgetSpec = _docf("limits; default none: sft ends after algorithm.steps, eval after "
+    budget: BudgetSpec = _docf("limits; default none: sft ends after algorithm.steps (or at "
+                               "algorithm.until_version), eval after "
                                "eval.episodes, rl runs until cancelled", BudgetSpec)
 
 
@@ -785,7 +810,9 @@ def compile_tenant(spec: WorkloadSpec) -> TenantConfig:
         optim = {"lr": alg.lr, "weight_decay": alg.weight_decay, "grad_clip": alg.grad_clip,
                  "warmup_steps": alg.warmup_steps}
         if isinstance(alg, SFTAlgorithm):
-            optim["total_steps"] = alg.steps  # cosine decay over the planned run
+            # Cosine decay over the planned run (the slot counts the tenant's steps: until_version
+            # is where this run ends).
+            optim["total_steps"] = alg.steps if alg.steps is not None else alg.until_version
         if isinstance(alg, PPOAlgorithm) and spec.action_module.kind == "gaussian":
             # The gaussian head computes the PPO loss, so these live in its config.
             head_params.update({k: getattr(alg, k) for k in PPO_HEAD_FIELDS})

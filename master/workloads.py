@@ -86,13 +86,38 @@ def policy_pin(spec: Any) -> tuple[str, int | str]:
     return spec.tenant, version
 
 
-def compile_producer(spec: Any, workload: str, eval_version: int = -1) -> ProducerSpec:
-    """The env worker's part of a workload spec."""
+def step_budget(spec: Any, version: int) -> int:
+    """The optimizer steps a workload trains from its tenant's ``version`` (0: no step budget):
+    this workload's own, never the tenant's total. sft: algorithm.steps, or up to
+    algorithm.until_version; schedule.budget.max_steps, when set, caps either (the first limit
+    reached ends the workload); rl: schedule.budget.max_steps."""
+    limit = spec.schedule.budget.max_steps or 0
+    if spec.task != "sft" or spec.algorithm is None:
+        return limit
+    alg = spec.algorithm
+    planned = alg.steps if alg.steps is not None else max(0, alg.until_version - version)
+    return min(limit, planned) if limit else planned
+
+
+def budget_note(spec: Any, version: int) -> str:
+    """What the accepted event (and `nexus submit`) says the workload will train."""
+    steps = step_budget(spec, version)
+    if spec.task == "eval":
+        return ""
+    if not steps:
+        return f"; from version {version}"
+    return f"; from version {version}, {steps} more steps (to version {version + steps})"
+
+
+def compile_producer(spec: Any, workload: str, eval_version: int = -1, start_version: int = 0) -> ProducerSpec:
+    """The env worker's part of a workload spec; ``start_version``: the tenant's version when
+    the workload was accepted (its step budget counts from there)."""
     budget = spec.schedule.budget
     algo = spec.algorithm.model_dump() if spec.algorithm is not None else {}
     p = ProducerSpec(workload=workload, tenant=spec.tenant, kind=spec.task, seed=spec.seed,
-                     max_steps=budget.max_steps or 0, max_episodes=budget.max_episodes or 0,
-                     max_wall_s=float(budget.max_wall_s or 0.0))
+                     max_steps=step_budget(spec, start_version), max_episodes=budget.max_episodes or 0,
+                     max_wall_s=float(budget.max_wall_s or 0.0),
+                     start_version=start_version if spec.task != "eval" else -1)
     if budget.target is not None:
         t = budget.target
         p.target_metric, p.target_at_least, p.target_at_most, p.target_window = (
@@ -110,7 +135,6 @@ def compile_producer(spec: Any, workload: str, eval_version: int = -1) -> Produc
         p.eval_episodes, p.eval_seed, p.eval_sample = spec.eval.episodes, spec.eval.seed, spec.eval.sample
     if spec.task == "sft":
         p.algo = {"batch_size": algo["batch_size"], "items_per_job": algo["items_per_job"]}
-        p.max_steps = p.max_steps or int(algo["steps"])
     elif spec.task == "rl":
         # `is not None`, not truthiness: gamma 0 and gae_lambda 0 are meaningful values.
         p.algo = {k: algo[k] for k in ("gamma", "gae_lambda", "episodes_per_update", "steps_per_update",
@@ -208,18 +232,29 @@ class WorkloadOps:
                                "at a time: wait for it to end or cancel it", details={"tenant": spec.tenant,
                                                                                        "workload": active[0]})
             _check_same_policy(cfg, existing, same_tenant=True)
+        # The budget counts from the tenant's version now (a tenant outlives its workloads: a
+        # spec submitted again trains its steps again, from where the last one ended).
+        version = max(0, self.sched.versions.get(spec.tenant, 0)) if existing is not None else 0
+        until = getattr(spec.algorithm, "until_version", None)
+        if until is not None and until <= version:
+            raise SpecError([("algorithm.until_version", f"{until} is already reached (the tenant is at version "
+                              f"{version}); allowed: a version above {version}, or algorithm.steps to train more",
+                              until)])
+        if existing is not None:
             await self._update_scheduling(existing, cfg)
         else:
             # The base as the spec named it: tenant_create resolves it again, under the same rule.
             cfg.base = written.base or cfg.base
             await self.tenant_create(CreateTenantRequest(config=cfg))
-        return await self._record(workload, spec, spec_to_dict(written), serving_note)
+        return await self._record(workload, spec, spec_to_dict(written), budget_note(spec, version) + serving_note,
+                                  start_version=version, budget_steps=step_budget(spec, version))
 
     async def _record(self, workload: str, spec: Any, stored: dict[str, Any], note: str,
-                      eval_version: int = -1) -> WorkloadRecord:
+                      eval_version: int = -1, start_version: int = -1, budget_steps: int = 0) -> WorkloadRecord:
         now = time.time()
         rec = WorkloadRecord(workload=workload, tenant=spec.tenant, task=spec.task, state="pending",
-                             spec=stored, created_at=now, updated_at=now, eval_version=eval_version)
+                             spec=stored, created_at=now, updated_at=now, eval_version=eval_version,
+                             start_version=start_version, budget_steps=budget_steps)
         await self._save_workload(rec)  # KV first: a record it does not hold is never in memory
         self.workloads[workload] = rec
         await self._publish_event(rec, "accepted",
@@ -409,7 +444,15 @@ class WorkloadOps:
                 return  # evaluate the trained result, not a moving target
             # Resolved at submit unless a training workload was ahead: then now, its result.
             eval_version = rec.eval_version if rec.eval_version >= 0 else await self._pin_version(target, pin)
-        producer = compile_producer(spec, rec.workload, eval_version)
+        if rec.task == "eval":
+            producer = compile_producer(spec, rec.workload, eval_version)
+        else:
+            if rec.start_version < 0:  # a record from before start_version: its budget was a version to reach
+                rec.start_version, rec.budget_steps = 0, step_budget(spec, 0)
+            producer = compile_producer(spec, rec.workload, start_version=rec.start_version)
+            producer.max_steps = rec.budget_steps  # fixed at accept (until_version against that version)
+            producer.steps_done, producer.jobs = self._steps_done(rec)
+            producer.episodes_done = rec.episodes
         try:
             reply = await self.bus.request(self.names.env("start_producer"), producer, Ok, timeout_s=30)
         except NexusError as exc:
@@ -418,6 +461,18 @@ class WorkloadOps:
         rec.worker = reply.detail.rsplit(" on ", 1)[-1]
         rec.eval_version = eval_version
         await self._set_state(rec, "running", f"producer running on {rec.worker}")
+
+    def _steps_done(self, rec: WorkloadRecord) -> tuple[int, list[str]]:
+        """(steps of ``rec``'s budget already trained or queued, its unfinished jobs): the
+        tenant's versions since the workload was accepted plus the micro-batches (one step
+        each) of its jobs still to train (a stopped producer's, sealed by `_repend`). Read in
+        one go, with no await between: a job that trains meanwhile moves from one term to the
+        other, never into both or neither. A resumed producer queues only the rest."""
+        from master.scheduler import UNFINISHED
+
+        trained = max(0, self.sched.versions.get(rec.tenant, 0) - rec.start_version)
+        live = [j for j in self.sched.tenant_jobs(rec.tenant) if j.workload == rec.workload and j.state in UNFINISHED]
+        return trained + sum(j.items for j in live), [j.job for j in live]
 
     async def _pin_version(self, tenant: str, version: Any) -> int:
         """The version an eval scores: a number (checked at submit) or the latest export.

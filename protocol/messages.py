@@ -889,8 +889,15 @@ class ProducerSpec:
     demo_episodes: int = 0
     demo_noise: float = 0.0  # DART noise on executed expert actions while recording
     algo: dict[str, Any] = field(default_factory=dict)
-    max_steps: int = 0  # policy versions (optimizer steps) to reach; 0: no limit
+    # This workload's budget, not the tenant's: optimizer steps it trains (0: no step limit),
+    # of which ``steps_done`` were trained or queued (in jobs that will train) before this start
+    # of its producer (a resumed one trains only the rest); episodes likewise.
+    max_steps: int = 0
+    steps_done: int = 0
     max_episodes: int = 0
+    episodes_done: int = 0
+    start_version: int = -1  # the tenant's version when the workload was accepted (-1: unknown)
+    jobs: list[str] = field(default_factory=list)  # its unfinished jobs a resumed producer waits for
     max_wall_s: float = 0.0
     eval_version: int = -1
     eval_episodes: int = 0
@@ -953,6 +960,18 @@ class WorkloadRecord:
     metrics: dict[str, float] = field(default_factory=dict)
     message: str = ""
     eval_version: int = -1
+    # sft / rl: the tenant's version when the workload was accepted, never changed after (a
+    # producer resumed on another env worker counts from it); -1: an eval, or an older record.
+    start_version: int = -1
+    # Optimizer steps this workload trains (0: no step budget); its steps so far are
+    # ``step - start_version`` (`workload_steps`).
+    budget_steps: int = 0
+
+
+def workload_steps(rec: WorkloadRecord) -> int:
+    """The optimizer steps ``rec``'s workload trained so far: the tenant's versions since it
+    was accepted (a record from before ``start_version``: its version)."""
+    return max(0, rec.step - rec.start_version) if rec.start_version >= 0 else rec.step
 
 
 @message("workload.report", 1)

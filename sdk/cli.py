@@ -302,11 +302,17 @@ def workload_rows(workloads: list, jobs: list) -> list[dict]:
     for j in jobs:
         if j.state in ("reserved", "filling", "ready", "leased"):
             depth[j.tenant] = depth.get(j.tenant, 0) + 1
+    from protocol.messages import workload_steps
+    from sdk.progress import steps_text
+
     out = []
     for w in workloads:
         m = w.metrics
+        # steps: this workload's own (against budget_steps), not the tenant's version.
         out.append({"workload": w.workload, "tenant": w.tenant, "task": w.task, "state": w.state,
-                    "version": w.step, "episodes": w.episodes, "loss": m.get("loss"),
+                    "version": w.step, "steps": workload_steps(w) if w.task != "eval" else None,
+                    "budget_steps": w.budget_steps or None, "steps_text": steps_text(w),
+                    "episodes": w.episodes, "loss": m.get("loss"),
                     "success_rate": m.get("success_rate", m.get("eval_success_rate")),
                     "queue_depth": depth.get(w.tenant, 0), "message": w.message})
     return out
@@ -315,8 +321,8 @@ def workload_rows(workloads: list, jobs: list) -> list[dict]:
 def _workloads_table(wrows: list[dict]) -> None:
     from sdk.term import table
 
-    table(("WORKLOAD", "TENANT", "TASK", "STATE", "VERSION", "LOSS", "SUCCESS", "QUEUE"), [
-        (w["workload"], w["tenant"], w["task"], w["state"], w["version"],
+    table(("WORKLOAD", "TENANT", "TASK", "STATE", "STEPS", "VERSION", "LOSS", "SUCCESS", "QUEUE"), [
+        (w["workload"], w["tenant"], w["task"], w["state"], w["steps_text"], w["version"],
          "-" if w["loss"] is None else f"{w['loss']:.4f}",
          "-" if w["success_rate"] is None else f"{w['success_rate']:.0%}", w["queue_depth"])
         for w in wrows])
@@ -937,18 +943,23 @@ def submit(
             return code
         texts.append(Path(path).read_text())
 
-    from sdk.progress import watch
+    from sdk.progress import budget_text, watch
     from sdk.term import print_json
 
     async def go() -> int:
         async with _client(data_dir, nats_url, prefix, timeout_s) as client:
             handles = [await client.submit(text) for text in texts]
+            # Each record as accepted: where its budget counts from (a tenant outlives its
+            # workloads: the same spec again trains its steps again, from the tenant's version).
+            accepted = [await client.workload(h.id) for h in handles]
             if not json:
-                for h in handles:
-                    print(f"submitted {h.id} (tenant {h.tenant})", flush=True)
+                for h, rec in zip(handles, accepted):
+                    budget = budget_text(rec)
+                    print(f"submitted {h.id} (tenant {h.tenant})" + (f": {budget}" if budget else ""), flush=True)
             if not wait:
                 if json:
-                    print_json([{"workload": h.id, "tenant": h.tenant} for h in handles])
+                    print_json([{"workload": h.id, "tenant": h.tenant, "start_version": r.start_version,
+                                 "budget_steps": r.budget_steps} for h, r in zip(handles, accepted)])
                 return EXIT_OK
             recs = await watch(client, [h.id for h in handles], out=sys.stderr, live=sys.stderr.isatty(),
                                timeout_s=wait_timeout_s)

@@ -674,13 +674,14 @@ class Workload:
 
 def format_progress(rec: WorkloadRecord) -> str:
     """One line: id, tenant, task, state, version / budget, episodes, key metrics."""
-    budget = rec.spec.get("schedule", {}).get("budget", {}) or {}
-    algo = rec.spec.get("algorithm") or {}
-    target = budget.get("max_steps") or algo.get("steps") or 0
+    from sdk.progress import budget_of
+
+    budget = budget_of(rec)  # this workload's steps against its own budget, not the tenant's version
+    target, steps = int(budget.total or 0), int(budget.done)
     bar = ""
-    if target and rec.task != "eval":
-        done = min(1.0, rec.step / target)
-        bar = "[" + "#" * int(done * 20) + "." * (20 - int(done * 20)) + f"] {rec.step}/{target}"
+    if target and rec.task != "eval" and budget.unit == "steps":
+        done = min(1.0, steps / target)
+        bar = "[" + "#" * int(done * 20) + "." * (20 - int(done * 20)) + f"] {steps}/{target}"
     elif rec.task == "eval":
         total = (rec.spec.get("eval") or {}).get("episodes", 0)
         bar = f"episodes {rec.episodes}/{total}"

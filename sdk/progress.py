@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from protocol.messages import workload_steps
+
 # How often `watch` asks the master for each workload's record.
 POLL_S = 1.0
 BAR_WIDTH = 20
@@ -35,14 +37,39 @@ def budget_of(rec: Any, now: float | None = None) -> Budget:
     algo = spec.get("algorithm") or {}
     if rec.task == "eval":
         return Budget(rec.episodes, (spec.get("eval") or {}).get("episodes") or None, "episodes")
-    steps = budget.get("max_steps") or (algo.get("steps") if rec.task == "sft" else None)
+    # This workload's steps against its own budget (fixed at accept), never the tenant's
+    # version against it: a tenant at version 384 given 128 more steps shows 0/128 at the start.
+    done = workload_steps(rec)
+    if getattr(rec, "start_version", -1) >= 0:
+        steps = rec.budget_steps
+    else:  # a record from before start_version: the spec's numbers were versions to reach
+        steps = budget.get("max_steps") or (algo.get("steps") if rec.task == "sft" else None)
     if steps:
-        return Budget(rec.step, float(steps), "steps")
+        return Budget(done, float(steps), "steps")
     wall = budget.get("max_wall_s")
     if wall:
         elapsed = max(0.0, (now if now is not None else time.time()) - rec.created_at)
         return Budget(min(elapsed, float(wall)), float(wall), "s")
-    return Budget(rec.step, None, "steps")
+    return Budget(done, None, "steps")
+
+
+def budget_text(rec: Any) -> str:
+    """What a training workload will train, as `nexus submit` says it: "from version 384, 128
+    more steps (to version 512)"; "" for an eval or a record from before start_version."""
+    start = getattr(rec, "start_version", -1)
+    if rec.task == "eval" or start < 0:
+        return ""
+    if rec.budget_steps:
+        return f"from version {start}, {rec.budget_steps} more steps (to version {start + rec.budget_steps})"
+    return f"from version {start}"
+
+
+def steps_text(rec: Any) -> str:
+    """This workload's steps against its budget ("3/3"; "3" without a step budget; "-" for an eval)."""
+    if rec.task == "eval":
+        return "-"
+    done = workload_steps(rec)
+    return f"{done}/{rec.budget_steps}" if getattr(rec, "budget_steps", 0) else str(done)
 
 
 @dataclass
@@ -57,7 +84,7 @@ class Rate:
 
     def update(self, rec: Any, now: float) -> Rate:
         budget = budget_of(rec, now)
-        count = rec.episodes if rec.task == "eval" else rec.step
+        count = rec.episodes if rec.task == "eval" else workload_steps(rec)
         if rec.state != "running":
             if rec.state != "pending":
                 self.eta_s = 0.0
@@ -105,8 +132,12 @@ def _count_text(rec: Any, budget: Budget) -> str:
     if budget.unit == "episodes":
         return f"{rec.episodes}/{int(budget.total)} episodes" if budget.total else f"{rec.episodes} episodes"
     if budget.unit == "s":
-        return f"step {rec.step}  ep {rec.episodes}  {fmt_duration(budget.done)}/{fmt_duration(budget.total)}"
-    steps = f"{rec.step}/{int(budget.total)} steps" if budget.total else f"step {rec.step}"
+        return (f"step {workload_steps(rec)}  ep {rec.episodes}  "
+                f"{fmt_duration(budget.done)}/{fmt_duration(budget.total)}")
+    done = int(budget.done)
+    steps = f"{done}/{int(budget.total)} steps" if budget.total else f"{done} steps"
+    # The tenant's version, which the steps are not (before the first progress event: the start).
+    steps += f" (v{max(rec.step, getattr(rec, 'start_version', -1))})"
     return f"{steps}  ep {rec.episodes}" if rec.task == "rl" else steps
 
 

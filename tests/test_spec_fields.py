@@ -89,6 +89,7 @@ VALUES: dict[str, tuple[str, Any]] = {
     "SFTAlgorithm.lr": ("sft", 1e-3),
     "SFTAlgorithm.batch_size": ("sft", 8),
     "SFTAlgorithm.steps": ("sft", 20),
+    "SFTAlgorithm.until_version": ("sft", 2000),
     "SFTAlgorithm.items_per_job": ("sft", 4),
     "SFTAlgorithm.weight_decay": ("sft", 0.0),
     "SFTAlgorithm.grad_clip": ("sft", None),

@@ -37,6 +37,9 @@ class Progress:
     jobs: list[str] = field(default_factory=list)
     version: int = 0
     items: int = 0
+    # Optimizer steps (micro-batches) of this workload's budget trained or queued, a resumed
+    # producer's predecessors' included (ProducerSpec.steps_done).
+    steps: int = 0
     started: float = field(default_factory=time.monotonic)
 
 
@@ -74,7 +77,9 @@ class Workflow:
         self.client, self.spec = client, spec
         self.data_dir = Path(data_dir)
         self.log = log if log is not None else _StdLog(f"workflows.{spec.kind}")
-        self.progress = Progress()
+        # A resumed producer carries on where its workload stands: the steps and episodes of its
+        # budget already spent, and the jobs still to train that it waits for before it is done.
+        self.progress = Progress(steps=spec.steps_done, episodes=spec.episodes_done, jobs=list(spec.jobs))
         self.task: asyncio.Task | None = None  # set by whoever runs `main` as a task
         self.state = "starting"
         self.error = ""
@@ -120,7 +125,7 @@ class Workflow:
                 await evaluate(self)  # the closing evaluation of the final version
                 self.final = {**trained, **{f"eval_{k}": v for k, v in self.final.items()}}
             self.state = "done"
-            await self._event("done", message=self.target_message or "budget reached", metrics=self.final)
+            await self._event("done", message=self.target_message or self._budget_message(), metrics=self.final)
         except asyncio.CancelledError:
             self.state = "cancelled"
             raise
@@ -169,11 +174,21 @@ class Workflow:
                                    f"(mean of the last {s.target_window})")
         return hit
 
+    def _budget_message(self) -> str:
+        """The done event's message: what this workload trained, from which version to which."""
+        s = self.spec
+        if s.kind == "eval" or s.start_version < 0:
+            return "budget reached"
+        steps = max(0, self.progress.version - s.start_version)
+        of = f"/{s.max_steps}" if s.max_steps else ""
+        return f"budget reached: {steps}{of} steps (version {s.start_version} -> {self.progress.version})"
+
     def _budget_left(self) -> bool:
         s, p = self.spec, self.progress
         if self.target_message:
             return False
-        if s.max_steps and p.version >= s.max_steps:
+        # This workload's steps (queued ones included: each will train), not the tenant's version.
+        if s.max_steps and p.steps >= s.max_steps:
             return False
         if s.max_episodes and p.episodes >= s.max_episodes:
             return False

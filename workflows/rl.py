@@ -133,10 +133,14 @@ class RLWorkflow(Workflow):
         for _ in range(max(1, int(algo.get("epochs", 1)))):
             passes.extend(rows[i] for i in order_rng.permutation(len(rows)))
         rows = passes
+        mb = int(algo["micro_batch"])
+        if self.spec.max_steps:  # the last job takes only the micro-batches (steps) left of the budget
+            rows = rows[: max(0, self.spec.max_steps - self.progress.steps) * mb]
+            if not rows:
+                return
         job = await self._reserve("rl")
         if not job:
             return
-        mb = int(algo["micro_batch"])
         for seq, lo in enumerate(range(0, len(rows), mb)):
             part = rows[lo: lo + mb]
             item = QueuePutRequest(
@@ -153,4 +157,5 @@ class RLWorkflow(Workflow):
             if not await self._put(item):
                 break
             self.progress.items += 1
+            self.progress.steps += 1
         await self._mark_ready(job)

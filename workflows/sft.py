@@ -32,23 +32,24 @@ class SFTWorkflow(Workflow):
         self._check_features(reader, tenant)
         rng = np.random.default_rng(self.spec.seed)
         losses: list[float] = []
-        # A workload resumed on another worker counts the steps its tenant already has.
+        # The budget is this workload's steps: progress.steps starts at what a stopped
+        # predecessor already trained or queued (the master counts it), so a resumed producer
+        # queues only the rest.
         await self._refresh_version()
-        queued_steps = self.progress.version
         try:
-            while self._budget_left() and (not self.spec.max_steps or queued_steps < self.spec.max_steps):
+            while self._budget_left():
                 with self.update_span():  # one trace: the job, its training, the weight sync
                     job = await self._reserve("sft")
                     if not job:
                         break
                     n_items = int(algo["items_per_job"])
                     if self.spec.max_steps:  # the last job takes only what is left
-                        n_items = min(n_items, self.spec.max_steps - queued_steps)
+                        n_items = min(n_items, self.spec.max_steps - self.progress.steps)
                     for seq in range(n_items):
                         item = await asyncio.to_thread(self._sft_item, reader, rng, int(algo["batch_size"]), horizon, job, seq)
                         if not await self._put(item):
                             break
-                        queued_steps += 1
+                        self.progress.steps += 1
                     await self._mark_ready(job)
                 await self._refresh_version()
                 rec = await self._retry(self.client.job, self.spec.tenant,
