@@ -38,7 +38,7 @@ from nats.js.api import AckPolicy, ConsumerConfig
 from nats.js.errors import KeyNotFoundError, NotFoundError, ObjectNotFoundError
 
 from actors.identity import current_caller, deny, require_tenant
-from actors.paths import caller_roots, confine
+from actors.paths import caller_roots, confine, tenant_datasets
 from actors.bus import js_retry
 from actors.runtime import op
 from actors.tracing import consumer_span
@@ -127,6 +127,7 @@ def compile_producer(spec: Any, workload: str, eval_version: int = -1, start_ver
         if spec.env.demos is not None:
             p.demo_episodes, p.demo_noise = spec.env.demos.episodes, spec.env.demos.noise
             p.demo_seed = spec.env.demos.seed
+            p.record_path = str(tenant_datasets(Path(), spec.tenant) / workload)
     if spec.dataset is not None:
         p.dataset_root, p.camera_map = spec.dataset.root, dict(spec.dataset.camera_map)
         p.state_key, p.action_key = spec.dataset.state_key, spec.dataset.action_key

@@ -51,7 +51,7 @@ def test_rl_sft_and_eval_producers(roles):
                                              algo={"episodes_per_update": 2, "parallel_envs": 2}, max_episodes=4)),
                 run_producer(c, ProducerSpec(workload="w-sft", tenant="sft-t", kind="sft", env_id="builtin/reach-v0",
                                              demo_episodes=4, algo={"batch_size": 8, "items_per_job": 2},
-                                             max_steps=3)),
+                                             max_steps=3, record_path="datasets/tenants/sft-t/w-sft")),
             )
             sft_version = (await c.latest_weights("sft-t")).version
             ev = await run_producer(c, ProducerSpec(workload="w-eval", tenant="sft-t", kind="eval",

@@ -90,11 +90,12 @@ class SFTWorkflow(Workflow):
         from envs.lerobot import record
         from envs.lerobot.record import RecordConfig
 
-        from actors.paths import tenant_datasets
-
-        # The tenant's own datasets dir: it may read its demos back (dataset.root, sample), no
-        # other tenant may (actors/paths.py).
-        root = tenant_datasets(self.data_dir, self.spec.tenant) / self.spec.workload
+        # The tenant's own datasets dir, as the master named it: it may read its demos back
+        # (dataset.root, sample), no other tenant may (actors/paths.py).
+        if not self.spec.record_path or ".." in Path(self.spec.record_path).parts or Path(self.spec.record_path).is_absolute():
+            raise ValueError(f"producer spec of {self.spec.workload}: record_path {self.spec.record_path!r} is no "
+                             "relative path under the data dir (a master older than this env worker?)")
+        root = self.data_dir / self.spec.record_path
         if not (root / "meta" / "info.json").exists():
             await self._event("progress", message=f"recording {self.spec.demo_episodes} expert demonstrations")
             await asyncio.to_thread(record, RecordConfig(out=root, episodes=self.spec.demo_episodes,
