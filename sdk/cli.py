@@ -642,9 +642,20 @@ def tenant_delete(
             _err("not deleted")
             return EXIT_FAILED
 
+    from actors.auth import AuthStore
+    from protocol.errors import NotFound
+    from protocol.messages import TenantDeleted
+
     async def go():
         async with _client(data_dir, nats_url, prefix, timeout_s) as client:
-            return await client.delete_tenant(name)
+            try:
+                return await client.delete_tenant(name)
+            except NotFound:
+                # Credentials issued (`tenant create`) but nothing submitted yet: the master
+                # has no record, the auth store still has the account; that one goes below.
+                if name not in AuthStore(Path(data_dir).resolve()).tenants():
+                    raise
+                return TenantDeleted(tenant=name, at=time.time(), removed={})
 
     gone = _run(go())
     gone.removed.update(_remove_tenant_account(data_dir, name, timeout_s))
