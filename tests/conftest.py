@@ -163,6 +163,16 @@ def nexus_run(*args: str, timeout: float = 120, **env: str) -> subprocess.Comple
     return subprocess.run(nexus_cmd(*args), capture_output=True, text=True, timeout=timeout, env=python_env(**env))
 
 
+def tenant_create(data_dir: Path, tenant: str, *flags: str) -> dict:
+    """`nexus tenant create TENANT --json` on ``data_dir``'s deployment (asserted), its JSON:
+    ``creds`` (the creds file), ``live`` and the account's limits."""
+    import json
+
+    out = nexus_run("tenant", "create", tenant, "--data-dir", str(data_dir), "--json", *flags)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return json.loads(out.stdout)
+
+
 @contextlib.contextmanager
 def nexus_up(data_dir: Path, **env: str):
     """`nexus up --detach` in ``data_dir`` on a free port (operator mode), its `ClusterState`,

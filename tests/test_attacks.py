@@ -30,7 +30,7 @@ from actors.auth import redact_url
 from actors.supervisor import ClusterState
 from protocol.subjects import Names
 from sdk.client import AsyncClient
-from tests.conftest import nexus_cmd, nexus_up, python_env
+from tests.conftest import nexus_cmd, nexus_up, python_env, tenant_create
 from tests.test_workloads import sft_spec
 
 BASE = "tiny-qwen3-vl-64"
@@ -83,13 +83,9 @@ def deployment(tmp_path_factory):
 
 def _tenants(data_dir: Path) -> dict[str, str]:
     """alice, the hidden tenant and mallory (under account limits), each's creds path."""
-    creds = {}
-    for tenant, flags in (("alice", ()), (HIDDEN, ()),
-                          ("mallory", ("--max-conns", str(MAX_CONNS), "--max-payload-kb", "256", "--storage-mb", "1"))):
-        out = nexus("tenant", "create", tenant, "--data-dir", str(data_dir), "--json", *flags)
-        assert out.returncode == 0, out.stdout + out.stderr
-        creds[tenant] = json.loads(out.stdout)["creds"]
-    return creds
+    mallory = ("--max-conns", str(MAX_CONNS), "--max-payload-kb", "256", "--storage-mb", "1")
+    return {tenant: tenant_create(data_dir, tenant, *flags)["creds"]
+            for tenant, flags in (("alice", ()), (HIDDEN, ()), ("mallory", mallory))}
 
 
 def _operator_base(data_dir: Path) -> Path:

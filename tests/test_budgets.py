@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import re
 import subprocess
-import time
 
 import pytest
 import yaml
@@ -19,6 +18,7 @@ from protocol.errors import InvalidField
 from protocol.messages import workload_steps
 from sdk.client import AsyncClient
 from tests.conftest import ROOT, nexus_cmd, python_env
+from tests.test_reliability import _wait_workload
 from tests.test_workloads import sft_spec
 
 
@@ -84,16 +84,6 @@ def test_steps_count_this_workload_and_until_version_is_a_total(cluster, tmp_pat
     assert (accepted.start_version, accepted.budget_steps) == (6, 2)
     assert third.state == "completed", third.message
     assert (third.step, workload_steps(third)) == (8, 2) and ref.version == 8
-
-
-async def _wait_workload(c: AsyncClient, workload: str, pred, timeout_s: float = 180):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        rec = await c.workload(workload)
-        if pred(rec):
-            return rec
-        assert time.monotonic() < deadline, f"workload {workload}: {rec.state} on {rec.worker!r} at {rec.step}"
-        await asyncio.sleep(0.1)
 
 
 def test_a_producer_resumed_after_a_kill_trains_exactly_its_budget(cluster):

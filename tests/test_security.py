@@ -69,7 +69,7 @@ from protocol.messages import (
 from protocol.subjects import Names, pool_name
 from protocol.wire import decode
 from sdk.client import AsyncClient
-from tests.conftest import SHARED, nexus_cmd, nexus_up, python_env
+from tests.conftest import SHARED, nexus_cmd, nexus_up, python_env, tenant_create
 from tests.test_workloads import sft_spec
 
 BASE = "tiny-qwen3-vl-64"
@@ -84,13 +84,9 @@ def nexus(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
 def deployment(tmp_path_factory):
     data_dir = tmp_path_factory.mktemp("secure")
     with nexus_up(data_dir, NEXUS_INFER_BASE=BASE) as state:
-        creds = {}
-        for tenant in ("alice", "bob"):
-            out = nexus("tenant", "create", tenant, "--data-dir", str(data_dir), "--json")
-            assert out.returncode == 0, out.stdout + out.stderr
-            info = json.loads(out.stdout)
-            assert info["live"] is True
-            creds[tenant] = info["creds"]
+        infos = {tenant: tenant_create(data_dir, tenant) for tenant in ("alice", "bob")}
+        assert all(info["live"] is True for info in infos.values())
+        creds = {tenant: info["creds"] for tenant, info in infos.items()}
         yield state, creds
 
 

@@ -30,7 +30,7 @@ from protocol.errors import InvalidField, NexusError, NotFound, PermissionDenied
 from protocol.messages import DatasetBatch, SampleRequest, WorkloadRecord
 from protocol.subjects import Names
 from sdk.client import AsyncClient
-from tests.conftest import nexus_cmd, nexus_up, python_env
+from tests.conftest import nexus_cmd, nexus_up, python_env, tenant_create
 from tests.test_workloads import sft_spec, rl_spec
 
 BASE = "tiny-qwen3-vl-64"
@@ -191,11 +191,7 @@ def nexus(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
 def deployment(tmp_path_factory):
     data_dir = tmp_path_factory.mktemp("paths")
     with nexus_up(data_dir, NEXUS_INFER_BASE=BASE) as state:
-        creds = {}
-        for tenant in ("alice", "bob", "zed-secret-name"):
-            out = nexus("tenant", "create", tenant, "--data-dir", str(data_dir), "--json")
-            assert out.returncode == 0, out.stdout + out.stderr
-            creds[tenant] = json.loads(out.stdout)["creds"]
+        creds = {t: tenant_create(data_dir, t)["creds"] for t in ("alice", "bob", "zed-secret-name")}
         yield state, creds, data_dir
 
 
