@@ -183,6 +183,11 @@ OWNER_CHECK_EVERY_S = 10.0
 # A restarting master reads each KV bucket whole through one watcher (not a get per key);
 # the server sends entries back to back, so a gap this long means it stopped answering.
 KV_LOAD_ENTRY_TIMEOUT_S = 30.0
+# ... and checks it got the whole bucket (the watch reached the stream's last sequence as read
+# before it began); a short read (seen once, a master loading 0 of 59 job records just after a
+# NATS node came back) is read again, then the load fails (the master restarts) rather than
+# start on a partial state and hand out work twice.
+KV_LOAD = RetryPolicy("kv_load", attempts=5, backoff_s=0.5, max_backoff_s=4.0)
 
 
 # -- quotas and metering ---------------------------------------------------------------------
