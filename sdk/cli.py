@@ -1064,11 +1064,32 @@ def logs(
         known = sorted(p.stem for p in logs_dir.glob("*.log")) if logs_dir.exists() else []
         _err(f"no log {path}; logs here: {', '.join(known) or 'none'}")
         return EXIT_BAD_INPUT
-    for line in path.read_text(errors="replace").splitlines()[-lines:]:
-        if tenant and f'"tenant": "{tenant}"' not in line:
-            continue
+    for line in _last_lines(path, lines, tenant):
         print(line)
     return EXIT_OK
+
+
+def _last_lines(path: Path, n: int, tenant: str | None) -> list[str]:
+    """The last ``n`` lines of a log, filtered first (``--tenant``: lines whose JSON ``tenant``
+    field is it), so ``-n 20 --tenant acme`` shows acme's last 20 lines however many other lines
+    follow them. Read as a stream: a log may be large."""
+    import collections
+    import json as _json
+
+    keep: collections.deque[str] = collections.deque(maxlen=max(0, n))
+    with open(path, errors="replace") as f:
+        for line in f:
+            line = line.rstrip("\n")
+            if tenant:
+                if f'"{tenant}"' not in line:  # cheap pre-filter before parsing
+                    continue
+                try:
+                    if _json.loads(line).get("tenant") != tenant:
+                        continue
+                except (ValueError, AttributeError):
+                    continue
+            keep.append(line)
+    return list(keep)
 
 
 @spec_app.command("schema")
