@@ -525,7 +525,13 @@ class WorkloadOps:
         rec.metrics.update(ev.metrics)
         rec.updated_at = time.time()
         if ev.kind == "done":
-            await self._set_state(rec, "failed" if ev.state == "failed" else "completed", ev.message)
+            state = "failed" if ev.state == "failed" else "completed"
+            if await self._set_state(rec, state, ev.message):
+                # Its producer is done: a job it reserved and never filled would hold the
+                # tenant's in-flight cap until the orphan sweep (minutes); one half-filled is
+                # sealed (its acknowledged micro-batches train), an empty one fails now.
+                await self.fail_unready_jobs(rec.workload, f"its workload {state}")
+                self._release_rollouts(rec.workload)
         else:
             await self._save_workload(rec)
 

@@ -1004,8 +1004,10 @@ def cancel(
     rec = _run(go())
     if json:
         print_json(_asdict(rec))
-    else:
-        print(f"{rec.workload}: {rec.state}")
+    elif rec.state == "cancelled" and rec.message == "cancelled by request":
+        print(f"{rec.workload}: cancelled")
+    else:  # it had ended before the cancel: nothing was changed
+        print(f"{rec.workload}: already {rec.state} ({rec.message}); nothing to cancel")
     return EXIT_OK
 
 
