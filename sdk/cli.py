@@ -123,6 +123,26 @@ def _creds() -> Path | None:
     return _CREDS or creds_from_env()
 
 
+def _tenant_caller() -> str | None:
+    """The tenant whose credentials this command logs in with (``--creds`` / NEXUS_CREDS), or
+    None for the platform's (the admin's, by default). Commands that show the whole deployment
+    (roles, other tenants) say so in one line for a tenant instead of an empty view."""
+    from actors.auth import Credentials
+
+    path = _creds()
+    if path is None:
+        return None
+    try:
+        return Credentials.read(path).tenant
+    except (OSError, ValueError, KeyError):
+        return None  # unreadable: connecting will say what is wrong with it
+
+
+OPERATOR_ONLY = ("{command} is an operator command (it shows every role and tenant) and needs the platform's "
+                 "credentials; as tenant {tenant!r} use `nexus workloads`, `nexus tenant show` or "
+                 "`nexus workloads watch ID`")
+
+
 def _client(data_dir: Path, nats_url: str | None, prefix: str | None, timeout_s: float = 10.0) -> Any:
     from sdk.client import AsyncClient, resolve_cluster
 
@@ -358,6 +378,19 @@ def status(
                 workloads, jobs = [], []
             return st, workloads, jobs
 
+    tenant = _tenant_caller()
+    if tenant is not None:
+        # A tenant sees no roles (the monitor is the platform's): its own workloads only,
+        # and one line saying why, never "0 alive" as if the deployment were down.
+        async def fetch():  # noqa: F811 (the tenant's view: the master's listing alone)
+            from protocol.errors import NotFound
+
+            async with _client(data_dir, nats_url, prefix, timeout_s) as client:
+                try:
+                    return None, await client.workloads(), await client.jobs()
+                except NotFound:  # no record before its first submit: nothing to list yet
+                    return None, [], []
+
     st, workloads, jobs = _run(fetch())
     # Every pending / running workload, and the newest finished ones; the rest are counted.
     finished = [w for w in workloads if w.state in ("completed", "failed", "cancelled")]
@@ -372,11 +405,15 @@ def status(
     if json:
         print_json({"roles": rows, "workloads": wrows, "metrics": st.metrics, "generated_at": st.generated_at})
         return EXIT_OK
-    table(("ROLE", "INSTANCE", "PID", "STATE", "UPTIME", "LAST HEARTBEAT"), [
-        (r["role"], r["instance"], r["pid"], r["state"], _fmt_age(r["uptime_s"]),
-         f"{_fmt_age(r['last_heartbeat_age_s'])} ago") for r in rows])
-    alive = sum(r["state"] == "alive" for r in rows)
-    print(f"\n{alive} alive, {len(rows) - alive} not alive")
+    if tenant is not None:
+        print(f"roles: shown to the operator only; the workloads of tenant {tenant!r}:" if wrows else
+              f"roles: shown to the operator only; tenant {tenant!r} has no workloads yet")
+    else:
+        table(("ROLE", "INSTANCE", "PID", "STATE", "UPTIME", "LAST HEARTBEAT"), [
+            (r["role"], r["instance"], r["pid"], r["state"], _fmt_age(r["uptime_s"]),
+             f"{_fmt_age(r['last_heartbeat_age_s'])} ago") for r in rows])
+        alive = sum(r["state"] == "alive" for r in rows)
+        print(f"\n{alive} alive, {len(rows) - alive} not alive")
     if wrows:
         print()
         _workloads_table(wrows)
@@ -394,6 +431,11 @@ def top(
     """A live view from the monitor, once a second: roles, busy fraction, tenants' queues and learning; q quits."""
     from sdk.term import console, print_json
     from sdk.top import build_view, fetch, live, render
+
+    tenant = _tenant_caller()
+    if tenant is not None:
+        _err(OPERATOR_ONLY.format(command="nexus top", tenant=tenant))
+        return EXIT_BAD_INPUT
 
     async def go():
         async with _client(data_dir, nats_url, prefix, timeout_s) as client:
@@ -507,13 +549,30 @@ def tenants(
         async with _client(data_dir, nats_url, prefix, timeout_s) as client:
             return await client.tenants()
 
-    rows = _tenant_rows(_run(fetch()))
+    rows = [{**r, "registered": True} for r in _tenant_rows(_run(fetch()))]
+    rows += _accounts_without_record(data_dir, {r["tenant"] for r in rows})
     if json:
         print_json(rows)
         return EXIT_OK
     table(("TENANT", "BASE", "HEAD", "VERSION", "WORKLOADS", "SIGNATURE"),
-          [(r["tenant"], r["base"], r["head"], r["version"], len(r["workloads"]), r["signature"][:19]) for r in rows])
+          [(r["tenant"], r["base"], r["head"], r["version"], len(r["workloads"]),
+            r["signature"][:19] if r["registered"] else "(no workload yet)") for r in rows])
     return EXIT_OK
+
+
+def _accounts_without_record(data_dir: Path, known: set[str]) -> list[dict]:
+    """Tenants with credentials (`nexus tenant create`) that the master has no record of yet:
+    a tenant is registered at its first submit, so `nexus tenants` right after `tenant create`
+    was empty. Read from this data dir's auth store, for the operator only."""
+    from actors.auth import AuthStore
+
+    if _tenant_caller() is not None:
+        return []
+    store = AuthStore(data_dir.resolve())
+    if not store.exists:
+        return []
+    return [{"tenant": t, "base": "-", "head": "-", "signature": "", "version": "-", "priority": None,
+             "workloads": [], "registered": False} for t in store.tenants() if t not in known]
 
 
 def usage_rows(reply: Any) -> list[dict]:
