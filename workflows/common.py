@@ -184,7 +184,9 @@ class Workflow:
             why = f"its wall-clock budget of {s.max_wall_s:g} s ran out"
         elif s.max_episodes and p.episodes >= s.max_episodes:
             why = f"its {s.max_episodes} episodes ran"
-        if s.kind == "eval" or s.start_version < 0:
+        if s.kind == "eval":
+            return f"evaluated {p.episodes} episodes"
+        if s.start_version < 0:
             return why or "finished"
         steps = max(0, p.version - s.start_version)
         of = f"/{s.max_steps}" if s.max_steps else ""
