@@ -987,17 +987,30 @@ def _spec_errors(exc: Any) -> list[dict]:
     return list(exc.details.get("errors") or [{"field": exc.details.get("field", "?"), "message": exc.message}])
 
 
-def _load_spec_or_exit(path: str) -> tuple[Any, int]:
-    """(spec, EXIT_OK), or (None, EXIT_BAD_INPUT) with every field error printed."""
+def _load_spec_or_exit(path: str, max_payload: int | None = None) -> tuple[Any, int]:
+    """(spec, EXIT_OK), or (None, EXIT_BAD_INPUT) with every field error printed: the spec's
+    own and what its run would refuse (master/submit_checks.py; a row against ``max_payload``
+    when given, else the master checks it with its server's)."""
     from master.spec import SpecError, load_spec
 
     try:
-        return load_spec(path), EXIT_OK
+        return _checked_spec(load_spec(path), max_payload), EXIT_OK
     except SpecError as exc:
         _print_spec_errors(exc, path)
     except OSError as exc:
         _err(f"cannot read {path}: {exc.strerror}")
     return None, EXIT_BAD_INPUT
+
+
+def _checked_spec(spec: Any, max_payload: int | None) -> Any:
+    """``spec``, or SpecError listing what its run would refuse (master/submit_checks.py)."""
+    from master.spec import SpecError
+    from master.submit_checks import run_errors
+
+    errors = run_errors(spec, max_payload)
+    if errors:
+        raise SpecError(errors)
+    return spec
 
 
 @app.command()
@@ -1012,7 +1025,7 @@ def submit(
     """Submit workload spec file(s); an invalid spec exits 2 listing every field error."""
     texts = []
     for path in specs:  # validate every file locally first: exit 2 with every field error
-        spec, code = _load_spec_or_exit(path)
+        spec, code = _load_spec_or_exit(path)  # the row size: the master's, with its server's max payload
         if code != EXIT_OK:
             return code
         texts.append(Path(path).read_text())
@@ -1167,25 +1180,37 @@ def spec_validate(
     file: Annotated[str, typer.Argument(metavar="FILE", help="workload spec file (YAML or JSON)")],
     json: Json = False,
 ) -> int:
-    """Check a spec file: exit 0 if valid, 2 listing every field error."""
+    """Check a spec file offline, as a submit would: exit 0 if valid, 2 listing every field
+    error (the spec's own, env options and cameras, head params, and one training row against
+    nats-server's default max payload, which the output names)."""
+    from master.submit_checks import DEFAULT_MAX_PAYLOAD, row_bytes
+    from protocol.policy import CHUNK_HEADROOM_BYTES
     from sdk.term import print_json
 
+    limit = {"max_payload": DEFAULT_MAX_PAYLOAD, "max_payload_source": "nats-server's default (offline)",
+             "row_limit_bytes": DEFAULT_MAX_PAYLOAD - CHUNK_HEADROOM_BYTES}
     if json:
         from master.spec import SpecError, load_spec
 
         try:
-            spec = load_spec(file)
+            spec = _checked_spec(load_spec(file), DEFAULT_MAX_PAYLOAD)
         except SpecError as exc:
-            print_json({"file": file, "valid": False, "errors": _spec_errors(exc)})
+            print_json({"file": file, "valid": False, "errors": _spec_errors(exc), **limit})
             return EXIT_BAD_INPUT
         except OSError as exc:
             print_json({"file": file, "valid": False, "errors": [{"field": "", "message": f"cannot read: {exc.strerror}"}]})
             return EXIT_BAD_INPUT
-        print_json({"file": file, "valid": True, "task": spec.task, "tenant": spec.tenant})
+        row = row_bytes(spec)[0] if spec.observation is not None and spec.action is not None else None
+        print_json({"file": file, "valid": True, "task": spec.task, "tenant": spec.tenant, "row_bytes": row, **limit})
         return EXIT_OK
-    spec, code = _load_spec_or_exit(file)
+    spec, code = _load_spec_or_exit(file, DEFAULT_MAX_PAYLOAD)
     if code == EXIT_OK:
-        print(f"{file}: valid {spec.task} workload for tenant {spec.tenant}")
+        row = (f"; one training row {row_bytes(spec)[0]:,} bytes of {limit['row_limit_bytes']:,}"
+               if spec.task != "eval" and spec.observation is not None and spec.action is not None else "")
+        print(f"{file}: valid {spec.task} workload for tenant {spec.tenant}{row} (max payload "
+              f"{DEFAULT_MAX_PAYLOAD:,} bytes: nats-server's default, checked offline)")
+    else:
+        print(f"(checked offline; max payload {DEFAULT_MAX_PAYLOAD:,} bytes: nats-server's default)", file=sys.stderr)
     return code
 
 
