@@ -944,12 +944,19 @@ def _check_same_policy(mine: TenantConfig, target: TenantConfig, same_tenant: bo
     from models.schema import TenantSchema
 
     who = "this tenant's existing slot" if same_tenant else f"tenant {target.name}'s policy"
+    # The way out, said once per error: a slot keeps its schema and head for life.
+    way_out = (f"; the slot keeps them: `nexus tenant reset {target.name}` drops it (its versions and "
+               "checkpoints; workload records and usage stay) so this spec registers a new one, or use "
+               "another tenant name") if same_tenant else ""
     errors: list[tuple[str, str]] = []
     if TenantSchema.from_dict(mine.schema).signature() != target.signature:
-        errors.append(("observation", f"schema differs from {who} (cameras, state_dim, "
-                                      "action dim/horizon and template must match)"))
+        for path, stored, asked in schema_differences(target.schema, mine.schema):
+            errors.append((path, f"{asked!r} differs from {who}: stored {stored!r}, asked {asked!r}{way_out}"))
+        if not errors:  # same fields, other signature (a schema from an older version of the code)
+            errors.append(("observation", f"schema differs from {who} (cameras, state_dim, action dim/horizon "
+                                          f"and template must match){way_out}"))
     if mine.head != target.head:
-        errors.append(("action_module.kind", f"{mine.head!r}, but {who} uses {target.head!r}"))
+        errors.append(("action_module.kind", f"{mine.head!r}, but {who} uses {target.head!r}{way_out}"))
     if not same_tenant and mine.base_adapter != target.base_adapter:
         errors.append(("base_adapter", f"{mine.base_adapter or None!r}, but {who} uses "
                                        f"{target.base_adapter or None!r}"))
@@ -963,10 +970,24 @@ def _check_same_policy(mine: TenantConfig, target: TenantConfig, same_tenant: bo
                                 ("base_adapter", "base_adapter", lambda c: c.base_adapter),
                                 ("head_params", "action_module", lambda c: structure(c.head_params))):
             if get(mine) != get(target):
-                errors.append((path, f"{get(mine)!r} differs from {who}'s {get(target)!r}; "
-                                     "a new tenant name starts a new slot"))
+                errors.append((path, f"{get(mine)!r} differs from {who}'s {get(target)!r}{way_out}"))
     if errors:
         raise SpecError(errors)
+
+
+# A stored schema's keys (models.schema.TenantSchema.to_dict) and where a spec sets each.
+SCHEMA_SPEC_FIELDS = (("cameras", "observation.cameras"), ("state_dim", "observation.state_dim"),
+                      ("instruction_template", "observation.instruction_template"),
+                      ("action_dim", "action.dim"), ("action_horizon", "action.horizon"))
+
+
+def schema_differences(stored: dict[str, Any], asked: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """(spec field, stored value, asked value) for each schema field that differs, both read
+    canonically (`TenantSchema.to_dict`: cameras as name / height / width)."""
+    from models.schema import TenantSchema
+
+    a, b = TenantSchema.from_dict(stored).to_dict(), TenantSchema.from_dict(asked).to_dict()
+    return [(path, a[key], b[key]) for key, path in SCHEMA_SPEC_FIELDS if a[key] != b[key]]
 
 
 def _tenant_guess(data: bytes) -> str:
