@@ -944,19 +944,15 @@ def _check_same_policy(mine: TenantConfig, target: TenantConfig, same_tenant: bo
     from models.schema import TenantSchema
 
     who = "this tenant's existing slot" if same_tenant else f"tenant {target.name}'s policy"
-    # The way out, said once per error: a slot keeps its schema and head for life.
-    way_out = (f"; the slot keeps them: `nexus tenant reset {target.name}` drops it (its versions and "
-               "checkpoints; workload records and usage stay) so this spec registers a new one, or use "
-               "another tenant name") if same_tenant else ""
     errors: list[tuple[str, str]] = []
     if TenantSchema.from_dict(mine.schema).signature() != target.signature:
         for path, stored, asked in schema_differences(target.schema, mine.schema):
-            errors.append((path, f"{asked!r} differs from {who}: stored {stored!r}, asked {asked!r}{way_out}"))
+            errors.append((path, f"stored {stored!r} (in {who}), asked {asked!r}"))
         if not errors:  # same fields, other signature (a schema from an older version of the code)
             errors.append(("observation", f"schema differs from {who} (cameras, state_dim, action dim/horizon "
-                                          f"and template must match){way_out}"))
+                                          "and template must match)"))
     if mine.head != target.head:
-        errors.append(("action_module.kind", f"{mine.head!r}, but {who} uses {target.head!r}{way_out}"))
+        errors.append(("action_module.kind", f"{mine.head!r}, but {who} uses {target.head!r}"))
     if not same_tenant and mine.base_adapter != target.base_adapter:
         errors.append(("base_adapter", f"{mine.base_adapter or None!r}, but {who} uses "
                                        f"{target.base_adapter or None!r}"))
@@ -970,7 +966,12 @@ def _check_same_policy(mine: TenantConfig, target: TenantConfig, same_tenant: bo
                                 ("base_adapter", "base_adapter", lambda c: c.base_adapter),
                                 ("head_params", "action_module", lambda c: structure(c.head_params))):
             if get(mine) != get(target):
-                errors.append((path, f"{get(mine)!r} differs from {who}'s {get(target)!r}{way_out}"))
+                errors.append((path, f"{get(mine)!r} differs from {who}'s {get(target)!r}"))
+        if errors:  # the way out, said once (on the last error): a slot keeps what it is for life
+            path, message = errors[-1]
+            errors[-1] = (path, f"{message}; a tenant's slot keeps its schema, head and base: `nexus tenant "
+                                f"reset {target.name}` drops the slot (its versions and checkpoints; its workload "
+                                "records and usage stay) so this spec registers anew, or use another tenant name")
     if errors:
         raise SpecError(errors)
 
