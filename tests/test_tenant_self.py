@@ -101,10 +101,15 @@ def test_schema_conflict_then_reset_to_a_new_schema(deployment, trained, tmp_pat
     wider = sft_spec(ME, steps=2)
     wider["observation"]["state_dim"] = 6
     wider["action"]["horizon"] = 3
-    wider_path = write_spec(tmp_path / "wider.yaml", wider)
+    # The schema the tenant moves to (the reach env's state stays 4-dim): chunks of 3 actions, a
+    # template of its own.
+    chunked = sft_spec(ME, steps=2)
+    chunked["action"]["horizon"] = 3
+    chunked["observation"]["instruction_template"] = "robot: {instruction}"
+    chunked_path = write_spec(tmp_path / "chunked.yaml", chunked)
 
     # 1. The conflict names each differing field, both values, and the way out.
-    refused = as_tenant(deployment, ME, "submit", wider_path)
+    refused = as_tenant(deployment, ME, "submit", write_spec(tmp_path / "wider.yaml", wider))
     assert refused.returncode != 0, refused.stdout
     err = refused.stderr
     assert re.search(r"observation\.state_dim: stored 4 .*asked 6", err), err
@@ -153,11 +158,12 @@ def test_schema_conflict_then_reset_to_a_new_schema(deployment, trained, tmp_pat
     assert [w["workload"] for w in after["workloads"]] == [trained, running]  # the records stay
 
     # 5. The spec with the other schema now registers it and trains.
-    done = as_tenant(deployment, ME, "submit", wider_path, "--wait")
+    done = as_tenant(deployment, ME, "submit", chunked_path, "--wait")
     assert done.returncode == 0, done.stdout + done.stderr
     assert re.search(r"submitted \S+ \(tenant selfie\): from version 0, 2 more steps", done.stdout), done.stdout
     now = json.loads(as_tenant(deployment, ME, "tenant", "show", "--json").stdout)
-    assert now["config"]["schema"]["state_dim"] == 6 and now["config"]["schema"]["action_horizon"] == 3
+    assert now["config"]["schema"]["action_horizon"] == 3
+    assert now["config"]["schema"]["instruction_template"] == "robot: {instruction}"
     assert now["version"] == 2 and len(now["workloads"]) == 3
     usage_after = {r["workload"] for r in json.loads(as_tenant(deployment, ME, "usage", "--json").stdout)}
     assert trained in usage_before and usage_before <= usage_after  # usage of before the reset stays
