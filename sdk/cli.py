@@ -461,11 +461,17 @@ def workloads_list(
     json: Json = False, timeout_s: TimeoutS = 10.0,
 ) -> int:
     """Every workload (or one tenant's): state, version, loss or success, queue depth."""
+    from protocol.errors import NotFound
     from sdk.term import print_json
 
     async def fetch():
         async with _client(data_dir, nats_url, prefix, timeout_s) as client:
-            return await client.workloads(tenant), await client.jobs(tenant)
+            workloads = await client.workloads(tenant)
+            try:
+                jobs = await client.jobs(tenant)
+            except NotFound:  # a tenant with no slot (nothing trained yet, or reset) has no jobs
+                jobs = []
+            return workloads, jobs
 
     workloads, jobs = _run(fetch())
     wrows = workload_rows(workloads, jobs)
