@@ -1048,11 +1048,12 @@ class TenantDeleted:
 def is_slot_reset(data: bytes) -> bool:
     """Is this ``tenants.deleted`` announcement a reset (only the slot went)? A role then drops
     the tenant's slot and heads but keeps its unsent usage (the tenant's records stay)."""
+    from protocol.errors import NexusError
     from protocol.wire import decode
 
     try:
         return bool(decode(data, TenantDeleted).reset)
-    except Exception:  # unreadable: treat it as the delete it was announced as
+    except (NexusError, ValueError, TypeError):  # unreadable: the delete it was announced as
         return False
 
 

@@ -16,7 +16,6 @@ import json
 import re
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
