@@ -169,3 +169,33 @@ def test_schema_conflict_then_reset_to_a_new_schema(deployment, trained, tmp_pat
     # A tenant with no slot lists its workloads all the same (the other one: none; its login works).
     listed = as_tenant(deployment, OTHER, "workloads", "--json")
     assert listed.returncode == 0 and json.loads(listed.stdout) == [], listed.stderr
+
+
+def test_schema_conflict_names_every_field_with_both_values():
+    """Without a cluster: cameras and template differ; each is named with the stored and the
+    asked value, the way out is said once (on the last), and an equal schema passes."""
+    import dataclasses
+
+    from master.spec import SpecError
+    from master.workloads import _check_same_policy
+    from models.schema import TenantSchema
+    from protocol.messages import TenantConfig
+
+    schema = {"cameras": [{"name": "top", "height": 64, "width": 64}], "state_dim": 4, "action_dim": 2,
+              "action_horizon": 1, "instruction_template": "{instruction}"}
+    stored = TenantConfig(name="acme", base=BASE, schema=schema, head="mlp",
+                          signature=TenantSchema.from_dict(schema).signature())
+    _check_same_policy(dataclasses.replace(stored, signature=""), stored, same_tenant=True)  # same: passes
+    asked = dataclasses.replace(stored, signature="", schema={
+        **schema, "cameras": [*schema["cameras"], {"name": "wrist", "height": 32, "width": 32}],
+        "instruction_template": "robot: {instruction}"})
+    with pytest.raises(SpecError) as info:
+        _check_same_policy(asked, stored, same_tenant=True)
+    errors = {e["field"]: e["message"] for e in info.value.errors}
+    assert list(errors) == ["observation.cameras", "observation.instruction_template"], errors
+    assert errors["observation.cameras"].startswith("stored [{'name': 'top', 'height': 64, 'width': 64}]")
+    assert "'wrist', 'height': 32" in errors["observation.cameras"]
+    assert "stored '{instruction}'" in errors["observation.instruction_template"]
+    assert "asked 'robot: {instruction}'" in errors["observation.instruction_template"]
+    assert "nexus tenant reset acme" in errors["observation.instruction_template"]
+    assert "nexus tenant reset" not in errors["observation.cameras"]  # said once
