@@ -87,10 +87,46 @@ def reset_caller(token: contextvars.Token) -> None:
     _current.reset(token)
 
 
+# What an op does, in a user's words, for refusals ("may not read the policy weights of tenant
+# 'bob'", not "may not weights_read on tenant 'bob'"); the op's own name stays in the details
+# and in brackets, for whoever reads the code. An op not listed reads as its name in words.
+OP_WORDS = {
+    "weights_read": "read the policy weights of", "load_weights": "load the policy weights of",
+    "export_params": "export the policy of", "checkpoint_get": "read the checkpoint of",
+    "checkpoint_commit": "commit a checkpoint for", "submit": "submit a workload for",
+    "submit an eval of": "evaluate the policy of", "tenant_create": "register",
+    "tenant_get": "see the record of", "tenant_delete": "delete", "tenant_quotas": "set the quotas of",
+    "tenants": "list the tenants", "jobs": "list the jobs of", "job": "see a job of",
+    "job_update": "update a job of", "reserve": "reserve a training job for", "queue_put": "queue data for",
+    "queue_get": "read the training queue of", "queue_clear": "clear the training queue of",
+    "mark_ready": "mark a job ready for", "lease": "lease training jobs", "predict": "run the policy of",
+    "usage": "read the usage of", "usage_report": "report usage", "workloads": "list the workloads of",
+    "workload": "see workload", "cancel": "cancel workload", "workload_report": "read the report of workload",
+    "base_add": "register a base model", "drain": "drain a role", "handback": "hand workloads back",
+    "start_producer": "start a workload's producer", "stop_producer": "stop a workload's producer",
+    "train_batch": "train a batch", "rollout_begin": "begin a rollout for", "rollout_end": "end a rollout for",
+}
+
+
+def op_words(op: str) -> str:
+    """``op`` in words: the table's phrase, else the op's name with spaces."""
+    head, _, rest = op.partition(" ")  # "cancel w123": the op, then what it names
+    words = OP_WORDS.get(op) or OP_WORDS.get(head) or head.replace("_", " ")
+    return f"{words} {rest}".strip() if rest and op not in OP_WORDS else words
+
+
 def deny(caller: Caller, op: str, tenant: str | None, why: str) -> PermissionDenied:
-    target = f" on tenant {tenant!r}" if tenant else ""
+    words = op_words(op)
+    if tenant:
+        # "... of" / "register" / "delete" take the tenant as their object; others say "for".
+        joiner = " " if words.endswith((" of", " for")) or words in ("register", "delete") else " for "
+        what = f"{words}{joiner}tenant {tenant!r}"
+    else:
+        what = words
+    name = op.partition(" ")[0]
+    ref = f"; op {name}" if op in OP_WORDS or name in OP_WORDS else ""
     return PermissionDenied(
-        f"permission denied: {caller.describe()} may not {op}{target}: {why}",
+        f"permission denied: {caller.describe()} may not {what} ({why}{ref})",
         details={"op": op, "tenant": tenant or "", "caller": caller.tenant or caller.account},
     )
 
@@ -106,7 +142,7 @@ def require_tenant(tenant: str, op: str, caller: Caller | None = None) -> None:
 def require_admin(op: str, caller: Caller | None = None) -> None:
     caller = caller or current_caller()
     if not caller.is_platform:
-        raise deny(caller, op, None, "an admin op (the platform's credentials only)")
+        raise deny(caller, op, None, "an operator-only command: it needs the platform's credentials")
 
 
 def authorize(caller: Caller, op: str, access: str, req: Any) -> Any:
@@ -116,7 +152,7 @@ def authorize(caller: Caller, op: str, access: str, req: Any) -> Any:
         return req
     if access == "admin":
         raise deny(caller, op, getattr(req, "tenant", None) or None,
-                   "an admin op (the platform's credentials only)")
+                   "an operator-only command: it needs the platform's credentials")
     if access == "checked":
         if caller.tenant is None:
             raise deny(caller, op, None, "the account is no tenant's")

@@ -58,7 +58,8 @@ from actors.bus import Bus, is_broker_outage, js_retry
 from actors.identity import ACCESS_LEVELS, Caller, authorize, caller_from_headers, check_reply, reset_caller, set_caller
 from actors.logs import bound_request, configure_logging
 from actors.tracing import extract, inject, messaging, nexus_attrs, setup_tracing, shutdown_tracing, trace_id_hex
-from protocol.errors import Busy, Draining, InternalError, NexusError, PayloadTooLarge, Unavailable, UnknownOp
+from protocol.errors import (BACK_PRESSURE_CODES, Busy, Draining, InternalError, NexusError, PayloadTooLarge,
+                             Unavailable, UnknownOp)
 from protocol.messages import (
     DrainRequest,
     ErrorReply,
@@ -631,9 +632,15 @@ class Role:
                         reply = await self._dispatch(op_name, msg.data, caller_from_headers(msg.headers))
                         tenant = getattr(reply, "tenant", None)
                     except NexusError as exc:
-                        span.set_status(Status(StatusCode.ERROR, exc.message))
                         span.set_attribute("nexus.error_code", exc.code.value)
-                        self.log.info("request rejected", code=exc.code.value, error=exc.message)
+                        if exc.code.value in BACK_PRESSURE_CODES:
+                            # Expected and retried by the caller: not an error span, and at
+                            # debug, so the role's log is not flooded with normal waits.
+                            span.set_attribute("nexus.back_pressure", True)
+                            self.log.debug("request deferred", code=exc.code.value, error=exc.message)
+                        else:
+                            span.set_status(Status(StatusCode.ERROR, exc.message))
+                            self.log.info("request rejected", code=exc.code.value, error=exc.message)
                         reply = ErrorReply.from_exception(exc)
                     except Exception as exc:
                         span.record_exception(exc)

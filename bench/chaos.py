@@ -82,7 +82,8 @@ AUDIT = Poll("chaos_audit", every_s=1.0, deadline_s=45.0)  # final jobs listing 
 STALL = Poll("chaos_stall", every_s=1.0, deadline_s=150.0)
 REQUEST_TIMEOUT_S = 15.0  # each request of the harness (2 busy cores: replies have taken > 5 s)
 SUBMIT_ATTEMPTS = 3
-DRAIN_REQUEST_TIMEOUT_S = 90.0  # the supervisor answers a drain-restart once the drain is done
+DRAIN_REQUEST_TIMEOUT_S = 45.0  # the supervisor answers a drain-restart once the drain is done (a late copy: Ok)
+DRAIN_REQUEST_ATTEMPTS = 3  # a request lost with its NATS node is sent again (idempotent per instance)
 NATS_DOWN_S = 10.0  # a killed NATS node stays down this long before it is started again
 
 
@@ -439,8 +440,20 @@ class Chaos:
 
         req = RestartRequest(role=k.role, instance=k.instance, mode="drain", reason=f"chaos drain #{k.n}")
         try:
-            reply = await self.client.bus.nc.request(self.names.supervisor("restart"), encode(req),
-                                                     timeout=DRAIN_REQUEST_TIMEOUT_S)
+            # A core-NATS request is lost with the node it went through (a drain sent just before
+            # the NATS node kill never reached the supervisor). Sent again on no answer: the
+            # supervisor serves one restart per instance, and answers Ok "already replaced" to a
+            # late copy, so a second copy never drains twice.
+            for attempt in range(1, DRAIN_REQUEST_ATTEMPTS + 1):
+                try:
+                    reply = await self.client.bus.nc.request(self.names.supervisor("restart"), encode(req),
+                                                             timeout=DRAIN_REQUEST_TIMEOUT_S)
+                    break
+                except NatsTimeout:
+                    if attempt == DRAIN_REQUEST_ATTEMPTS:
+                        raise
+                    print(f"[chaos] drain #{k.n}: no answer in {DRAIN_REQUEST_TIMEOUT_S:g} s; sending it again",
+                          flush=True)
             msg = decode(reply.data)
             if isinstance(msg, ErrorReply):
                 k.note = f"restart request refused ({msg.code}: {msg.message}); SIGTERM instead"
@@ -450,7 +463,7 @@ class Chaos:
         except NoRespondersError:
             k.note = "no supervisor serves restart requests; SIGTERM instead"
         except NatsTimeout:
-            k.note = f"restart request unanswered in {DRAIN_REQUEST_TIMEOUT_S:g} s"
+            k.note = f"restart request unanswered {DRAIN_REQUEST_ATTEMPTS} times in {DRAIN_REQUEST_TIMEOUT_S:g} s"
             return
         k.mode = "drain-sigterm"
         if pid_alive(k.pid) and _cmdline(k.pid) == self.dep.seen.get(k.pid):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -175,6 +176,10 @@ def config_from_options(cls: type, env_id: str, options: dict[str, Any],
     options = dict(options)
     try:
         if image_size is not None:
+            if not (isinstance(image_size, int) or (isinstance(image_size, (list, tuple)) and len(image_size) == 2)) \
+                    or isinstance(image_size, bool):
+                raise ConfigError(f"{env_id}: option image_size={image_size!r}; allowed: an int (square frames) "
+                                  "or [height, width]")
             h, w = (image_size, image_size) if isinstance(image_size, int) else image_size
             options.update(image_height=h, image_width=w)
         for name in ("image_height", "image_width"):
@@ -186,3 +191,53 @@ def config_from_options(cls: type, env_id: str, options: dict[str, Any],
         raise
     except (TypeError, ValueError) as exc:  # options come from clients: a wrong type is theirs
         raise ConfigError(f"{env_id}: bad option value ({type(exc).__name__}: {exc})") from None
+
+
+# ---- what an env takes and renders, known without building it ------------------------------
+@dataclass(frozen=True)
+class EnvFacts:
+    """An env id's options and, for the options given, what it would render: known from its
+    config dataclass alone, without starting a simulator (`envs.registry.describe`). The
+    submit checks (master/submit_checks.py) compare a workload spec with these. None: known
+    only once the simulator is built (a ManiSkill task that is not listed, say)."""
+
+    env_id: str
+    options: tuple[str, ...]  # every option name the env accepts
+    cameras: tuple[CameraSpec, ...] | None = None
+    state_dim: int | None = None
+    action_dim: int | None = None
+    unknown: tuple[str, ...] = ()  # options given that the env does not take
+    problem: str = ""  # why the options given would be refused (the config's own message)
+    problem_option: str = ""  # the option given that ``problem`` is about, when it names one
+
+
+def option_names(cls: type, **fixed: Any) -> tuple[str, ...]:
+    """The options `config_from_options` takes for ``cls``: its fields (less the ones the
+    factory sets itself) and image_size."""
+    return tuple(sorted(({f.name for f in dataclasses.fields(cls)} - set(fixed)) | {"image_size"}))
+
+
+def facts_from_options(cls: type, env_id: str, options: dict[str, Any], facts: Any, **fixed: Any) -> EnvFacts:
+    """Build ``cls`` from ``options`` as the env's factory would (every value check of the config
+    runs; nothing is simulated) and describe it with ``facts(config) -> dict`` of EnvFacts fields."""
+    known = option_names(cls, **fixed)
+    unknown = tuple(sorted(set(options) - set(known)))
+    if unknown:
+        return EnvFacts(env_id, known, unknown=unknown)
+    opts = dict(options)
+    image_size = opts.pop("image_size", None)
+    try:
+        cfg = config_from_options(cls, env_id, opts, image_size, **fixed)
+    except ConfigError as exc:
+        return EnvFacts(env_id, known, problem=exc.message, problem_option=_named_option(exc.message, options))
+    return EnvFacts(env_id, known, **facts(cfg))
+
+
+def _named_option(message: str, options: dict[str, Any]) -> str:
+    """The option given that a config error names ('ReachConfig.cameras: ...', 'option image_height=...')."""
+    for name in re.findall(r"(?:Config\.|option )([A-Za-z_]+)", message):
+        if name in ("image_height", "image_width") and name not in options and "image_size" in options:
+            return "image_size"
+        if name in options:
+            return name
+    return ""

@@ -40,6 +40,8 @@ import numpy as np
 
 from envs.adapter import (
     config_from_options,
+    EnvFacts,
+    facts_from_options,
     INFO_SUCCESS,
     INFO_TASK,
     INFO_TASK_INDEX,
@@ -383,6 +385,15 @@ def make_libero(env_id: str, image_size: int | tuple[int, int] | None = None, **
             details={"env_id": env_id, "known": list(ENV_IDS)},
         )
     return LiberoEnv(config_from_options(LiberoConfig, env_id, options, image_size, suite=suite), env_id=env_id)
+
+
+def describe_libero(env_id: str, options: dict[str, Any]) -> EnvFacts:
+    """Registry describer: what make_libero(env_id, **options) would render, without robosuite.
+    Camera names are checked by robosuite on a task's first reset (scenes differ per suite)."""
+    suite = env_id[len(ENV_ID_PREFIX):]
+    return facts_from_options(LiberoConfig, env_id, options, lambda cfg: dict(
+        cameras=tuple(CameraSpec(c, cfg.image_height, cfg.image_width) for c in cfg.rendered_cameras),
+        state_dim=len(STATE_NAMES), action_dim=len(ACTION_NAMES)), suite=suite)
 
 
 # -- rendering probe -----------------------------------------------------------------------

@@ -42,6 +42,8 @@ import numpy as np
 
 from envs.adapter import (
     config_from_options,
+    EnvFacts,
+    facts_from_options,
     INFO_SUCCESS,
     INFO_TASK,
     INFO_TASK_INDEX,
@@ -80,6 +82,17 @@ INSTRUCTIONS: dict[str, str] = {
     "PegInsertionSide-v1": "insert the peg into the hole in the box from the side",
 }
 KNOWN_ENV_IDS = tuple(ENV_ID_PREFIX + k for k in INSTRUCTIONS)
+# What the listed tasks observe (ManiSkill 3.0.1, measured: docs/envs.md "Env ids"), so a
+# spec is checked at submit without building a SAPIEN scene: rgb sensor cameras, and the
+# flattened state's length per obs mode (the same for every control mode).
+RGB_CAMERAS: dict[str, tuple[str, ...]] = {
+    "PickCube-v1": ("base_camera",), "PushCube-v1": ("base_camera",), "StackCube-v1": ("base_camera",),
+    "PegInsertionSide-v1": ("base_camera", "hand_camera"),
+}
+STATE_DIMS: dict[str, dict[str, int]] = {
+    "PickCube-v1": {"state": 42, "rgb": 29}, "PushCube-v1": {"state": 35, "rgb": 25},
+    "StackCube-v1": {"state": 48, "rgb": 25}, "PegInsertionSide-v1": {"state": 43, "rgb": 25},
+}
 
 # Panda action names per control mode (7 arm joints + gripper); other robots get a0, a1, ...
 _ACTION_NAMES: dict[str, tuple[str, ...]] = {
@@ -361,6 +374,21 @@ def make_maniskill(
 ) -> ManiSkillEnv:
     """Registry factory: kwargs are ManiSkillConfig fields; `image_size` sets height and width."""
     return ManiSkillEnv(config_from_options(ManiSkillConfig, env_id, kwargs, image_size), env_id=env_id)
+
+
+def describe_maniskill(env_id: str, options: dict[str, Any]) -> EnvFacts:
+    """Registry describer: what make_maniskill(env_id, **options) would observe, without
+    importing mani_skill (the listed tasks' facts above; another task's: None, known once built)."""
+    task = env_id.removeprefix(ENV_ID_PREFIX)
+
+    def facts(cfg: ManiSkillConfig) -> dict[str, Any]:
+        names = (RGB_CAMERAS.get(task) if cfg.obs_mode == OBS_RGB else ())
+        cameras = None if names is None else tuple(CameraSpec(c, cfg.image_height, cfg.image_width) for c in names)
+        actions = _ACTION_NAMES.get(cfg.control_mode)
+        return dict(cameras=cameras, state_dim=STATE_DIMS.get(task, {}).get(cfg.obs_mode),
+                    action_dim=None if actions is None else len(actions))
+
+    return facts_from_options(ManiSkillConfig, env_id, options, facts)
 
 
 class PickCubeExpert:

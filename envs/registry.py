@@ -14,7 +14,7 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-from envs.adapter import EnvAdapter
+from envs.adapter import EnvAdapter, EnvFacts
 from envs.errors import UnknownEnvError
 
 Factory = str | Callable[..., Any]
@@ -23,14 +23,39 @@ Factory = str | Callable[..., Any]
 _REGISTRY: dict[str, Factory] = {}
 # env id -> "module:callable" building a scripted expert: expert(env) -> action.
 _EXPERTS: dict[str, Factory] = {}
+# env id -> "module:callable" describing it without a simulator: describe(env_id, options)
+# -> envs.adapter.EnvFacts (the options it takes, the cameras it renders with them).
+_DESCRIBERS: dict[str, Factory] = {}
 
 
-def register(env_id: str, factory: Factory, *, expert: Factory | None = None, overwrite: bool = False) -> None:
+def register(env_id: str, factory: Factory, *, expert: Factory | None = None, describe: Factory | None = None,
+             overwrite: bool = False) -> None:
     if env_id in _REGISTRY and not overwrite:
         raise ValueError(f"env id {env_id!r} is already registered")
     _REGISTRY[env_id] = factory
     if expert is not None:
         _EXPERTS[env_id] = expert
+    if describe is not None:
+        _DESCRIBERS[env_id] = describe
+    else:
+        _DESCRIBERS.pop(env_id, None)  # a re-registered id's old description no longer holds
+
+
+def describe(env_id: str, options: dict[str, Any]) -> EnvFacts | None:
+    """What ``env_id`` takes and, with ``options``, renders, without starting its simulator;
+    None for an id registered without a describer or not registered here (an env worker's
+    plugin: its env worker checks the options when the workload starts)."""
+    if env_id not in _DESCRIBERS:
+        return None
+    return _load(_DESCRIBERS[env_id])(env_id, dict(options))
+
+
+def has_expert(env_id: str) -> bool:
+    return env_id in _EXPERTS
+
+
+def experts() -> tuple[str, ...]:
+    return tuple(sorted(_EXPERTS))
 
 
 def _load(factory: Factory) -> Callable[..., Any]:
@@ -69,9 +94,11 @@ def make_expert(env_id: str) -> Callable[[EnvAdapter], Any]:
     return _load(_EXPERTS[env_id])()
 
 
-register("builtin/reach-v0", "envs.builtin.reach:make_reach", expert="envs.builtin.expert:ReachExpert")
+register("builtin/reach-v0", "envs.builtin.reach:make_reach", expert="envs.builtin.expert:ReachExpert",
+         describe="envs.builtin.reach:describe_reach")
 for _suite in ("libero_spatial", "libero_object", "libero_goal", "libero_10", "libero_90"):  # envs/libero.py
-    register(f"libero/{_suite}", "envs.libero:make_libero")
+    register(f"libero/{_suite}", "envs.libero:make_libero", describe="envs.libero:describe_libero")
 for _task in ("PickCube-v1", "PushCube-v1", "StackCube-v1", "PegInsertionSide-v1"):  # envs/maniskill.py
     register(f"maniskill/{_task}", "envs.maniskill:make_maniskill",
-             expert="envs.maniskill:PickCubeExpert" if _task == "PickCube-v1" else None)
+             expert="envs.maniskill:PickCubeExpert" if _task == "PickCube-v1" else None,
+             describe="envs.maniskill:describe_maniskill")

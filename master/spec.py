@@ -213,9 +213,9 @@ class ActionModuleSpec(_Section):
         "head options (mlp: width, depth; flow: width, depth, num_heads, beta_alpha, max_time, "
         "euler_steps; gaussian: width, init_log_std; expert: width, depth (a divisor of the base's "
         "text layers, default all of them), num_heads (a multiple of the base's KV heads), head_dim "
-        "(the base's), mlp_width, beta_alpha, max_time, euler_steps), checked by the model core at "
-        "tenant creation (expert: against the base's cache at submit). Default {}: the head's own "
-        "defaults", dict)
+        "(the base's), mlp_width, beta_alpha, max_time, euler_steps); names and types checked at submit "
+        "and by `nexus spec validate`, values by the model core at submit (expert: against the base's "
+        "cache). Default {}: the head's own defaults", dict)
 
 
 class BaseAdapterSpec(_Section):
@@ -257,7 +257,9 @@ class EnvSource(_Section):
         "env id, 'suite/name' (e.g. builtin/reach-v0)", pattern=f"^(?:{ENV_ID_PATTERN})$")
     options: dict[Str, Any] = _docf(
         "keyword options for the env (builtin/reach-v0: cameras, image_size, reward, "
-        "max_episode_steps, ...), checked by the env worker. Default {}: the env's defaults", dict)
+        "max_episode_steps, ...), checked at submit and by `nexus spec validate` against the env's "
+        "config, and the cameras it then renders against observation.cameras. Default {}: the env's "
+        "defaults", dict)
     demos: DemosSpec | None = _doc("SFT only: record this many scripted-expert episodes first and train "
                                    "on them. Default null: no recording (RL and eval interact with the "
                                    "env directly)", None)

@@ -193,6 +193,7 @@ class WorkloadOps:
         if workload in self.workloads:
             return self.workloads[workload]  # a redelivered intake message: already accepted
         from master.spec import SpecError, dataset_errors
+        from master.submit_checks import run_errors
 
         spec = parse_spec(data)  # SpecError lists every bad field
         require_tenant(spec.tenant, "submit")  # the platform's intake passes; a tenant submits its own
@@ -203,6 +204,9 @@ class WorkloadOps:
         if spec.dataset is not None:
             confine(spec.dataset.root, "dataset.root", caller_roots(self.cfg.data_dir))
         ds_errors = dataset_errors(spec)  # features vs schema, when the dataset is readable here
+        # What the run would refuse in its first seconds (env options and cameras, head params,
+        # a row over this server's max payload): refused now, before any tenant slot exists.
+        ds_errors += run_errors(spec, self.bus.max_payload, "this deployment's server")
         if ds_errors:
             raise SpecError(ds_errors)
         written = spec  # stored as the tenant wrote it (registered:<name>, never its host path)
@@ -285,6 +289,15 @@ class WorkloadOps:
         version, policy = await self._resolve_policy(cfg, pin, bool(training))
         sections = policy_sections(policy)
         errors = policy_mismatches(spec, sections, target, version)
+        if not errors:
+            # The env against the scored policy's cameras, state and action (its rows fit already).
+            from master.spec import ActionSpec, ObservationSpec
+            from master.submit_checks import env_errors
+
+            scored = spec.model_copy(update={"observation": ObservationSpec.model_validate(sections["observation"]),
+                                             "action": ActionSpec.model_validate(sections["action"])})
+            errors = env_errors(scored, f"the scored policy's (tenant {target}"
+                                 + (f", version {version})" if version >= 0 else ")"))
         if errors:
             raise SpecError(errors)
         note = await self._check_base_served(spec.tenant, sections["base"])
@@ -525,7 +538,13 @@ class WorkloadOps:
         rec.metrics.update(ev.metrics)
         rec.updated_at = time.time()
         if ev.kind == "done":
-            await self._set_state(rec, "failed" if ev.state == "failed" else "completed", ev.message)
+            state = "failed" if ev.state == "failed" else "completed"
+            if await self._set_state(rec, state, ev.message):
+                # Its producer is done: a job it reserved and never filled would hold the
+                # tenant's in-flight cap until the orphan sweep (minutes); one half-filled is
+                # sealed (its acknowledged micro-batches train), an empty one fails now.
+                await self.fail_unready_jobs(rec.workload, f"its workload {state}")
+                self._release_rollouts(rec.workload)
         else:
             await self._save_workload(rec)
 

@@ -39,6 +39,12 @@ class ErrorCode(StrEnum):
     UNAUTHENTICATED = "unauthenticated"  # the broker refused the credentials (wrong, revoked, none)
 
 
+# Back-pressure, not failure: a cap or quota reached, or a role draining. The caller waits and
+# retries; traces and logs count these apart from errors (an RL run answers hundreds of `busy`
+# reserves by design, and `nexus trace` once reported them as "73 error spans").
+BACK_PRESSURE_CODES = frozenset({ErrorCode.BUSY.value, ErrorCode.QUOTA_EXCEEDED.value, ErrorCode.DRAINING.value})
+
+
 class NexusError(Exception):
     """Root of every error vla-nexus raises on purpose."""
 

@@ -101,6 +101,12 @@ LIST_PAGE_DEFAULT = 200
 LIST_PAGE_MAX = 1000
 LIST_PAGE_BYTES_FRACTION = 0.8
 
+# queue_put splits an item until each part's encoding is this far under the max payload: the
+# request's trace headers and the master's own publish headers must fit beside it. So one row
+# (one sample) must fit the max payload less this: the submit checks refuse a spec whose rows
+# cannot (master/submit_checks.py).
+CHUNK_HEADROOM_BYTES = 8192
+
 # A lifecycle change the master could not write to KV (a long leader election, a full disk) is
 # written again after these delays, for as long as it takes: the change is applied in memory
 # only once KV has it, so memory and KV never disagree about a workload's state.

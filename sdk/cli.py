@@ -126,6 +126,26 @@ def _creds() -> Path | None:
     return _CREDS or creds_from_env()
 
 
+def _tenant_caller() -> str | None:
+    """The tenant whose credentials this command logs in with (``--creds`` / NEXUS_CREDS), or
+    None for the platform's (the admin's, by default). Commands that show the whole deployment
+    (roles, other tenants) say so in one line for a tenant instead of an empty view."""
+    from actors.auth import Credentials
+
+    path = _creds()
+    if path is None:
+        return None
+    try:
+        return Credentials.read(path).tenant
+    except (OSError, ValueError, KeyError):
+        return None  # unreadable: connecting will say what is wrong with it
+
+
+OPERATOR_ONLY = ("{command} is an operator command (it shows every role and tenant) and needs the platform's "
+                 "credentials; as tenant {tenant!r} use `nexus workloads`, `nexus tenant show` or "
+                 "`nexus workloads watch ID`")
+
+
 def _client(data_dir: Path, nats_url: str | None, prefix: str | None, timeout_s: float = 10.0) -> Any:
     from sdk.client import AsyncClient, resolve_cluster
 
@@ -361,6 +381,19 @@ def status(
                 workloads, jobs = [], []
             return st, workloads, jobs
 
+    tenant = _tenant_caller()
+    if tenant is not None:
+        # A tenant sees no roles (the monitor is the platform's): its own workloads only,
+        # and one line saying why, never "0 alive" as if the deployment were down.
+        async def fetch():  # noqa: F811 (the tenant's view: the master's listing alone)
+            from protocol.errors import NotFound
+
+            async with _client(data_dir, nats_url, prefix, timeout_s) as client:
+                try:
+                    return None, await client.workloads(), await client.jobs()
+                except NotFound:  # no record before its first submit: nothing to list yet
+                    return None, [], []
+
     st, workloads, jobs = _run(fetch())
     # Every pending / running workload, and the newest finished ones; the rest are counted.
     finished = [w for w in workloads if w.state in ("completed", "failed", "cancelled")]
@@ -375,11 +408,15 @@ def status(
     if json:
         print_json({"roles": rows, "workloads": wrows, "metrics": st.metrics, "generated_at": st.generated_at})
         return EXIT_OK
-    table(("ROLE", "INSTANCE", "PID", "STATE", "UPTIME", "LAST HEARTBEAT"), [
-        (r["role"], r["instance"], r["pid"], r["state"], _fmt_age(r["uptime_s"]),
-         f"{_fmt_age(r['last_heartbeat_age_s'])} ago") for r in rows])
-    alive = sum(r["state"] == "alive" for r in rows)
-    print(f"\n{alive} alive, {len(rows) - alive} not alive")
+    if tenant is not None:
+        print(f"roles: shown to the operator only; the workloads of tenant {tenant!r}:" if wrows else
+              f"roles: shown to the operator only; tenant {tenant!r} has no workloads yet")
+    else:
+        table(("ROLE", "INSTANCE", "PID", "STATE", "UPTIME", "LAST HEARTBEAT"), [
+            (r["role"], r["instance"], r["pid"], r["state"], _fmt_age(r["uptime_s"]),
+             f"{_fmt_age(r['last_heartbeat_age_s'])} ago") for r in rows])
+        alive = sum(r["state"] == "alive" for r in rows)
+        print(f"\n{alive} alive, {len(rows) - alive} not alive")
     if wrows:
         print()
         _workloads_table(wrows)
@@ -397,6 +434,11 @@ def top(
     """A live view from the monitor, once a second: roles, busy fraction, tenants' queues and learning; q quits."""
     from sdk.term import console, print_json
     from sdk.top import build_view, fetch, live, render
+
+    tenant = _tenant_caller()
+    if tenant is not None:
+        _err(OPERATOR_ONLY.format(command="nexus top", tenant=tenant))
+        return EXIT_BAD_INPUT
 
     async def go():
         async with _client(data_dir, nats_url, prefix, timeout_s) as client:
@@ -545,13 +587,30 @@ def tenants(
         async with _client(data_dir, nats_url, prefix, timeout_s) as client:
             return await client.tenants()
 
-    rows = _tenant_rows(_run(fetch()))
+    rows = [{**r, "registered": True} for r in _tenant_rows(_run(fetch()))]
+    rows += _accounts_without_record(data_dir, {r["tenant"] for r in rows})
     if json:
         print_json(rows)
         return EXIT_OK
     table(("TENANT", "BASE", "HEAD", "VERSION", "WORKLOADS", "SIGNATURE"),
-          [(r["tenant"], r["base"], r["head"], r["version"], len(r["workloads"]), r["signature"][:19]) for r in rows])
+          [(r["tenant"], r["base"], r["head"], r["version"], len(r["workloads"]),
+            r["signature"][:19] if r["registered"] else "(no workload yet)") for r in rows])
     return EXIT_OK
+
+
+def _accounts_without_record(data_dir: Path, known: set[str]) -> list[dict]:
+    """Tenants with credentials (`nexus tenant create`) that the master has no record of yet:
+    a tenant is registered at its first submit, so `nexus tenants` right after `tenant create`
+    was empty. Read from this data dir's auth store, for the operator only."""
+    from actors.auth import AuthStore
+
+    if _tenant_caller() is not None:
+        return []
+    store = AuthStore(data_dir.resolve())
+    if not store.exists:
+        return []
+    return [{"tenant": t, "base": "-", "head": "-", "signature": "", "version": "-", "priority": None,
+             "workloads": [], "registered": False} for t in store.tenants() if t not in known]
 
 
 def usage_rows(reply: Any) -> list[dict]:
@@ -1020,17 +1079,30 @@ def _spec_errors(exc: Any) -> list[dict]:
     return list(exc.details.get("errors") or [{"field": exc.details.get("field", "?"), "message": exc.message}])
 
 
-def _load_spec_or_exit(path: str) -> tuple[Any, int]:
-    """(spec, EXIT_OK), or (None, EXIT_BAD_INPUT) with every field error printed."""
+def _load_spec_or_exit(path: str, max_payload: int | None = None) -> tuple[Any, int]:
+    """(spec, EXIT_OK), or (None, EXIT_BAD_INPUT) with every field error printed: the spec's
+    own and what its run would refuse (master/submit_checks.py; a row against ``max_payload``
+    when given, else the master checks it with its server's)."""
     from master.spec import SpecError, load_spec
 
     try:
-        return load_spec(path), EXIT_OK
+        return _checked_spec(load_spec(path), max_payload), EXIT_OK
     except SpecError as exc:
         _print_spec_errors(exc, path)
     except OSError as exc:
         _err(f"cannot read {path}: {exc.strerror}")
     return None, EXIT_BAD_INPUT
+
+
+def _checked_spec(spec: Any, max_payload: int | None) -> Any:
+    """``spec``, or SpecError listing what its run would refuse (master/submit_checks.py)."""
+    from master.spec import SpecError
+    from master.submit_checks import run_errors
+
+    errors = run_errors(spec, max_payload)
+    if errors:
+        raise SpecError(errors)
+    return spec
 
 
 @app.command()
@@ -1045,7 +1117,7 @@ def submit(
     """Submit workload spec file(s); an invalid spec exits 2 listing every field error."""
     texts = []
     for path in specs:  # validate every file locally first: exit 2 with every field error
-        spec, code = _load_spec_or_exit(path)
+        spec, code = _load_spec_or_exit(path)  # the row size: the master's, with its server's max payload
         if code != EXIT_OK:
             return code
         texts.append(Path(path).read_text())
@@ -1128,8 +1200,10 @@ def cancel(
     rec = _run(go())
     if json:
         print_json(_asdict(rec))
-    else:
-        print(f"{rec.workload}: {rec.state}")
+    elif rec.state == "cancelled" and rec.message == "cancelled by request":
+        print(f"{rec.workload}: cancelled")
+    else:  # it had ended before the cancel: nothing was changed
+        print(f"{rec.workload}: already {rec.state} ({rec.message}); nothing to cancel")
     return EXIT_OK
 
 
@@ -1188,11 +1262,32 @@ def logs(
         known = sorted(p.stem for p in logs_dir.glob("*.log")) if logs_dir.exists() else []
         _err(f"no log {path}; logs here: {', '.join(known) or 'none'}")
         return EXIT_BAD_INPUT
-    for line in path.read_text(errors="replace").splitlines()[-lines:]:
-        if tenant and f'"tenant": "{tenant}"' not in line:
-            continue
+    for line in _last_lines(path, lines, tenant):
         print(line)
     return EXIT_OK
+
+
+def _last_lines(path: Path, n: int, tenant: str | None) -> list[str]:
+    """The last ``n`` lines of a log, filtered first (``--tenant``: lines whose JSON ``tenant``
+    field is it), so ``-n 20 --tenant acme`` shows acme's last 20 lines however many other lines
+    follow them. Read as a stream: a log may be large."""
+    import collections
+    import json as _json
+
+    keep: collections.deque[str] = collections.deque(maxlen=max(0, n))
+    with open(path, errors="replace") as f:
+        for line in f:
+            line = line.rstrip("\n")
+            if tenant:
+                if f'"{tenant}"' not in line:  # cheap pre-filter before parsing
+                    continue
+                try:
+                    if _json.loads(line).get("tenant") != tenant:
+                        continue
+                except (ValueError, AttributeError):
+                    continue
+            keep.append(line)
+    return list(keep)
 
 
 @spec_app.command("schema")
@@ -1209,25 +1304,37 @@ def spec_validate(
     file: Annotated[str, typer.Argument(metavar="FILE", help="workload spec file (YAML or JSON)")],
     json: Json = False,
 ) -> int:
-    """Check a spec file: exit 0 if valid, 2 listing every field error."""
+    """Check a spec file offline, as a submit would: exit 0 if valid, 2 listing every field
+    error (the spec's own, env options and cameras, head params, and one training row against
+    nats-server's default max payload, which the output names)."""
+    from master.submit_checks import DEFAULT_MAX_PAYLOAD, row_bytes
+    from protocol.policy import CHUNK_HEADROOM_BYTES
     from sdk.term import print_json
 
+    limit = {"max_payload": DEFAULT_MAX_PAYLOAD, "max_payload_source": "nats-server's default (offline)",
+             "row_limit_bytes": DEFAULT_MAX_PAYLOAD - CHUNK_HEADROOM_BYTES}
     if json:
         from master.spec import SpecError, load_spec
 
         try:
-            spec = load_spec(file)
+            spec = _checked_spec(load_spec(file), DEFAULT_MAX_PAYLOAD)
         except SpecError as exc:
-            print_json({"file": file, "valid": False, "errors": _spec_errors(exc)})
+            print_json({"file": file, "valid": False, "errors": _spec_errors(exc), **limit})
             return EXIT_BAD_INPUT
         except OSError as exc:
             print_json({"file": file, "valid": False, "errors": [{"field": "", "message": f"cannot read: {exc.strerror}"}]})
             return EXIT_BAD_INPUT
-        print_json({"file": file, "valid": True, "task": spec.task, "tenant": spec.tenant})
+        row = row_bytes(spec)[0] if spec.observation is not None and spec.action is not None else None
+        print_json({"file": file, "valid": True, "task": spec.task, "tenant": spec.tenant, "row_bytes": row, **limit})
         return EXIT_OK
-    spec, code = _load_spec_or_exit(file)
+    spec, code = _load_spec_or_exit(file, DEFAULT_MAX_PAYLOAD)
     if code == EXIT_OK:
-        print(f"{file}: valid {spec.task} workload for tenant {spec.tenant}")
+        row = (f"; one training row {row_bytes(spec)[0]:,} bytes of {limit['row_limit_bytes']:,}"
+               if spec.task != "eval" and spec.observation is not None and spec.action is not None else "")
+        print(f"{file}: valid {spec.task} workload for tenant {spec.tenant}{row} (max payload "
+              f"{DEFAULT_MAX_PAYLOAD:,} bytes: nats-server's default, checked offline)")
+    else:
+        print(f"(checked offline; max payload {DEFAULT_MAX_PAYLOAD:,} bytes: nats-server's default)", file=sys.stderr)
     return code
 
 

@@ -27,7 +27,7 @@ from actors.bus import DEFAULT_REQUEST_TIMEOUT_S, Bus, retry
 from actors.bus import retry_through_outage  # noqa: F401 - public: loops ride out a master restart with it
 from actors.supervisor import ClusterState
 from protocol.errors import Busy, InvalidField, NotFound, PayloadTooLarge, QuotaExceeded, RequestTimeout, Unavailable
-from protocol.policy import INFERENCE_OUTAGE, RetryPolicy
+from protocol.policy import CHUNK_HEADROOM_BYTES, INFERENCE_OUTAGE, RetryPolicy  # headroom: queue_put's split
 from protocol.wire import encode
 from protocol.messages import (
     ClusterStatus,
@@ -111,9 +111,6 @@ class PredictFailover:
 
 
 PREDICT_FAILOVER = PredictFailover()
-# queue_put splits an item until each part's encoding is this far under the max payload: the
-# request's trace headers and the master's own publish headers must fit beside it.
-CHUNK_HEADROOM_BYTES = 8192
 
 
 def resolve_cluster(data_dir: str | Path | None, nats_url: str | None, prefix: str | None) -> tuple[str, str]:

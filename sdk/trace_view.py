@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from protocol.errors import InvalidField, NotFound
+from protocol.errors import BACK_PRESSURE_CODES, InvalidField, NotFound
 
 GAP = "(gap)"
 NEAREST = 5  # matches listed for an unknown trace id or workload
@@ -50,6 +50,12 @@ class Span:
     attributes: dict[str, Any] = field(default_factory=dict)
     links: list[tuple[str, str]] = field(default_factory=list)  # (trace id, span id)
     error: bool = False
+
+    @property
+    def back_pressure(self) -> bool:
+        """A request answered busy / over quota / draining: the caller waits, nothing failed
+        (older spans carry these with an ERROR status; they are counted here, not as errors)."""
+        return str(self.attributes.get("nexus.error_code", "")) in BACK_PRESSURE_CODES
 
     @property
     def duration(self) -> float:
@@ -255,7 +261,8 @@ def summary(spans: list[Span]) -> dict[str, Any]:
         group = [s for s in spans if s.trace_id == t]
         wall += max(s.end for s in group) - min(s.start for s in group)
     return {"traces": len(traces), "spans": len(spans), "processes": sorted({s.process for s in spans}),
-            "wall_s": wall, "errors": sum(s.error for s in spans)}
+            "wall_s": wall, "errors": sum(s.error and not s.back_pressure for s in spans),
+            "back_pressure": sum(s.back_pressure for s in spans)}
 
 
 def render(spans: list[Span], title: str) -> Any:
@@ -266,7 +273,8 @@ def render(spans: list[Span], title: str) -> Any:
 
     info = summary(spans)
     head = Text(f"{title}: {info['traces']} trace(s), {info['spans']} spans, {len(info['processes'])} processes, "
-                f"{info['wall_s']:.3f} s of trace time, {info['errors']} error span(s)", style="bold")
+                f"{info['wall_s']:.3f} s of trace time, {info['errors']} error span(s), {info['back_pressure']} back-pressure "
+                f"(busy / quota / draining: waited out, not errors)", style="bold")
     table = Table(box=None, pad_edge=False)
     for col, justify in (("STAGE", "left"), ("COUNT", "right"), ("P50 MS", "right"), ("P90 MS", "right"),
                          ("P99 MS", "right"), ("CRITICAL PATH", "right")):

@@ -69,7 +69,7 @@ def test_steps_count_this_workload_and_until_version_is_a_total(cluster, tmp_pat
     assert re.search(r"submitted \S+ \(tenant budget-sft\): from version 3, 3 more steps \(to version 6\)",
                      out.stdout), out.stdout
     final = [ln for ln in out.stdout.splitlines() if ln.startswith("w") and ": completed" in ln]
-    assert final and "budget reached: 3/3 steps (version 3 -> 6)" in final[-1], out.stdout
+    assert final and "trained 3/3 steps (version 3 -> 6)" in final[-1], out.stdout
     progress = [ln for ln in out.stderr.splitlines() if tenant in ln]
     assert progress and "3/3 steps" in progress[-1] and "6/3" not in out.stderr, out.stderr
     listed = subprocess.run(nexus_cmd("workloads", "--json", "--tenant", tenant, *flags), capture_output=True,

@@ -249,6 +249,8 @@ def test_cli_json_outputs(docs_cluster, tmp_path):
     assert [s["tenant"] for s in submitted] == ["cli-cancel"] and submitted[0]["workload"]
     cancelled = _json(nexus("cancel", submitted[0]["workload"], "--json", cwd=checkout))
     assert cancelled["workload"] == submitted[0]["workload"] and cancelled["state"] == "cancelled"
+    finished = nexus("cancel", evals[0]["workload"], cwd=checkout)  # it had completed: says so, changes nothing
+    assert finished.returncode == 0 and "already completed" in finished.stdout and "nothing to cancel" in finished.stdout
 
     refused = nexus("tenant", "delete", "cli-cancel", cwd=checkout)  # no --yes, no terminal to ask on
     assert refused.returncode == 2 and "--yes" in refused.stderr

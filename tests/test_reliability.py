@@ -370,3 +370,33 @@ def test_finished_records_and_old_versions_are_compacted(roles):
     # v3 and v4 (payload + manifest each) remain; v1 and v2 are gone.
     assert names == ["compact/v00000003", "compact/v00000003.manifest.json",
                      "compact/v00000004", "compact/v00000004.manifest.json"], names
+
+
+def test_a_failed_workload_releases_its_reserved_jobs_at_once(roles):
+    """A workload whose producer reports `done` (failed) holds no reserved job: it used to stay
+    `reserved`, counting against the tenant's in-flight cap, until the orphan sweep minutes
+    later (issue 26)."""
+    import time as _time
+    from types import SimpleNamespace
+
+    from protocol.messages import WorkloadEvent
+
+    roles.start("master")  # no env worker: the workload stays pending; its "producer" is this test
+    spec = sft_spec("fail-frees", steps=400)
+
+    async def go():
+        c = await _client(roles)
+        try:
+            wl = await c.submit(spec)
+            job = await c.reserve(spec["tenant"], "sft", workload=wl.id, key="k1")
+            assert job.state == "reserved"
+            done = WorkloadEvent(workload=wl.id, tenant=spec["tenant"], kind="done", state="failed",
+                                 message="simulated producer failure", at=_time.time())
+            await c.bus.publish(c.names.workload_events(wl.id), done)
+            await _wait_workload(c, wl.id, lambda r: r.state == "failed", timeout_s=30)
+            return await _wait_state(c, SimpleNamespace(name=spec["tenant"]), job.job, ("failed",), timeout_s=5)
+        finally:
+            await c.close()
+
+    job = asyncio.run(go())
+    assert job.state == "failed" and "its workload failed" in job.reason, job

@@ -505,7 +505,7 @@ def test_access_rules_and_path_confinement(tmp_path):
     assert authorize(bob, "jobs", "tenant", JobsRequest(tenant="bob")).tenant == "bob"
     for access, req in (("tenant", JobsRequest(tenant="alice")), ("admin", JobsRequest(tenant="bob")),
                         ("tenant", InfoRequest())):
-        with pytest.raises(PermissionDenied, match="permission denied: tenant 'bob' may not jobs"):
+        with pytest.raises(PermissionDenied, match="permission denied: tenant 'bob' may not list the jobs"):
             authorize(bob, "jobs", access, req)
     with pytest.raises(PermissionDenied):
         authorize(stranger, "jobs", "tenant", JobsRequest(tenant="bob"))

@@ -176,12 +176,22 @@ class Workflow:
 
     def _budget_message(self) -> str:
         """The done event's message: what this workload trained, from which version to which."""
-        s = self.spec
-        if s.kind == "eval" or s.start_version < 0:
-            return "budget reached"
-        steps = max(0, self.progress.version - s.start_version)
+        s, p = self.spec, self.progress
+        # Why it stopped, when a limit other than its steps did it (a wall-clock or episode
+        # budget); a workload that trained its steps simply says what it trained.
+        why = ""
+        if s.max_wall_s and time.monotonic() - p.started >= s.max_wall_s:
+            why = f"its wall-clock budget of {s.max_wall_s:g} s ran out"
+        elif s.max_episodes and p.episodes >= s.max_episodes:
+            why = f"its {s.max_episodes} episodes ran"
+        if s.kind == "eval":
+            return f"evaluated {p.episodes} episodes"
+        if s.start_version < 0:
+            return why or "finished"
+        steps = max(0, p.version - s.start_version)
         of = f"/{s.max_steps}" if s.max_steps else ""
-        return f"budget reached: {steps}{of} steps (version {s.start_version} -> {self.progress.version})"
+        text = f"trained {steps}{of} steps (version {s.start_version} -> {p.version})"
+        return f"{text}; {why}" if why else text
 
     def _budget_left(self) -> bool:
         s, p = self.spec, self.progress
@@ -198,8 +208,8 @@ class Workflow:
 
     async def _refresh_version(self) -> None:
         ref = await self._retry(self.client.latest_weights, self.spec.tenant)
-        if ref is not None:
-            self.progress.version = ref.version
+        if ref is not None:  # never back: a trained job's version may run ahead of the last export
+            self.progress.version = max(self.progress.version, ref.version)
 
     async def _reserve(self, task: str) -> str:
         # One key per reserve of this producer's life: a retry after a lost reply (timeout)

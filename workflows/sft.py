@@ -54,6 +54,9 @@ class SFTWorkflow(Workflow):
                 await self._refresh_version()
                 rec = await self._retry(self.client.job, self.spec.tenant,
                                         self.progress.jobs[max(0, len(self.progress.jobs) - 3)])
+                # The version a trained job reached, not only the last export's: with
+                # export_every_steps > 1 the steps shown would otherwise jump at exports only.
+                self.progress.version = max(self.progress.version, rec.trained_version)
                 await self._event("progress", metrics={k: v for k, v in rec.metrics.items() if k in ("loss", "l1")})
                 if self.spec.target_metric == "loss":
                     await self._sft_losses(losses)

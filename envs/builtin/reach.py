@@ -29,6 +29,8 @@ import numpy as np
 
 from envs.adapter import (
     config_from_options,
+    EnvFacts,
+    facts_from_options,
     INFO_SUCCESS,
     INFO_TASK,
     INFO_TASK_INDEX,
@@ -253,3 +255,10 @@ def make_reach(
 ) -> ReachEnv:
     """Registry factory: kwargs are ReachConfig fields; `image_size` sets height and width."""
     return ReachEnv(config_from_options(ReachConfig, env_id, kwargs, image_size), env_id=env_id)
+
+
+def describe_reach(env_id: str, options: dict[str, Any]) -> EnvFacts:
+    """Registry describer: what make_reach(env_id, **options) would render, without building it."""
+    return facts_from_options(ReachConfig, env_id, options, lambda cfg: dict(
+        cameras=tuple(CameraSpec(c, cfg.image_height, cfg.image_width) for c in cfg.cameras),
+        state_dim=len(STATE_NAMES), action_dim=len(ACTION_NAMES)))
