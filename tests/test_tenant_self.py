@@ -97,21 +97,18 @@ def test_watch_a_finished_workload_and_an_unknown_one(deployment, trained):
 
 
 def test_schema_conflict_then_reset_to_a_new_schema(deployment, trained, tmp_path):
-    wider = sft_spec(ME, steps=2)
-    wider["observation"]["state_dim"] = 6
-    wider["action"]["horizon"] = 3
-    # The schema the tenant moves to (the reach env's state stays 4-dim): chunks of 3 actions, a
-    # template of its own.
+    # The schema the tenant moves to (the reach env fixes the state and action lengths, which
+    # submit checks against the env): chunks of 3 actions, a template of its own.
     chunked = sft_spec(ME, steps=2)
     chunked["action"]["horizon"] = 3
     chunked["observation"]["instruction_template"] = "robot: {instruction}"
     chunked_path = write_spec(tmp_path / "chunked.yaml", chunked)
 
     # 1. The conflict names each differing field, both values, and the way out.
-    refused = as_tenant(deployment, ME, "submit", write_spec(tmp_path / "wider.yaml", wider))
+    refused = as_tenant(deployment, ME, "submit", chunked_path)
     assert refused.returncode != 0, refused.stdout
     err = refused.stderr
-    assert re.search(r"observation\.state_dim: stored 4 .*asked 6", err), err
+    assert re.search(r"observation\.instruction_template: stored .*asked 'robot: \{instruction\}'", err), err
     assert re.search(r"action\.horizon: stored 1 .*asked 3", err), err
     assert "nexus tenant reset selfie" in err and "another tenant name" in err
 
