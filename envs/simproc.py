@@ -164,11 +164,11 @@ class SimEnv:
         return self._proc.returncode
 
     async def _call(self, op: str, timeout_s: float | None = None, **args: Any) -> dict[str, Any]:
-        if self._gone:
-            raise SimCrashed(f"simulator {self.env_id}: its process is gone (killed, crashed or closed)",
-                             details={"env_id": self.env_id, "call": op})
         timeout_s = self.pool.timeout_s if timeout_s is None else timeout_s
         async with self._lock:
+            if self._gone:  # (checked under the lock: a call queued behind one that killed it)
+                raise SimCrashed(f"simulator {self.env_id}: its process is gone (killed, crashed or closed)",
+                                 details={"env_id": self.env_id, "call": op})
             try:
                 reply = await asyncio.wait_for(self._roundtrip({"op": op, **args}), timeout_s)
             except TimeoutError:

@@ -205,3 +205,63 @@ def test_two_env_workers_both_serve_sessions(roles):
 
     served = asyncio.run(go())
     assert set(served) == workers, served
+
+
+def test_pool_bound_errors_and_loop_stay_free_without_a_worker():
+    """The pool itself (as a workflow run outside an env worker uses it): a simulator's own
+    refusal crosses the process boundary as the same class and leaves the env usable; the
+    bound refuses, naming its setting; the event loop keeps running through a slow make."""
+    import tests.crashy_env  # noqa: F401 - registers the test envs here (the children import it by name)
+    from envs import simproc
+    from envs.errors import ActionError, ConfigError, UnknownEnvError, UnknownTaskError
+    from protocol.errors import Busy
+
+    async def go():
+        pool = simproc.SimPool(timeout_s=10.0, procs_max=2)
+        ticks: list[float] = []
+
+        async def ticker():
+            while True:
+                ticks.append(time.monotonic())
+                await asyncio.sleep(0.05)
+
+        tick = asyncio.create_task(ticker())
+        try:
+            t0 = time.monotonic()
+            slow = await pool.make("test/slow-make-v0", {"make_s": 2.0})
+            t1 = time.monotonic()
+            env = await pool.make("builtin/reach-v0", {"cameras": ["top"]})
+            assert env.spec.camera_names == ("top",) and env.spec.action_dim == 2
+            with pytest.raises(Busy, match="NEXUS_SIM_PROCS_MAX=2"):
+                await pool.make("builtin/reach-v0")
+            with pytest.raises(UnknownEnvError, match="unknown env id 'nope/x-v0'"):
+                await pool.make("nope/x-v0")
+            obs, info = await env.reset(seed=0, task="blue")
+            assert obs.images["top"].dtype == np.uint8 and info["task"] == "blue"
+            with pytest.raises(ActionError, match=r"shape \(2,\)"):
+                await env.step(np.zeros(5))
+            with pytest.raises(UnknownTaskError, match="purple"):
+                await env.reset(task="purple")
+            _, reward, _, _, _ = await env.step(np.zeros(2))  # refusals left it usable
+            await slow.close()
+            await env.close()
+            with pytest.raises(ConfigError, match=r"unknown option\(s\) \['bogus'\]"):
+                await pool.make("builtin/reach-v0", {"bogus": 1})
+            crashy = await pool.make("test/crashy-v0")
+            await crashy.reset(seed=0)
+            pid = crashy.pid
+            with pytest.raises(simproc.SimCrashed, match=r"died during step \(exit code 3\)"):
+                await crashy.step(np.array([8.0, 0.0]))
+            with pytest.raises(simproc.SimCrashed, match="process is gone"):
+                await crashy.step(np.zeros(2))
+            return t1 - t0, ticks, t0, t1, pool.info(), pid, reward
+        finally:
+            tick.cancel()
+
+    made_s, ticks, t0, t1, info, pid, reward = asyncio.run(go())
+    assert made_s >= 2.0
+    during = [t for t in ticks if t0 <= t <= t1]
+    gaps = [b - a for a, b in itertools.pairwise([t0, *during, t1])]
+    assert len(during) >= 20 and max(gaps) < 0.5  # the loop ran all through the scene build
+    assert info["procs"] == 0 and info["crashes"] == 1 and info["started"] == 4
+    assert _state(pid) in ("", "Z") and isinstance(reward, float)
