@@ -133,7 +133,7 @@ class SimEnv:
             await self._call("close", timeout_s=min(self.pool.timeout_s, CLOSE_GRACE_S))
         except NexusError:
             pass  # killed already (timeout / crash); a broken simulator's close failing is no news
-        await self._end()
+        await self._end(exiting=True)  # it exits after answering close
 
     def kill(self) -> None:
         """Kill the child now (no await): for a caller that cannot wait, e.g. at exit."""
@@ -149,8 +149,18 @@ class SimEnv:
             self._gone = True
             self.pool._released(self)
 
-    async def _end(self) -> int | None:
-        """Kill the child if still running and reap it: its slot is free after this."""
+    async def _end(self, exiting: bool = False) -> int | None:
+        """Kill the child if still running and reap it: its slot is free after this.
+
+        ``exiting``: the child is on its way out by itself (its pipe closed, or it answered
+        close): its exit is awaited first. Killing it at once would race the reaper: Popen's
+        kill() polls (waitpid) first and may reap the zombie itself, and asyncio's watcher
+        then reports exit code 255 instead of the real one."""
+        if exiting:
+            try:
+                await asyncio.wait_for(asyncio.shield(self._proc.wait()), CLOSE_GRACE_S)
+            except TimeoutError:
+                pass
         if self._proc.returncode is None:
             try:
                 self._proc.kill()
@@ -178,7 +188,7 @@ class SimEnv:
                                  "(NEXUS_SIM_TIMEOUT_S); its process was killed",
                                  details={"env_id": self.env_id, "call": op, "timeout_s": timeout_s}) from None
             except (asyncio.IncompleteReadError, ConnectionError, BrokenPipeError, ProtocolError) as exc:
-                rc = await self._end()
+                rc = await self._end(exiting=not isinstance(exc, ProtocolError))
                 self.pool.crashes += 1
                 how = _describe_exit(rc) if not isinstance(exc, ProtocolError) else f"sent a bad reply: {exc.message}"
                 raise SimCrashed(f"simulator {self.env_id} process died during {op} ({how})",

@@ -6,6 +6,8 @@ import it too). Each simulator runs in a child process (envs/simproc.py):
     test/crashy-v0      `step` raises on an action of 9; its process exits (os._exit) on 8
     test/hangy-v0       `step` with an action of 7 sleeps HANG_S (past any test's timeout)
     test/slow-make-v0   the built-in task whose make (scene build) takes ``make_s`` seconds
+    test/dying-v0       its process exits mid-episode (at step ``die_at_step`` of episodes
+                        reset with a seed in ``die_seeds``; every episode when empty)
 """
 
 from __future__ import annotations
@@ -69,3 +71,30 @@ def make_slow(env_id: str = "test/slow-make-v0", make_s: float = 3.0, **kw) -> R
 
 
 envs.register("test/slow-make-v0", make_slow, overwrite=True)
+
+
+class DyingReach(ReachEnv):
+    """Its process exits at step ``die_at_step`` of an episode reset with a seed in
+    ``die_seeds`` (every episode when that is empty): a simulator that segfaults mid-episode."""
+
+    def step(self, action):
+        self._dying_steps += 1
+        if self._dying_steps >= self._die_at_step and (not self._die_seeds or self._dying_seed in self._die_seeds):
+            os._exit(3)
+        return super().step(action)
+
+    def reset(self, seed=None, task=None):
+        self._dying_seed, self._dying_steps = seed, 0
+        return super().reset(seed=seed, task=task)
+
+
+def make_dying(env_id: str = "test/dying-v0", die_seeds: tuple[int, ...] = (), die_at_step: int = 2,
+               **kw) -> DyingReach:
+    env = make_reach(env_id=env_id, **kw)
+    env.__class__ = DyingReach
+    env._die_seeds, env._die_at_step = {int(s) for s in die_seeds}, int(die_at_step)
+    env._dying_seed, env._dying_steps = None, 0
+    return env
+
+
+envs.register("test/dying-v0", make_dying, overwrite=True)

@@ -265,3 +265,41 @@ def test_pool_bound_errors_and_loop_stay_free_without_a_worker():
     assert len(during) >= 20 and max(gaps) < 0.5  # the loop ran all through the scene build
     assert info["procs"] == 0 and info["crashes"] == 1 and info["started"] == 4
     assert _state(pid) in ("", "Z") and isinstance(reward, float)
+
+
+def test_a_producers_dying_simulator_fails_its_episode_and_is_replaced(roles):
+    """Eval workloads (the workflow path, through the services): an episode whose simulator
+    process dies counts as a failure and the env is replaced by a new process; a simulator that
+    dies in every episode fails its workload after SIM_REPLACE failures in a row, naming it."""
+    from protocol.messages import ProducerSpec
+    from protocol.policy import SIM_REPLACE
+    from tests.test_producers import reach_tenant, run_producer
+
+    roles.start("master")
+    worker = roles.start("env", NEXUS_ENV_PLUGINS=PLUGIN)
+    roles.start("inferencer", NEXUS_INFER_BASE="tiny-qwen3-vl-64")
+
+    async def go():
+        c = await AsyncClient(roles.nats_url, roles.prefix, timeout_s=30).connect()
+        try:
+            await c.create_tenant(reach_tenant("sim-t", "mlp"))
+            once = await run_producer(c, ProducerSpec(
+                workload="w-once", tenant="sim-t", kind="eval", env_id="test/dying-v0", eval_version=0,
+                eval_episodes=4, eval_seed=10, env_options={"die_seeds": [11], "die_at_step": 2}))
+            always = await run_producer(c, ProducerSpec(
+                workload="w-always", tenant="sim-t", kind="eval", env_id="test/dying-v0", eval_version=0,
+                eval_episodes=20, env_options={"die_at_step": 2}))
+            return once[-1], always[-1], await c.info("env")
+        finally:
+            await c.close()
+
+    once, always, info = asyncio.run(go())
+    # Episode 1 (seed 11) died at its second step: a failure; the other three ran on its replacement.
+    assert once.state != "failed", once.message
+    assert once.metrics["episodes"] == 4.0 and once.metrics["success_rate"] <= 0.75
+    assert always.state == "failed"
+    assert (f"{SIM_REPLACE.attempts + 1} simulators of test/dying-v0 failed in a row (policy sim_replace); the last: "
+            "simulator test/dying-v0 process died during step (exit code 3)") in always.message, always.message
+    sim = info.extra["sim"]
+    assert sim["crashes"] == 1 + SIM_REPLACE.attempts + 1 and sim["procs"] == 0
+    assert info.state == "ready" and worker.poll() is None

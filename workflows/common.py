@@ -314,6 +314,7 @@ class Workflow:
             success = success or bool(info.get("success", False))
             done = terminated or truncated
             obs = next_obs
+        self._sim_failures = 0  # a whole episode: the simulator works (SIM_REPLACE counts in a row)
         return success, total
 
     # -- simulators (envs.simproc: one child process each) ------------------------------------
@@ -345,7 +346,6 @@ class Workflow:
         return await self._make_env()
 
     def _episode_done(self, success: bool, ret: float) -> None:
-        self._sim_failures = 0  # a completed episode: the simulator works
         p = self.progress
         p.episodes += 1
         p.successes += int(success)
