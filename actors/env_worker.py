@@ -10,8 +10,9 @@ died) is closed by a sweeper. A simulator that raises fails only its own session
 error reply naming it); the worker and every other session go on. Each simulator runs in a
 child process of its own (`envs.simproc`, at most NEXUS_SIM_PROCS_MAX), so a scene build or a
 slow renderer never stalls the worker's event loop or heartbeats, a call past
-NEXUS_SIM_TIMEOUT_S kills its child, and a child that dies fails only its session. Producers (RL rollouts, SFT
-sampling, evaluation) also run here: the loops of `workflows/`, on the SDK's primitives.
+NEXUS_SIM_TIMEOUT_S kills its child, and a child that dies fails only its session.
+Producers (RL rollouts, SFT sampling, evaluation) also run here: the loops of `workflows/`, on
+the SDK's primitives.
 
 Run: ``python -m actors.run env --nats-url nats://127.0.0.1:4222``
 """

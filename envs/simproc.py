@@ -109,10 +109,6 @@ class SimEnv:
         self._gone = False  # killed, crashed or closed: the child slot is released
 
     @property
-    def alive(self) -> bool:
-        return not self._gone
-
-    @property
     def pid(self) -> int:
         return self._proc.pid
 
@@ -275,9 +271,6 @@ class SimPool:
 
     def _released(self, env: SimEnv) -> None:
         self.envs.discard(env)
-
-    async def close_all(self) -> None:
-        await asyncio.gather(*(e.close() for e in list(self.envs)), return_exceptions=True)
 
 
 _POOL: list[SimPool] = []
