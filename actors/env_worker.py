@@ -7,9 +7,12 @@
 
 A session is a lease: every call renews it; a session not called for ``lease_s`` (its client
 died) is closed by a sweeper. A simulator that raises fails only its own session (closed,
-error reply naming it); the worker and every other session go on. Simulator calls run in a
-thread, so a slow renderer never stalls the worker's heartbeats. Producers (RL rollouts, SFT
-sampling, evaluation) also run here: the loops of `workflows/`, on the SDK's primitives.
+error reply naming it); the worker and every other session go on. Each simulator runs in a
+child process of its own (`envs.simproc`, at most NEXUS_SIM_PROCS_MAX), so a scene build or a
+slow renderer never stalls the worker's event loop or heartbeats, a call past
+NEXUS_SIM_TIMEOUT_S kills its child, and a child that dies fails only its session.
+Producers (RL rollouts, SFT sampling, evaluation) also run here: the loops of `workflows/`, on
+the SDK's primitives.
 
 Run: ``python -m actors.run env --nats-url nats://127.0.0.1:4222``
 """
@@ -30,7 +33,7 @@ from actors.auth import PLATFORM_ACCOUNT
 from actors.identity import current_caller, deny
 from actors.paths import caller_roots, confine
 from actors.runtime import Role, RoleConfig, op
-from envs.simcall import SimTimeout, configure as configure_sim_calls, guard, sim_call
+from envs.simproc import SimFailure, configure as configure_sim_pool
 from protocol.policy import DRAIN_RELEASE
 from protocol.errors import FailedPrecondition, InvalidField, NexusError, NotFound, QuotaExceeded
 from protocol.messages import (
@@ -59,7 +62,7 @@ MAX_LEASE_S = 3600.0
 class _Session:
     id: str
     env_id: str
-    env: Any  # envs.EnvAdapter
+    env: Any  # envs.simproc.SimEnv: the simulator in its child process
     lease_s: float
     last_used: float
     lock: asyncio.Lock
@@ -80,7 +83,7 @@ class EnvWorker(Role):
         self.expired = 0
         self.producers: dict[str, Any] = {}
         self.readers: OrderedDict[str, Any] = OrderedDict()
-        self.sim = configure_sim_calls()  # every simulator call's timeout and hung bound (envs.simcall)
+        self.sim = configure_sim_pool(self.env_settings.plugins)  # simulator children (envs.simproc)
 
     async def setup(self) -> None:
         import importlib
@@ -92,7 +95,7 @@ class EnvWorker(Role):
 
     def info_extra(self) -> dict[str, Any]:
         return {"sessions": len(self.sessions), "expired": self.expired,
-                "producers": {k: p.status() for k, p in self.producers.items()}, "sim_calls": guard().info()}
+                "producers": {k: p.status() for k, p in self.producers.items()}, "sim": self.sim.info()}
 
     # -- sessions ------------------------------------------------------------------------
     def _session(self, sid: str) -> _Session:
@@ -108,21 +111,23 @@ class EnvWorker(Role):
 
     @op("create", EnvCreateRequest, access="any")
     async def create(self, req: EnvCreateRequest) -> EnvSession:
-        import envs
-
         if not 0 < req.lease_s <= MAX_LEASE_S:
             raise InvalidField("lease_s", f"must be in (0, {MAX_LEASE_S:g}]")
         if len(self.sessions) >= self.max_sessions:
             raise FailedPrecondition(f"worker {self.instance} holds {len(self.sessions)} sessions, its maximum")
         caller = current_caller()
         self._check_tenant_sessions(caller)
-        env = await asyncio.to_thread(envs.make, req.env_id, **req.options)
-        # Counted again after the (threaded) make: concurrent creates of one tenant cannot
-        # all pass the check above and overshoot the bound together.
+        try:
+            env = await self.sim.make(req.env_id, req.options)  # a child process of its own
+        except SimFailure as exc:
+            raise FailedPrecondition(f"env {req.env_id} could not be made: {exc.message}",
+                                     details=exc.details) from None
+        # Counted again after the make (seconds for a scene build): concurrent creates of one
+        # tenant cannot all pass the check above and overshoot the bound together.
         try:
             self._check_tenant_sessions(caller)
         except QuotaExceeded:
-            await asyncio.to_thread(env.close)
+            await env.close()
             raise
         sid = uuid.uuid4().hex[:12]
         self.sessions[sid] = _Session(sid, req.env_id, env, req.lease_s, time.monotonic(), asyncio.Lock(),
@@ -230,29 +235,20 @@ class EnvWorker(Role):
 
     async def _call(self, s: _Session, fn, *args) -> Any:
         try:
-            # Bounded (envs.simcall, NEXUS_SIM_TIMEOUT_S): a hung simulator closes its session.
-            return await sim_call(f"{s.env_id} {getattr(fn, '__name__', 'call')}", fn, *args)
-        except SimTimeout as exc:
-            # Not closed: its close would queue behind the hung call on a second thread.
-            await self._drop(s, f"simulator hung: {exc.message}", close=False)
-            raise FailedPrecondition(f"session {s.id} ({s.env_id}) hung and was closed: {exc.message}; "
+            # In the session's child process, bounded by NEXUS_SIM_TIMEOUT_S (envs.simproc).
+            return await fn(*args)
+        except SimFailure as exc:
+            # Hung (its child killed) or crashed (its child died or the simulator raised): this
+            # session is gone, every other one goes on.
+            await self._drop(s, f"simulator {exc.what}: {exc.message}")
+            raise FailedPrecondition(f"session {s.id} ({s.env_id}) {exc.what} and was closed: {exc.message}; "
                                      "open a new one", details={"session": s.id, **exc.details}) from None
-        except NexusError:
-            raise  # the caller's mistake (bad action shape, unknown task): session stays usable
-        except Exception as exc:
-            # The simulator itself broke: this session is gone, every other one goes on.
-            await self._drop(s, f"simulator error: {type(exc).__name__}: {exc}")
-            raise FailedPrecondition(
-                f"session {s.id} ({s.env_id}) crashed and was closed: {type(exc).__name__}: {exc}",
-                details={"session": s.id}) from None
+        # Any other NexusError is the caller's mistake (bad action shape, unknown task): the
+        # session stays usable.
 
-    async def _drop(self, s: _Session, reason: str, close: bool = True) -> None:
+    async def _drop(self, s: _Session, reason: str) -> None:
         self.sessions.pop(s.id, None)
-        try:
-            if close:  # (a hung simulator is left to its thread)
-                await sim_call(f"{s.env_id} close", s.env.close)  # bounded: a broken one's close may hang
-        except Exception as exc:  # closing a broken simulator may fail too; it is gone anyway
-            self.log.warning("env close failed", session=s.id, error=str(exc))
+        await s.env.close()  # bounded: a close past its grace is a kill; a dead child is reaped
         self.log.info("session closed", session=s.id, reason=reason, steps=s.steps)
 
     async def _sweep_loop(self) -> None:

@@ -95,7 +95,8 @@ OP_WORDS = {
     "export_params": "export the policy of", "checkpoint_get": "read the checkpoint of",
     "checkpoint_commit": "commit a checkpoint for", "submit": "submit a workload for",
     "submit an eval of": "evaluate the policy of", "tenant_create": "register",
-    "tenant_get": "see the record of", "tenant_delete": "delete", "tenant_quotas": "set the quotas of",
+    "tenant_get": "see the record of", "tenant_show": "see the record of", "tenant_reset": "reset",
+    "tenant_delete": "delete", "tenant_quotas": "set the quotas of",
     "tenants": "list the tenants", "jobs": "list the jobs of", "job": "see a job of",
     "job_update": "update a job of", "reserve": "reserve a training job for", "queue_put": "queue data for",
     "queue_get": "read the training queue of", "queue_clear": "clear the training queue of",
@@ -119,7 +120,7 @@ def deny(caller: Caller, op: str, tenant: str | None, why: str) -> PermissionDen
     words = op_words(op)
     if tenant:
         # "... of" / "register" / "delete" take the tenant as their object; others say "for".
-        joiner = " " if words.endswith((" of", " for")) or words in ("register", "delete") else " for "
+        joiner = " " if words.endswith((" of", " for")) or words in ("register", "delete", "reset") else " for "
         what = f"{words}{joiner}tenant {tenant!r}"
     else:
         what = words

@@ -63,7 +63,7 @@ from actors.tracing import (
     record_span,
 )
 from protocol.errors import Busy, Draining, InternalError, NexusError, QuotaExceeded
-from protocol.messages import ErrorReply, PredictReply, PredictRequest, WeightsRef
+from protocol.messages import ErrorReply, PredictReply, PredictRequest, WeightsRef, is_slot_reset
 from protocol.policy import default_quotas, usage_flush_from_env
 from protocol.settings import InferencerSettings
 from protocol.subjects import check_token, pool_name
@@ -300,7 +300,8 @@ class Inferencer(Role):
         if self.heads is not None:
             self.heads.forget(tenant)
         self.rate.forget(tenant)
-        self.meter.forget(tenant)
+        if not is_slot_reset(msg.data):  # a reset keeps the tenant's usage: its unsent deltas too
+            self.meter.forget(tenant)
 
     async def _on_tenant_updated(self, msg: Any) -> None:
         # Its quotas changed: the next request reads the config again (the new predict rate).

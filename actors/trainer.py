@@ -43,6 +43,7 @@ from actors.tracing import JobSpans
 from actors.train_loop import TrainLoop, Work
 from protocol.errors import Busy, Conflict, FailedPrecondition, NexusError, NotFound
 from protocol.messages import (
+    is_slot_reset,
     CheckpointCommitRequest,
     CheckpointRef,
     LeaseReleaseRequest,
@@ -172,7 +173,8 @@ class Trainer(Role):
             self.log.info("tenant slot dropped (tenant deleted)", tenant=tenant)
         if self.store is not None:
             self.store.forget(tenant)
-        self.meter.forget(tenant)
+        if not is_slot_reset(msg.data):  # a reset keeps the tenant's usage: its unsent deltas too
+            self.meter.forget(tenant)
 
     def fault_point(self, point: str) -> None:
         assert point in FAULT_POINTS, point  # a point the settings do not list could never fire

@@ -85,6 +85,20 @@ def make(env_id: str, **kwargs: Any) -> EnvAdapter:
     return _resolve(env_id)(env_id=env_id, **kwargs)
 
 
+def factory_ref(env_id: str) -> str:
+    """``"module:qualname"`` of an env id's factory, for a child process (`envs.simproc`) to
+    import and call; "" when it has none to import (a callable of ``__main__`` or a local one:
+    the child then resolves the id in its own registry). An unknown id raises, listing them."""
+    _resolve(env_id)
+    factory = _REGISTRY[env_id]
+    if isinstance(factory, str):
+        return factory
+    module, qual = getattr(factory, "__module__", None), getattr(factory, "__qualname__", "")
+    if not module or module == "__main__" or not qual or "<" in qual:
+        return ""
+    return f"{module}:{qual}"
+
+
 def make_expert(env_id: str) -> Callable[[EnvAdapter], Any]:
     """The scripted expert of an env id: `expert(env) -> action` (it may read privileged state)."""
     _resolve(env_id)  # unknown ids get the same listing error as make()

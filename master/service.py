@@ -6,6 +6,9 @@ Serves ``<prefix>.master.<op>``:
 |---|---|---|---|
 | tenant_create | CreateTenantRequest | TenantConfig | validate, derive the schema signature, store in KV, create the tenant's queue stream |
 | tenant_get | GetTenantRequest | TenantConfig | |
+| tenant_show | GetTenantRequest | TenantShow | a tenant's own view: config, newest version, quotas in force, workload ids (a tenant: itself only) |
+| tenant_reset | TenantResetRequest | TenantDeleted | drop the slot (config, versions, checkpoints, jobs, queue), keep account, workload records, usage; refused while a workload of it runs (a tenant: itself only) |
+| tenant_delete | TenantDeleteRequest | TenantDeleted | the operator removes everything of a tenant (refused while a workload of it runs) |
 | list | ListRequest | ListReply | tenant and workload names |
 | reserve | ReserveRequest | JobRecord | new job id (caps: in-flight per tenant-task, SFT prefetch) |
 | queue_put | QueuePutRequest | QueuePutReply | validate one micro-batch against the schema, append to the job's partition |
@@ -53,7 +56,7 @@ from master.scheduler import Scheduler
 from master.bases import BaseOps
 from master.usage import UsageOps
 from master.tenant_files import remove_tenant_files
-from master.workloads import WorkloadOps, report_file
+from master.workloads import WorkloadOps, policy_pin_tenant, report_file
 from master.validate import validate_put
 from protocol.errors import Unavailable
 from protocol.errors import (Busy, CapacityExceeded, Conflict, FailedPrecondition, InvalidField, NexusError, NotFound,
@@ -92,6 +95,8 @@ from protocol.messages import (
     TenantConfig,
     TenantDeleted,
     TenantDeleteRequest,
+    TenantResetRequest,
+    TenantShow,
     WeightsRef,
 )
 from protocol.policy import KV_LOAD, KV_LOAD_ENTRY_TIMEOUT_S, OWNER_CHECK_EVERY_S, default_quotas
@@ -370,13 +375,7 @@ class Master(WorkloadOps, UsageOps, BaseOps, Role):
         if active:
             raise FailedPrecondition(f"tenant {req.tenant!r} has workload {active[0]} {self.workloads[active[0]].state}; "
                                      "cancel it first", details={"tenant": req.tenant, "workload": active[0]})
-        held = [j.job for j in self.sched.jobs.values()
-                if j.tenant == req.tenant and j.lease_owner and j.state not in TERMINAL_JOB_STATES]
-        if held:
-            # A trainer is still on it (a cancel makes it drop the job at its next renewal):
-            # deleting under it would leave the checkpoint it is about to write.
-            raise Busy(f"tenant {req.tenant!r} has {len(held)} job(s) still held by a trainer; retry in a moment",
-                       details={"tenant": req.tenant, "jobs": held, "retry_after_s": 1.0})
+        self._check_no_held_jobs(req.tenant)
         removed = {"jobs": 0, "workloads": 0, "objects": 0}
         reports = []  # the report files of its workloads, found before their records go
         for rec in [w for w in self.workloads.values() if w.tenant == req.tenant]:
@@ -386,19 +385,7 @@ class Master(WorkloadOps, UsageOps, BaseOps, Role):
                 pass
         async with self._lock:
             self._tenant(req.tenant)  # again under the lock: a concurrent delete got here first
-            for key in [k for k in self.sched.jobs if k[0] == req.tenant]:
-                self.sched.remove(*key)
-                await self.kv_jobs.purge(f"{key[0]}.{key[1]}")
-                removed["jobs"] += 1
-            self._keys = {k: v for k, v in self._keys.items() if k[0] != req.tenant}
-            for d in (self.sched.versions, self.sched.dropped_stale, self.ckpt_refs):
-                d.pop(req.tenant, None)
-            self.sched.tenants.pop(req.tenant, None)
-            for kv in (self.kv_tenants, self.kv_versions, self.kv_ckpt):
-                try:
-                    await kv.purge(req.tenant)
-                except NotFoundError:
-                    pass
+            await self._drop_slot_records(req.tenant, removed)
             for workload in [w.workload for w in self.workloads.values() if w.tenant == req.tenant]:
                 del self.workloads[workload]
                 self._unsaved.pop(workload, None)
@@ -406,8 +393,84 @@ class Master(WorkloadOps, UsageOps, BaseOps, Role):
                 removed["workloads"] += 1
         removed["usage"] = await self.delete_usage(req.tenant)
         removed.update(await asyncio.to_thread(remove_tenant_files, self.cfg.data_dir, req.tenant, reports))
+        await self._drop_slot_storage(req.tenant, removed)
+        event = TenantDeleted(tenant=req.tenant, at=time.time(), removed=removed)
+        await self.bus.publish(self.names.tenant_deleted(req.tenant), event)
+        self.log.info("tenant deleted", tenant=req.tenant, **removed)
+        return event
+
+    @op("tenant_reset", TenantResetRequest)
+    async def tenant_reset(self, req: TenantResetRequest) -> TenantDeleted:
+        """Drop a tenant's slot (config, versions, checkpoints, job records, queue stream) so
+        its next submit registers a new schema. Its account and credentials (the CLI's), its
+        workload records, reports and usage stay. Access ``tenant``: a tenant resets itself
+        only (an empty name is the caller's); the operator names any. Refused, changing
+        nothing, while a workload of the tenant (or one scoring its policy) is pending or
+        running, or a trainer still holds one of its jobs."""
+        assert self.bus is not None
+        if not req.tenant:
+            raise InvalidField("tenant", "name the tenant to reset (a tenant's own credentials reset their own)")
+        tenant = check_token("tenant", req.tenant)
+        known = tenant in self.sched.tenants or any(w.tenant == tenant for w in self.workloads.values())
+        if not known:
+            raise NotFound(f"unknown tenant {tenant!r}: nothing to reset", details={"tenant": tenant})
+        removed = {"jobs": 0, "objects": 0}
+        async with self._lock:  # checked under the lock: a submit cannot slip in between
+            self._check_no_active(tenant)
+            self._check_no_held_jobs(tenant)
+            removed["slot"] = int(tenant in self.sched.tenants)
+            await self._drop_slot_records(tenant, removed)
+        await self._drop_slot_storage(tenant, removed)
+        event = TenantDeleted(tenant=tenant, at=time.time(), removed=removed, reset=True)
+        # Trainers and inferencers drop the slot and heads they hold, as for a delete.
+        await self.bus.publish(self.names.tenant_deleted(tenant), event)
+        self.log.info("tenant reset", tenant=tenant, **removed)
+        return event
+
+    def _check_no_active(self, tenant: str) -> None:
+        """FailedPrecondition naming every pending / running workload that trains ``tenant``'s
+        slot or scores its policy (an eval of another tenant's may pin it)."""
+        active = [w for w in self.workloads.values() if w.state in ("pending", "running")
+                  and (w.tenant == tenant or policy_pin_tenant(w) == tenant)]
+        if active:
+            ids = ", ".join(f"{w.workload} ({w.state})" for w in active)
+            raise FailedPrecondition(
+                f"tenant {tenant!r} cannot be reset while its workloads run: {ids}; wait for them to end, or "
+                f"cancel them (`nexus cancel {active[0].workload}`), then reset",
+                details={"tenant": tenant, "workloads": [w.workload for w in active]})
+
+    def _check_no_held_jobs(self, tenant: str) -> None:
+        held = [j.job for j in self.sched.jobs.values()
+                if j.tenant == tenant and j.lease_owner and j.state not in TERMINAL_JOB_STATES]
+        if held:
+            # A trainer is still on it (a cancel makes it drop the job at its next renewal):
+            # dropping the slot under it would leave the checkpoint it is about to write.
+            raise Busy(f"tenant {tenant!r} has {len(held)} job(s) still held by a trainer; retry in a moment",
+                       details={"tenant": tenant, "jobs": held, "retry_after_s": 1.0})
+
+    async def _drop_slot_records(self, tenant: str, removed: dict[str, int]) -> None:
+        """Under the lock: the tenant's job records, versions, checkpoint pointer and config,
+        from memory and KV (delete and reset)."""
+        for key in [k for k in self.sched.jobs if k[0] == tenant]:
+            self.sched.remove(*key)
+            await self.kv_jobs.purge(f"{key[0]}.{key[1]}")
+            removed["jobs"] += 1
+        self._keys = {k: v for k, v in self._keys.items() if k[0] != tenant}
+        for d in (self.sched.versions, self.sched.dropped_stale, self.ckpt_refs):
+            d.pop(tenant, None)
+        self.sched.tenants.pop(tenant, None)
+        for kv in (self.kv_tenants, self.kv_versions, self.kv_ckpt):
+            try:
+                await kv.purge(tenant)
+            except NotFoundError:
+                pass
+
+    async def _drop_slot_storage(self, tenant: str, removed: dict[str, int]) -> None:
+        """The tenant's training-queue stream and its objects (exported versions,
+        checkpoints): ``<tenant>/...`` in the weights and checkpoints buckets."""
+        assert self.bus is not None
         try:
-            await self.bus.js.delete_stream(self.names.tq_stream(req.tenant))
+            await self.bus.js.delete_stream(self.names.tq_stream(tenant))
         except NotFoundError:
             pass
         for bucket in (self.names.obj_weights, self.names.obj_checkpoints):
@@ -417,16 +480,30 @@ class Master(WorkloadOps, UsageOps, BaseOps, Role):
             except NotFoundError:
                 infos = []
             for info in infos:
-                if info.name.startswith(f"{req.tenant}/"):
+                if info.name.startswith(f"{tenant}/"):
                     try:
                         await store.delete(info.name)
                         removed["objects"] += 1
                     except ObjectNotFoundError:
                         pass
-        event = TenantDeleted(tenant=req.tenant, at=time.time(), removed=removed)
-        await self.bus.publish(self.names.tenant_deleted(req.tenant), event)
-        self.log.info("tenant deleted", tenant=req.tenant, **removed)
-        return event
+
+    @op("tenant_show", GetTenantRequest)
+    async def tenant_show(self, req: GetTenantRequest) -> TenantShow:
+        """One tenant as its owner sees it: config (schema, head, base), newest version,
+        quotas in force, workload ids. Access ``tenant``: a tenant sees itself (an empty name
+        is the caller's); the operator names any."""
+        if not req.tenant:
+            raise InvalidField("tenant", "name the tenant to show")
+        tenant = check_token("tenant", req.tenant)
+        cfg = self.sched.tenants.get(tenant)
+        history = [w.workload for w in sorted(self.workloads.values(), key=lambda w: w.created_at)
+                   if w.tenant == tenant]
+        if cfg is None and not history:
+            raise NotFound(f"unknown tenant {tenant!r} (no slot and no workloads: submit an sft or rl spec to "
+                           "register it)", details={"tenant": tenant})
+        quotas = self.quotas(cfg) if cfg is not None else self.default_quotas
+        return TenantShow(tenant=tenant, config=cfg, version=max(0, self.sched.versions.get(tenant, 0)),
+                          quotas=quotas, quotas_default=cfg is None or cfg.quotas is None, workloads=history)
 
     @op("tenant_get", GetTenantRequest)
     async def tenant_get(self, req: GetTenantRequest) -> TenantConfig:

@@ -965,8 +965,11 @@ def _check_same_policy(mine: TenantConfig, target: TenantConfig, same_tenant: bo
     who = "this tenant's existing slot" if same_tenant else f"tenant {target.name}'s policy"
     errors: list[tuple[str, str]] = []
     if TenantSchema.from_dict(mine.schema).signature() != target.signature:
-        errors.append(("observation", f"schema differs from {who} (cameras, state_dim, "
-                                      "action dim/horizon and template must match)"))
+        for path, stored, asked in schema_differences(target.schema, mine.schema):
+            errors.append((path, f"stored {stored!r} (in {who}), asked {asked!r}"))
+        if not errors:  # same fields, other signature (a schema from an older version of the code)
+            errors.append(("observation", f"schema differs from {who} (cameras, state_dim, action dim/horizon "
+                                          "and template must match)"))
     if mine.head != target.head:
         errors.append(("action_module.kind", f"{mine.head!r}, but {who} uses {target.head!r}"))
     if not same_tenant and mine.base_adapter != target.base_adapter:
@@ -982,10 +985,29 @@ def _check_same_policy(mine: TenantConfig, target: TenantConfig, same_tenant: bo
                                 ("base_adapter", "base_adapter", lambda c: c.base_adapter),
                                 ("head_params", "action_module", lambda c: structure(c.head_params))):
             if get(mine) != get(target):
-                errors.append((path, f"{get(mine)!r} differs from {who}'s {get(target)!r}; "
-                                     "a new tenant name starts a new slot"))
+                errors.append((path, f"{get(mine)!r} differs from {who}'s {get(target)!r}"))
+        if errors:  # the way out, said once (on the last error): a slot keeps what it is for life
+            path, message = errors[-1]
+            errors[-1] = (path, f"{message}; a tenant's slot keeps its schema, head and base: `nexus tenant "
+                                f"reset {target.name}` drops the slot (its versions and checkpoints; its workload "
+                                "records and usage stay) so this spec registers anew, or use another tenant name")
     if errors:
         raise SpecError(errors)
+
+
+# A stored schema's keys (models.schema.TenantSchema.to_dict) and where a spec sets each.
+SCHEMA_SPEC_FIELDS = (("cameras", "observation.cameras"), ("state_dim", "observation.state_dim"),
+                      ("instruction_template", "observation.instruction_template"),
+                      ("action_dim", "action.dim"), ("action_horizon", "action.horizon"))
+
+
+def schema_differences(stored: dict[str, Any], asked: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """(spec field, stored value, asked value) for each schema field that differs, both read
+    canonically (`TenantSchema.to_dict`: cameras as name / height / width)."""
+    from models.schema import TenantSchema
+
+    a, b = TenantSchema.from_dict(stored).to_dict(), TenantSchema.from_dict(asked).to_dict()
+    return [(path, a[key], b[key]) for key, path in SCHEMA_SPEC_FIELDS if a[key] != b[key]]
 
 
 def _tenant_guess(data: bytes) -> str:

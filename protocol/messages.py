@@ -1040,6 +1040,47 @@ class TenantDeleted:
     at: float
     # What went, counted per kind: objects, jobs, workloads, usage, reports, datasets, boards.
     removed: dict[str, int] = field(default_factory=dict)
+    # A `tenant_reset`: only the slot went (config, versions, checkpoints, jobs, queue); the
+    # tenant's account, workload records and usage stay, so roles keep its unsent usage.
+    reset: bool = False
+
+
+def is_slot_reset(data: bytes) -> bool:
+    """Is this ``tenants.deleted`` announcement a reset (only the slot went)? A role then drops
+    the tenant's slot and heads but keeps its unsent usage (the tenant's records stay)."""
+    from protocol.errors import NexusError
+    from protocol.wire import decode
+
+    try:
+        return bool(decode(data, TenantDeleted).reset)
+    except (NexusError, ValueError, TypeError):  # unreadable: the delete it was announced as
+        return False
+
+
+@message("tenant.show", 1)
+@dataclass
+class TenantShow:
+    """`tenant_show`'s reply: what a tenant (or the operator) sees of one tenant. ``config``
+    None: the tenant has no slot now (reset, or nothing trained yet); its next sft / rl
+    submit registers one."""
+
+    tenant: str
+    config: TenantConfig | None
+    version: int  # its newest policy version (0: none exported)
+    quotas: TenantQuotas  # in force: the operator's, else the deployment's defaults
+    quotas_default: bool  # True: the operator set none (NEXUS_QUOTA_*)
+    workloads: list[str] = field(default_factory=list)  # its workload ids, oldest first
+
+
+@message("tenant.reset", 1)
+@dataclass
+class TenantResetRequest:
+    """Drop a tenant's slot (config, policy versions, checkpoints, job records, queue) so its
+    next submit registers a new schema; its account, workload records and usage stay.
+    Refused while one of its workloads is pending or running. A tenant resets only itself
+    (an empty ``tenant``: the caller's own)."""
+
+    tenant: str = ""
 
 
 @message("dataset.sample", 1)

@@ -125,6 +125,11 @@ DRAIN_RELEASE = RetryPolicy("drain_release", deadline_s=10.0, backoff_s=0.5, max
 
 
 # -- background loops and role restarts ------------------------------------------------------
+# A producer's simulator that hung or crashed (envs.simproc) fails its episode and is replaced
+# by a new child process; this many failures in a row (no episode completed between them) is a
+# broken simulator, not bad luck: the workload fails with the last error.
+SIM_REPLACE = RetryPolicy("sim_replace", attempts=3, backoff_s=0.5, max_backoff_s=4.0)
+
 # A critical background loop (lease expiry, intake, train loop, health check) that raises is
 # started again after policy.delay(n); past ``attempts`` failures in a row its process exits
 # non-zero so that its supervisor (or the container's restart policy) starts a clean one.

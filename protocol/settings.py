@@ -363,18 +363,19 @@ class SimulatorSettings(EnvSettings):
 
 
 class SimCallSettings(EnvSettings):
-    """Bounds of every simulator call (`envs.simcall`): a hung simulator fails its episode."""
+    """Simulator child processes (`envs.simproc`): a hung simulator is killed, its episode fails."""
 
     roles = ("env",)
     readers = "env worker (sessions and producers)"
 
     timeout_s: float = Field(120.0, gt=0, le=86400, **var(
-        "NEXUS_SIM_TIMEOUT_S", "a simulator call (make, reset, step) taking longer fails its session or episode (s)"))
-    # A thread inside a hung simulator cannot be killed: it holds one of the process's default
-    # executor threads (min(32, cores + 4)) until the call returns, so only a few may pile up.
-    max_hung: int = Field(2, ge=1, le=16, **var(
-        "NEXUS_SIM_MAX_HUNG", "simulator calls past their timeout still holding a thread; past it the worker "
-        "refuses new simulator calls (`unavailable`) until one returns"))
+        "NEXUS_SIM_TIMEOUT_S", "a simulator call (make, reset, step, close) taking longer kills its process and "
+        "fails its session or episode (s)"))
+    # One simulator per child process (~50 MB for the built-in task, hundreds for ManiSkill):
+    # the bound of the worker's sessions and its producers' envs together.
+    procs_max: int = Field(64, ge=1, le=1024, **var(
+        "NEXUS_SIM_PROCS_MAX", "simulator child processes per env worker (sessions and producer envs); past it "
+        "`create` is refused `busy` and a producer's make waits up to NEXUS_SIM_TIMEOUT_S for one to end"))
 
 
 class UsageSettings(EnvSettings):

@@ -5,8 +5,9 @@
     nexus top [--once] [--json]
     nexus trace [TRACE_ID] [--workload W] [--since 10m] [--until T] [--chrome FILE] [--png FILE] [--json]
     nexus submit SPEC [SPEC...] [--wait] [--json]
-    nexus workloads list [--tenant T] [--json]     nexus tenants [--json]
-    nexus tenant show NAME [--json] | delete NAME [--yes] [--json]
+    nexus workloads list [--tenant T] [--json] | watch ID [--json]     nexus tenants [--json]
+    nexus tenant show [NAME] [--json] | reset [NAME] [--yes] [--json]   (a tenant: its own)
+    nexus tenant delete NAME [--yes] [--json]
     nexus tenant create NAME | revoke NAME       (credentials; the server keeps running)
     nexus auth init --data-dir DIR [--resolver-dir DIR]   (the identities, for a broker run elsewhere)
     nexus --creds FILE COMMAND ...               (log in as a tenant; default: the data dir's admin)
@@ -20,7 +21,8 @@
 Client commands find the cluster from ``--nats-url`` or ``<--data-dir>/cluster.json``
 (default ``./.nexus/``); ``NEXUS_NATS_URL``, ``NEXUS_PREFIX``, ``NEXUS_DATA_DIR`` and (for
 ``nexus up``) ``NEXUS_NATS_PORT`` stand in for the flags. Exit status: 0 ok, 1 the cluster or a
-role failed, 2 bad input (usage errors included).
+role failed, 2 bad input (usage errors included), 130 interrupted (Ctrl-C: `submit --wait` and
+`workloads watch` leave the workload running and say how to follow it again).
 
 Every import beyond typer is made inside the command that needs it: ``nexus submit`` and
 ``nexus spec validate`` must start in well under a second, so nothing here may pull in torch.
@@ -43,9 +45,10 @@ NATS_CLUSTER_SIZES = (1, 3, 5)
 app = typer.Typer(name="nexus", help="vla-nexus: multi-tenant VLA post-training", no_args_is_help=True,
                   add_completion=False, pretty_exceptions_enable=False)
 spec_app = typer.Typer(help="the workload spec: print its JSON Schema, or validate a file", no_args_is_help=True)
-workloads_app = typer.Typer(help="workloads: list (the default)", invoke_without_command=True)
-# One tenant at a time: show it, or delete it (slot, queue stream, objects and records).
-tenant_app = typer.Typer(help="one tenant: show, delete, or issue / revoke its credentials", no_args_is_help=True)
+workloads_app = typer.Typer(help="workloads: list (the default), watch one", invoke_without_command=True)
+# One tenant at a time: show it, reset its slot, or delete it (slot, queue stream, objects and records).
+tenant_app = typer.Typer(help="one tenant: show, reset, delete, or issue / revoke its credentials",
+                         no_args_is_help=True)
 app.add_typer(spec_app, name="spec")
 app.add_typer(workloads_app, name="workloads")
 app.add_typer(tenant_app, name="tenant")
@@ -500,11 +503,17 @@ def workloads_list(
     json: Json = False, timeout_s: TimeoutS = 10.0,
 ) -> int:
     """Every workload (or one tenant's): state, version, loss or success, queue depth."""
+    from protocol.errors import NotFound
     from sdk.term import print_json
 
     async def fetch():
         async with _client(data_dir, nats_url, prefix, timeout_s) as client:
-            return await client.workloads(tenant), await client.jobs(tenant)
+            workloads = await client.workloads(tenant)
+            try:
+                jobs = await client.jobs(tenant)
+            except NotFound:  # a tenant with no slot (nothing trained yet, or reset) has no jobs
+                jobs = []
+            return workloads, jobs
 
     workloads, jobs = _run(fetch())
     wrows = workload_rows(workloads, jobs)
@@ -528,6 +537,35 @@ def _workloads_default(
     if ctx.invoked_subcommand is None:
         ctx.exit(workloads_list(tenant=tenant, data_dir=data_dir, nats_url=nats_url, prefix=prefix, json=json,
                                 timeout_s=timeout_s))
+
+
+@workloads_app.command("watch")
+def workloads_watch(
+    workload: Annotated[str, typer.Argument(help="workload id (from `nexus submit` or `nexus workloads list`)")],
+    wait_timeout_s: Annotated[float, typer.Option("--wait-timeout-s")] = 3600.0,
+    data_dir: DataDir = DEFAULT_DATA_DIR, nats_url: NatsUrl = None, prefix: Prefix = None,
+    json: Json = False, timeout_s: TimeoutS = 10.0,
+) -> int:
+    """Follow a workload with the live progress bar `nexus submit --wait` shows, until it ends:
+    exit 0 when it completed, 1 when it failed or was cancelled (a finished one: at once).
+    Ctrl-C stops watching only (exit 130); the workload keeps running."""
+    from protocol.errors import NotFound
+    from sdk.progress import watch
+
+    async def go() -> list:
+        async with _client(data_dir, nats_url, prefix, timeout_s) as client:
+            await client.workload(workload)  # unknown or not the caller's: one error, before any bar
+            return await watch(client, [workload], out=sys.stderr, live=sys.stderr.isatty(),
+                               timeout_s=wait_timeout_s)
+
+    try:
+        recs = _run(go())
+    except NotFound as exc:
+        _err(f"{exc.message}; `nexus workloads list` shows the workloads you can watch")
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        return _interrupted([workload])
+    return _print_final(recs, json)
 
 
 def _tenant_rows(reply: Any) -> list[dict]:
@@ -655,28 +693,82 @@ def base_list(
 
 @tenant_app.command("show")
 def tenant_show(
-    name: Annotated[str, typer.Argument(help="tenant name")],
+    name: Annotated[str, typer.Argument(help="tenant name (a tenant's credentials: its own, the default)")] = "",
     data_dir: DataDir = DEFAULT_DATA_DIR, nats_url: NatsUrl = None, prefix: Prefix = None,
     json: Json = False, timeout_s: TimeoutS = 10.0,
 ) -> int:
-    """One tenant's config, latest version and workloads."""
+    """One tenant: base, head, schema, latest policy version, quotas in force, its workloads.
+    A tenant (`--creds`) shows itself; the operator names any."""
     from sdk.term import print_json, table
 
     async def fetch():
         async with _client(data_dir, nats_url, prefix, timeout_s) as client:
-            return await client.tenant(name), await client.tenants(), await client.workloads(name)
+            shown = await client.tenant_show(name)
+            return shown, await client.workloads(shown.tenant)
 
-    config, reply, workloads = _run(fetch())
-    out = {"config": _asdict(config), "version": reply.versions.get(name, 0),
+    shown, workloads = _run(fetch())
+    config = shown.config
+    out = {"tenant": shown.tenant, "config": _asdict(config) if config is not None else None,
+           "version": shown.version, "quotas": _asdict(shown.quotas), "quotas_default": shown.quotas_default,
            "workloads": [{"workload": w.workload, "task": w.task, "state": w.state, "version": w.step}
                          for w in workloads]}
     if json:
         print_json(out)
         return EXIT_OK
-    print(f"tenant {name}: base {config.base}, head {config.head}, version {out['version']}")
+    if config is None:
+        print(f"tenant {shown.tenant}: no slot (reset, or nothing trained yet); its next sft or rl submit "
+              "registers the spec's base, head and schema")
+    else:
+        print(f"tenant {shown.tenant}: base {config.base}, head {config.head}, version {shown.version}")
+        print(f"  schema  {_schema_text(config.schema)}")
+    quotas = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in out["quotas"].items())
+    print(f"  quotas  {quotas}" + (" (the deployment's defaults)" if shown.quotas_default else ""))
     if out["workloads"]:
         table(("WORKLOAD", "TASK", "STATE", "VERSION"),
               [(w["workload"], w["task"], w["state"], w["version"]) for w in out["workloads"]])
+    return EXIT_OK
+
+
+def _schema_text(schema: dict) -> str:
+    """A stored schema in the spec's words: cameras, observation.state_dim, action dim / horizon."""
+    cams = ", ".join(f"{c.get('name')} {c.get('height')}x{c.get('width')}" for c in schema.get("cameras") or [])
+    return (f"cameras [{cams}], state_dim {schema.get('state_dim')}, action dim {schema.get('action_dim')} "
+            f"horizon {schema.get('action_horizon')}, instruction_template {schema.get('instruction_template')!r}")
+
+
+@tenant_app.command("reset")
+def tenant_reset(
+    name: Annotated[str, typer.Argument(help="tenant name (a tenant's credentials: its own, the default)")] = "",
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="do not ask for confirmation")] = False,
+    data_dir: DataDir = DEFAULT_DATA_DIR, nats_url: NatsUrl = None, prefix: Prefix = None,
+    json: Json = False, timeout_s: TimeoutS = 30.0,
+) -> int:
+    """Drop a tenant's slot: its config (base, head, schema), policy versions, checkpoints, job
+    records and queue, so its next submit registers a new schema. Its credentials, workload
+    records, reports and usage stay. A tenant (`--creds`) resets itself, without admin rights;
+    refused while one of its workloads runs (cancel it first)."""
+    from sdk.term import print_json
+
+    who = f"tenant {name}" if name else "your tenant"
+    if not yes:
+        if not sys.stdin.isatty():
+            _err(f"resetting {who} drops its policy versions and checkpoints; confirm with --yes")
+            return EXIT_BAD_INPUT
+        if not typer.confirm(f"Reset {who}: drop its slot, policy versions and checkpoints?"):
+            _err("not reset")
+            return EXIT_FAILED
+
+    async def go():
+        async with _client(data_dir, nats_url, prefix, timeout_s) as client:
+            return await client.reset_tenant(name)
+
+    gone = _run(go())
+    if json:
+        print_json(_asdict(gone))
+    else:
+        removed = ", ".join(f"{n} {what}" for what, n in sorted(gone.removed.items()) if what != "slot")
+        print(f"tenant {gone.tenant} reset: its slot is gone ({removed}); its credentials, workload records "
+              "and usage stay; its next sft or rl submit registers the spec's schema")
     return EXIT_OK
 
 
@@ -1033,16 +1125,23 @@ def submit(
     from sdk.progress import budget_text, watch
     from sdk.term import print_json
 
+    submitted: list[str] = []  # what a Ctrl-C leaves running (and says how to follow)
+
     async def go() -> int:
         async with _client(data_dir, nats_url, prefix, timeout_s) as client:
-            handles = [await client.submit(text) for text in texts]
+            handles = []
+            for text in texts:
+                handles.append(await client.submit(text))
+                submitted.append(handles[-1].id)
             # Each record as accepted: where its budget counts from (a tenant outlives its
             # workloads: the same spec again trains its steps again, from the tenant's version).
             accepted = [await client.workload(h.id) for h in handles]
             if not json:
                 for h, rec in zip(handles, accepted):
                     budget = budget_text(rec)
-                    print(f"submitted {h.id} (tenant {h.tenant})" + (f": {budget}" if budget else ""), flush=True)
+                    follow = "" if wait else f"; follow it with `nexus workloads watch {h.id}`"
+                    print(f"submitted {h.id} (tenant {h.tenant})" + (f": {budget}" if budget else "") + follow,
+                          flush=True)
             if not wait:
                 if json:
                     print_json([{"workload": h.id, "tenant": h.tenant, "start_version": r.start_version,
@@ -1050,14 +1149,39 @@ def submit(
                 return EXIT_OK
             recs = await watch(client, [h.id for h in handles], out=sys.stderr, live=sys.stderr.isatty(),
                                timeout_s=wait_timeout_s)
-            if json:
-                print_json([_asdict(r) for r in recs])
-            else:
-                for r in recs:
-                    print(f"{r.workload} {r.tenant}: {r.state} {r.message}".rstrip())
-            return EXIT_OK if all(r.state == "completed" for r in recs) else EXIT_FAILED
+            return _print_final(recs, json)
 
-    return _run(go())
+    try:
+        return _run(go())
+    except KeyboardInterrupt:
+        return _interrupted(submitted)
+
+
+def _print_final(recs: list, json: bool) -> int:
+    """The end of `submit --wait` and `workloads watch`: each record (or a line per workload),
+    and the exit status: 0 when every one completed, 1 when one failed or was cancelled."""
+    from sdk.term import print_json
+
+    if json:
+        print_json([_asdict(r) for r in recs])
+    else:
+        for r in recs:
+            print(f"{r.workload} {r.tenant}: {r.state} {r.message}".rstrip())
+    return EXIT_OK if all(r.state == "completed" for r in recs) else EXIT_FAILED
+
+
+def _interrupted(workloads: list[str]) -> int:
+    """Ctrl-C while following workloads: they run on (only the watching stopped); one line
+    says how to get back to them."""
+    if not workloads:
+        _err("interrupted", prefix="")
+    elif len(workloads) == 1:
+        _err(f"interrupted: workload {workloads[0]} keeps running; follow it again with "
+             f"`nexus workloads watch {workloads[0]}`", prefix="")
+    else:
+        _err(f"interrupted: workloads {', '.join(workloads)} keep running; follow one again with "
+             f"`nexus workloads watch <id>`", prefix="")
+    return 130
 
 
 @app.command()

@@ -64,6 +64,8 @@ from protocol.messages import (
     TenantConfig,
     TenantDeleted,
     TenantDeleteRequest,
+    TenantResetRequest,
+    TenantShow,
     TenantQuotas,
     TenantQuotasRequest,
     TenantsReply,
@@ -420,6 +422,25 @@ class AsyncClient:
         while True:
             try:
                 return await self._master("tenant_delete", TenantDeleteRequest(tenant=tenant), TenantDeleted)
+            except Busy as exc:
+                if time.monotonic() >= deadline:
+                    raise
+                await asyncio.sleep(float(exc.details.get("retry_after_s", 1.0)))
+
+    async def tenant_show(self, tenant: str = "") -> TenantShow:
+        """One tenant: config (schema, head, base; None when it has no slot), newest version,
+        quotas in force, workload ids. A tenant sees itself (``""``: the caller's own)."""
+        return await self._master("tenant_show", GetTenantRequest(tenant=tenant), TenantShow)
+
+    async def reset_tenant(self, tenant: str = "", wait_s: float = 60.0) -> TenantDeleted:
+        """Drop a tenant's slot (config, versions, checkpoints, jobs, queue) so its next submit
+        registers a new schema; its account, workload records and usage stay. A tenant resets
+        itself (``""``: the caller's own); refused while one of its workloads runs. Waits up to
+        ``wait_s`` for trainers to let go of its jobs (busy)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                return await self._master("tenant_reset", TenantResetRequest(tenant=tenant), TenantDeleted)
             except Busy as exc:
                 if time.monotonic() >= deadline:
                     raise

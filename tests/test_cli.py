@@ -28,8 +28,12 @@ def nexus(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
 def test_spec_validate_json_valid_and_invalid(tmp_path):
     out = nexus("spec", "validate", "examples/sft_reach.yaml", "--json")
     assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout) == {"file": "examples/sft_reach.yaml", "valid": True, "task": "sft",
-                                      "tenant": "sft-reach"}
+    reply = json.loads(out.stdout)
+    assert {k: reply[k] for k in ("file", "valid", "task", "tenant")} == {
+        "file": "examples/sft_reach.yaml", "valid": True, "task": "sft", "tenant": "sft-reach"}
+    # Offline: the row is measured against nats-server's default payload, and says so.
+    assert 0 < reply["row_bytes"] < reply["row_limit_bytes"] < reply["max_payload"] == 1 << 20
+    assert "offline" in reply["max_payload_source"]
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump({**yaml.safe_load((ROOT / "examples/sft_reach.yaml").read_text()),
                                    "colour": "red", "task": "dance"}))

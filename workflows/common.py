@@ -17,10 +17,10 @@ from typing import Any
 
 import numpy as np
 
-from envs.simcall import sim_call
+from envs import simproc
 from protocol.errors import Busy, FailedPrecondition, NexusError, NotFound
 from protocol.messages import ProducerSpec, QueuePutRequest, WorkloadEvent
-from protocol.policy import RetryPolicy
+from protocol.policy import SIM_REPLACE, RetryPolicy
 from sdk.client import AsyncClient, retry_through_outage
 from sdk.tracing import current_context, detached, new_root, tracer
 
@@ -90,6 +90,7 @@ class Workflow:
         # Where the workload started (the env worker's start_producer span): each update's
         # trace links to it, and is never its child (one trace per update, not per workload).
         self._origin: Any = None
+        self._sim_failures = 0  # simulators failed in a row (SIM_REPLACE bounds it)
 
     def status(self) -> dict[str, Any]:
         return {"kind": self.spec.kind, "tenant": self.spec.tenant, "state": self.state,
@@ -296,8 +297,9 @@ class Workflow:
 
     async def _episode_steps(self, env: Any, seed: int, sample: bool, version: int, exec_steps: int,
                              record: list[dict[str, Any]] | None) -> tuple[bool, float]:
-        # Every simulator call bounded (envs.simcall): a hung one raises SimTimeout.
-        obs, info = await sim_call("reset", env.reset, seed)
+        # Every simulator call in its env's child process, bounded (envs.simproc): a hung one
+        # (killed) raises SimTimeout, a dead one SimCrashed.
+        obs, info = await env.reset(seed)
         low, high = np.asarray(env.spec.action_low, np.float32), np.asarray(env.spec.action_high, np.float32)
         total, success, done = 0.0, False, False
         while not done:
@@ -310,7 +312,7 @@ class Workflow:
             reward, terminated, truncated = 0.0, False, False
             next_obs = obs
             for a in chunk[:n]:
-                next_obs, r, terminated, truncated, info = await sim_call("step", env.step, np.clip(a, low, high))
+                next_obs, r, terminated, truncated, info = await env.step(np.clip(a, low, high))
                 reward += float(r)
                 if terminated or truncated:
                     break
@@ -322,7 +324,36 @@ class Workflow:
             success = success or bool(info.get("success", False))
             done = terminated or truncated
             obs = next_obs
+        self._sim_failures = 0  # a whole episode: the simulator works (SIM_REPLACE counts in a row)
         return success, total
+
+    # -- simulators (envs.simproc: one child process each) ------------------------------------
+    async def _make_env(self) -> simproc.SimEnv:
+        """A simulator of the workload's env in a child process; with every child slot of this
+        process taken (NEXUS_SIM_PROCS_MAX) it waits up to NEXUS_SIM_TIMEOUT_S for one."""
+        pool = simproc.pool()
+        return await pool.make(self.spec.env_id, self.spec.env_options, wait_s=pool.timeout_s)
+
+    async def _make_envs(self, n: int) -> list[simproc.SimEnv]:
+        """``n`` simulators, their scene builds at once (each in its own process)."""
+        made = await asyncio.gather(*(self._make_env() for _ in range(n)), return_exceptions=True)
+        failed = [m for m in made if isinstance(m, BaseException)]
+        if failed:
+            await asyncio.gather(*(m.close() for m in made if isinstance(m, simproc.SimEnv)))
+            raise failed[0]
+        return list(made)  # type: ignore[arg-type]
+
+    async def _replace_env(self, env: simproc.SimEnv, exc: simproc.SimFailure) -> simproc.SimEnv:
+        """A new simulator for one that hung or crashed (its episode is lost). Past
+        SIM_REPLACE.attempts failures in a row the simulator is broken: the workload fails."""
+        await env.close()  # its process is gone already; this frees its slot for sure
+        self._sim_failures += 1
+        if self._sim_failures > SIM_REPLACE.attempts:
+            raise simproc.SimFailure(f"{self._sim_failures} simulators of {self.spec.env_id} failed in a row "
+                                     f"(policy {SIM_REPLACE.name}); the last: {exc.message}",
+                                     details=exc.details) from None
+        await asyncio.sleep(SIM_REPLACE.delay(self._sim_failures))
+        return await self._make_env()
 
     def _episode_done(self, success: bool, ret: float) -> None:
         p = self.progress

@@ -5,10 +5,9 @@ queue, no optimizer, no version change.
 
 from __future__ import annotations
 
-
 import numpy as np
 
-from envs.simcall import SimTimeout, sim_call
+from envs.simproc import SimFailure
 from workflows.common import Workflow
 
 EVAL_DEFAULTS = {"exec_steps": 0}
@@ -16,10 +15,8 @@ EVAL_DEFAULTS = {"exec_steps": 0}
 
 async def evaluate(wf: Workflow) -> None:
     """``wf.spec.eval_episodes`` episodes of the pinned version; the metrics in ``wf.final``."""
-    import envs
-
     spec = wf.spec
-    env = await sim_call("make", envs.make, spec.env_id, **spec.env_options)
+    env = await wf._make_env()  # a child process of its own (envs.simproc)
     version = spec.eval_version  # pinned once by the master; never changes here
     if version < 0:  # a training workload's closing evaluation: its final version
         await wf._refresh_version()
@@ -31,19 +28,20 @@ async def evaluate(wf: Workflow) -> None:
             try:
                 success, ret = await wf._episode(env, spec.eval_seed + ep, spec.eval_sample, version, exec_steps,
                                                  None)
-            except SimTimeout as exc:
-                # A hung simulator fails its episode (a failure with return 0) and is replaced;
-                # its thread is given up (envs.simcall), never closed under the hung call.
-                wf.log.warning("eval episode failed: simulator hung; env replaced", workload=spec.workload,
+            except SimFailure as exc:
+                # A simulator that hung (its process killed) or crashed fails its episode (a
+                # failure with return 0) and is replaced by a new process; past SIM_REPLACE
+                # failures in a row the workload fails (Workflow._replace_env).
+                wf.log.warning(f"eval episode failed: simulator {exc.what}; env replaced", workload=spec.workload,
                                episode=ep, error=exc.message)
                 success, ret = False, 0.0
-                env = await sim_call("make", envs.make, spec.env_id, **spec.env_options)
+                env = await wf._replace_env(env, exc)
             wf._episode_done(success, ret)
             if (ep + 1) % 10 == 0 or ep + 1 == spec.eval_episodes:
                 await wf._event("progress", metrics=eval_metrics(wf))
         wf.final = eval_metrics(wf)
     finally:
-        env.close()
+        await env.close()
 
 
 def eval_metrics(wf: Workflow) -> dict[str, float]:

@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 
+from envs.simproc import SimFailure
 from protocol.errors import Busy, InvalidField
 from protocol.messages import QueuePutRequest
-from envs.simcall import SimTimeout, sim_call
 from workflows.common import Workflow
 from workflows.gae import gae
 
@@ -34,27 +34,25 @@ class RLWorkflow(Workflow):
     kind = "rl"
 
     async def train(self) -> None:
-        import envs
-
         algo = {**RL_DEFAULTS, **self.spec.algo}
         # Several episodes at once: their predict requests meet in the inferencer's groups
         # (one base forward for all of them) instead of queueing one round trip at a time.
         n_envs = max(1, int(algo.get("parallel_envs", 1)))
         if n_envs > MAX_PARALLEL_ENVS:  # the spec bounds it too; a raw start_producer must not
             raise InvalidField("algo.parallel_envs", f"{n_envs} is over the limit of {MAX_PARALLEL_ENVS}")
-        pool = [await sim_call("make", envs.make, self.spec.env_id, **self.spec.env_options) for _ in range(n_envs)]
+        pool = await self._make_envs(n_envs)  # one child process each (envs.simproc)
 
         async def episode(j: int, seed_j: int, record: list[dict[str, Any]]) -> tuple[bool, float] | None:
-            # A hung simulator fails its episode (dropped: a partial segment has no end to
-            # bootstrap from) and is replaced; its thread is given up (envs.simcall). Past the
-            # hung bound the next call raises Unavailable and the workload fails.
+            # A simulator that hung (its process killed) or crashed fails its episode (dropped:
+            # a partial segment has no end to bootstrap from) and is replaced by a new process;
+            # past SIM_REPLACE failures in a row the workload fails (Workflow._replace_env).
             try:
                 return await self._episode(pool[j], seed_j, True, -1, int(algo["exec_steps"]), record)
-            except SimTimeout as exc:
-                self.log.warning("rl episode dropped: simulator hung; env replaced", workload=self.spec.workload,
-                                 error=exc.message)
+            except SimFailure as exc:
+                self.log.warning(f"rl episode dropped: simulator {exc.what}; env replaced",
+                                 workload=self.spec.workload, error=exc.message)
                 record.clear()
-                pool[j] = await sim_call("make", envs.make, self.spec.env_id, **self.spec.env_options)
+                pool[j] = await self._replace_env(pool[j], exc)
                 return None
 
         seed = self.spec.seed * 1_000_003
@@ -96,8 +94,7 @@ class RLWorkflow(Workflow):
             self.final = {"success_rate": float(np.mean([w[0] for w in window])) if window else 0.0,
                           "mean_return": float(np.mean([w[1] for w in window])) if window else 0.0}
         finally:
-            for env in pool:
-                env.close()
+            await asyncio.gather(*(env.close() for env in pool))
 
     async def _rollout_gate(self, begin: bool) -> None:
         # The master's gate: 1 active rollout per tenant, 3 in all; Busy says wait for a turn.
