@@ -812,8 +812,8 @@ def compile_tenant(spec: WorkloadSpec) -> TenantConfig:
         optim = {"lr": alg.lr, "weight_decay": alg.weight_decay, "grad_clip": alg.grad_clip,
                  "warmup_steps": alg.warmup_steps}
         if isinstance(alg, SFTAlgorithm):
-            # Cosine decay over the planned run (the slot counts the tenant's steps: until_version
-            # is where this run ends).
+            # Cosine decay over the planned run; the master sets where it starts (the tenant's
+            # version at accept: optim.schedule_start) and turns until_version into steps from there.
             optim["total_steps"] = alg.steps if alg.steps is not None else alg.until_version
         if isinstance(alg, PPOAlgorithm) and spec.action_module.kind == "gaussian":
             # The gaussian head computes the PPO loss, so these live in its config.

@@ -245,6 +245,12 @@ class WorkloadOps:
             raise SpecError([("algorithm.until_version", f"{until} is already reached (the tenant is at version "
                               f"{version}); allowed: a version above {version}, or algorithm.steps to train more",
                               until)])
+        if cfg.optim:
+            # The LR schedule (warmup, cosine over the budget) is this workload's: it starts at
+            # the tenant's version now, and an until_version total is the steps to it from here.
+            cfg.optim["schedule_start"] = version
+            if until is not None:
+                cfg.optim["total_steps"] = until - version
         if existing is not None:
             await self._update_scheduling(existing, cfg)
         else:

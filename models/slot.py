@@ -42,7 +42,12 @@ _MOMENT_KEYS = ("exp_avg", "exp_avg_sq", "step")
 @dataclass(frozen=True)
 class OptimConfig:
     """AdamW + linear warmup + cosine decay to min_lr_ratio * lr at total_steps (constant after).
-    total_steps None = constant LR after warmup. grad_clip None = no clipping."""
+    total_steps None = constant LR after warmup. grad_clip None = no clipping.
+
+    ``schedule_start``: the slot's step count at which this schedule begins (the tenant's version
+    when its current workload was accepted). A tenant outlives its workloads: without it a
+    second SFT of 128 steps on a tenant at step 128 ran its whole budget past the first one's
+    cosine, at the floor LR, with no warmup."""
 
     lr: float = 1e-4
     weight_decay: float = 0.01
@@ -53,6 +58,7 @@ class OptimConfig:
     total_steps: int | None = None
     min_lr_ratio: float = 0.1
     grad_clip: float | None = 1.0
+    schedule_start: int = 0
 
     def __post_init__(self) -> None:
         if not self.lr > 0:
@@ -63,8 +69,12 @@ class OptimConfig:
             raise SchemaError("optim.warmup_steps must be >= 0 and optim.total_steps > 0 or None")
         if self.grad_clip is not None and not self.grad_clip > 0:
             raise SchemaError(f"optim.grad_clip={self.grad_clip}: must be > 0 or None")
+        if self.schedule_start < 0:
+            raise SchemaError(f"optim.schedule_start={self.schedule_start}: must be >= 0")
 
     def lr_at(self, step: int) -> float:
+        """The LR of the slot's step ``step`` (its lifetime count), on this workload's schedule."""
+        step = max(0, step - self.schedule_start)
         if step < self.warmup_steps:
             return self.lr * (step + 1) / self.warmup_steps
         if self.total_steps is None:

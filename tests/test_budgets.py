@@ -76,6 +76,19 @@ def test_steps_count_this_workload_and_until_version_is_a_total(cluster, tmp_pat
                             text=True, env=python_env(), timeout=120, cwd=ROOT)
     rows = yaml.safe_load(listed.stdout)
     assert [(r["version"], r["steps"], r["budget_steps"]) for r in rows] == [(3, 3, 3), (6, 3, 3)], listed.stdout
+    # Its LR schedule is its own: it starts at version 3 at the full LR and decays over its 3
+    # steps (it ran the whole budget at the first run's floor, 1e-4, before optim.schedule_start).
+    second = rows[-1]["workload"]
+
+    async def lrs():
+        c = await AsyncClient(cluster.nats_url, cluster.prefix, timeout_s=30).connect()
+        try:
+            return [j.metrics.get("lr") for j in await c.jobs(tenant) if j.workload == second and j.state == "cleared"]
+        finally:
+            await c.close()
+
+    second_lrs = asyncio.run(lrs())
+    assert second_lrs and max(second_lrs) > 5e-4, second_lrs
 
     refused, accepted, third, ref = asyncio.run(first_and_refusals(True))
     (err,) = refused.details["errors"]

@@ -206,3 +206,16 @@ def test_mlp_use_state_false_ignores_the_state(base) -> None:
     a = s.head.predict(feats, batch.features, s.generator)
     batch.features.state_B_D.add_(5.0)
     assert torch.equal(a, s.head.predict(feats, batch.features, s.generator))
+
+
+def test_lr_schedule_starts_at_schedule_start():
+    """A tenant's next workload gets its own warmup and cosine: the schedule counts from
+    ``schedule_start`` (the tenant's version when the workload was accepted)."""
+    from models.slot import OptimConfig
+
+    first = OptimConfig(lr=1e-3, warmup_steps=2, total_steps=10)
+    again = OptimConfig(lr=1e-3, warmup_steps=2, total_steps=10, schedule_start=10)
+    assert [again.lr_at(10 + s) for s in range(12)] == [first.lr_at(s) for s in range(12)]
+    assert first.lr_at(15) == pytest.approx(1e-4) and again.lr_at(11) == pytest.approx(1e-3)
+    with pytest.raises(Exception, match="schedule_start"):
+        OptimConfig(schedule_start=-1)
