@@ -750,13 +750,10 @@ def tenant_reset(
     from sdk.term import print_json
 
     who = f"tenant {name}" if name else "your tenant"
-    if not yes:
-        if not sys.stdin.isatty():
-            _err(f"resetting {who} drops its policy versions and checkpoints; confirm with --yes")
-            return EXIT_BAD_INPUT
-        if not typer.confirm(f"Reset {who}: drop its slot, policy versions and checkpoints?"):
-            _err("not reset")
-            return EXIT_FAILED
+    refused = _confirmed(yes, f"resetting {who} drops its policy versions and checkpoints",
+                         f"Reset {who}: drop its slot, policy versions and checkpoints?", "not reset")
+    if refused is not None:
+        return refused
 
     async def go():
         async with _client(data_dir, nats_url, prefix, timeout_s) as client:
@@ -772,6 +769,20 @@ def tenant_reset(
     return EXIT_OK
 
 
+def _confirmed(yes: bool, what: str, question: str, declined: str) -> int | None:
+    """None to go on (``--yes``, or the user said yes); else the exit code, having said why:
+    with no terminal to ask on, a destructive command needs ``--yes``."""
+    if yes:
+        return None
+    if not sys.stdin.isatty():
+        _err(f"{what}; confirm with --yes")
+        return EXIT_BAD_INPUT
+    if not typer.confirm(question):
+        _err(declined)
+        return EXIT_FAILED
+    return None
+
+
 @tenant_app.command("delete")
 def tenant_delete(
     name: Annotated[str, typer.Argument(help="tenant name")],
@@ -785,13 +796,10 @@ def tenant_delete(
     (cancel it first)."""
     from sdk.term import print_json
 
-    if not yes:
-        if not sys.stdin.isatty():
-            _err(f"deleting tenant {name} removes its policies and history; confirm with --yes")
-            return EXIT_BAD_INPUT
-        if not typer.confirm(f"Delete tenant {name}, its policy versions, checkpoints and history?"):
-            _err("not deleted")
-            return EXIT_FAILED
+    refused = _confirmed(yes, f"deleting tenant {name} removes its policies and history",
+                         f"Delete tenant {name}, its policy versions, checkpoints and history?", "not deleted")
+    if refused is not None:
+        return refused
 
     from actors.auth import AuthStore
     from protocol.errors import NotFound
