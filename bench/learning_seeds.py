@@ -24,8 +24,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from actors.broker import free_port
 from bench.chaos import ROOT, Deployment
 
@@ -55,7 +53,9 @@ def run(seeds: list[int], episodes: int, concurrent: bool, data_dir: Path, timeo
         max_wall_s: float | None = None) -> dict[str, Any]:
     from sdk import Client
 
-    base = yaml.safe_load(SPEC.read_text())
+    from master.spec import load_document
+
+    base = load_document(SPEC.read_text())  # the spec loader (YAML 1.2 numbers: lr 5e-4 is a float)
     dep = Deployment(data_dir, nats_cluster=1)
     dep.up(free_port())
     rows: list[dict[str, Any]] = []

@@ -1,4 +1,5 @@
-"""The learning headline, guarded by the default suite (issue 14 item 7).
+"""The learning headline's in-process run (issue 14 item 7), slow-marked since issue 25: the
+default suite guards the same figure through the services (tests/test_learning_services_short.py).
 
 The README's learning figures rest on tests/test_learning.py, which is slow-marked (minutes):
 `make test` deselects it, so CI never ran it. This is its shortened in-process SFT run, in the
@@ -12,6 +13,8 @@ baseline, no export round trip: the slow test checks those).
 from __future__ import annotations
 
 import pytest
+
+pytestmark = pytest.mark.slow
 
 # The slow run's demos (200, DART noise 0.5) with about half its steps (160 x 128 instead of
 # 300 x 128 at lr 1e-3): the larger lr and shorter warm-up make up for them. Measured in
