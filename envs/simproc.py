@@ -252,7 +252,7 @@ class SimPool:
         self._starting += 1
         try:
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "envs.simproc", stdin=asyncio.subprocess.PIPE,
+                sys.executable, "-m", "envs.simproc", str(os.getpid()), stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE, env=_child_env())
         finally:
             self._starting -= 1
@@ -420,8 +420,11 @@ def _die_with_parent() -> None:
 
 def main() -> None:
     _die_with_parent()
-    if os.getppid() == 1:
-        return  # the parent is gone already
+    # The parent is gone already when this process was re-parented: compared with the pid the
+    # parent passed, never with 1 (in a container the env worker itself is pid 1).
+    parent = int(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1].isdigit() else None
+    if parent is not None and os.getppid() != parent:
+        return
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C of the worker's terminal is the worker's
     wfd = os.dup(1)  # the protocol's channel; fd 1 (print) goes to stderr instead
     os.dup2(2, 1)

@@ -195,7 +195,7 @@ def payload_errors(spec: WorkloadSpec, max_payload: int, source: str) -> list[tu
     total, cams = row_bytes(spec)
     limit = max_payload - CHUNK_HEADROOM_BYTES
     if total <= limit:
-        return batch_errors(spec, total, limit, max_payload, source)
+        return []
     frames = sum(cams.values())
     rest = total - frames
     where = (f"the broker's max payload {max_payload:,} bytes ({source}) less {CHUNK_HEADROOM_BYTES:,} for "
@@ -217,25 +217,6 @@ def payload_errors(spec: WorkloadSpec, max_payload: int, source: str) -> list[tu
              {"row_bytes": total, "limit_bytes": limit})]
 
 
-def batch_errors(spec: WorkloadSpec, row: int, limit: int, max_payload: int, source: str
-                 ) -> list[tuple[str, str, Any]]:
-    """A micro-batch (sft: algorithm.batch_size rows; rl: algorithm.micro_batch) must fit one
-    training-queue message: `queue_put` splits a larger one into parts, and each part is an
-    optimizer step of its own, so a 128-row SFT batch of two 64x64 cameras trained 4 steps of 32
-    for every step of its budget (640 for 160). Refused here, naming the most rows that fit."""
-    alg = spec.algorithm
-    field, rows = (("algorithm.batch_size", getattr(alg, "batch_size", None)) if spec.task == "sft"
-                   else ("algorithm.micro_batch", getattr(alg, "micro_batch", None)))
-    if not isinstance(rows, int) or rows * row <= limit:
-        return []
-    fits = max(1, limit // row)
-    parts = math.ceil(rows * row / limit)
-    return [(field, f"{rows} rows of {row:,} bytes ({rows * row:,}) do not fit one training-queue message "
-             f"({limit:,} bytes: the broker's max payload {max_payload:,} ({source}) less headers); the trainer "
-             f"would take each micro-batch as about {parts} optimizer steps of fewer rows, not one step of {rows}; "
-             f"allowed: at most {fits} rows (or smaller cameras)", rows)]
-
-
 def run_errors(spec: WorkloadSpec, max_payload: int | None = DEFAULT_MAX_PAYLOAD,
                source: str = "nats-server's default") -> list[tuple[str, str, Any]]:
     """Every check above; ``max_payload`` None skips the row size (the master checks it with
@@ -246,5 +227,5 @@ def run_errors(spec: WorkloadSpec, max_payload: int | None = DEFAULT_MAX_PAYLOAD
     return errors
 
 
-__all__ = ["DEFAULT_MAX_PAYLOAD", "batch_errors", "env_errors", "head_errors", "head_options", "payload_errors", "row_bytes",
+__all__ = ["DEFAULT_MAX_PAYLOAD", "env_errors", "head_errors", "head_options", "payload_errors", "row_bytes",
            "run_errors"]
