@@ -18,18 +18,26 @@ is noticed on the next read, which then forgets the job's sequences and walks af
 
 Shared by the master (``queue_get``) and the trainer (a leased job's data): a helper two roles
 use, below both, so neither imports the other (STYLE.md practice 14).
+
+    steps = join_parts(items)   # the trainer: one micro-batch (one optimizer step) per put item
+
+A micro-batch over the max payload is stored as parts (`sdk.client.AsyncClient.queue_put`,
+seqs from `protocol.messages.chunk_seq`); `join_parts` concatenates them back, so the trainer
+takes one optimizer step on exactly the rows the producer put, as if it had fit.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections import OrderedDict
 from typing import Any
 
+import numpy as np
 from nats.js.errors import NotFoundError
 
 from actors.bus import js_retry
 
-from protocol.messages import JobRecord, QueuePutRequest
+from protocol.messages import JobRecord, QueuePutRequest, chunk_parts
 from protocol.subjects import Names
 from protocol.wire import decode
 
@@ -89,3 +97,48 @@ class PartitionReader:
 async def read_job_items(bus: Any, names: Names, job: JobRecord, start: int, max_items: int) -> list[QueuePutRequest]:
     """One read of a job's items, remembering nothing (a trainer reads a job once)."""
     return await PartitionReader(bus, names, max_jobs=1).read(job, start, max_items)
+
+
+def join_parts(items: list[QueuePutRequest]) -> list[QueuePutRequest]:
+    """The micro-batches ``items`` hold, in order: the parts of one split item (same item seq,
+    same part count) joined back into that item, rows in part order.
+
+    Why join, not accumulate per part: the joined item is the very micro-batch the producer put
+    (bit-equal arrays), so its step is the unsplit step by construction (the loss is the mean
+    over all its rows, RL statistics are over the whole micro-batch), it counts once in the
+    tenant's version and the workload's step budget, and nothing downstream of the queue needs
+    to know that a split ever happened. The parts are already in the trainer's memory (it reads
+    a job whole), so joining costs one copy of one micro-batch.
+
+    Exactly-once is unchanged: each part is deduplicated on its own seq when it is put. A part
+    that is missing (its producer died half-way through a split and the job was sealed) leaves
+    a smaller micro-batch of the parts that were stored; it still trains as one step, as
+    `JobRecord.steps` counted it."""
+    groups: dict[object, list[QueuePutRequest]] = {}
+    for k, item in enumerate(items):
+        parts = chunk_parts(item.seq)
+        # An ordinary item is a group of its own (keyed by its position: equal seqs of
+        # ordinary items are distinct micro-batches, dedup refused true repeats at the put).
+        groups.setdefault(("item", k) if parts is None else ("parts", parts[0], parts[1]), []).append(item)
+    out = []
+    for group in groups.values():  # dicts keep insertion order: a step sits where its first part was
+        if len(group) == 1:
+            out.append(group[0])
+            continue
+        group.sort(key=lambda it: chunk_parts(it.seq)[2])  # type: ignore[index]
+        first = group[0]
+
+        def cat(get):
+            xs = [get(it) for it in group]
+            return None if any(x is None for x in xs) else np.concatenate(xs)
+
+        # `replace`: a field added to QueuePutRequest later keeps the first part's value.
+        out.append(dataclasses.replace(
+            first, seq=chunk_parts(first.seq)[0],  # type: ignore[index]
+            images={c: np.concatenate([it.images[c] for it in group]) for c in first.images},
+            state=cat(lambda it: it.state), instructions=[s for it in group for s in it.instructions],
+            actions=cat(lambda it: it.actions), old_log_prob=cat(lambda it: it.old_log_prob),
+            advantages=cat(lambda it: it.advantages), returns=cat(lambda it: it.returns),
+            behaviour_version=min(it.behaviour_version for it in group),
+        ))
+    return out

@@ -39,7 +39,7 @@ import numpy as np
 
 from actors.bus import is_broker_outage
 from actors.slots import Resident
-from actors.tq_read import read_job_items
+from actors.tq_read import join_parts, read_job_items
 from protocol.errors import Conflict, FailedPrecondition, NexusError
 from protocol.messages import JobRecord, LeaseReply, LeaseRequest, QueuePutRequest
 
@@ -233,6 +233,8 @@ class TrainLoop:
                     w.items = await read_job_items(t.bus, t.names, w.job, 0, w.job.items)
                     if len(w.items) != w.job.items:
                         raise FailedPrecondition(f"partition holds {len(w.items)} of {w.job.items} micro-batches")
+                    # The parts of a micro-batch split to fit the max payload are one step.
+                    w.items = join_parts(w.items)
         except asyncio.CancelledError:
             raise
         except Exception as exc:

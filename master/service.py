@@ -65,6 +65,7 @@ from protocol.messages import (
     WeightsChunk,
     WeightsReadRequest,
     TERMINAL_JOB_STATES,
+    starts_step,
     TERMINAL_WORKLOAD_STATES,
     CheckpointCommitRequest,
     CheckpointGetRequest,
@@ -615,6 +616,8 @@ class Master(WorkloadOps, UsageOps, BaseOps, Role):
                 job.items = max(job.items, in_stream)
                 if not ack.duplicate:
                     job.samples += b
+                    if starts_step(req.seq):  # a split item's parts are one step (docs/training_queue.md)
+                        job.steps += 1
                     if job.task == "rl":
                         # Staleness is judged by the oldest data in the job.
                         job.behaviour_version = (req.behaviour_version if job.behaviour_version < 0

@@ -485,14 +485,15 @@ class WorkloadOps:
     def _steps_done(self, rec: WorkloadRecord) -> tuple[int, list[str]]:
         """(steps of ``rec``'s budget already trained or queued, its unfinished jobs): the
         tenant's versions since the workload was accepted plus the micro-batches (one step
-        each) of its jobs still to train (a stopped producer's, sealed by `_repend`). Read in
+        each; a split micro-batch's parts are one: `JobRecord.steps`) of its jobs still to
+        train (a stopped producer's, sealed by `_repend`). Read in
         one go, with no await between: a job that trains meanwhile moves from one term to the
         other, never into both or neither. A resumed producer queues only the rest."""
         from master.scheduler import UNFINISHED
 
         trained = max(0, self.sched.versions.get(rec.tenant, 0) - rec.start_version)
         live = [j for j in self.sched.tenant_jobs(rec.tenant) if j.workload == rec.workload and j.state in UNFINISHED]
-        return trained + sum(j.items for j in live), [j.job for j in live]
+        return trained + sum(j.steps or j.items for j in live), [j.job for j in live]
 
     async def _pin_version(self, tenant: str, version: Any) -> int:
         """The version an eval scores: a number (checked at submit) or the latest export.

@@ -446,7 +446,10 @@ class JobRecord:
     updated_at: float
     auto: bool = True  # leased by the scheduler; False: trained only by an explicit train_batch
     priority: int = 0
-    items: int = 0  # micro-batches in the partition
+    items: int = 0  # messages in the partition (each part of a split micro-batch is one)
+    # Optimizer steps those items make: a split micro-batch's parts are one step (the trainer
+    # joins them, `actors.tq_read.join_parts`). 0 on a record from before this field: use items.
+    steps: int = 0
     samples: int = 0
     behaviour_version: int = -1  # RL: policy version that produced the data (-1: SFT)
     ready_at: float = 0.0
@@ -504,6 +507,23 @@ def chunk_seq(seq: int, parts_log2: int, index: int) -> int:
 
 def is_chunk_seq(seq: int) -> bool:
     return bool(seq & CHUNK_SEQ_FLAG)
+
+
+def chunk_parts(seq: int) -> tuple[int, int, int] | None:
+    """(item seq, log2 of the part count, part index) of a part's seq; None for an ordinary seq.
+
+    The inverse of `chunk_seq`: the trainer joins the parts of one split item back into the
+    one micro-batch (one optimizer step) the producer put (`actors.tq_read.join_parts`)."""
+    if not is_chunk_seq(seq):
+        return None
+    return (seq >> 21) & MAX_ITEM_SEQ, (seq >> 16) & 0x1F, seq & 0xFFFF
+
+
+def starts_step(seq: int) -> bool:
+    """Does the item with this seq start an optimizer step: an ordinary item, or part 0 of a
+    split one (its other parts train in the same step)?"""
+    parts = chunk_parts(seq)
+    return parts is None or parts[2] == 0
 
 
 @message("tq.put", 1)
