@@ -57,7 +57,7 @@ class Work:
     job: JobRecord
     phase: str = "parked"  # parked -> preparing -> running -> finishing (then gone)
     res: Resident | None = None  # set once prepared
-    items: list[QueuePutRequest] = field(default_factory=list)
+    items: list[QueuePutRequest] = field(default_factory=list)  # one per step: split parts joined
     cursor: int = 0  # the next micro-batch to train
     batch: Any = None  # this step's models.TenantBatch (micro-batch ``cursor``, canonicalised now)
     losses: list[float] = field(default_factory=list)
