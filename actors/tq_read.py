@@ -36,7 +36,6 @@ import numpy as np
 from nats.js.errors import NotFoundError
 
 from actors.bus import js_retry
-
 from protocol.messages import JobRecord, QueuePutRequest, chunk_parts
 from protocol.subjects import Names
 from protocol.wire import decode
@@ -128,7 +127,7 @@ def join_parts(items: list[QueuePutRequest]) -> list[QueuePutRequest]:
         group.sort(key=lambda it: chunk_parts(it.seq)[2])  # type: ignore[index]
         first = group[0]
 
-        def cat(get):
+        def cat(get, group=group):
             xs = [get(it) for it in group]
             return None if any(x is None for x in xs) else np.concatenate(xs)
 

@@ -16,7 +16,13 @@ import numpy as np
 import pytest
 
 from actors.tq_read import join_parts
-from protocol.messages import chunk_parts, chunk_seq, is_chunk_seq, starts_step, workload_steps
+from protocol.messages import (
+    chunk_parts,
+    chunk_seq,
+    is_chunk_seq,
+    starts_step,
+    workload_steps,
+)
 from protocol.wire import encode
 from sdk.client import AsyncClient, _slice_item, _split_item
 from tests.tq_helpers import exactly_once, micro_batch, tenant
