@@ -110,16 +110,34 @@ def test_examples_say_what_the_brief_asks():
     assert (ev.eval.version, ev.eval.episodes, ev.algorithm) == ("latest", 50, None)
     assert ev.tenant == "sft-reach" and ev.base is ev.action_module is ev.observation is ev.action is None
     lr = load_spec(ROOT / "examples/sft_lerobot.yaml")
-    assert lr.dataset.root == "../shared/fixtures/lerobot/libero_like"
-    assert (len(lr.observation.cameras), lr.observation.state_dim, lr.action.dim) == (2, 8, 7)
-    # The fixture really has these keys and shapes (when the shared fixtures are present).
-    info_path = ROOT / lr.dataset.root / "meta/info.json"
-    if info_path.exists():
-        features = json.loads(info_path.read_text())["features"]
-        for key in lr.dataset.camera_map:
-            assert features[key]["shape"][:2] == [64, 64]
-        assert features[lr.dataset.state_key]["shape"] == [8]
-        assert features[lr.dataset.action_key]["shape"] == [7]
+    # A fresh clone runs it: it names the dataset its own header records and publishes.
+    assert lr.dataset.root == ".nexus/datasets/published/reach-demos"
+    assert (len(lr.observation.cameras), lr.observation.state_dim, lr.action.dim) == (2, 4, 2)
+
+
+def test_the_lerobot_example_fits_the_dataset_its_header_records(tmp_path):
+    """examples/sft_lerobot.yaml's header records its dataset with `nexus dataset record`: the
+    features that writes are the ones the spec maps (keys and shapes), so the submit's
+    feature check passes on it."""
+    import shlex
+
+    from master.spec import feature_errors
+    from sdk.dataset_cli import main as dataset_cli
+
+    lr = load_spec(ROOT / "examples/sft_lerobot.yaml")
+    line = next(ln for ln in (ROOT / "examples/sft_lerobot.yaml").read_text().splitlines()
+                if "nexus dataset record" in ln)
+    argv = shlex.split(line.lstrip("# "))[2:]  # record --out ... as written, but 1 episode into tmp
+    argv[argv.index("--out") + 1] = str(tmp_path / "reach")
+    argv[argv.index("--episodes") + 1] = "1"
+    assert dataset_cli(argv) == 0
+    features = json.loads((tmp_path / "reach/meta/info.json").read_text())["features"]
+    cams = {c.name: c for c in lr.observation.cameras}
+    for key, name in lr.dataset.camera_map.items():
+        assert features[key]["shape"][:2] == [cams[name].height, cams[name].width], key
+    raw = {k: {"dtype": f["dtype"], "shape": f["shape"]} for k, f in features.items()}
+    assert feature_errors(raw, lr.dataset.state_key, lr.dataset.action_key, list(lr.dataset.camera_map),
+                          lr.observation.state_dim, lr.action.dim) == []
 
 
 def _doc_blocks() -> list[tuple[str, str]]:
