@@ -15,7 +15,10 @@ on, each known without a deployment, a simulator or torch:
 
 The master runs it on every sft / rl submit with its server's max payload before anything
 of the tenant is created (master/workloads.py); `nexus spec validate` offline with
-nats-server's default (`DEFAULT_MAX_PAYLOAD`), and says which one it used.
+nats-server's default (`DEFAULT_MAX_PAYLOAD`), and says which one it used. What could not be
+checked without the env's simulator (an env id only an env worker's plugin registers, cameras
+a ManiSkill task outside the table renders, LIBERO's camera names) is no error: `unchecked`
+lists it, and `nexus spec validate` prints it as "not checked here" notes.
 
     errors = run_errors(spec, max_payload=DEFAULT_MAX_PAYLOAD)   # [(field, message, value)]
 """
@@ -161,6 +164,38 @@ def env_errors(spec: WorkloadSpec, whose: str = "") -> list[tuple[str, str, Any]
     return errors
 
 
+def unchecked(spec: WorkloadSpec) -> list[tuple[str, str]]:
+    """What `env_errors` could not check for this spec, as (field, why) notes: the run checks
+    it when its env worker builds the env, not the submit. An env id not registered here (an
+    env worker's ``NEXUS_ENV_PLUGINS`` module, or a typo) has nothing checked; a described one
+    may leave cameras, state or action unknown until its simulator is built (a ManiSkill task
+    not in its table); LIBERO's camera names are robosuite's, checked on a task's first reset."""
+    import envs.registry as registry
+
+    env = spec.env
+    if env is None:
+        return []
+    facts = registry.describe(env.id, dict(env.options))
+    if facts is None:
+        return [("env.id", f"{env.id} is not registered here (an env worker's NEXUS_ENV_PLUGINS module, or a "
+                 f"typo: registered here are {', '.join(registry.known_env_ids())}); its options, cameras, state "
+                 "and action are checked when its env worker starts the workload")]
+    if facts.unknown or facts.problem:
+        return []  # refused anyway
+    notes = []
+    if facts.cameras is None:
+        notes.append(("observation.cameras", f"env {env.id} renders cameras known only once its simulator is "
+                      "built; checked when the workload starts"))
+    elif env.id.startswith("libero/") and facts.cameras:
+        notes.append(("observation.cameras", "camera names are LIBERO's scene cameras, which robosuite checks "
+                      "on a task's first reset (sizes are checked here)"))
+    if facts.state_dim is None:
+        notes.append(("observation.state_dim", f"env {env.id}'s state length is known once its simulator is built"))
+    if facts.action_dim is None:
+        notes.append(("action.dim", f"env {env.id}'s action length is known once its simulator is built"))
+    return notes
+
+
 def _row(spec: WorkloadSpec, images: dict[str, Any]) -> Any:
     import numpy as np
 
@@ -228,4 +263,4 @@ def run_errors(spec: WorkloadSpec, max_payload: int | None = DEFAULT_MAX_PAYLOAD
 
 
 __all__ = ["DEFAULT_MAX_PAYLOAD", "env_errors", "head_errors", "head_options", "payload_errors", "row_bytes",
-           "run_errors"]
+           "run_errors", "unchecked"]

@@ -114,6 +114,24 @@ def test_examples_stay_valid_and_say_their_row_size(tmp_path):
     assert text.returncode == 0 and "nats-server's default" in text.stdout and "1,048,576" in text.stdout, text
 
 
+def test_what_is_not_checked_here_is_said(tmp_path):
+    """An env id only an env worker's plugin registers (or a typo) cannot be checked offline:
+    valid, with a note naming env.id and the ids registered here; the shipped reach examples
+    are checked in full (no note)."""
+    plugin = copy.deepcopy(RL)
+    plugin["env"] = {"id": "myco/door-v0", "options": {"doors": 2}}
+    code, out, err = _validate(tmp_path, "plugin", plugin)
+    assert code == 0 and out["valid"], (out, err)
+    (note,) = out["unchecked"]
+    assert note["field"] == "env.id" and "myco/door-v0" in note["message"], note
+    assert "NEXUS_ENV_PLUGINS" in note["message"] and "builtin/reach-v0" in note["message"], note
+    text = subprocess.run(nexus_cmd("spec", "validate", str(tmp_path / "plugin.yaml")), capture_output=True,
+                          text=True, timeout=120, env=python_env())
+    assert text.returncode == 0 and "not checked here: env.id: myco/door-v0" in text.stdout, text
+    code, out, err = _validate(tmp_path, "reach", RL)
+    assert code == 0 and out["unchecked"] == [], out
+
+
 def test_the_row_size_is_the_encoded_row():
     """row_bytes counts frames without allocating them; it must match a real encoded row."""
     import numpy as np
