@@ -85,8 +85,7 @@ def test_sft_from_a_libero_dataset_then_a_per_task_eval_on_libero_spatial(roles,
     if problem:
         pytest.skip(problem)
     from bench.libero_services import eval_spec, sft_spec
-    from master.spec import SpecError
-    from protocol.errors import NotFound
+    from protocol.errors import InvalidField, NotFound
     from sdk.client import AsyncClient
 
     for role in ("health", "master", "trainer", "env"):
@@ -101,7 +100,7 @@ def test_sft_from_a_libero_dataset_then_a_per_task_eval_on_libero_spatial(roles,
 
     async def go():
         async with AsyncClient(roles.nats_url, roles.prefix, timeout_s=60) as c:
-            with pytest.raises(SpecError) as refused:
+            with pytest.raises(InvalidField) as refused:
                 await c.submit(bad)
             with pytest.raises(NotFound):  # refused before anything of the tenant was created
                 await c.tenant(tenant)
@@ -112,9 +111,9 @@ def test_sft_from_a_libero_dataset_then_a_per_task_eval_on_libero_spatial(roles,
             return refused.value, sft, rec, report
 
     refused, sft, rec, report = asyncio.run(go())
-    fields = [e["field"] for e in refused.errors]
-    assert fields == ["dataset.state_key"], refused.errors
-    assert "has shape [8], but observation.state_dim is 9" in refused.errors[0]["message"]
+    errors = refused.details["errors"]
+    assert [e["field"] for e in errors] == ["dataset.state_key"], errors
+    assert "has shape [8], but observation.state_dim is 9" in errors[0]["message"]
     assert sft.state == "completed", (sft.state, sft.message)
     assert rec.state == "completed", (rec.state, rec.message)
     assert rec.episodes == 3
