@@ -69,6 +69,21 @@ def test_task_table_and_the_record_bound():
     assert (kept[0].successes, kept[0].success_rate) == (1, 1.0)
 
 
+def test_download_report_prints_the_table(tmp_path, capsys):
+    from sdk.cli import _print_task_table
+
+    path = tmp_path / "w.report.json"
+    path.write_text(json.dumps({"workload": "w", "per_task": [
+        {"task_index": 3, "task": "open_drawer", "instruction": "open the drawer", "episodes": 4, "successes": 1,
+         "success_rate": 0.25}]}))
+    _print_task_table(path)
+    out = capsys.readouterr().out
+    assert "open the drawer" in out and "25 %" in out and "success rate" in out
+    path.write_text(json.dumps({"workload": "w", "per_task": []}))  # no task index: no table
+    _print_task_table(path)
+    assert capsys.readouterr().out == ""
+
+
 # -- through the services ------------------------------------------------------------------
 def _libero_problem() -> str | None:
     if importlib.util.find_spec("libero") is None:
