@@ -455,6 +455,30 @@ _VERSION_SCHEMA = {"anyOf": [{"type": "integer", "minimum": 0},
                              {"type": "string", "pattern": f"^(?:{VERSION_PIN_PATTERN})$"}]}
 
 
+EVAL_TASKS_MAX = 90  # a LIBERO suite has at most 90 tasks (libero_90); protocol MAX_TASK_ROWS
+EVAL_TASK_NAME_MAX = 200
+_EVAL_TASKS_SCHEMA = {"anyOf": [
+    {"type": "null"}, {"const": "all"},
+    {"type": "array", "minItems": 1, "maxItems": EVAL_TASKS_MAX,
+     "items": {"anyOf": [{"type": "integer", "minimum": 0},
+                         {"type": "string", "minLength": 1, "maxLength": EVAL_TASK_NAME_MAX}]}}]}
+
+
+def _check_eval_tasks(value: Any) -> str | list[int | str] | None:
+    allowed = (f"allowed: 'all', null, or a list of 1..{EVAL_TASKS_MAX} task indices (integers >= 0) or task "
+               f"names (1..{EVAL_TASK_NAME_MAX} characters)")
+    if value is None or value == "all":
+        return value
+    if not isinstance(value, list) or not 1 <= len(value) <= EVAL_TASKS_MAX:
+        raise _custom(f"{value!r} is not allowed; {allowed}")
+    for item in value:
+        ok_int = isinstance(item, int) and not isinstance(item, bool) and item >= 0
+        ok_str = isinstance(item, str) and 1 <= len(item) <= EVAL_TASK_NAME_MAX
+        if not (ok_int or ok_str):
+            raise _custom(f"entry {item!r} is not allowed; {allowed}")
+    return list(value)
+
+
 class EvalSpec(_Section):
     """Read-only evaluation episodes on the env with a pinned policy version."""
 
@@ -470,11 +494,24 @@ class EvalSpec(_Section):
                      "the same episodes", 0, ge=0)
     sample: Bool = _doc("sample actions (true) or take the mean (false). Default false: deterministic "
                         "scores", False)
+    tasks: Annotated[str | list[int | str] | None, WithJsonSchema(_EVAL_TASKS_SCHEMA)] = _doc(
+        "which of the env's tasks the episodes run: 'all' (episode i runs task i mod the env's task "
+        "count: a round-robin over every task, e.g. a LIBERO suite's 10), a list of task indices or "
+        f"names (episode i runs the (i mod length)-th; at most {EVAL_TASKS_MAX}), or null (each "
+        "episode's task is the env's own draw from its reset seed). Either way the report's per_task "
+        "table has a row per task run: episodes, successes, success rate. A name or index the env "
+        "does not have fails the workload before its first episode, naming the env's tasks. "
+        "Default null", None)
 
     @field_validator("version", mode="plain")
     @classmethod
     def _version(cls, value: Any) -> int | str:
         return _check_version(value)
+
+    @field_validator("tasks", mode="plain")
+    @classmethod
+    def _tasks(cls, value: Any) -> str | list[int | str] | None:
+        return _check_eval_tasks(value)
 
 
 class OutputsSpec(_Section):

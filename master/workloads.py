@@ -44,12 +44,15 @@ from actors.runtime import op
 from actors.tracing import consumer_span
 from protocol.errors import Conflict, FailedPrecondition, NexusError, NotFound
 from protocol.messages import (
+    MAX_TASK_ROWS,
+    MAX_TASK_TEXT,
     TERMINAL_WORKLOAD_STATES,
     CreateTenantRequest,
     HandbackRequest,
     Ok,
     ProducerSpec,
     SubmitRequest,
+    TaskResult,
     TenantConfig,
     TenantsReply,
     WeightsRef,
@@ -134,6 +137,9 @@ def compile_producer(spec: Any, workload: str, eval_version: int = -1, start_ver
     if spec.eval is not None:
         # eval: the workload itself; sft / rl: a closing evaluation of the final version.
         p.eval_episodes, p.eval_seed, p.eval_sample = spec.eval.episodes, spec.eval.seed, spec.eval.sample
+        tasks = spec.eval.tasks
+        p.eval_all_tasks = tasks == "all"
+        p.eval_tasks = list(tasks) if isinstance(tasks, list) else []
     if spec.task == "sft":
         p.algo = {"batch_size": algo["batch_size"], "items_per_job": algo["items_per_job"]}
     elif spec.task == "rl":
@@ -543,6 +549,8 @@ class WorkloadOps:
             return
         rec.step, rec.episodes = max(rec.step, ev.step), max(rec.episodes, ev.episodes)
         rec.metrics.update(ev.metrics)
+        if ev.per_task:
+            rec.per_task = bounded_task_rows(ev.per_task)
         rec.updated_at = time.time()
         if ev.kind == "done":
             state = "failed" if ev.state == "failed" else "completed"
@@ -768,6 +776,20 @@ class WorkloadOps:
     def _release_rollouts(self, workload: str) -> None:
         for key in [k for k in self.rollouts if k.split("/", 1)[1] == workload]:
             del self.rollouts[key]
+
+
+def bounded_task_rows(rows: list[TaskResult]) -> list[TaskResult]:
+    """An event's per-task table as the record keeps it: MAX_TASK_ROWS rows by task index,
+    texts cut to MAX_TASK_TEXT, counts made consistent (an event is a producer's word, and a
+    record must stay small enough for KV and the report's reader)."""
+    out = []
+    for r in sorted(rows, key=lambda r: r.task_index)[:MAX_TASK_ROWS]:
+        episodes = max(0, r.episodes)
+        successes = min(max(0, r.successes), episodes)
+        out.append(TaskResult(task_index=r.task_index, task=r.task[:MAX_TASK_TEXT],
+                              instruction=r.instruction[:MAX_TASK_TEXT], episodes=episodes, successes=successes,
+                              success_rate=successes / episodes if episodes else 0.0))
+    return out
 
 
 REPORTS_DIR = "reports"

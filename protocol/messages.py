@@ -926,6 +926,10 @@ class ProducerSpec:
     eval_episodes: int = 0
     eval_seed: int = 0
     eval_sample: bool = False  # sample actions in evaluation instead of taking the mean
+    # eval.tasks: episode i runs task eval_tasks[i % len] (indices or names of the env's tasks);
+    # eval_all_tasks: round-robin over every task of the env; neither: the env's seeded draw.
+    eval_tasks: list[int | str] = field(default_factory=list)
+    eval_all_tasks: bool = False
     policy_tenant: str = ""  # whose policy acts ("" = tenant); an eval may score another tenant's export
     seed: int = 0
     demo_seed: int = 0  # first reset seed of the expert recording (episode i: demo_seed + i)
@@ -936,6 +940,24 @@ class ProducerSpec:
     target_at_least: float | None = None
     target_at_most: float | None = None
     target_window: int = 20
+
+
+# An evaluation's per-task table has a row per task its episodes ran: a LIBERO suite has at
+# most 90 tasks (libero_90), so 90 rows bound it (more are cut, the rest counted in the totals).
+MAX_TASK_ROWS = 90
+MAX_TASK_TEXT = 200  # characters of a row's task name or instruction kept
+
+
+@dataclass
+class TaskResult:
+    """One row of an evaluation's per-task table (the env's ``info["task_index"]``)."""
+
+    task_index: int
+    task: str = ""  # the env's task name
+    instruction: str = ""  # its language instruction
+    episodes: int = 0
+    successes: int = 0
+    success_rate: float = 0.0
 
 
 @message("workload.ref", 1)
@@ -959,6 +981,9 @@ class WorkloadEvent:
     message: str = ""
     errors: list[dict[str, str]] = field(default_factory=list)
     at: float = 0.0
+    # An evaluation's per-task table (eval, or sft / rl's closing evaluation), sorted by task
+    # index; empty when the env reports no task index. At most MAX_TASK_ROWS rows.
+    per_task: list[TaskResult] = field(default_factory=list)
 
 
 WorkloadState = Literal["pending", "running", "completed", "failed", "cancelled"]
@@ -989,6 +1014,8 @@ class WorkloadRecord:
     # Optimizer steps this workload trains (0: no step budget); its steps so far are
     # ``step - start_version`` (`workload_steps`).
     budget_steps: int = 0
+    # Its evaluation's per-task table (the last event's; WorkloadEvent.per_task), in its report.
+    per_task: list[TaskResult] = field(default_factory=list)
 
 
 def workload_steps(rec: WorkloadRecord) -> int:

@@ -1238,6 +1238,7 @@ def download(
             print_json({"workload": tenant, "report": str(path)})
         else:
             print(path)
+            _print_task_table(Path(path))
         return EXIT_OK
 
     async def go():
@@ -1250,6 +1251,20 @@ def download(
     else:
         print(f"{weights}\n{manifest}")
     return EXIT_OK
+
+
+def _print_task_table(report_path: Path) -> None:
+    """An evaluation's per-task table from a downloaded report (none: nothing printed)."""
+    import json as _json
+
+    from sdk.term import TASK_TABLE_HEADER, table, task_rows
+
+    try:
+        per_task = _json.loads(report_path.read_text()).get("per_task") or []
+    except (OSError, ValueError, AttributeError):
+        return
+    if per_task:
+        table(TASK_TABLE_HEADER, task_rows(per_task))
 
 
 # -- logs / spec / layout -----------------------------------------------------------------------

@@ -53,6 +53,20 @@ def table(header: Sequence[str], rows: Sequence[Sequence[Any]], *, file: TextIO 
     _console(file or sys.stdout).print(t)
 
 
+TASK_TABLE_HEADER = ("task", "name", "instruction", "episodes", "successes", "success rate")
+
+
+def task_rows(per_task: Sequence[Any]) -> list[list[Any]]:
+    """An evaluation's per-task table (a report's ``per_task``: dicts or TaskResult rows) as
+    table rows under TASK_TABLE_HEADER."""
+    out = []
+    for r in per_task:
+        d = r if isinstance(r, dict) else vars(r)
+        out.append([d.get("task_index"), d.get("task", ""), d.get("instruction", ""), d.get("episodes", 0),
+                    d.get("successes", 0), f"{100 * float(d.get('success_rate', 0.0)):.0f} %"])
+    return out
+
+
 def print_json(obj: Any) -> None:
     """Indented JSON on stdout (orjson: numpy scalars and dataclasses need no converter)."""
     import orjson

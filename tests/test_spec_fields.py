@@ -124,6 +124,7 @@ VALUES: dict[str, tuple[str, Any]] = {
     "eval.episodes": ("eval", 9),
     "eval.seed": ("eval", 5),
     "eval.sample": ("eval", True),
+    "eval.tasks": ("eval", "all"),
     "outputs.export_every_steps": ("sft", 10),
     "outputs.report_path": ("sft", "out/report.json"),
 }

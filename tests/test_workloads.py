@@ -82,6 +82,8 @@ def test_sft_rl_and_eval_workloads_through_the_sdk(cluster, tmp_path):
     assert sft.step == 3 and "loss" in sft.metrics
     assert rl.episodes >= 4 and "success_rate" in rl.metrics
     assert ev.eval_version == 3 and ev.metrics["episodes"] == 3  # pinned to the SFT tenant's final version
+    # builtin reach reports its target as the task index: the per-task table covers every episode.
+    assert sum(r.episodes for r in ev.per_task) == 3 and all(r.instruction for r in ev.per_task), ev.per_task
     assert weights.stat().st_size > 0 and json.loads(manifest.read_text())["version"] == 3
     assert len(listed) == 3
 

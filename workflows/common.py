@@ -19,7 +19,7 @@ import numpy as np
 
 from envs import simproc
 from protocol.errors import Busy, FailedPrecondition, NexusError, NotFound
-from protocol.messages import ProducerSpec, QueuePutRequest, WorkloadEvent
+from protocol.messages import ProducerSpec, QueuePutRequest, TaskResult, WorkloadEvent
 from protocol.policy import SIM_REPLACE, RetryPolicy
 from sdk.client import AsyncClient, retry_through_outage
 from sdk.tracing import current_context, detached, new_root, tracer
@@ -84,6 +84,10 @@ class Workflow:
         self.state = "starting"
         self.error = ""
         self.final: dict[str, float] = {}
+        # The evaluation's per-task table (workflows/eval.py), sent with every event after it.
+        self.per_task: list[TaskResult] = []
+        # (task index, name, instruction) of the last episode's task, when its env reports one.
+        self.last_task: tuple[int, str, str] | None = None
         self._life = uuid.uuid4().hex[:8]  # this incarnation (a resumed workload gets a new one)
         self._reserves = 0
         self.target_message = ""  # set once schedule.budget.target is reached
@@ -148,7 +152,7 @@ class Workflow:
     async def _event(self, kind: str, state: str = "", message: str = "", metrics: dict[str, float] | None = None) -> None:
         ev = WorkloadEvent(workload=self.spec.workload, tenant=self.spec.tenant, kind=kind, state=state,  # type: ignore[arg-type]
                            step=self.progress.version, episodes=self.progress.episodes,
-                           metrics=metrics or {}, message=message, at=time.time())
+                           metrics=metrics or {}, message=message, at=time.time(), per_task=list(self.per_task))
         try:
             await self.client.publish_event(ev)
         except NexusError as exc:
@@ -289,17 +293,21 @@ class Workflow:
 
     # -- episodes ------------------------------------------------------------------------
     async def _episode(self, env: Any, seed: int, sample: bool, version: int, exec_steps: int,
-                       record: list[dict[str, Any]] | None) -> tuple[bool, float]:
-        """One episode with the inference service's policy; transitions go to ``record``."""
+                       record: list[dict[str, Any]] | None, task: int | None = None) -> tuple[bool, float]:
+        """One episode with the inference service's policy; transitions go to ``record``.
+        ``task``: the env's task index to reset to (None: the env draws one from the seed)."""
         with tracer().start_as_current_span("workflow.episode", attributes={
                 "nexus.tenant": self.spec.tenant, "nexus.workload": self.spec.workload, "nexus.seed": seed}):
-            return await self._episode_steps(env, seed, sample, version, exec_steps, record)
+            return await self._episode_steps(env, seed, sample, version, exec_steps, record, task)
 
     async def _episode_steps(self, env: Any, seed: int, sample: bool, version: int, exec_steps: int,
-                             record: list[dict[str, Any]] | None) -> tuple[bool, float]:
+                             record: list[dict[str, Any]] | None, task: int | None = None) -> tuple[bool, float]:
         # Every simulator call in its env's child process, bounded (envs.simproc): a hung one
         # (killed) raises SimTimeout, a dead one SimCrashed.
-        obs, info = await env.reset(seed)
+        obs, info = await env.reset(seed) if task is None else await env.reset(seed, task=task)
+        index = info.get("task_index")
+        self.last_task = ((int(index), str(info.get("task", "")), obs.instruction)
+                          if isinstance(index, (int, np.integer)) and not isinstance(index, bool) else None)
         low, high = np.asarray(env.spec.action_low, np.float32), np.asarray(env.spec.action_high, np.float32)
         total, success, done = 0.0, False, False
         while not done:
