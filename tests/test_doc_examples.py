@@ -2,9 +2,10 @@
 
 Blocks run in document order, each as its own process (`bash -e -o pipefail FILE` or
 `python FILE`), in a scratch checkout against one real cluster started for the module
-(`nexus up --detach --data-dir .nexus --nats-port <free>`). The scratch checkout holds what a
-reader's checkout holds: `examples/`, `.venv` (the project's venv), `.nexus` (the cluster's
-data dir) and `../shared` (the fixtures); `nexus` and `python` on PATH are the project's.
+(`nexus up --detach --data-dir .nexus-docs --nats-port <free>`). The scratch checkout holds what
+a reader's checkout holds: `examples/`, `.venv` (the project's venv), `.nexus-docs` (the
+cluster's data dir) and `../shared` (the fixtures); `nexus` and `python` on PATH are the
+project's.
 
 A block may be marked by an HTML comment on the line right before it:
 
@@ -17,6 +18,9 @@ A block may be marked by an HTML comment on the line right before it:
 The only substitutions, each standing in for what a reader's machine has:
   * `nats://127.0.0.1:4222` becomes the test cluster's URL, and `nexus up` gets its port from
     NEXUS_NATS_PORT (the test's servers listen on free ports, never on 4222);
+  * the default data dir `.nexus` becomes `.nexus-docs` in the blocks and the examples, and
+    NEXUS_DATA_DIR names it (a reader with another data dir does the same: every command
+    takes `--data-dir` or NEXUS_DATA_DIR), so nothing passes only on the default one;
   * the `examples/*.yaml` in the scratch checkout are the repository's with the budget fields
     in SHRINK made small (a few steps and episodes instead of minutes of training); every
     other field is as shipped, and each shrunk file must still validate.
@@ -47,6 +51,13 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 RUNNABLE = ("python", "bash")
 MARKER = re.compile(r"^<!--\s*example:\s*(?P<kind>[a-z-]+)\s*(?:\((?P<reason>[^)]*)\))?\s*-->$")
 DOC_URL = "nats://127.0.0.1:4222"
+DATA_DIR = ".nexus-docs"  # the docs' default `.nexus`, moved: the examples must not rely on it
+_DEFAULT_DATA_DIR = re.compile(r"(?<![\w.-])\.nexus(?![\w-])")
+
+
+def move_data_dir(text: str) -> str:
+    """``text`` with each mention of the default data dir `.nexus` naming DATA_DIR instead."""
+    return _DEFAULT_DATA_DIR.sub(DATA_DIR, text)
 BLOCK_TIMEOUT_S = 300
 # Budget fields of the shipped examples made small for the test (dotted path -> value).
 SHRINK: dict[str, dict[str, object]] = {
@@ -140,10 +151,11 @@ def make_checkout(root: Path) -> Path:
     for src in sorted((ROOT / "examples").iterdir()):
         dst = checkout / "examples" / src.name
         if src.name in SHRINK:
-            dst.write_text(yaml.safe_dump(_shrink(yaml.safe_load(src.read_text()), SHRINK[src.name]), sort_keys=False))
+            dst.write_text(move_data_dir(yaml.safe_dump(_shrink(yaml.safe_load(src.read_text()), SHRINK[src.name]),
+                                                        sort_keys=False)))
             load_spec(dst)  # a shrunk example must still be a valid spec
         else:
-            shutil.copy(src, dst)
+            dst.write_text(move_data_dir(src.read_text()))
     (checkout / ".venv").symlink_to(sys.prefix, target_is_directory=True)
     shared = ROOT.parent / "shared"
     if shared.is_dir():
@@ -155,12 +167,13 @@ def block_env(**extra: str) -> dict[str, str]:
     env = python_env(OMP_NUM_THREADS="1", **extra)
     for name in ("NEXUS_NATS_URL", "NEXUS_PREFIX", "NEXUS_DATA_DIR"):
         env.pop(name, None)  # only the block's own settings count
+    env["NEXUS_DATA_DIR"] = DATA_DIR  # relative: the scratch checkout's, as `.nexus` is a reader's
     env["PATH"] = f"{Path(sys.prefix) / 'bin'}{os.pathsep}{env.get('PATH', '')}"
     return env
 
 
 def run_block(block: Block, checkout: Path, url: str, env: dict[str, str]) -> subprocess.CompletedProcess:
-    code = block.code.replace(DOC_URL, url)
+    code = move_data_dir(block.code.replace(DOC_URL, url))
     script = checkout / f"_block_{block.path.stem}_{block.line}.{'py' if block.lang == 'python' else 'sh'}"
     script.write_text(code)
     cmd = [sys.executable, str(script)] if block.lang == "python" else ["bash", "-e", "-o", "pipefail", str(script)]
@@ -182,12 +195,12 @@ CLUSTER_ENV = {"NEXUS_HEALTH_TIMEOUT_S": "20"}
 @pytest.fixture(scope="module")
 def docs_cluster(tmp_path_factory):
     checkout = make_checkout(tmp_path_factory.mktemp("docs"))
-    up = nexus("up", "--detach", "--data-dir", ".nexus", "--nats-port", str(free_port()), cwd=checkout,
+    up = nexus("up", "--detach", "--data-dir", DATA_DIR, "--nats-port", str(free_port()), cwd=checkout,
                env=block_env(**CLUSTER_ENV))
     assert up.returncode == 0, up.stdout + up.stderr
-    url = json.loads((checkout / ".nexus" / "cluster.json").read_text())["nats_url"]
+    url = json.loads((checkout / DATA_DIR / "cluster.json").read_text())["nats_url"]
     yield checkout, url
-    down = nexus("down", "--data-dir", ".nexus", cwd=checkout)
+    down = nexus("down", "--data-dir", DATA_DIR, cwd=checkout)
     assert down.returncode == 0, down.stdout + down.stderr
 
 
@@ -206,7 +219,7 @@ def test_doc_example_runs(block: Block, request, tmp_path):
             out = run_block(block, checkout, f"nats://127.0.0.1:{port}",
                             block_env(NEXUS_NATS_PORT=str(port), **CLUSTER_ENV))
         finally:
-            nexus("down", "--data-dir", ".nexus", cwd=checkout)  # whatever the block left running
+            nexus("down", "--data-dir", DATA_DIR, cwd=checkout)  # whatever the block left running
     else:
         checkout, url = request.getfixturevalue("docs_cluster")
         out = run_block(block, checkout, url, block_env())
