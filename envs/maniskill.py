@@ -68,9 +68,14 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 OBS_STATE = "state"
 OBS_RGB = "rgb"
-OBS_MODES = (OBS_STATE, OBS_RGB)
-# Our obs mode -> ManiSkill's: "state_dict" is "state" before flattening, so entries get names.
-_MS_OBS_MODE = {OBS_STATE: "state_dict", OBS_RGB: "rgb"}
+# Cameras and the full state (privileged object poses included): a policy that needs the cube's
+# pose to the millimetre (a pick) need not find it in a 64x64 frame.
+OBS_RGB_STATE = "rgb+state"
+OBS_MODES = (OBS_STATE, OBS_RGB, OBS_RGB_STATE)
+_CAMERA_MODES = (OBS_RGB, OBS_RGB_STATE)
+# Our obs mode -> ManiSkill's: "state_dict" is "state" before flattening, so entries get names;
+# "rgb+state_dict" renders and adds the task's privileged `extra` entries (obj_pose, ...).
+_MS_OBS_MODE = {OBS_STATE: "state_dict", OBS_RGB: "rgb", OBS_RGB_STATE: "rgb+state_dict"}
 # The parts of an rgb-mode observation that are proprioception / task state (not sensor data).
 _RGB_STATE_KEYS = ("agent", "extra")
 
@@ -93,6 +98,8 @@ STATE_DIMS: dict[str, dict[str, int]] = {
     "PickCube-v1": {"state": 42, "rgb": 29}, "PushCube-v1": {"state": 35, "rgb": 25},
     "StackCube-v1": {"state": 48, "rgb": 25}, "PegInsertionSide-v1": {"state": 43, "rgb": 25},
 }
+for _dims in STATE_DIMS.values():  # rgb+state observes what state does (the same entries, same order)
+    _dims[OBS_RGB_STATE] = _dims[OBS_STATE]
 
 # Panda action names per control mode (7 arm joints + gripper); other robots get a0, a1, ...
 _ACTION_NAMES: dict[str, tuple[str, ...]] = {
@@ -156,7 +163,8 @@ def vulkan_problem(timeout_s: float = 120.0) -> str | None:
 
 @dataclass(frozen=True)
 class ManiSkillConfig:
-    obs_mode: str = OBS_STATE  # "state": nothing rendered (~2-5 ms/step); "rgb": cameras via lavapipe
+    obs_mode: str = OBS_STATE  # "state": nothing rendered (~2-5 ms/step); "rgb": cameras via lavapipe;
+    # "rgb+state": cameras and the full state
     image_height: int = 128  # ManiSkill's own camera size; 224 for ViT-based VLAs (~1.2x slower)
     image_width: int = 128
     # End-effector deltas + gripper in [-1, 1]: the action space of most VLAs (OpenVLA, Octo, pi0
@@ -206,7 +214,7 @@ class ManiSkillEnv(EnvAdapter):
             cameras = tuple(
                 CameraSpec(name, int(d["rgb"].shape[1]), int(d["rgb"].shape[2]))
                 for name, d in first_obs.get("sensor_data", {}).items()
-                if cfg.obs_mode == OBS_RGB
+                if cfg.obs_mode in _CAMERA_MODES
             )
             space = base.single_action_space
             low, high = (tuple(float(x) for x in np.asarray(b, np.float32)) for b in (space.low, space.high))
@@ -331,7 +339,7 @@ def _make_gym_env(env_id: str, ms_env_id: str, cfg: ManiSkillConfig) -> Any:
         render_backend="gpu" if hardware_vulkan_icds() else "cpu",
         num_envs=1,
     )
-    if cfg.obs_mode == OBS_RGB:
+    if cfg.obs_mode in _CAMERA_MODES:
         kwargs["sensor_configs"] = dict(width=int(cfg.image_width), height=int(cfg.image_height))
     if cfg.max_episode_steps is not None:
         kwargs["max_episode_steps"] = int(cfg.max_episode_steps)
@@ -382,7 +390,7 @@ def describe_maniskill(env_id: str, options: dict[str, Any]) -> EnvFacts:
     task = env_id.removeprefix(ENV_ID_PREFIX)
 
     def facts(cfg: ManiSkillConfig) -> dict[str, Any]:
-        names = (RGB_CAMERAS.get(task) if cfg.obs_mode == OBS_RGB else ())
+        names = (RGB_CAMERAS.get(task) if cfg.obs_mode in _CAMERA_MODES else ())
         cameras = None if names is None else tuple(CameraSpec(c, cfg.image_height, cfg.image_width) for c in names)
         actions = _ACTION_NAMES.get(cfg.control_mode)
         return dict(cameras=cameras, state_dim=STATE_DIMS.get(task, {}).get(cfg.obs_mode),

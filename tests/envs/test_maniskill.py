@@ -176,6 +176,22 @@ def test_rgb_spec_images_and_determinism(rgb_env):
     assert not np.array_equal(other.images["base_camera"], image)
 
 
+def test_rgb_state_has_the_cameras_and_the_full_state(state_env):
+    from envs.maniskill import describe_maniskill
+
+    env = envs.make(PICK, obs_mode="rgb+state", image_size=32)
+    try:
+        assert [(c.name, c.height, c.width) for c in env.spec.cameras] == [("base_camera", 32, 32)]
+        assert env.spec.state_names == state_env.spec.state_names  # the state mode's entries, same order
+        obs, _ = env.reset(seed=5)
+        assert obs.images["base_camera"].shape == (32, 32, 3) and obs.images["base_camera"].std() > 5
+        np.testing.assert_array_equal(obs.state, state_env.reset(seed=5)[0].state)
+    finally:
+        env.close()
+    facts = describe_maniskill(PICK, {"obs_mode": "rgb+state", "image_size": 32})
+    assert facts.state_dim == PICK_STATE_DIM and [c.name for c in facts.cameras] == ["base_camera"]
+
+
 def test_session_through_env_worker(roles):
     from protocol.errors import InvalidField, NotFound
     from sdk.client import AsyncClient
