@@ -40,7 +40,7 @@ def record_demos(out: Path, episodes: int, seed: int, noise: float, options: dic
     cmd = [sys.executable, "-m", "sdk.cli", "dataset", "record", "--out", str(out), "--episodes", str(episodes),
            "--env", env_id, "--seed", str(seed), "--noise", str(noise), "--images", "--overwrite"]
     for key, value in options.items():
-        cmd += ["--env-option", f"{key}={value}"]
+        cmd += ["--env-option", f"{key}={value if isinstance(value, str) else json.dumps(value)}"]  # read as YAML
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     t0 = time.monotonic()
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env, cwd=ROOT)
