@@ -71,7 +71,7 @@ def test_registered_ids_and_unknown_ones():
     with pytest.raises(UnknownEnvError, match=r"unknown ManiSkill task 'Nope-v9'.*maniskill/PushCube-v1"):
         make_maniskill("maniskill/Nope-v9", instruction="do nothing")
     with pytest.raises(UnknownEnvError, match="no scripted expert"):
-        envs.make_expert("maniskill/PushCube-v1")
+        envs.make_expert("maniskill/StackCube-v1")
 
 
 def test_bad_options_name_the_field():
@@ -158,6 +158,39 @@ def test_pick_cube_expert_succeeds(state_env):
             if terminated or truncated:
                 break
         assert terminated and info["success"] is True, f"seed {seed}"
+
+
+def test_push_cube_expert_succeeds_on_most_seeds():
+    env = envs.make("maniskill/PushCube-v1")
+    expert = envs.make_expert("maniskill/PushCube-v1")
+    wins = 0
+    try:
+        for seed in range(10):
+            env.reset(seed=seed)
+            for _ in range(env.spec.max_episode_steps):
+                _, _, terminated, truncated, info = env.step(expert(env))
+                if terminated or truncated:
+                    break
+            wins += info["success"]
+    finally:
+        env.close()
+    assert wins >= 9, wins
+
+
+def test_state_keys_keep_the_named_entries(state_env):
+    env = envs.make(PICK, state_keys=["extra"])
+    try:
+        names = env.spec.state_names
+        assert env.spec.state_dim == len(names) == 24 and all(n.startswith("extra.") for n in names)
+        full = state_env.reset(seed=2)[0].state
+        idx = [state_env.spec.state_names.index(n) for n in names]
+        np.testing.assert_array_equal(env.reset(seed=2)[0].state, full[idx])
+    finally:
+        env.close()
+    with pytest.raises(ConfigError, match=r"ManiSkillConfig.state_keys: \['nope'\] name no state entry"):
+        envs.make(PICK, state_keys=["nope"])
+    with pytest.raises(ConfigError, match=r"ManiSkillConfig.state_keys: must be a non-empty list"):
+        envs.make(PICK, state_keys="extra")
 
 
 def test_rgb_spec_images_and_determinism(rgb_env):
