@@ -184,7 +184,11 @@ def test_state_keys_keep_the_named_entries(state_env):
         assert env.spec.state_dim == len(names) == 24 and all(n.startswith("extra.") for n in names)
         full = state_env.reset(seed=2)[0].state
         idx = [state_env.spec.state_names.index(n) for n in names]
-        np.testing.assert_array_equal(env.reset(seed=2)[0].state, full[idx])
+        # Not is_grasped: after an episode that ended holding the cube (the expert test's),
+        # ManiSkill's first observation still says grasped (the contact forces of the last step
+        # before the reset; they change only with the next step).
+        keep = [i for i, n in enumerate(names) if n != "extra.is_grasped"]
+        np.testing.assert_array_equal(env.reset(seed=2)[0].state[keep], full[idx][keep])
     finally:
         env.close()
     with pytest.raises(ConfigError, match=r"ManiSkillConfig.state_keys: \['nope'\] name no state entry"):
