@@ -68,9 +68,14 @@ PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 OBS_STATE = "state"
 OBS_RGB = "rgb"
-OBS_MODES = (OBS_STATE, OBS_RGB)
-# Our obs mode -> ManiSkill's: "state_dict" is "state" before flattening, so entries get names.
-_MS_OBS_MODE = {OBS_STATE: "state_dict", OBS_RGB: "rgb"}
+# Cameras and the full state (privileged object poses included): a policy that needs the cube's
+# pose to the millimetre (a pick) need not find it in a 64x64 frame.
+OBS_RGB_STATE = "rgb+state"
+OBS_MODES = (OBS_STATE, OBS_RGB, OBS_RGB_STATE)
+_CAMERA_MODES = (OBS_RGB, OBS_RGB_STATE)
+# Our obs mode -> ManiSkill's: "state_dict" is "state" before flattening, so entries get names;
+# "rgb+state_dict" renders and adds the task's privileged `extra` entries (obj_pose, ...).
+_MS_OBS_MODE = {OBS_STATE: "state_dict", OBS_RGB: "rgb", OBS_RGB_STATE: "rgb+state_dict"}
 # The parts of an rgb-mode observation that are proprioception / task state (not sensor data).
 _RGB_STATE_KEYS = ("agent", "extra")
 
@@ -93,6 +98,8 @@ STATE_DIMS: dict[str, dict[str, int]] = {
     "PickCube-v1": {"state": 42, "rgb": 29}, "PushCube-v1": {"state": 35, "rgb": 25},
     "StackCube-v1": {"state": 48, "rgb": 25}, "PegInsertionSide-v1": {"state": 43, "rgb": 25},
 }
+for _dims in STATE_DIMS.values():  # rgb+state observes what state does (the same entries, same order)
+    _dims[OBS_RGB_STATE] = _dims[OBS_STATE]
 
 # Panda action names per control mode (7 arm joints + gripper); other robots get a0, a1, ...
 _ACTION_NAMES: dict[str, tuple[str, ...]] = {
@@ -156,7 +163,8 @@ def vulkan_problem(timeout_s: float = 120.0) -> str | None:
 
 @dataclass(frozen=True)
 class ManiSkillConfig:
-    obs_mode: str = OBS_STATE  # "state": nothing rendered (~2-5 ms/step); "rgb": cameras via lavapipe
+    obs_mode: str = OBS_STATE  # "state": nothing rendered (~2-5 ms/step); "rgb": cameras via lavapipe;
+    # "rgb+state": cameras and the full state
     image_height: int = 128  # ManiSkill's own camera size; 224 for ViT-based VLAs (~1.2x slower)
     image_width: int = 128
     # End-effector deltas + gripper in [-1, 1]: the action space of most VLAs (OpenVLA, Octo, pi0
@@ -166,6 +174,10 @@ class ManiSkillConfig:
     reward_mode: str = "normalized_dense"  # ManiSkill's default: dense, in [0, 1]
     instruction: str | None = None  # None: ours from INSTRUCTIONS (needed for unlisted tasks)
     seed: int = 0  # seeds resets that pass no seed
+    # Keep only the state entries named by these prefixes ("extra": the task's entries; "agent.qpos"),
+    # in the env's order. A tenant's state is at most the base layout's width (32 for the tiny
+    # bases): PickCube's full state is 42 long, its `extra` part 24. None: every entry.
+    state_keys: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.obs_mode not in OBS_MODES:
@@ -179,6 +191,13 @@ class ManiSkillConfig:
             raise ConfigError(f"ManiSkillConfig.max_episode_steps: must be a positive int or None, got {m!r}")
         if self.instruction is not None and not (isinstance(self.instruction, str) and self.instruction.strip()):
             raise ConfigError("ManiSkillConfig.instruction: must be a non-empty string or None")
+        keys = self.state_keys
+        if keys is not None:
+            if (isinstance(keys, str) or not isinstance(keys, (list, tuple)) or not keys
+                    or not all(isinstance(k, str) and k.strip() for k in keys)):
+                raise ConfigError(f"ManiSkillConfig.state_keys: must be a non-empty list of state entry prefixes "
+                                  f"(e.g. [extra] or [agent.qpos, extra]) or None, got {keys!r}")
+            object.__setattr__(self, "state_keys", tuple(keys))
 
 
 class ManiSkillEnv(EnvAdapter):
@@ -203,10 +222,14 @@ class ManiSkillEnv(EnvAdapter):
             with _SIM_LOCK:
                 first_obs, _ = self._env.reset(seed=cfg.seed)
             state_names = tuple(name for name, _ in self._state_leaves(first_obs))
+            if not state_names:
+                every = ", ".join(sorted({n.split("[")[0] for n, _ in self._state_leaves(first_obs, every=True)}))
+                raise ConfigError(f"ManiSkillConfig.state_keys: {list(cfg.state_keys or ())} name no state entry "
+                                  f"of {self.ms_env_id} ({cfg.obs_mode}); its entries: {every}")
             cameras = tuple(
                 CameraSpec(name, int(d["rgb"].shape[1]), int(d["rgb"].shape[2]))
                 for name, d in first_obs.get("sensor_data", {}).items()
-                if cfg.obs_mode == OBS_RGB
+                if cfg.obs_mode in _CAMERA_MODES
             )
             space = base.single_action_space
             low, high = (tuple(float(x) for x in np.asarray(b, np.float32)) for b in (space.low, space.high))
@@ -280,9 +303,12 @@ class ManiSkillEnv(EnvAdapter):
         if self._closed:
             raise EnvStateError(f"{self._spec.env_id}: env is closed")
 
-    def _state_leaves(self, obs: dict[str, Any]) -> Iterator[tuple[str, np.ndarray]]:
+    def _state_leaves(self, obs: dict[str, Any], every: bool = False) -> Iterator[tuple[str, np.ndarray]]:
         parts = obs if self.config.obs_mode == OBS_STATE else {k: obs[k] for k in _RGB_STATE_KEYS if k in obs}
+        keys = None if every else self.config.state_keys
         for name, value in _leaves(parts):
+            if keys is not None and not any(name == k or name.startswith(k + ".") for k in keys):
+                continue
             flat = _to_numpy(value)[0].reshape(-1).astype(np.float32)  # [0]: drop the batch dim
             if flat.size == 1:
                 yield name, flat
@@ -331,7 +357,7 @@ def _make_gym_env(env_id: str, ms_env_id: str, cfg: ManiSkillConfig) -> Any:
         render_backend="gpu" if hardware_vulkan_icds() else "cpu",
         num_envs=1,
     )
-    if cfg.obs_mode == OBS_RGB:
+    if cfg.obs_mode in _CAMERA_MODES:
         kwargs["sensor_configs"] = dict(width=int(cfg.image_width), height=int(cfg.image_height))
     if cfg.max_episode_steps is not None:
         kwargs["max_episode_steps"] = int(cfg.max_episode_steps)
@@ -382,10 +408,12 @@ def describe_maniskill(env_id: str, options: dict[str, Any]) -> EnvFacts:
     task = env_id.removeprefix(ENV_ID_PREFIX)
 
     def facts(cfg: ManiSkillConfig) -> dict[str, Any]:
-        names = (RGB_CAMERAS.get(task) if cfg.obs_mode == OBS_RGB else ())
+        names = (RGB_CAMERAS.get(task) if cfg.obs_mode in _CAMERA_MODES else ())
         cameras = None if names is None else tuple(CameraSpec(c, cfg.image_height, cfg.image_width) for c in names)
         actions = _ACTION_NAMES.get(cfg.control_mode)
-        return dict(cameras=cameras, state_dim=STATE_DIMS.get(task, {}).get(cfg.obs_mode),
+        # With state_keys the length is known once built (the env worker checks it at start).
+        state_dim = None if cfg.state_keys is not None else STATE_DIMS.get(task, {}).get(cfg.obs_mode)
+        return dict(cameras=cameras, state_dim=state_dim,
                     action_dim=None if actions is None else len(actions))
 
     return facts_from_options(ManiSkillConfig, env_id, options, facts)
@@ -430,6 +458,50 @@ class PickCubeExpert:
         return action
 
 
+class PushCubeExpert:
+    """Scripted expert for maniskill/PushCube-v1 in pd_ee_delta_pose (reads privileged state).
+
+    Stateless, one rule per call, gripper closed (the fingers make one flat pusher): behind the
+    cube (on the far side from the goal, low, centred on it) -> push it along the cube-to-goal
+    line until its centre is on the goal's; otherwise go behind it, high while still off to the
+    side (the fingertips clear the cube) and down once there. The goal lies +x of the cube
+    (ManiSkill's reset) and the cube does not turn when pushed through its centre.
+    """
+
+    HOVER_Z = 0.08  # tcp height while moving to the push point (cube top: 0.04)
+    PUSH_Z = 0.02  # tcp height when pushing (the cube's centre)
+    GAP_M = 0.025  # tcp behind the cube's near face at the push point
+    LINE_M = 0.012  # |lateral| error under which the tcp counts as on the push line
+    XY_M = 0.01  # xy error to the push point under which the tcp descends
+
+    def __call__(self, env: ManiSkillEnv) -> np.ndarray:
+        if env.ms_env_id != "PushCube-v1" or env.config.control_mode != "pd_ee_delta_pose":
+            raise ConfigError(f"PushCubeExpert: needs PushCube-v1 with control_mode 'pd_ee_delta_pose', got "
+                              f"{env.ms_env_id} with {env.config.control_mode!r}")
+        b = env.unwrapped
+        tcp = _to_numpy(b.agent.tcp.pose.p)[0].astype(np.float64)
+        cube = _to_numpy(b.obj.pose.p)[0].astype(np.float64)
+        goal = _to_numpy(b.goal_region.pose.p)[0].astype(np.float64)
+        half = float(b.cube_half_size)
+        to_goal = goal[:2] - cube[:2]
+        u = to_goal / max(float(np.linalg.norm(to_goal)), 1e-6)  # push direction
+        rel = tcp[:2] - cube[:2]
+        along, lateral = float(rel @ u), float(rel @ np.array([-u[1], u[0]]))
+        behind = -(half + 2 * self.GAP_M) <= along <= -half and abs(lateral) <= self.LINE_M
+        if behind and tcp[2] <= self.PUSH_Z + 0.015:
+            # Carry the contact point so the cube's centre ends on the goal's, straight along u.
+            target_xy = goal[:2] + along * u
+            target = np.array([*target_xy, self.PUSH_Z])
+        else:
+            push_xy = cube[:2] - (half + self.GAP_M) * u
+            over = float(np.linalg.norm(tcp[:2] - push_xy)) > self.XY_M
+            target = np.array([*push_xy, self.HOVER_Z if over else self.PUSH_Z])
+        action = np.zeros(7, np.float32)
+        action[:3] = np.clip((target - tcp) / 0.1, -1, 1)  # 0.1 m per step at |action| = 1
+        action[6] = -1.0  # closed
+        return action
+
+
 def _yaw(q_wxyz: np.ndarray) -> float:
     w, x, y, z = (float(v) for v in q_wxyz)
     return float(np.arctan2(2 * (w * z + x * y), 1 - 2 * (y * y + z * z)))
@@ -449,7 +521,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--image-size", type=int, default=128)
     p.add_argument("--control-mode", default=ManiSkillConfig.control_mode)
     p.add_argument("--steps", type=int, default=200)
-    p.add_argument("--expert", action="store_true", help="PickCubeExpert's actions instead of random ones")
+    p.add_argument("--expert", action="store_true", help="the task's scripted expert's actions instead of random ones")
     args = p.parse_args(argv)
 
     t0 = time.perf_counter()
@@ -457,7 +529,9 @@ def main(argv: list[str] | None = None) -> int:
                          image_size=args.image_size, control_mode=args.control_mode)
     t_make = time.perf_counter() - t0
     rng = np.random.default_rng(0)
-    expert = PickCubeExpert() if args.expert else None
+    from envs.registry import make_expert
+
+    expert = make_expert(env.spec.env_id) if args.expert else None
     spec = env.spec
     with env:
         t0 = time.perf_counter()

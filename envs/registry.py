@@ -114,5 +114,6 @@ for _suite in ("libero_spatial", "libero_object", "libero_goal", "libero_10", "l
     register(f"libero/{_suite}", "envs.libero:make_libero", describe="envs.libero:describe_libero")
 for _task in ("PickCube-v1", "PushCube-v1", "StackCube-v1", "PegInsertionSide-v1"):  # envs/maniskill.py
     register(f"maniskill/{_task}", "envs.maniskill:make_maniskill",
-             expert="envs.maniskill:PickCubeExpert" if _task == "PickCube-v1" else None,
+             expert={"PickCube-v1": "envs.maniskill:PickCubeExpert",
+                     "PushCube-v1": "envs.maniskill:PushCubeExpert"}.get(_task),
              describe="envs.maniskill:describe_maniskill")

@@ -36,7 +36,8 @@ from protocol.errors import ErrorCode, NexusError
 from protocol.messages import TenantConfig
 
 ROOT = Path(__file__).resolve().parents[1]
-EXAMPLES = ["sft_reach.yaml", "rl_reach.yaml", "eval_reach.yaml", "sft_lerobot.yaml"]
+EXAMPLES = ["sft_reach.yaml", "rl_reach.yaml", "eval_reach.yaml", "sft_lerobot.yaml", "sft_maniskill_pickcube.yaml",
+            "eval_maniskill_pickcube.yaml"]
 DELETE = object()
 
 
