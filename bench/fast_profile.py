@@ -8,8 +8,10 @@ the relative error of its hidden states against the plain transformers forward o
 (the numerics check), and per-stage times of one uncaptured forward (CUDA events at the engine's
 stage ends: inputs, patch embed, vision blocks + mergers, token embedding, decoder layers). For
 the last variant, torch.profiler's kernel table of one uncaptured forward, summed by kind
-(matmul, attention, conv, fused elementwise, other). `--micro` adds the matmul shapes of one
-forward timed alone (the reachable floor) and the attention kernels at the text shape.
+(matmul, attention, conv, fused elementwise, other). `+fp8` variants (CUDA sm89+ only) run the
+big linears as FP8 matmuls (issue 27 item 3); every variant also reports its error against the
+first variant's hidden states (`rel_err_vs_first`: the FP8 cost against the bf16 fast path).
+`--micro` adds the matmul shapes of one forward timed alone (the reachable floor) and the attention kernels at the text shape.
 """
 
 from __future__ import annotations
@@ -198,13 +200,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--variants", default="graphs,compile,compile+fused",
                     help="comma-separated engines: graphs (no compile), compile, +fused (one matmul for q/k/v "
-                         "and for gate/up), +dyn (automatic dynamic shapes, a smaller size compiled first)")
+                         "and for gate/up), +dyn (automatic dynamic shapes, a smaller size compiled first), "
+                         "+fp8 (FP8 matmuls, per-tensor scales; CUDA sm89+), +fp8fast (the same, fast accumulation)")
     ap.add_argument("--micro", action="store_true")
     ap.add_argument("--device", default="cuda", help="cuda; cpu is a smoke run of the script (host clock)")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
     if args.device != "cpu" and not torch.cuda.is_available():
         ap.error("--device cuda: no CUDA device here (--device cpu runs the script as a smoke test)")
+    if args.device == "cpu" and "fp8" in args.variants:
+        ap.error("--variants +fp8: FP8 matmuls need a CUDA GPU of compute capability 8.9+, not --device cpu")
     base = BaseModel.load(BaseConfig(args.preset, device=args.device, max_prompt_tokens=PROMPT_TOKENS))
     slots = [TenantSlot.create(f"t{i}", bench_schema(i), base, seed=i) for i in range(args.tenants)]
     vla = VLABatch.cat([random_batch(s.preprocessor, args.batch, seed=100 * i).features.to(base.device)
@@ -218,10 +223,12 @@ def main(argv: list[str] | None = None) -> int:
                     "variants": {}}
     print(f"# {args.preset}: {len(vla)} rows x {m.shape[1]} tokens ({int(m.sum())} real), torch {torch.__version__}")
     inputs = [vla.prompt_ids_B_T, vla.prompt_len_B, vla.image_mask_B_S, vla.images_B_S_C_H_W]
-    enc = None
+    enc, first_h = None, None
     for name in args.variants.split(","):
+        enc = None  # the previous engine's graphs and weight copies go before the next is built
         enc = FastQwen3VLEncoder(base, compile="compile" in name, fused="fused" in name,
-                                 dynamic=None if "dyn" in name else False)
+                                 dynamic=None if "dyn" in name else False, fp8="fp8" in name,
+                                 fp8_fast_accum="fp8fast" in name)
         if "dyn" in name:
             # What a server gets: a smaller size compiled first, so this one runs the kernels
             # of the recompile with a symbolic batch dimension.
@@ -232,10 +239,14 @@ def main(argv: list[str] | None = None) -> int:
         with torch.no_grad():
             hidden, _ = enc(vla)
         err = float((hidden[m].float() - ref_h).norm() / ref_h.norm())
+        first_h = hidden[m].float() if first_h is None else first_h
+        err_first = float((hidden[m].float() - first_h).norm() / first_h.norm())
         graph = events_ms(lambda: enc(vla), 3, 10)
         stages = stage_ms(enc, c, layout, inputs)
-        report["variants"][name] = {"graph_ms": graph, "rel_err_vs_eager": err, "stages_ms": stages}
-        print(f"\n## {name}: graph replay {graph:.1f} ms, hidden rel err vs eager {err:.2e}")
+        report["variants"][name] = {"graph_ms": graph, "rel_err_vs_eager": err, "rel_err_vs_first": err_first,
+                                    "stages_ms": stages}
+        print(f"\n## {name}: graph replay {graph:.1f} ms, hidden rel err vs eager {err:.2e}, "
+              f"vs the first variant {err_first:.2e}")
         print("  uncaptured stages (ms): " + ", ".join(f"{k} {v:.1f}" for k, v in stages.items()))
     if enc is not None:
         report["kernels"] = kernel_table(enc, enc.consts(layout, len(vla)), layout, inputs)

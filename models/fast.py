@@ -18,7 +18,12 @@ hundred kernel launches per call. This path:
 7. with `fused=True` (opt-in: not yet measured on the H200, and it costs memory), runs each
    decoder layer from its own code with q/k/v and gate/up as one matmul each, on concatenated
    copies of those weights built once (+2.4B parameters' worth on qwen3-vl-4b, 4.7 GB in bf16):
-   wider matmuls run nearer the chip's peak. bench/fast_profile.py measures both.
+   wider matmuls run nearer the chip's peak. bench/fast_profile.py measures both;
+8. with `fp8=True` (opt-in, CUDA sm89+ only; issue 27 item 3): the decoder layers' and vision
+   blocks' big linears run as FP8 matmuls (`torch._scaled_mm`, float8_e4m3fn, one scale per
+   tensor): weights quantized once here, activations per call on the device (the scale stays a
+   tensor, so graph capture works); implies the fused decoder layer. Its speed and its error
+   against the bf16 forward are in docs/benchmarks.md.
 
 It calls the model's own submodules (patch embed, blocks' norms/MLPs, mergers, decoder
 layers, rotary embeddings), so a checkpoint's weights are used unchanged. Equality with the
@@ -61,31 +66,67 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
-def _vision_block(blk, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_img: int, p: int) -> torch.Tensor:
-    """Qwen3VLVisionBlock with all images' attention in one batched SDPA call."""
+# float8_e4m3fn's largest finite value: a per-tensor scale maps the tensor's amax onto it.
+_FP8_MAX = 448.0
+
+Fp8Weight = tuple[torch.Tensor, torch.Tensor, bool]  # (weight^T (K, N) column-major, scale, fast accum)
+
+
+def _fp8_weight(w: torch.Tensor, fast_accum: bool) -> Fp8Weight:
+    """A linear weight (N, K) quantized once, as `torch._scaled_mm` takes its second operand."""
+    scale = (w.abs().amax().float() / _FP8_MAX).clamp(min=1e-12)
+    return (w.float() / scale).to(torch.float8_e4m3fn).t(), scale, fast_accum
+
+
+def _fp8_linear(x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None) -> torch.Tensor:
+    w8_t, w_scale, fast_accum = w
+    x2 = x.reshape(-1, x.shape[-1])
+    # Per-tensor activation scale computed on the device (no .item(): capturable).
+    x_scale = (x2.abs().amax().float() / _FP8_MAX).clamp(min=1e-12)
+    x8 = (x2.float() / x_scale).to(torch.float8_e4m3fn)
+    y = torch._scaled_mm(x8, w8_t, scale_a=x_scale, scale_b=w_scale, bias=bias, out_dtype=x.dtype,
+                         use_fast_accum=fast_accum)
+    return y.view(*x.shape[:-1], -1)
+
+
+def _linear(x: torch.Tensor, w, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear, or the FP8 matmul where `w` is an `Fp8Weight`."""
+    return _fp8_linear(x, w, bias) if isinstance(w, tuple) else F.linear(x, w, bias)
+
+
+def _vision_block(blk, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_img: int, p: int,
+                  w8: tuple | None = None) -> torch.Tensor:
+    """Qwen3VLVisionBlock with all images' attention in one batched SDPA call; with `w8`
+    (FP8 qkv, proj, fc1, fc2), its linears as FP8 matmuls."""
     a = blk.attn
     n_tok = h.shape[0]
     x = blk.norm1(h)
-    q, k, val = a.qkv(x).reshape(n_tok, 3, a.num_heads, -1).permute(1, 0, 2, 3).unbind(0)
+    qkv = a.qkv(x) if w8 is None else _linear(x, w8[0], a.qkv.bias)
+    q, k, val = qkv.reshape(n_tok, 3, a.num_heads, -1).permute(1, 0, 2, 3).unbind(0)
     q = ((q.float() * cos) + (_rotate_half(q.float()) * sin)).to(x.dtype)
     k = ((k.float() * cos) + (_rotate_half(k.float()) * sin)).to(x.dtype)
     # (N*P, H, d) -> (N, H, P, d): block-diagonal attention over equal images is a batch.
     q, k, val = (y.reshape(n_img, p, a.num_heads, -1).transpose(1, 2) for y in (q, k, val))
     o = F.scaled_dot_product_attention(q, k, val, scale=a.scaling)
-    h = h + a.proj(o.transpose(1, 2).reshape(n_tok, -1))
-    return h + blk.mlp(blk.norm2(h))
+    o = o.transpose(1, 2).reshape(n_tok, -1)
+    h = h + (a.proj(o) if w8 is None else _linear(o, w8[1], a.proj.bias))
+    x, m = blk.norm2(h), blk.mlp
+    if w8 is None:
+        return h + m(x)
+    return h + _linear(m.act_fn(_linear(x, w8[2], m.linear_fc1.bias)), w8[3], m.linear_fc2.bias)
 
 
-def _text_layer_fused(layer, w_qkv: torch.Tensor, b_qkv: torch.Tensor | None, w_gu: torch.Tensor, h: torch.Tensor,
-                      attn: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Qwen3VLTextDecoderLayer's math (sdpa path) with q/k/v and gate/up each one matmul."""
+def _text_layer_fused(layer, w_qkv, b_qkv: torch.Tensor | None, w_gu, h: torch.Tensor,
+                      attn: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, w_o=None, w_down=None) -> torch.Tensor:
+    """Qwen3VLTextDecoderLayer's math (sdpa path) with q/k/v and gate/up each one matmul
+    (weights bf16 or `Fp8Weight`; w_o / w_down: FP8 o and down projections, else the modules)."""
     a, mlp = layer.self_attn, layer.mlp
     b, length, _ = h.shape
     hd = a.head_dim
     n_kv = a.k_proj.out_features // hd
     n_q = a.q_proj.out_features // hd
     x = layer.input_layernorm(h)
-    q, k, v = F.linear(x, w_qkv, b_qkv).split([n_q * hd, n_kv * hd, n_kv * hd], dim=-1)
+    q, k, v = _linear(x, w_qkv, b_qkv).split([n_q * hd, n_kv * hd, n_kv * hd], dim=-1)
     q = a.q_norm(q.view(b, length, n_q, hd)).transpose(1, 2)
     k = a.k_norm(k.view(b, length, n_kv, hd)).transpose(1, 2)
     v = v.view(b, length, n_kv, hd).transpose(1, 2)
@@ -98,10 +139,12 @@ def _text_layer_fused(layer, w_qkv: torch.Tensor, b_qkv: torch.Tensor | None, w_
     k = k[:, :, None].expand(b, n_kv, group, length, hd).reshape(b, n_q, length, hd)
     v = v[:, :, None].expand(b, n_kv, group, length, hd).reshape(b, n_q, length, hd)
     o = F.scaled_dot_product_attention(q, k, v, attn_mask=attn, scale=a.scaling)
-    h = h + a.o_proj(o.transpose(1, 2).reshape(b, length, -1))
+    o = o.transpose(1, 2).reshape(b, length, -1)
+    h = h + (a.o_proj(o) if w_o is None else _linear(o, w_o, a.o_proj.bias))
     x = layer.post_attention_layernorm(h)
-    g, u = F.linear(x, w_gu).chunk(2, dim=-1)
-    return h + mlp.down_proj(mlp.act_fn(g) * u)
+    g, u = _linear(x, w_gu).chunk(2, dim=-1)
+    x = mlp.act_fn(g) * u
+    return h + (mlp.down_proj(x) if w_down is None else _linear(x, w_down, mlp.down_proj.bias))
 
 
 def _fused_weights(layer) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
@@ -118,12 +161,26 @@ def _text_layer(layer, h: torch.Tensor, attn: torch.Tensor, pos_emb: tuple[torch
     return out[0] if isinstance(out, tuple) else out
 
 
+def _check_fp8_device(device: torch.device) -> None:
+    """FP8 matmuls (`torch._scaled_mm` on float8_e4m3fn) run on CUDA GPUs of compute capability
+    8.9+ (Ada, Hopper) only: refuse anything else up front, not at the first forward."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        raise ValueError(f"fp8=True: FP8 matmuls (torch._scaled_mm) need a CUDA GPU of compute capability "
+                         f"8.9+ (Ada, Hopper); this base is on {device}")
+    cap = torch.cuda.get_device_capability(device)
+    if cap < (8, 9):
+        raise ValueError(f"fp8=True: FP8 matmuls need compute capability 8.9+; {device} has {cap[0]}.{cap[1]}")
+
+
 class FastQwen3VLEncoder:
-    def __init__(self, base, compile: bool = False, fused: bool = False, dynamic: bool | None = False) -> None:
+    def __init__(self, base, compile: bool = False, fused: bool = False, dynamic: bool | None = False,
+                 fp8: bool = False, fp8_fast_accum: bool = False) -> None:
+        if fp8:
+            _check_fp8_device(base.device)
         self.base = base
         self.core = base.core
         self.family = base.family
-        self.fused = fused
+        self.fused = fused or fp8
         self._vision_block = _vision_block
         self._text_layer = _text_layer
         self._text_layer_fused = _text_layer_fused
@@ -141,10 +198,20 @@ class FastQwen3VLEncoder:
         # Profiling hook (bench/fast_profile.py): called with a stage name at stage ends of an
         # uncaptured forward; None in normal use (and never set while a graph is captured).
         self.on_stage: Callable[[str], None] | None = None
-        self._fused: list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]] = []
+        self._fused: list[tuple] = []
+        # fp8: per decoder layer (o, down) and per vision block (qkv, proj, fc1, fc2) FP8 weights.
+        self._text_fp8: list[tuple] = [() for _ in self.core.language_model.layers]
+        self._vis_fp8: list[tuple | None] = [None for _ in self.core.visual.blocks]
         with torch.no_grad():
-            if fused:
+            if self.fused:
                 self._fused = [_fused_weights(layer) for layer in self.core.language_model.layers]
+            if fp8:
+                q8 = lambda w: _fp8_weight(w, fp8_fast_accum)  # noqa: E731
+                self._fused = [(q8(wq), bq, q8(wg)) for wq, bq, wg in self._fused]
+                self._text_fp8 = [(q8(lay.self_attn.o_proj.weight), q8(lay.mlp.down_proj.weight))
+                                  for lay in self.core.language_model.layers]
+                self._vis_fp8 = [(q8(blk.attn.qkv.weight), q8(blk.attn.proj.weight), q8(blk.mlp.linear_fc1.weight),
+                                  q8(blk.mlp.linear_fc2.weight)) for blk in self.core.visual.blocks]
             proj = self.core.visual.patch_embed.proj
             # A Conv3d whose kernel equals its stride: one matmul per flat patch, laid out
             # (C, T, H, W) as the kernel is (patchify's layout). A view: no weight copy (and
@@ -220,7 +287,7 @@ class FastQwen3VLEncoder:
         self._stage("embed")
         for i, layer in enumerate(lm.layers):
             if self.fused:
-                h = self._text_layer_fused(layer, *self._fused[i], h, attn, *pos_emb)
+                h = self._text_layer_fused(layer, *self._fused[i], h, attn, *pos_emb, *self._text_fp8[i])
             else:
                 h = self._text_layer(layer, h, attn, pos_emb)
             if i < len(deepstack):
@@ -244,7 +311,7 @@ class FastQwen3VLEncoder:
         sin = c.vis_sin.unsqueeze(-2).float()
         deepstack = []
         for layer_num, blk in enumerate(v.blocks):
-            h = self._vision_block(blk, h, cos, sin, n_img, p)
+            h = self._vision_block(blk, h, cos, sin, n_img, p, self._vis_fp8[layer_num])
             if layer_num in v.deepstack_visual_indexes:
                 deepstack.append(v.deepstack_merger_list[v.deepstack_visual_indexes.index(layer_num)](h))
         return v.merger(h), deepstack

@@ -34,3 +34,13 @@ def test_fused_layers_match_transformers_forward() -> None:
     assert torch.equal(mask, ref.mask_B_L)
     m = ref.mask_B_L
     assert torch.allclose(hidden[m], ref.hidden_B_L_D[m], rtol=1e-5, atol=1e-5)
+
+
+def test_fp8_refuses_without_an_sm89_gpu() -> None:
+    """FP8 matmuls (`fp8=True`) need CUDA compute capability 8.9+: a CPU base is refused up front,
+    with the reason, and nothing of the engine is built."""
+    import pytest
+
+    base = BaseModel.load(BaseConfig("tiny-qwen3-vl", image_size=64, device="cpu"))
+    with pytest.raises(ValueError, match=r"fp8=True: .*compute capability 8\.9\+.*cpu"):
+        FastQwen3VLEncoder(base, fp8=True)
