@@ -9,7 +9,7 @@ user-facing error printed to stderr) can also be wired into an argparse CLI with
     python -m sdk.dataset_cli show ../shared/fixtures/lerobot/libero_like --index 45 --json
     python -m sdk.dataset_cli record --out /tmp/reach_demos --episodes 20 [--env builtin/reach-v0]
         [--seed 0] [--video | --images] [--overwrite]
-    python -m sdk.dataset_cli publish /tmp/reach_demos reach-demos [--data-dir .nexus] [--overwrite]
+    python -m sdk.dataset_cli publish /tmp/reach_demos reach-demos [--data-dir DIR] [--overwrite]
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import numpy as np
 import typer
 
 from protocol.errors import NexusError
+from protocol.settings import RoleSettings
 
 EXIT_OK = 0
 EXIT_USAGE = 2
@@ -163,7 +164,9 @@ def cmd_publish(args: argparse.Namespace) -> int:
     from actors.paths import publish_dataset
 
     try:
-        target = publish_dataset(args.src, args.name, Path(args.data_dir), overwrite=args.overwrite)
+        # Not given: the deployment's, as every other `nexus` command finds it (NEXUS_DATA_DIR).
+        data_dir = Path(args.data_dir) if args.data_dir else RoleSettings.from_env().data_dir
+        target = publish_dataset(args.src, args.name, data_dir, overwrite=args.overwrite)
     except ValueError as exc:
         return _fail("publish", str(exc))
     print(f"published {args.src} as {args.name!r}: tenants name dataset.root {target}")
@@ -226,7 +229,7 @@ def add_dataset_commands(subparsers: argparse._SubParsersAction) -> argparse.Arg
     p = sub.add_parser("publish", help="copy a dataset into the data dir's published area (operator)")
     p.add_argument("src", help="dataset root (holds meta/info.json)")
     p.add_argument("name", help="published name: 1-64 of A-Z a-z 0-9 _ -")
-    p.add_argument("--data-dir", default=".nexus", help="the deployment's data dir (default ./.nexus)")
+    p.add_argument("--data-dir", default=None, help="the deployment's data dir (default NEXUS_DATA_DIR, else ./.nexus)")
     p.add_argument("--overwrite", action="store_true", help="replace a dataset published under NAME")
     p.set_defaults(func=_guard("publish", cmd_publish))
     return parser
@@ -290,12 +293,12 @@ def record_command(
 def publish_command(
     src: Annotated[str, typer.Argument(metavar="SRC", help="dataset root (holds meta/info.json)")],
     name: Annotated[str, typer.Argument(metavar="NAME", help="published name: 1-64 of A-Z a-z 0-9 _ -")],
-    data_dir: Annotated[Path, typer.Option("--data-dir", show_default=False,
-                                           help="the deployment's data dir (default ./.nexus)")] = Path(".nexus"),
+    data_dir: Annotated[Path | None, typer.Option(
+        "--data-dir", show_default=False, help="the deployment's data dir (default NEXUS_DATA_DIR, else ./.nexus)")] = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="replace a dataset published under NAME")] = False,
 ) -> int:
     """Publish a dataset to every tenant: copied to <data dir>/datasets/published/NAME, read-only."""
-    args = argparse.Namespace(src=src, name=name, data_dir=str(data_dir), overwrite=overwrite)
+    args = argparse.Namespace(src=src, name=name, data_dir=data_dir, overwrite=overwrite)
     return _guard("publish", cmd_publish)(args)
 
 
