@@ -9,7 +9,8 @@ the relative error of its hidden states against the plain transformers forward o
 stage ends: inputs, patch embed, vision blocks + mergers, token embedding, decoder layers). For
 the last variant, torch.profiler's kernel table of one uncaptured forward, summed by kind
 (matmul, attention, conv, fused elementwise, other). `+fp8` variants (CUDA sm89+ only) run the
-big linears as FP8 matmuls (issue 27 item 3); every variant also reports its error against the
+big linears as FP8 matmuls (issue 27 item 3; `+fp8row`: row-wise scales, `...dec`: decoder
+only); every variant also reports its error against the
 first variant's hidden states (`rel_err_vs_first`: the FP8 cost against the bf16 fast path).
 `--micro` adds the matmul shapes of one forward timed alone (the reachable floor) and the attention kernels at the text shape.
 """
@@ -201,7 +202,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variants", default="graphs,compile,compile+fused",
                     help="comma-separated engines: graphs (no compile), compile, +fused (one matmul for q/k/v "
                          "and for gate/up), +dyn (automatic dynamic shapes, a smaller size compiled first), "
-                         "+fp8 (FP8 matmuls, per-tensor scales; CUDA sm89+), +fp8fast (the same, fast accumulation)")
+                         "+fp8 (FP8 matmuls, per-tensor scales; CUDA sm89+), +fp8fast (the same, fast accumulation), "
+                         "+fp8row (row-wise scales: per token x per output channel; sm90), +fp8rowfast, "
+                         "a trailing `dec` (+fp8rowdec, +fp8dec): FP8 in the decoder only, vision blocks bf16")
     ap.add_argument("--micro", action="store_true")
     ap.add_argument("--device", default="cuda", help="cuda; cpu is a smoke run of the script (host clock)")
     ap.add_argument("--json", type=Path, default=None)
@@ -227,8 +230,9 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.variants.split(","):
         enc = None  # the previous engine's graphs and weight copies go before the next is built
         enc = FastQwen3VLEncoder(base, compile="compile" in name, fused="fused" in name,
-                                 dynamic=None if "dyn" in name else False, fp8="fp8" in name,
-                                 fp8_fast_accum="fp8fast" in name)
+                                 dynamic=None if "dyn" in name else False,
+                                 fp8="rowwise" if "fp8row" in name else "fp8" in name,
+                                 fp8_fast_accum="fp8" in name and "fast" in name, fp8_vision=not name.endswith("dec"))
         if "dyn" in name:
             # What a server gets: a smaller size compiled first, so this one runs the kernels
             # of the recompile with a symbolic batch dimension.

@@ -23,7 +23,9 @@ hundred kernel launches per call. This path:
    blocks' big linears run as FP8 matmuls (`torch._scaled_mm`, float8_e4m3fn, one scale per
    tensor): weights quantized once here, activations per call on the device (the scale stays a
    tensor, so graph capture works); implies the fused decoder layer. Its speed and its error
-   against the bf16 forward are in docs/benchmarks.md.
+   against the bf16 forward are in docs/benchmarks.md. `fp8="rowwise"`: the same with one scale
+   per token (activations, (M, 1)) and one per output channel (weights, (1, N)), float32, as
+   sm90's row-wise `torch._scaled_mm` takes them; `fp8_vision=False` keeps the vision blocks bf16.
 
 It calls the model's own submodules (patch embed, blocks' norms/MLPs, mergers, decoder
 layers, rotary embeddings), so a checkpoint's weights are used unchanged. Equality with the
@@ -71,9 +73,16 @@ _FP8_MAX = 448.0
 
 Fp8Weight = tuple[torch.Tensor, torch.Tensor, bool]  # (weight^T (K, N) column-major, scale, fast accum)
 
+# `fp8` modes: one scale per tensor, or row-wise (per token x per output channel).
+FP8_MODES = ("tensor", "rowwise")
 
-def _fp8_weight(w: torch.Tensor, fast_accum: bool) -> Fp8Weight:
-    """A linear weight (N, K) quantized once, as `torch._scaled_mm` takes its second operand."""
+
+def _fp8_weight(w: torch.Tensor, fast_accum: bool, rowwise: bool = False) -> Fp8Weight:
+    """A linear weight (N, K) quantized once, as `torch._scaled_mm` takes its second operand;
+    `rowwise`: one scale per output channel, shape (1, N) float32 (its rank marks the mode)."""
+    if rowwise:
+        scale = (w.abs().amax(dim=1, keepdim=True).float() / _FP8_MAX).clamp(min=1e-12)  # (N, 1)
+        return (w.float() / scale).to(torch.float8_e4m3fn).t(), scale.t().contiguous(), fast_accum
     scale = (w.abs().amax().float() / _FP8_MAX).clamp(min=1e-12)
     return (w.float() / scale).to(torch.float8_e4m3fn).t(), scale, fast_accum
 
@@ -81,11 +90,18 @@ def _fp8_weight(w: torch.Tensor, fast_accum: bool) -> Fp8Weight:
 def _fp8_linear(x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None) -> torch.Tensor:
     w8_t, w_scale, fast_accum = w
     x2 = x.reshape(-1, x.shape[-1])
-    # Per-tensor activation scale computed on the device (no .item(): capturable).
-    x_scale = (x2.abs().amax().float() / _FP8_MAX).clamp(min=1e-12)
+    # Activation scale computed on the device (no .item(): capturable): one per tensor, or,
+    # with a row-wise weight, one per token ((M, 1) float32, what row-wise scaling takes).
+    rowwise = w_scale.dim() == 2
+    amax = x2.abs().amax(dim=1, keepdim=True) if rowwise else x2.abs().amax()
+    x_scale = (amax.float() / _FP8_MAX).clamp(min=1e-12)
     x8 = (x2.float() / x_scale).to(torch.float8_e4m3fn)
-    y = torch._scaled_mm(x8, w8_t, scale_a=x_scale, scale_b=w_scale, bias=bias, out_dtype=x.dtype,
-                         use_fast_accum=fast_accum)
+    # Row-wise: the bias is added after (an elementwise add inductor fuses), not handed to the
+    # row-wise kernel, whose bias support varies across torch versions.
+    y = torch._scaled_mm(x8, w8_t, scale_a=x_scale, scale_b=w_scale, bias=None if rowwise else bias,
+                         out_dtype=x.dtype, use_fast_accum=fast_accum)
+    if rowwise and bias is not None:
+        y = y + bias
     return y.view(*x.shape[:-1], -1)
 
 
@@ -161,22 +177,31 @@ def _text_layer(layer, h: torch.Tensor, attn: torch.Tensor, pos_emb: tuple[torch
     return out[0] if isinstance(out, tuple) else out
 
 
-def _check_fp8_device(device: torch.device) -> None:
+def _check_fp8_device(device: torch.device, fp8: bool | str = True) -> None:
     """FP8 matmuls (`torch._scaled_mm` on float8_e4m3fn) run on CUDA GPUs of compute capability
-    8.9+ (Ada, Hopper) only: refuse anything else up front, not at the first forward."""
+    8.9+ (Ada, Hopper) only: refuse anything else up front, not at the first forward. Row-wise
+    scales with a bf16 output need sm90 (Hopper)."""
     if device.type != "cuda" or not torch.cuda.is_available():
-        raise ValueError(f"fp8=True: FP8 matmuls (torch._scaled_mm) need a CUDA GPU of compute capability "
+        raise ValueError(f"fp8={fp8!r}: FP8 matmuls (torch._scaled_mm) need a CUDA GPU of compute capability "
                          f"8.9+ (Ada, Hopper); this base is on {device}")
     cap = torch.cuda.get_device_capability(device)
-    if cap < (8, 9):
-        raise ValueError(f"fp8=True: FP8 matmuls need compute capability 8.9+; {device} has {cap[0]}.{cap[1]}")
+    need = (9, 0) if fp8 == "rowwise" else (8, 9)
+    if cap < need:
+        raise ValueError(f"fp8={fp8!r}: FP8 matmuls need compute capability {need[0]}.{need[1]}+; "
+                         f"{device} has {cap[0]}.{cap[1]}")
 
 
 class FastQwen3VLEncoder:
     def __init__(self, base, compile: bool = False, fused: bool = False, dynamic: bool | None = False,
-                 fp8: bool = False, fp8_fast_accum: bool = False) -> None:
+                 fp8: bool | str = False, fp8_fast_accum: bool = False, fp8_vision: bool = True) -> None:
+        # fp8: False (bf16), True or "tensor" (one scale per tensor), "rowwise" (per token x per
+        # output channel); fp8_vision=False keeps the vision blocks bf16 (FP8 did not pay there).
+        if fp8 is True:
+            fp8 = "tensor"
+        if fp8 and fp8 not in FP8_MODES:
+            raise ValueError(f"fp8={fp8!r}: one of False, True, {', '.join(map(repr, FP8_MODES))}")
         if fp8:
-            _check_fp8_device(base.device)
+            _check_fp8_device(base.device, True if fp8 == "tensor" else fp8)
         self.base = base
         self.core = base.core
         self.family = base.family
@@ -206,12 +231,13 @@ class FastQwen3VLEncoder:
             if self.fused:
                 self._fused = [_fused_weights(layer) for layer in self.core.language_model.layers]
             if fp8:
-                q8 = lambda w: _fp8_weight(w, fp8_fast_accum)  # noqa: E731
+                q8 = lambda w: _fp8_weight(w, fp8_fast_accum, rowwise=fp8 == "rowwise")  # noqa: E731
                 self._fused = [(q8(wq), bq, q8(wg)) for wq, bq, wg in self._fused]
                 self._text_fp8 = [(q8(lay.self_attn.o_proj.weight), q8(lay.mlp.down_proj.weight))
                                   for lay in self.core.language_model.layers]
-                self._vis_fp8 = [(q8(blk.attn.qkv.weight), q8(blk.attn.proj.weight), q8(blk.mlp.linear_fc1.weight),
-                                  q8(blk.mlp.linear_fc2.weight)) for blk in self.core.visual.blocks]
+                if fp8_vision:
+                    self._vis_fp8 = [(q8(blk.attn.qkv.weight), q8(blk.attn.proj.weight), q8(blk.mlp.linear_fc1.weight),
+                                      q8(blk.mlp.linear_fc2.weight)) for blk in self.core.visual.blocks]
             proj = self.core.visual.patch_embed.proj
             # A Conv3d whose kernel equals its stride: one matmul per flat patch, laid out
             # (C, T, H, W) as the kernel is (patchify's layout). A view: no weight copy (and
