@@ -68,7 +68,9 @@ def test_rl_sft_and_eval_producers(roles):
         assert events[-1].kind == "done" and events[-1].state != "failed", events[-1]
     assert rl[-1].episodes == 4 and "success_rate" in rl[-1].metrics
     assert len(rl_jobs) == 2 and all(j.state == "cleared" and j.behaviour_version >= 0 for j in rl_jobs)
-    assert rl[-1].step == sum(j.items for j in rl_jobs)  # one PPO step per micro-batch
+    # One PPO step per micro-batch put: a micro-batch over the max payload is stored as parts
+    # (items) and trained as one step (JobRecord.steps; tests/test_split_step.py).
+    assert rl[-1].step == sum(j.steps for j in rl_jobs) and sum(j.items for j in rl_jobs) >= rl[-1].step
     assert sft_version == 3 and "loss" in sft[-1].metrics
     # items_per_job 2 with 3 steps: a job of 2 micro-batches, then one of the 1 left.
     assert sorted(j.items for j in sft_jobs) == [1, 2]
