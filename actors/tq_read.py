@@ -36,7 +36,7 @@ import numpy as np
 from nats.js.errors import NotFoundError
 
 from actors.bus import js_retry
-from protocol.messages import JobRecord, QueuePutRequest, chunk_parts
+from protocol.messages import MAX_STEP_ROWS, JobRecord, QueuePutRequest, chunk_parts
 from protocol.subjects import Names
 from protocol.wire import decode
 
@@ -126,6 +126,10 @@ def join_parts(items: list[QueuePutRequest]) -> list[QueuePutRequest]:
             continue
         group.sort(key=lambda it: chunk_parts(it.seq)[2])  # type: ignore[index]
         first = group[0]
+        rows = sum(len(it.instructions) for it in group)
+        if rows > MAX_STEP_ROWS:  # counted before anything is copied
+            raise ValueError(f"micro-batch {chunk_parts(first.seq)[0]} is stored as {len(group)} parts "  # type: ignore[index]
+                             f"of {rows} rows in all; one optimizer step takes at most {MAX_STEP_ROWS}")
 
         def cat(get, group=group):
             xs = [get(it) for it in group]

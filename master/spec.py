@@ -60,7 +60,7 @@ from master.spec_schema import (
     spec_errors,
 )
 from protocol.errors import ErrorCode, NexusError
-from protocol.messages import TenantConfig
+from protocol.messages import MAX_STEP_ROWS, TenantConfig
 
 SPEC_VERSION = 1
 TaskType = Literal["sft", "rl", "eval"]
@@ -288,7 +288,7 @@ class SFTAlgorithm(_Section):
     lr: Float = _doc("peak AdamW learning rate. Default 1e-4: the model core's default, stable for "
                      "small heads on a frozen base", 1e-4, gt=0, le=1)
     batch_size: Int = _doc("samples per micro-batch (one optimizer step each). Default 32: fits one "
-                           "queue message for 2 cameras at 64x64", 32, ge=1, le=1024)
+                           "queue message for 2 cameras at 64x64", 32, ge=1, le=MAX_STEP_ROWS)
     DEFAULT_STEPS: ClassVar[int] = 1000  # a few minutes for the tiny bases on CPU
 
     steps: Int | None = _doc("optimizer steps this workload trains, counted from the tenant's version "
@@ -359,7 +359,7 @@ class PPOAlgorithm(_Section):
                               "predict requests share the inferencer's group forwards. Default 1: one "
                               "episode at a time", 1, ge=1, le=256)
     micro_batch: Int = _doc("samples per queued micro-batch (one optimizer step each). Default 64: a "
-                            "few steps per update", 64, ge=1, le=1024)
+                            "few steps per update", 64, ge=1, le=MAX_STEP_ROWS)
     weight_decay: Float = _doc("AdamW weight decay. Default 0: the usual choice for RL, where data "
                                "shifts under the policy", 0.0, ge=0)
     grad_clip: Float | None = _doc("global gradient-norm clip (null: none). Default 0.5: the usual PPO "

@@ -492,6 +492,11 @@ class ReserveRequest:
 MAX_ITEM_SEQ = 2**31 - 1
 CHUNK_SEQ_FLAG = 1 << 62
 MAX_CHUNK_PARTS_LOG2 = 16
+# Rows of one optimizer step: the spec's largest micro-batch (`batch_size`, `micro_batch`). The
+# trainer joins a split item's parts into one step (`actors.tq_read.join_parts`); a tenant that
+# puts parts adding up to more (its own queue_put, not the SDK's split) fails its job instead of
+# making every tenant's grouped step that large.
+MAX_STEP_ROWS = 1024
 
 
 def chunk_seq(seq: int, parts_log2: int, index: int) -> int:

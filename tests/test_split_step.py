@@ -174,3 +174,53 @@ def test_an_sft_workload_of_split_micro_batches_trains_exactly_its_budget(cluste
     assert sum(j.items for j in jobs) > sum(j.steps for j in jobs) == 3, [(j.items, j.steps) for j in jobs]
     assert ref.version == 3 and done.step == 3 and workload_steps(done) == 3, (ref.version, done.message)
     assert "trained 3/3 steps" in done.message, done.message
+
+
+def test_join_parts_refuses_a_step_past_the_row_bound():
+    """Parts a tenant puts by hand (its own queue_put, not the SDK's split) may add up to more
+    rows than any spec allows in one step: refused before anything is copied."""
+    import dataclasses
+
+    from protocol.messages import MAX_STEP_ROWS
+
+    cfg = tenant("split-bound")
+    parts = [dataclasses.replace(micro_batch(cfg, "j", 0, b=40), seq=chunk_seq(0, 5, k)) for k in range(32)]
+    assert sum(len(p.instructions) for p in parts) > MAX_STEP_ROWS
+    with pytest.raises(ValueError, match=f"at most {MAX_STEP_ROWS}"):
+        join_parts(parts)
+    fits = [dataclasses.replace(micro_batch(cfg, "j", 0, b=32), seq=chunk_seq(0, 5, k)) for k in range(32)]
+    assert [len(j.instructions) for j in join_parts(fits)] == [MAX_STEP_ROWS]  # the bound itself trains
+
+
+def test_hand_made_parts_past_the_row_bound_fail_their_job_and_nothing_else(cluster):
+    """A tenant's queue_put of 32 hand-numbered parts of one item (1,280 rows in all): its job
+    fails naming the bound, its policy stays at version 0, and its next job trains (the trainer
+    and its group go on)."""
+    import dataclasses
+
+    from protocol.messages import QueuePutReply
+
+    cfg = tenant("split-hostile")
+
+    async def go():
+        c = await AsyncClient(cluster.nats_url, cluster.prefix, timeout_s=60).connect()
+        try:
+            await c.create_tenant(cfg)
+            job = (await c.reserve(cfg.name, "sft")).job
+            for k in range(32):
+                part = dataclasses.replace(micro_batch(cfg, job, 0, b=40), seq=chunk_seq(0, 5, k))
+                await c._master("queue_put", part, QueuePutReply)
+            await c.mark_ready(cfg.name, job)
+            failed = await c.wait_job(cfg.name, job, timeout_s=240)
+            ok_job = (await c.reserve(cfg.name, "sft", key="after")).job
+            await c.queue_put(micro_batch(cfg, ok_job, 0, b=2))
+            await c.mark_ready(cfg.name, ok_job)
+            done = await c.wait_job(cfg.name, ok_job, timeout_s=240)
+            return failed, done
+        finally:
+            await c.close()
+
+    failed, done = asyncio.run(go())
+    assert failed.state == "failed" and "at most 1024" in failed.reason, failed
+    assert failed.trained_version == -1, failed
+    assert done.state == "cleared" and done.trained_version == 1, done  # version 1: nothing trained before
