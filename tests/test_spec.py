@@ -495,3 +495,16 @@ def test_known_presets_match_the_model_core_without_importing_torch():
             "assert 'torch' not in sys.modules, 'torch imported'; sys.exit(rc)")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
+
+
+@pytest.mark.parametrize("bad", [[], list(range(91)), [-1], [True], ["x" * 201], [""], [1.5], "some", {"a": 1}, 3])
+def test_eval_tasks_refuses_what_is_not_a_bounded_list_of_indices_or_names(bad):
+    """`eval.tasks` is tenant input: at most 90 entries, each an index >= 0 or a 1-200 character
+    name; anything else is one error naming the field and what is allowed."""
+    errs = errors_of(mutate(minimal("eval"), {"eval.tasks": bad}))
+    assert list(errs) == ["eval.tasks"] and "allowed: 'all', null, or a list of 1..90" in errs["eval.tasks"], errs
+
+
+@pytest.mark.parametrize("good", [None, "all", [0], list(range(90)), [3, "open the drawer"]])
+def test_eval_tasks_takes_all_null_or_indices_and_names(good):
+    assert parse_spec(mutate(minimal("eval"), {"eval.tasks": good})).eval.tasks == good
