@@ -41,6 +41,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from collections import Counter, deque
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -51,6 +52,7 @@ from actors.reply_cache import ReplyCache
 from actors.identity import caller_from_headers, require_tenant
 from actors.runtime import Role, RoleConfig, device_memory_bytes
 from actors.budget import budget_bytes
+from actors.bus import js_retry
 from actors.serving import ServingHeads
 from actors.tracing import (
     carrier_of,
@@ -187,8 +189,14 @@ class Inferencer(Role):
         self.device = env.device
         # The optimized Qwen3-VL encode with CUDA graphs (models.fast); groups are then padded
         # up to a few capture sizes, as vLLM does, so a handful of graphs cover every size.
-        self.fast = env.fast
-        self.compile = env.compile  # with fast on CUDA: compiled blocks (models.fast)
+        # None = auto (resolved in `setup`, once the device is known): on CUDA with a Qwen3-VL
+        # base the fast engine with compiled blocks and a warm-up, as vLLM serves by default.
+        self.fast: bool | None = env.fast
+        self.compile: bool | None = env.compile  # with fast on CUDA: compiled blocks (models.fast)
+        self.warmup: bool | None = env.warmup
+        # Observation layouts whose every capture size up to the largest group has run once.
+        self._warmed: set[Any] = set()
+        self.warmup_s = 0.0  # seconds spent warming (not charged to any tenant)
         self.pipeline_depth = env.pipeline_depth
         self.head_budget_mb = env.head_budget_mb  # 0: no budget (actors/serving.py)
         self.heads: ServingHeads | None = None
@@ -213,6 +221,9 @@ class Inferencer(Role):
         self._by_id: dict[tuple[str, str], _Pending] = {}
         self._forward_ewma_s = 0.0  # recent group forward time: the Busy hint's unit
         self._predict_sub: Any = None
+        # Weight announcements: the newest waiting per tenant, and its loading task (`_on_weights`).
+        self._weights_waiting: dict[str, tuple[WeightsRef, str, Any]] = {}
+        self._weights_tasks: dict[str, asyncio.Task] = {}
         # Forwarded requests per group -> groups: benchmarks replay this distribution in-process.
         self.group_sizes: Counter[int] = Counter()
         # Metered device time (every group forward, charged to its tenants by rows) and the
@@ -230,6 +241,13 @@ class Inferencer(Role):
         from models import BaseConfig, BaseModel
 
         torch.set_num_threads(1)
+        cuda = (self.device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
+        if self.fast is None:
+            self.fast = cuda and fast_engine_for(self.base_source)
+        if self.compile is None:
+            self.compile = self.fast and cuda
+        if self.warmup is None:
+            self.warmup = self.fast
         base = await asyncio.to_thread(BaseModel.load, BaseConfig(source=self.base_source, device=self.device,
                                                                   fast=self.fast, compile=self.fast and self.compile))
         self.heads = ServingHeads(self.bus, self.names, base, self.base_source,
@@ -241,6 +259,8 @@ class Inferencer(Role):
         synced = await self.heads.sync_all()
         for (tenant, version), exc in self.heads.refused.items():
             self.log.error("weights refused", tenant=tenant, version=version, error=str(exc))
+        if self.warmup:
+            await self._warm_known()
         self.spawn(self._batch_loop, "batcher", critical=True)
         self.spawn(lambda: flush_loop(self, self.meter, self.usage_flush), "usage-flush", critical=True)
         # Kept out of self._subs: the runtime's drain unsubscribes those, which discards
@@ -250,19 +270,84 @@ class Inferencer(Role):
             self.names.infer(self.pool), queue=f"{self.names.prefix}-infer-{self.pool}", cb=self._on_predict,
             pending_msgs_limit=65536)
         self.spawn(self._leave_group_on_stop(), "predict-drain")
-        self.log.info("serving", pool=self.pool, base=self.base_source, tenants_synced=synced,
+        self.log.info("serving", pool=self.pool, base=self.base_source, tenants_synced=synced, fast=self.fast,
+                      compile=bool(self.fast and self.compile), warmup=self.warmup,
+                      warmed_layouts=len(self._warmed), warmup_s=round(self.warmup_s, 2),
                       max_batch_size=self.batching.max_batch_size,
                       batch_wait_timeout_s=self.batching.batch_wait_timeout_s)
+
+    async def _warm_known(self) -> None:
+        """Before ready: the layout of every tenant of this pool (registered, trained or not)
+        through every capture size (`_warm`); distinct layouts are few, tenants may be many."""
+        from nats.js.errors import NoKeysError
+
+        from models import TenantPreprocessor, TenantSchema
+
+        assert self.heads is not None and self.bus is not None
+        kv = await js_retry(self.bus.js.key_value, self.names.kv_tenants)
+        try:
+            keys = await kv.keys()
+        except NoKeysError:
+            keys = []
+        base = self.heads.base
+        seen: set[Any] = set()
+        for tenant in keys:
+            try:
+                cfg = await self.heads.config(tenant)
+                schema = TenantSchema.from_dict(cfg.schema)
+                pre = TenantPreprocessor.for_base(schema, base)
+            except Exception:  # another pool's tenant, or one deleted meanwhile
+                continue
+            if pre.key.layout in seen:
+                continue
+            seen.add(pre.key.layout)
+            one = warmup_row(pre, schema, base.device)
+            await asyncio.get_running_loop().run_in_executor(self._forward_pool, self._warm, one, None)
+
+    def warm_sizes(self) -> list[int]:
+        """The capture sizes a group can be padded to: up to the first >= max_batch_size."""
+        cap = next((c for c in CAPTURE_SIZES if c >= self.batching.max_batch_size), CAPTURE_SIZES[-1])
+        return [c for c in CAPTURE_SIZES if c <= cap]
+
+    def _warm(self, packed: Any, ready: Any = None) -> None:
+        """On the forward thread: run the base at every capture size for ``packed``'s layout
+        once (captures, compiles), unless done. Its time is nobody's: not metered."""
+        import torch
+
+        from models import VLABatch
+
+        layout = packed.key.layout
+        if layout in self._warmed:
+            return
+        started = time.perf_counter()
+        if ready is not None:
+            torch.cuda.current_stream(packed.device).wait_event(ready)
+        one = packed.index(slice(0, 1))
+        with torch.inference_mode():
+            for n in self.warm_sizes():
+                self.heads.base.encode(VLABatch.cat([one] * n), inference=True)
+        if packed.device.type == "cuda":
+            torch.cuda.synchronize(packed.device)
+        self._warmed.add(layout)
+        took = time.perf_counter() - started
+        self.warmup_s += took
+        self.log.info("warmed a layout", sizes=self.warm_sizes(), seconds=round(took, 2), layouts=len(self._warmed))
 
     def info_extra(self) -> dict[str, Any]:
         return {
             "pool": self.pool, "base": self.base_source,
+            "engine": {"fast": self.fast, "compile": bool(self.fast and self.compile), "warmup": self.warmup,
+                       "warmed_layouts": len(self._warmed), "warmup_s": self.warmup_s,
+                       "warm_sizes": self.warm_sizes() if self.warmup else []},
             "max_batch_size": self.batching.max_batch_size,
             "batch_wait_timeout_s": self.batching.batch_wait_timeout_s,
             "served": self.served, "groups": self.groups, "dropped": self.dropped,
             "mean_batch": self.served / self.groups if self.groups else 0.0,
             "group_sizes": {str(k): v for k, v in sorted(self.group_sizes.items())},
             "versions": dict(self.heads.current) if self.heads else {},
+            # Export -> servable per stage (actors/serving.py): recent syncs' p50 / p95 seconds.
+            "weight_sync": self.heads.sync_report() if self.heads else {},
+            "weight_sync_spares_used": self.heads.spares_used if self.heads else 0,
             # (tenant, version)s whose manifest names another base or schema: never served.
             "refused": {f"{t}/v{v}": str(e) for (t, v), e in self.heads.refused.items()} if self.heads else {},
             "queued": sum(len(q.items) for q in self.queues.values()),
@@ -297,6 +382,7 @@ class Inferencer(Role):
     # -- weight sync ---------------------------------------------------------------------
     async def _on_tenant_deleted(self, msg: Any) -> None:
         tenant = msg.subject.rsplit(".", 1)[-1]
+        self._weights_waiting.pop(tenant, None)
         if self.heads is not None:
             self.heads.forget(tenant)
         self.rate.forget(tenant)
@@ -313,16 +399,40 @@ class Inferencer(Role):
         await final_flush(self, self.meter, self.usage_flush)
 
     async def _on_weights(self, msg: Any) -> None:
+        """An announcement. NATS hands one subscription's messages over one at a time, so a load
+        here would make every other tenant's announcement wait (a shared trainer step ends
+        several tenants' jobs together): each tenant's newest announcement loads in its own task,
+        one task per tenant at a time; an announcement arriving meanwhile replaces the one
+        waiting (a newer version supersedes it). At most one task and one waiting per tenant."""
+        try:
+            ref = decode(msg.data, WeightsRef)
+        except Exception as exc:
+            self.log.error("weight announcement refused", subject=msg.subject, error=str(exc))
+            return
+        waiting = self._weights_waiting.get(ref.tenant)
+        if waiting is None or ref.version > waiting[0].version:
+            self._weights_waiting[ref.tenant] = (ref, msg.subject, msg.headers)
+        if ref.tenant not in self._weights_tasks:
+            self._weights_tasks[ref.tenant] = asyncio.ensure_future(self._sync_tenant(ref.tenant))
+
+    async def _sync_tenant(self, tenant: str) -> None:
+        try:
+            while (item := self._weights_waiting.pop(tenant, None)) is not None:
+                await self._sync_one(*item)
+        finally:
+            self._weights_tasks.pop(tenant, None)
+
+    async def _sync_one(self, ref: WeightsRef, subject: str, headers: Any) -> None:
         assert self.heads is not None
         # The trainer's announcement span is the parent: the load joins the job's trace.
-        with consumer_span(self.tracer, "inferencer.weights_load", msg.subject, msg.headers) as span:
+        with consumer_span(self.tracer, "inferencer.weights_load", subject, headers) as span:
             try:
-                ref = decode(msg.data, WeightsRef)
                 span.set_attributes({**nexus_attrs(ref), "nexus.version": ref.version})
                 lag = await self.heads.on_announce(ref)
                 span.set_attribute("nexus.loaded", lag is not None)
             except Exception as exc:
-                self.log.error("weight sync failed", subject=msg.subject, error=str(exc))
+                self.log.error("weight sync failed", subject=subject, tenant=ref.tenant, version=ref.version,
+                               error=str(exc))
                 span.set_status(Status(StatusCode.ERROR, str(exc)))
                 return
         if lag is not None:
@@ -680,6 +790,8 @@ class Inferencer(Role):
         one host sync at the end, not one per head."""
         if not live:
             return results
+        if self.warmup and packed.key.layout not in self._warmed:
+            self._warm(packed, ready)  # a layout first seen: every capture size once, unmetered
         t0 = time.perf_counter()
         try:
             return self._forward_group(group, results, live, packed, ready)
@@ -777,6 +889,31 @@ class Inferencer(Role):
 # Steps of 1.5x above 8: a group of 17-24 rows (common at 8 tenants x 8 clients) no longer pays
 # for the 32-row graph.
 CAPTURE_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
+
+
+def fast_engine_for(source: str) -> bool:
+    """Whether the fast engine exists for this base (models.fast: Qwen3-VL): a preset's family,
+    or a directory's config.json model_type."""
+    from models.presets import PRESETS
+
+    if source in PRESETS:
+        return PRESETS[source].family == "qwen3_vl"
+    try:
+        import json
+
+        return str(json.loads((Path(source) / "config.json").read_text()).get("model_type", "")).startswith("qwen3_vl")
+    except (OSError, ValueError):
+        return False
+
+
+def warmup_row(pre: Any, schema: Any, device: Any) -> Any:
+    """One canonical row of a tenant's layout (its preprocessor and schema) from a blank
+    observation: black frames, zero state."""
+    from models import Observation
+
+    obs = Observation(images={c.name: np.zeros((c.height, c.width, 3), np.uint8) for c in schema.cameras},
+                      state=np.zeros(schema.state_dim, np.float32), instruction="warm up")
+    return pre([obs], device=device)
 
 
 def pad_to_capture_size(packed: Any) -> Any:

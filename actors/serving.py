@@ -15,13 +15,21 @@ again from the weights store (`get`, the same path as a pinned version). A head 
 request (``get(..., hold=True)`` until `release`: from admission to its reply, through its
 group's forward) is never dropped. A head larger than the whole budget is refused
 (`CapacityExceeded` naming the setting), like a version whose manifest does not match.
+
+Weight sync (export -> servable, issue 27 item 5): a new version needs a slot built for the
+tenant's config (a head's init runs on the CPU: the largest stage on a 4B base), its payload and
+manifest (fetched together), and the load. Without a budget, the next version's slot is built
+in the background right after a swap (one spare per tenant, never served before its load), so
+an announcement pays fetch + load only. `sync_stages` keeps each stage's recent seconds (bounded)
+for `info` and the benchmarks: ``transport`` (export -> announcement handled here: the trainer's
+puts, the publish, this process's queue), ``create``, ``fetch``, ``load``, ``total``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from typing import Any
 
 from nats.js.errors import KeyNotFoundError, NoKeysError, ObjectNotFoundError
@@ -36,6 +44,9 @@ from protocol.wire import decode
 
 # Why a (tenant, version) is never served here; remembered, and every request for it hears it.
 REFUSALS = (FailedPrecondition, CapacityExceeded)
+# Recent weight syncs kept per stage (for `info` percentiles): a bound, not a window.
+SYNC_KEPT = 1024
+SYNC_STAGES = ("transport", "create", "fetch", "load", "total")
 # Evicted (tenant, version)s remembered to count their reloads (a few MB at most).
 EVICTED_KEPT = 65536
 
@@ -67,7 +78,13 @@ class ServingHeads:
         # Versions whose manifest names another base or schema: refused, and every request for
         # one hears why (never a silent fall back to another version). Bounded like the cache.
         self.refused: OrderedDict[tuple[str, int], FailedPrecondition | CapacityExceeded] = OrderedDict()
-        self.sync_seconds: list[float] = []
+        self.sync_seconds: deque[float] = deque(maxlen=SYNC_KEPT)  # export -> servable, per version
+        self.sync_stages: dict[str, deque[float]] = {k: deque(maxlen=SYNC_KEPT) for k in SYNC_STAGES}
+        # tenant -> (the config it was built for, a slot not yet loaded): the next version's
+        # slot, built in the background after a swap (only without a budget: it is not counted).
+        self._spares: dict[str, tuple[TenantConfig, Any]] = {}
+        self._spare_tasks: dict[str, asyncio.Task] = {}
+        self.spares_used = 0
 
     async def _kv(self, bucket: str):
         return await js_retry(self.bus.js.key_value, bucket)
@@ -118,16 +135,56 @@ class ServingHeads:
             return None
         if ref.version <= self.current.get(ref.tenant, -1):
             return None
-        await self._install(ref)
         exported_at = float(ref.manifest.get("exported_at", 0.0))
+        stages: dict[str, float] = {}
+        if exported_at:
+            stages["transport"] = time.time() - exported_at
+        await self._install(ref, stages)
         lag = time.time() - exported_at if exported_at else None
         if lag is not None:
             self.sync_seconds.append(lag)
+            stages["total"] = lag
+            for k, v in stages.items():
+                self.sync_stages[k].append(v)
+        self._make_spare(ref.tenant)
         return lag
 
-    async def _install(self, ref: WeightsRef) -> None:
+    def sync_report(self) -> dict[str, dict[str, float]]:
+        """Per stage: syncs seen (up to SYNC_KEPT recent), p50 and p95 seconds."""
+        out = {}
+        for k, xs in self.sync_stages.items():
+            if xs:
+                v = sorted(xs)
+                out[k] = {"n": len(v), "p50": v[len(v) // 2], "p95": v[min(len(v) - 1, int(0.95 * len(v)))]}
+        return out
+
+    def _make_spare(self, tenant: str) -> None:
+        """Build the tenant's next slot off the sync's path (no budget only; one per tenant)."""
+        cfg = self.configs.get(tenant)
+        if cfg is None or self.budget_bytes or tenant in self._spares or tenant in self._spare_tasks:
+            return
+
+        async def build() -> None:
+            try:
+                slot = await asyncio.to_thread(self._new_slot, tenant, cfg)
+                if self.configs.get(tenant) is cfg:  # not deleted or changed meanwhile
+                    self._spares[tenant] = (cfg, slot)
+            except Exception as exc:  # a spare is an optimisation: the sync builds its own
+                self._log("warning", "spare slot not built", tenant=tenant, error=str(exc))
+            finally:
+                self._spare_tasks.pop(tenant, None)
+
+        self._spare_tasks[tenant] = asyncio.ensure_future(build())
+
+    def _new_slot(self, tenant: str, cfg: TenantConfig) -> Any:
+        from models import OptimConfig, TenantSchema, TenantSlot
+
+        return TenantSlot.create(tenant, TenantSchema.from_dict(cfg.schema), self.base, cfg.head, cfg.head_params,
+                                 OptimConfig(**cfg.optim), cfg.seed, None, cfg.base_adapter or None)
+
+    async def _install(self, ref: WeightsRef, stages: dict[str, float] | None = None) -> None:
         try:
-            slot = await self._load(ref.tenant, ref.version, ref.object_name)
+            slot = await self._load(ref.tenant, ref.version, ref.object_name, stages)
         except REFUSALS:
             # The tenant's current version cannot be served here: requests for it must hear
             # why, not get an older version (or the initial weights) instead.
@@ -191,33 +248,47 @@ class ServingHeads:
         self._loaded += size - self.sizes.get(key, 0)
         self.sizes[key] = size
 
-    async def _load(self, tenant: str, version: int, object_name: str) -> Any:
-        from models import OptimConfig, TenantSchema, TenantSlot
-
+    async def _load(self, tenant: str, version: int, object_name: str,
+                    stages: dict[str, float] | None = None) -> Any:
+        stages = {} if stages is None else stages
         cfg = await self.config(tenant)
-        slot = await asyncio.to_thread(
-            TenantSlot.create, tenant, TenantSchema.from_dict(cfg.schema), self.base, cfg.head,
-            cfg.head_params, OptimConfig(**cfg.optim), cfg.seed, None, cfg.base_adapter or None)
+        t0 = time.perf_counter()
+        spare = self._spares.pop(tenant, None)
+        if spare is not None and spare[0] is cfg:
+            slot = spare[1]  # built for this very config, never loaded or served
+            self.spares_used += 1
+        else:
+            slot = await asyncio.to_thread(self._new_slot, tenant, cfg)
+        stages["create"] = time.perf_counter() - t0
         store = await js_retry(self.bus.js.object_store, self.names.obj_weights)
-        try:
-            payload = await get_object(store, object_name)
-        except ObjectNotFoundError:
+        t0 = time.perf_counter()
+        # Payload and manifest together: one round trip's wait, not two.
+        got = await asyncio.gather(get_object(store, object_name), get_manifest(store, object_name),
+                                   return_exceptions=True)
+        stages["fetch"] = time.perf_counter() - t0
+        payload, manifest = got
+        if isinstance(payload, ObjectNotFoundError):
             if version == 0:
                 self._check_fits(tenant, version, cfg, slot)
                 return slot  # nothing trained yet: the initial weights, same seed as the trainer's
             raise NotFound(f"tenant {tenant!r} has no version {version}",
                            details={"tenant": tenant, "version": version}) from None
+        if isinstance(payload, BaseException):
+            raise payload
         # Never serve a payload exported for another base or schema: its manifest must name
         # this pool's base and the tenant's schema (FailedPrecondition naming both, otherwise).
         # (A missing manifest is refused too, but not remembered: an export may be mid-write.)
-        manifest = await get_manifest(store, object_name)
+        if isinstance(manifest, BaseException):
+            raise manifest
         try:
             check_manifest(manifest, object_name, base=self.base_source, key=slot.key,
                            signature=slot.schema.signature(), adapter=cfg.base_adapter)
         except FailedPrecondition as exc:
             self._refuse(tenant, version, exc)
             raise
+        t0 = time.perf_counter()
         await asyncio.to_thread(slot.load_params, payload)
+        stages["load"] = time.perf_counter() - t0
         slot.head.eval()  # an adapter has no mode: its dropout runs only in a training step
         self._check_fits(tenant, version, cfg, slot)
         return slot
@@ -242,6 +313,7 @@ class ServingHeads:
         """The tenant was deleted: its config, current version and cached heads go."""
         self.current.pop(tenant, None)
         self.configs.pop(tenant, None)
+        self._spares.pop(tenant, None)
         for key in [k for k in self.cache if k[0] == tenant]:
             self._drop(key)
         for key in [k for k in self._evicted if k[0] == tenant]:

@@ -343,8 +343,9 @@ class SlotStore:
             "exported_at": time.time(),
         }
         name = weights_name(tenant, version)
-        await js_retry(weights.put, name, payload)
-        await js_retry(weights.put, manifest_name(name), json.dumps(manifest, sort_keys=True).encode())
+        # Both objects at once (the announcement below follows both): the sync's transport stage.
+        await asyncio.gather(js_retry(weights.put, name, payload),
+                             js_retry(weights.put, manifest_name(name), json.dumps(manifest, sort_keys=True).encode()))
         ref = WeightsRef(tenant=tenant, version=version, object_name=name, size=len(payload), manifest=manifest)
         kv = await js_retry(self.bus.js.key_value, self.names.kv_versions)
         await js_retry(kv.put, tenant, encode(ref))

@@ -76,7 +76,47 @@ async def wait_ready(c: AsyncClient, role: str, timeout_s: float = 600) -> RoleI
         await asyncio.sleep(0.2)
 
 
-async def run_mode(args, grouping: bool, data_dir: Path) -> dict:
+async def measure(args, c: AsyncClient, cfgs: list[TenantConfig]) -> dict:
+    """len(cfgs) x --clients closed-loop clients: --warmup-s, then --duration-s measured."""
+    latencies: list[float] = []
+    measuring = {"on": False}
+    stop = asyncio.Event()
+
+    async def client(k: int) -> None:
+        cfg = cfgs[k % len(cfgs)]
+        rng = np.random.default_rng(k)
+        images, state = observation(cfg, rng)
+        while not stop.is_set():
+            t0 = time.perf_counter()
+            await c.predict(cfg.name, images, state, "pick up the red block and put it in the bowl", timeout_s=60)
+            if measuring["on"]:
+                latencies.append(time.perf_counter() - t0)
+
+    tasks = [asyncio.ensure_future(client(k)) for k in range(len(cfgs) * args.clients)]
+    await asyncio.sleep(args.warmup_s)
+    before = (await c.info("inferencer")).extra
+    measuring["on"] = True
+    t0 = time.perf_counter()
+    await asyncio.sleep(args.duration_s)
+    measuring["on"] = False
+    elapsed = time.perf_counter() - t0
+    after = (await c.info("inferencer")).extra
+    stop.set()
+    await asyncio.gather(*tasks)
+    groups = after["groups"] - before["groups"]
+    served = after["served"] - before["served"]
+    sizes = {int(k): v - before["group_sizes"].get(k, 0) for k, v in after["group_sizes"].items()}
+    sizes = {k: v for k, v in sorted(sizes.items()) if v > 0}
+    lat = sorted(latencies)
+    return {
+        "requests": len(lat), "duration_s": elapsed, "throughput_rps": len(lat) / elapsed,
+        "p50_ms": 1000 * lat[len(lat) // 2], "p99_ms": 1000 * lat[min(len(lat) - 1, int(len(lat) * 0.99))],
+        "mean_ms": 1000 * statistics.fmean(lat), "server_mean_batch": served / groups if groups else 0.0,
+        "server_group_sizes": sizes,
+    }
+
+
+async def run_mode(args, grouping: bool, data_dir: Path) -> list[dict]:
     broker = EmbeddedBroker(data_dir=data_dir / "nats", port=free_port())
     broker.start()
     procs = []
@@ -101,55 +141,24 @@ async def run_mode(args, grouping: bool, data_dir: Path) -> dict:
         procs.append(start_role("master", broker.url, prefix, data_dir, {}))
         c = await AsyncClient(broker.url, prefix, timeout_s=60).connect()
         await wait_ready(c, "master")
-        cfgs = tenant_cfgs(args.preset, args.tenants, args.head, args.camera_px)
+        cfgs = tenant_cfgs(args.preset, max(args.curve or [args.tenants]), args.head, args.camera_px)
         for cfg in cfgs:
             await c.create_tenant(cfg, exist_ok=True)
         procs.append(start_role("inferencer", broker.url, prefix, data_dir, env))
         await wait_ready(c, "inferencer")
 
-        latencies: list[float] = []
-        measuring = {"on": False}
-        stop = asyncio.Event()
-
-        async def client(k: int) -> None:
-            cfg = cfgs[k % len(cfgs)]
-            rng = np.random.default_rng(k)
-            images, state = observation(cfg, rng)
-            while not stop.is_set():
-                t0 = time.perf_counter()
-                await c.predict(cfg.name, images, state, "pick up the red block and put it in the bowl", timeout_s=60)
-                if measuring["on"]:
-                    latencies.append(time.perf_counter() - t0)
-
-        tasks = [asyncio.ensure_future(client(k)) for k in range(args.tenants * args.clients)]
-        await asyncio.sleep(args.warmup_s)
-        before = (await c.info("inferencer")).extra
-        measuring["on"] = True
-        t0 = time.perf_counter()
-        await asyncio.sleep(args.duration_s)
-        measuring["on"] = False
-        elapsed = time.perf_counter() - t0
-        after = (await c.info("inferencer")).extra
-        stop.set()
-        await asyncio.gather(*tasks)
-        groups = after["groups"] - before["groups"]
-        served = after["served"] - before["served"]
-        mean_batch = served / groups if groups else 0.0
-        sizes = {int(k): v - before["group_sizes"].get(k, 0) for k, v in after["group_sizes"].items()}
-        sizes = {k: v for k, v in sorted(sizes.items()) if v > 0}
+        engine = (await c.info("inferencer")).extra.get("engine", {})
+        counts = args.curve or [args.tenants]
+        points = [await measure(args, c, cfgs[:n]) for n in counts]
         await c.close()
-        lat = sorted(latencies)
-        return {
-            "grouping": "on" if grouping else "off", "preset": args.preset, "head": args.head, "fast": args.fast,
-            "compile": args.compile,
-            "tenants": args.tenants, "clients_per_tenant": args.clients,
-            "max_batch_size": args.max_batch_size if grouping else 1,
-            "batch_wait_timeout_s": args.batch_wait_timeout_s if grouping else 0.0,
-            "requests": len(lat), "duration_s": elapsed, "throughput_rps": len(lat) / elapsed,
-            "p50_ms": 1000 * lat[len(lat) // 2], "p99_ms": 1000 * lat[min(len(lat) - 1, int(len(lat) * 0.99))],
-            "mean_ms": 1000 * statistics.fmean(lat), "server_mean_batch": mean_batch,
-            "server_group_sizes": sizes,
-        }
+        for n, pt in zip(counts, points):
+            pt.update({"grouping": "on" if grouping else "off", "preset": args.preset, "head": args.head,
+                       "fast": args.fast, "compile": args.compile, "engine": engine,
+                       "tenants": n, "clients_per_tenant": args.clients,
+                       "max_batch_size": args.max_batch_size if grouping else 1,
+                       "batch_wait_timeout_s": args.batch_wait_timeout_s if grouping else 0.0})
+        return points
+        await c.close()
     except BaseException:
         for log in sorted(data_dir.glob("*.log")):  # say why, then fail
             print(f"--- {log.name} (last lines)\n" + "\n".join(log.read_text(errors="replace").splitlines()[-25:]))
@@ -198,6 +207,7 @@ def in_process_ceiling(args, sizes: dict[int, int]) -> tuple[float, float, dict[
     fake = Inferencer.__new__(Inferencer)
     fake.heads = _Heads(base)  # only .base (and .fast) are used by the group path
     fake.fast = args.fast
+    fake.warmup = False  # the bench's own warm-up (`timed`) runs each size first
     from opentelemetry import trace
 
     fake.tracer = trace.get_tracer("bench")
@@ -250,8 +260,16 @@ def main() -> None:
     p.add_argument("--compile", action="store_true", help="with --fast: compiled blocks (NEXUS_INFER_COMPILE)")
     p.add_argument("--camera-px", type=int, default=0,
                    help="square camera frames of this size (0: LIBERO 128x128 and CALVIN 200x200 / 84x84)")
+    p.add_argument("--curve", default="", help="tenant counts, e.g. 1,2,4,8,16: a load-latency curve on one "
+                   "deployment per grouping mode (clients per tenant from --clients; no in-process ceiling)")
     p.add_argument("--json", type=Path)
     args = p.parse_args()
+    try:
+        args.curve = sorted({int(x) for x in args.curve.split(",") if x.strip()})
+    except ValueError:
+        p.error(f"--curve: {args.curve!r} is not a comma-separated list of tenant counts")
+    if any(n < 1 or n > 256 for n in args.curve):
+        p.error(f"--curve: tenant counts must be 1..256, got {args.curve}")
     modes = [m.strip() for m in args.grouping.split(",") if m.strip()]
     for m in modes:
         if m not in ("on", "off"):
@@ -261,23 +279,26 @@ def main() -> None:
         for m in modes:
             d = Path(tmp) / m
             d.mkdir()
-            rec = asyncio.run(run_mode(args, m == "on", d))
-            rec["ceiling_full_rps"], rec["ceiling_forward_rps"], rec["ceiling_per_size"] = \
-                in_process_ceiling(args, rec["server_group_sizes"] or {1: 1})
-            rec["service_over_full"] = rec["throughput_rps"] / rec["ceiling_full_rps"]
-            rec["service_over_forward"] = rec["throughput_rps"] / rec["ceiling_forward_rps"]
-            records.append(rec)
-            print(f"[{m}] {rec['throughput_rps']:.1f} req/s, p50 {rec['p50_ms']:.1f} ms, p99 {rec['p99_ms']:.1f} ms, "
-                  f"mean group {rec['server_mean_batch']:.1f}", flush=True)
+            for rec in asyncio.run(run_mode(args, m == "on", d)):
+                if args.curve:  # the load-latency curve: the service alone, no in-process ceiling
+                    rec["ceiling_full_rps"] = rec["ceiling_forward_rps"] = float("nan")
+                else:
+                    rec["ceiling_full_rps"], rec["ceiling_forward_rps"], rec["ceiling_per_size"] = \
+                        in_process_ceiling(args, rec["server_group_sizes"] or {1: 1})
+                rec["service_over_full"] = rec["throughput_rps"] / rec["ceiling_full_rps"]
+                rec["service_over_forward"] = rec["throughput_rps"] / rec["ceiling_forward_rps"]
+                records.append(rec)
+                print(f"[{m}, {rec['tenants']} tenants] {rec['throughput_rps']:.1f} req/s, p50 {rec['p50_ms']:.1f} ms, "
+                      f"p99 {rec['p99_ms']:.1f} ms, mean group {rec['server_mean_batch']:.1f}", flush=True)
     print()
-    head = (f"{'grouping':>8} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'group':>6} "
+    head = (f"{'grouping':>8} {'tenants':>7} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'group':>6} "
             f"{'full ceil':>10} {'fwd ceil':>9} {'svc/full':>9} {'svc/fwd':>8}")
     print(head)
     for r in records:
-        print(f"{r['grouping']:>8} {r['throughput_rps']:>9.1f} {r['p50_ms']:>8.1f} {r['p99_ms']:>8.1f} "
+        print(f"{r['grouping']:>8} {r['tenants']:>7} {r['throughput_rps']:>9.1f} {r['p50_ms']:>8.1f} {r['p99_ms']:>8.1f} "
               f"{r['server_mean_batch']:>6.1f} {r['ceiling_full_rps']:>10.1f} {r['ceiling_forward_rps']:>9.1f} "
               f"{r['service_over_full']:>9.2f} {r['service_over_forward']:>8.2f}")
-    by = {r["grouping"]: r for r in records}
+    by = {r["grouping"]: r for r in records if r["tenants"] == (args.curve or [args.tenants])[-1]}
     if "on" in by and "off" in by:
         ratio = by["on"]["throughput_rps"] / by["off"]["throughput_rps"]
         print(f"\ngrouped / ungrouped throughput: {ratio:.2f}x; p99 on {by['on']['p99_ms']:.1f} ms vs off {by['off']['p99_ms']:.1f} ms")

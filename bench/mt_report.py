@@ -152,7 +152,8 @@ def compare(shared: dict[str, Any], alone: list[dict[str, Any]]) -> dict[str, An
             "work": {"shared": wa, "alone_sum": wb},
             "services": services, "tenants": tenants,
             "weight_sync_s": {"shared": percentiles(shared.get("weight_sync_s", [])),
-                              "alone": percentiles([x for r in alone for x in r.get("weight_sync_s", [])])},
+                              "alone": percentiles([x for r in alone for x in r.get("weight_sync_s", [])]),
+                              "stages_shared": shared.get("weight_sync_stages", {})},
             "breakdown": {"shared": breakdown(shared), "alone": [breakdown(r) for r in alone]},
             "targets": targets}
 
@@ -211,7 +212,10 @@ def table(cmp: dict[str, Any]) -> str:
               f"{cmp['wall_s']['shared']:.1f} s, alone (sum) {cmp['wall_s']['alone_sum']:.1f} s",
               f"weight sync s (p50 / p95): shared {_f(cmp['weight_sync_s']['shared']['p50'])} / "
               f"{_f(cmp['weight_sync_s']['shared']['p95'])}, alone {_f(cmp['weight_sync_s']['alone']['p50'])} / "
-              f"{_f(cmp['weight_sync_s']['alone']['p95'])}", "",
+              f"{_f(cmp['weight_sync_s']['alone']['p95'])}",
+              "weight sync stages, shared (p50 / p95 s): " + (", ".join(
+                  f"{k} {_f(v['p50'], '{:.3f}')} / {_f(v['p95'], '{:.3f}')}"
+                  for k, v in cmp["weight_sync_s"].get("stages_shared", {}).items()) or "not reported"), "",
               "| tenant | kind | opt steps shared / alone | env steps shared / alone | success shared / alone | loss shared / alone | delta (points) |",
               "|---|---|---:|---:|---:|---:|---:|"]
     for name, t in cmp["tenants"].items():

@@ -260,6 +260,8 @@ class RunRecord:
     timeline: dict[str, list[list[float]]] = field(default_factory=lambda: {"trainer": [], "inferencer": []})
     tenants: dict[str, dict[str, Any]] = field(default_factory=dict)
     weight_sync_s: list[float] = field(default_factory=list)
+    # the inferencer's export -> servable breakdown at the end (stage -> n, p50, p95 seconds)
+    weight_sync_stages: dict[str, dict[str, float]] = field(default_factory=dict)
     settings: dict[str, str] = field(default_factory=dict)
     info_errors: list[str] = field(default_factory=list)  # transient info failures, retried
 
@@ -344,6 +346,8 @@ class Runner:
                 self.rec.timeline[role].append([end_at - self.t0, busy])
                 self.rec.services[role] = {"pid": info.pid, "held_s": end_at - starts.get(role, self.t0),
                                            "held_ready_s": end_at - ready_at, "busy_s": busy}
+                if role == "inferencer":
+                    self.rec.weight_sync_stages = dict((info.extra or {}).get("weight_sync") or {})
             await self._tenants(client, ids, records)
             restarted = self._restarted(state)
             if restarted:

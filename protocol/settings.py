@@ -271,12 +271,28 @@ class InferencerSettings(EnvSettings):
     device: str | None = Field(None, pattern=_DEVICE, **var(
         "NEXUS_INFER_DEVICE", "the inferencer's torch device", allowed="cpu, cuda, cuda:N, mps or xpu",
         default_text="cuda if available, else cpu"))
-    # The optimized Qwen3-VL encode with CUDA graphs (models.fast).
-    fast: bool = Field(False, **var("NEXUS_INFER_FAST", "optimized encode with CUDA graphs (Qwen3-VL)"))
-    # Off by default: each capture size compiles for tens of seconds at its first group.
-    compile: bool = Field(False, **var(
+    # The optimized Qwen3-VL encode with CUDA graphs (models.fast). Unset: on where it pays (a
+    # CUDA device and a Qwen3-VL base), as the service's engine should be (issue 27 item 4).
+    fast: bool | None = Field(None, **var(
+        "NEXUS_INFER_FAST", "optimized encode with CUDA graphs (Qwen3-VL)", allowed="true, false or auto",
+        default_text="auto: on with a CUDA device and a Qwen3-VL base"))
+    # Unset: on wherever fast is on a CUDA device; each capture size compiles (tens of seconds),
+    # which the warm-up below pays before requests do.
+    compile: bool | None = Field(None, **var(
         "NEXUS_INFER_COMPILE", "with NEXUS_INFER_FAST on CUDA: torch.compile the fast engine's vision blocks and "
-        "decoder layers"))
+        "decoder layers", allowed="true, false or auto", default_text="auto: on wherever the fast engine runs on CUDA"))
+    # Unset: on with the fast engine. Every capture size up to the largest group, per layout,
+    # captured (and compiled) before any request of that layout waits on it.
+    warmup: bool | None = Field(None, **var(
+        "NEXUS_INFER_WARMUP", "with the fast engine: run every capture size up to NEXUS_INFER_MAX_BATCH_SIZE once per "
+        "observation layout (the synced tenants' before the inferencer says ready, a new one's before its first "
+        "group), so no request pays a capture or a compile", allowed="true, false or auto",
+        default_text="auto: on with the fast engine"))
+
+    @field_validator("fast", "compile", "warmup", mode="before")
+    @classmethod
+    def _auto(cls, v: Any) -> Any:
+        return None if isinstance(v, str) and v.strip().lower() == "auto" else v
     # 32 rows fill a GPU forward well for 2-camera inputs; 5 ms bounds what a lone request
     # pays waiting for company.
     max_batch_size: int = Field(32, ge=1, le=1024, **var(

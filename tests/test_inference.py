@@ -109,35 +109,56 @@ def test_weight_sync_and_pinned_versions(roles):
     roles.start("master")
     roles.start("trainer")
     inf = roles.start("inferencer", NEXUS_INFER_BASE=BASE)
-    cfg = tenant("sync", seed=5)
+    cfg, other = tenant("sync", seed=5), tenant("sync2", seed=6)
 
     async def go():
         c = await AsyncClient(roles.nats_url, roles.prefix, timeout_s=30).connect()
         try:
             await c.create_tenant(cfg)
+            await c.create_tenant(other)
             v0 = await predict(c, cfg, 1)
-            job = await c.reserve(cfg.name, "sft")
-            await c.queue_put(micro_batch(cfg, job.job, 0))
-            await c.mark_ready(cfg.name, job.job)
-            await c.wait_job(cfg.name, job.job, timeout_s=120)
+            # Two tenants' jobs at once: their announcements load side by side (one task each).
+            jobs = []
+            for t in (cfg, other):
+                job = await c.reserve(t.name, "sft")
+                await c.queue_put(micro_batch(t, job.job, 0))
+                await c.mark_ready(t.name, job.job)
+                jobs.append((t.name, job.job))
+            for name, job in jobs:
+                await c.wait_job(name, job, timeout_s=120)
             deadline = time.monotonic() + 20
             while True:
                 v1 = await predict(c, cfg, 1)
-                if v1.version == 1 or time.monotonic() > deadline:
+                w1 = await predict(c, other, 1)
+                if (v1.version, w1.version) == (1, 1) or time.monotonic() > deadline:
                     break
+                await asyncio.sleep(0.1)
+            # A second version loads into the slot built in the background after the first swap.
+            job = await c.reserve(cfg.name, "sft")
+            await c.queue_put(micro_batch(cfg, job.job, 1))
+            await c.mark_ready(cfg.name, job.job)
+            await c.wait_job(cfg.name, job.job, timeout_s=120)
+            deadline = time.monotonic() + 20
+            while (v2 := await predict(c, cfg, 1)).version != 2 and time.monotonic() < deadline:
                 await asyncio.sleep(0.1)
             pinned = await predict(c, cfg, 1, version=0)
             info = await c.bus.request(c.names.instance_op("inferencer", inf.instance, "info"), InfoRequest(),
                                        RoleInfo, timeout_s=10)
-            return v0, v1, pinned, info
+            return v0, v1, w1, v2, pinned, info
         finally:
             await c.close()
 
-    v0, v1, pinned, info = asyncio.run(go())
-    assert v0.version == 0 and v1.version == 1
+    v0, v1, w1, v2, pinned, info = asyncio.run(go())
+    assert v0.version == 0 and v1.version == 1 and w1.version == 1 and v2.version == 2
     assert not np.allclose(v0.actions, v1.actions)  # the new weights are really served
+    assert not np.allclose(v1.actions, v2.actions)
+    assert info.extra["weight_sync_spares_used"] >= 1
     assert pinned.version == 0 and np.array_equal(pinned.actions, v0.actions)  # the pin is exact
-    assert info.extra["versions"]["sync"] == 1
+    assert info.extra["versions"]["sync"] == 2 and info.extra["versions"]["sync2"] == 1
+    # export -> servable, per stage, for both announced versions (issue 27 item 5's breakdown)
+    stages = info.extra["weight_sync"]
+    assert {"transport", "create", "fetch", "load", "total"} <= set(stages), stages
+    assert stages["total"]["n"] == 3 and stages["total"]["p95"] >= stages["load"]["p50"] > 0
     assert "weights synced" in roles.log(inf.instance) and "export_to_servable_s" in roles.log(inf.instance)
 
 
@@ -187,3 +208,60 @@ def test_add_and_remove_an_instance_under_load_without_failures(roles):
     assert first.returncode == 0  # drained cleanly
     assert results["ok"] > before > 0
     assert info.extra["served"] > 0  # the new instance took traffic
+
+
+def test_engine_defaults_and_warmup_per_layout(roles):
+    """Unset NEXUS_INFER_FAST / COMPILE / WARMUP mean auto: off on a CPU. With the fast engine
+    (forced here; on CPU it runs without graphs) every registered tenant's layout runs every
+    capture size up to the largest group before the inferencer is ready, unmetered; a layout
+    first seen later warms before its first group."""
+    roles.start("master")
+    plain = roles.start("inferencer", NEXUS_INFER_BASE=BASE)
+    a, wide = tenant("wa", seed=1), tenant("wwide", schema=THREE_CAMERAS, seed=3)
+    four = tenant("wfour", schema={**THREE_CAMERAS, "cameras": THREE_CAMERAS["cameras"] + [
+        {"name": "top", "height": 16, "width": 16}]}, seed=4)  # 4 camera slots: a third layout
+
+    async def info(c, inst):
+        return (await c.bus.request(c.names.instance_op("inferencer", inst.instance, "info"), InfoRequest(),
+                                    RoleInfo, timeout_s=10)).extra
+
+    async def go():
+        c = await AsyncClient(roles.nats_url, roles.prefix, timeout_s=60).connect()
+        try:
+            await c.create_tenant(a)
+            await c.create_tenant(wide)
+            return await info(c, plain)
+        finally:
+            await c.close()
+
+    before = asyncio.run(go())
+    assert before["engine"] == {"fast": False, "compile": False, "warmup": False, "warmed_layouts": 0,
+                                "warmup_s": 0.0, "warm_sizes": []}
+    plain.terminate()  # one inferencer in the pool: the fast one below serves the requests
+    plain.wait(timeout=30)
+    fast = roles.start("inferencer", NEXUS_INFER_BASE=BASE, NEXUS_INFER_FAST="1", NEXUS_INFER_MAX_BATCH_SIZE="3")
+
+    async def go2():
+        c = await AsyncClient(roles.nats_url, roles.prefix, timeout_s=60).connect()
+        try:
+            ready = await info(c, fast)
+            r1 = await predict(c, a, 1)
+            r2 = await predict(c, wide, 1)
+            served = await info(c, fast)
+            await c.create_tenant(four)
+            r3 = await predict(c, four, 1)
+            late = await info(c, fast)
+            return (r1, r2, r3), ready, served, late
+        finally:
+            await c.close()
+
+    replies, ready, served, late = asyncio.run(go2())
+    assert [r.version for r in replies] == [0, 0, 0]
+    e1, e2, e3 = ready["engine"], served["engine"], late["engine"]
+    assert e1["fast"] is True and e1["compile"] is False and e1["warmup"] is True  # no CUDA: no compile
+    assert e1["warm_sizes"] == [1, 2, 4]  # 3 rows pad to the 4-row capture size
+    assert e1["warmed_layouts"] == 2 and e1["warmup_s"] > 0  # both registered layouts, before ready
+    assert ready["usage"]["busy_s"]["infer"] == 0  # warm-up forwards are nobody's: not metered
+    assert e2["warmed_layouts"] == 2 and e2["warmup_s"] == e1["warmup_s"]  # requests warmed nothing more
+    assert e3["warmed_layouts"] == 3 and e3["warmup_s"] > e2["warmup_s"]  # a new layout, at its first group
+    assert "warmed a layout" in roles.log(fast.instance)

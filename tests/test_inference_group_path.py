@@ -33,6 +33,7 @@ def _inferencer(base: BaseModel, fast: bool = False) -> Inferencer:
 
     inf = Inferencer.__new__(Inferencer)  # the group path needs only these attributes
     inf.heads, inf.fast, inf.tracer = _Heads(base), fast, trace.get_tracer("test")
+    inf.warmup = False  # the service's warm-up is tested on real roles (tests/test_inference.py)
     inf.meter, inf.busy_s = Meter({"train": 0.0, "infer": 0.0}), 0.0  # metering: the busy time is charged
     return inf
 
