@@ -148,8 +148,14 @@ async def run_mode(args, grouping: bool, data_dir: Path) -> list[dict]:
         await wait_ready(c, "inferencer")
 
         engine = (await c.info("inferencer")).extra.get("engine", {})
+        print(f"inferencer ready: engine {engine}", flush=True)
         counts = args.curve or [args.tenants]
-        points = [await measure(args, c, cfgs[:n]) for n in counts]
+        points = []
+        for n in counts:
+            points.append(await measure(args, c, cfgs[:n]))
+            pt = points[-1]  # as it comes: a run cut short still shows its points
+            print(f"  {n} tenants: {pt['throughput_rps']:.1f} req/s, p50 {pt['p50_ms']:.1f} ms, "
+                  f"p99 {pt['p99_ms']:.1f} ms, mean group {pt['server_mean_batch']:.1f}", flush=True)
         await c.close()
         for n, pt in zip(counts, points):
             pt.update({"grouping": "on" if grouping else "off", "preset": args.preset, "head": args.head,
