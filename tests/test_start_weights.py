@@ -43,6 +43,7 @@ def as_tenant(deployment, tenant: str, *args: str, timeout: float = 300):
 
 def write_spec(path: Path, tenant: str, init: dict | None = None, steps: int = 1) -> str:
     spec = sft_spec(tenant, steps=steps)
+    spec["env"]["demos"] = {"episodes": 1}  # one recorded episode is enough to train a step
     if init is not None:
         spec["init"] = init
     path.write_text(yaml.safe_dump(spec))
@@ -69,6 +70,29 @@ def predict_all(deployment, calls: list[tuple[str, int]]) -> list[np.ndarray]:
                 assert reply.version == version
                 out.append(np.asarray(reply.actions))
         return out
+
+    return asyncio.run(go())
+
+
+def init_weights_as(deployment, tenant: str, obj: str) -> str:
+    """The trainer's ``init_weights`` (the master's, at submit) asked directly by a tenant: the
+    error it gets (it is the platform's op only)."""
+    from actors.auth import redact_url
+    from protocol.errors import NexusError
+    from protocol.messages import InitWeightsRequest, Ok, TenantConfig
+    from sdk.client import AsyncClient
+
+    _, state, creds = deployment
+
+    async def go() -> str:
+        async with AsyncClient(redact_url(state.nats_url), state.prefix, timeout_s=20, creds=creds[tenant]) as c:
+            cfg = TenantConfig(name=tenant, base=BASE, schema={})
+            try:
+                await c.bus.request(c.names.role_op("trainer", "init_weights"), InitWeightsRequest(
+                    config=cfg, weights=obj), Ok, timeout_s=20)
+            except NexusError as exc:
+                return str(exc)
+            return "ALLOWED"
 
     return asyncio.run(go())
 
@@ -119,6 +143,8 @@ def test_round_trip_and_refusals(deployment, tmp_path):
     assert out.returncode != 0 and "has no upload named 'from-alice'" in out.stderr, out.stdout + out.stderr
     out = as_tenant(deployment, M, "weights", "upload", "x", str(policy), "--tenant", B)
     assert out.returncode != 0 and "permission denied" in out.stderr, out.stdout + out.stderr
+
+    assert "permission denied" in init_weights_as(deployment, M, f"{B}/upload-from-alice")
 
     # A path as a name, in the command and in a spec: refused, naming the field.
     out = as_tenant(deployment, M, "weights", "upload", "../../cluster", str(policy))
