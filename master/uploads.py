@@ -124,7 +124,10 @@ class UploadOps:
         folder = self._upload_dir(req.tenant)
         part = folder / f"{req.name}.part"
         if req.offset == 0:
-            kept = await self._uploads_of(req.tenant)
+            # Stored names and staged ones (an upload left unfinished): both hold the tenant's
+            # disk, so both count against its bound.
+            staged = {p.name[:-5] for p in folder.glob("*.part")} if folder.is_dir() else set()
+            kept = await self._uploads_of(req.tenant) | staged
             if req.name not in kept and len(kept) >= MAX_UPLOADS_PER_TENANT:
                 raise CapacityExceeded(f"tenant {req.tenant!r} keeps {len(kept)} uploads, the most allowed "
                                        f"({MAX_UPLOADS_PER_TENANT}); upload under a kept name to replace it",
