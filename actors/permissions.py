@@ -113,7 +113,7 @@ def role_permissions(role: str, prefix: str) -> dict[str, Any]:
                     *(f"$O.{b}.>" for b in object_buckets(n)),
                     f"{p}.tq.>", n.sched_ready, f"{p}.tenants.>", f"{p}.workloads.events.*",
                     f"{p}.tenant_events.>", n.env("start_producer"), f"{p}.svc.*.*.info",
-                    f"{p}.svc.env.*.stop_producer",
+                    f"{p}.svc.env.*.stop_producer", n.role_op("trainer", "init_weights"),
                     n.master("usage_report")]
             sub += [n.health_events_all, n.weights_all, n.workload_events_all]
     return {"pub": {"allow": _unique(pub)}, "sub": {"allow": _unique(sub)},

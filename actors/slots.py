@@ -41,7 +41,7 @@ from actors.bus import js_retry, retry_through_outage
 from actors.weights import (MANIFEST_FORMAT, base_identity, check_manifest, get_manifest, get_object,
                              manifest_name, weights_name)
 from protocol.codec import packb, unpackb
-from protocol.errors import CapacityExceeded, InternalError
+from protocol.errors import CapacityExceeded, InternalError, InvalidField, NotFound
 from protocol.messages import CheckpointGetRequest, CheckpointRef, TenantConfig, WeightsRef
 from protocol.subjects import Names
 from protocol.wire import encode
@@ -174,6 +174,8 @@ class SlotStore:
             self._check_fits(res)
             if ref.object_name:
                 await self._restore(res, await get_object(ckpt_store, ref.object_name), ref.object_name)
+            else:
+                await self._start(res)
             res.clean = (res.slot.step_count, res.slot.policy_version)
             self.resident[cfg.name] = res
             if cfg.name in self._evicted:
@@ -208,6 +210,52 @@ class SlotStore:
         slot = TenantSlot.create(cfg.name, schema, base, head_kind=cfg.head, head_options=cfg.head_params,
                                  optim=OptimConfig(**cfg.optim), seed=cfg.seed, adapter=cfg.base_adapter or None)
         return Resident(config=cfg, slot=slot)
+
+    async def _start(self, res: Resident) -> None:
+        """No checkpoint yet: a tenant that started from uploaded weights (`start_from`) has them
+        as its version 0 export, which every trainer starts from (as every inferencer serves it);
+        without one the slot keeps its seeded initialisation."""
+        _, weights = await self._stores()
+        name = weights_name(res.config.name, 0)
+        try:
+            payload = await get_object(weights, name)
+        except ObjectNotFoundError:
+            return
+        check_manifest(await get_manifest(weights, name), name, base=res.config.base, key=res.slot.key,
+                       signature=res.slot.schema.signature(), adapter=res.config.base_adapter)
+        await asyncio.to_thread(res.slot.load_params, payload)
+
+    async def start_from(self, cfg: TenantConfig, weights_object: str, adapter_object: str = "") -> WeightsRef:
+        """A new tenant's slot from the objects it uploaded (master/uploads.py): built from
+        ``cfg``, every tensor checked against it (InvalidField naming each misfit tensor and both
+        shapes), then exported as the tenant's version 0. Nothing is kept resident here: the
+        tenant's first job builds its slot again from that export (`_start`)."""
+        from models.errors import CheckpointError
+        from safetensors import SafetensorError
+        from safetensors.torch import load as st_load
+
+        _, weights = await self._stores()
+        res = await self._build(cfg)
+        tensors: dict[str, Any] = {}
+        for field, obj in (("init.weights", weights_object), ("init.adapter", adapter_object)):
+            if not obj:
+                continue
+            try:
+                part = st_load(await get_object(weights, obj))
+            except ObjectNotFoundError:
+                raise NotFound(f"{field}: upload {obj!r} is gone", details={"field": field}) from None
+            except SafetensorError as exc:
+                raise InvalidField(field, f"not a safetensors file: {exc}") from None
+            both = sorted(set(part) & set(tensors))
+            if both:
+                raise InvalidField(field, f"tensor {both[0]!r} is in init.weights too: give each tensor once")
+            tensors.update(part)
+        field = "init" if adapter_object else "init.weights"
+        try:
+            await asyncio.to_thread(res.slot.load_start, tensors)
+        except CheckpointError as exc:
+            raise InvalidField(field, f"the upload does not fit tenant {cfg.name!r}'s spec: {exc}") from None
+        return await self._export_resident(res, {})
 
     async def _restore(self, res: Resident, blob: bytes, name: str) -> None:
         data = unpackb(blob)
@@ -318,8 +366,11 @@ class SlotStore:
 
     async def export(self, tenant: str, metrics: dict[str, float]) -> WeightsRef:
         """Put the tenant module's params and manifest in the weights bucket; record and announce."""
+        return await self._export_resident(self.resident[tenant], metrics)
+
+    async def _export_resident(self, res: Resident, metrics: dict[str, float]) -> WeightsRef:
         _, weights = await self._stores()
-        res = self.resident[tenant]
+        tenant = res.config.name
         slot = res.slot
         payload = await asyncio.to_thread(slot.export_params)
         version = slot.policy_version

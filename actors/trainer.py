@@ -51,6 +51,7 @@ from protocol.messages import (
     LeaseRenewRequest,
     ExportRequest,
     GetTenantRequest,
+    InitWeightsRequest,
     JobRecord,
     JobRef,
     JobUpdate,
@@ -498,6 +499,14 @@ class Trainer(Role):
         async with self._quiet(req.tenant):
             await self.store.slot(await self._tenant(req.tenant))
             return await self.store.export(req.tenant, {})
+
+    @op("init_weights", InitWeightsRequest, access="admin")
+    async def init_weights(self, req: InitWeightsRequest) -> Ok:
+        """The master at submit: a new tenant starts from weights it uploaded (master/uploads.py)."""
+        assert self.store is not None
+        ref = await self.store.start_from(req.config, req.weights, req.adapter)
+        return Ok(detail=f"{req.config.name} starts from {req.weights}"
+                         + (f" and {req.adapter}" if req.adapter else "") + f" as version {ref.version}")
 
     @op("load_weights", LoadWeightsRequest)
     async def load_weights(self, req: LoadWeightsRequest) -> Ok:

@@ -55,6 +55,7 @@ from actors.tq_read import PartitionReader
 from master.scheduler import Scheduler
 from master.bases import BaseOps
 from master.usage import UsageOps
+from master.uploads import UploadOps
 from master.tenant_files import remove_tenant_files
 from master.workloads import WorkloadOps, policy_pin_tenant, report_file
 from master.validate import validate_put
@@ -141,7 +142,7 @@ def new_job_id() -> str:
     return f"j{int(time.time() * 1000):013d}{uuid.uuid4().hex[:6]}"
 
 
-class Master(WorkloadOps, UsageOps, BaseOps, Role):
+class Master(WorkloadOps, UsageOps, BaseOps, UploadOps, Role):
     name = "master"
 
     def __init__(self, cfg: RoleConfig) -> None:

@@ -218,6 +218,23 @@ class ActionModuleSpec(_Section):
         "cache). Default {}: the head's own defaults", dict)
 
 
+class InitSpec(_Section):
+    """Starting weights the tenant uploaded (`nexus weights upload NAME FILE`): the tenant's new slot
+    starts from them at version 0 instead of the seed's initialisation. Names are looked up in the
+    submitting tenant's own uploads only. At submit a trainer checks every tensor against this spec's
+    action module (and base_adapter): a tensor of another shape, one the module does not have, or
+    one it has that the file lacks is refused, naming the tensor and both shapes. Only a tenant
+    created by this submit starts from weights (a tenant that exists keeps its own)."""
+
+    weights: Annotated[Str, Allowed("letters, digits, _ and - (1-64 characters)")] = _doc(
+        "name of an upload holding the action module's tensors (a policy from `nexus download`, which "
+        "also carries a LoRA tenant's adapter under peft's names)", pattern=f"^(?:{TENANT_PATTERN})$")
+    adapter: Annotated[Str | None, Allowed("letters, digits, _ and - (1-64 characters)")] = _doc(
+        "name of an upload holding the LoRA adapter in peft's format (adapter_model.safetensors), when "
+        "weights has the action module only; needs base_adapter. Default null", None,
+        pattern=f"^(?:{TENANT_PATTERN})$")
+
+
 class BaseAdapterSpec(_Section):
     """Low-rank adapters (LoRA) on the frozen base's language-model linear layers, trained beside
     the action module: peft's LoraConfig semantics (A kaiming-uniform, B zeros, delta scaled by
@@ -615,6 +632,8 @@ class WorkloadSpec(_Section):
         description="hyper-parameters typed by task (sft: SFTAlgorithm, rl: PPOAlgorithm; eval: none). "
                     "Default null: the task's defaults")
     schedule: ScheduleSpec = _docf("priority, caps and budget", ScheduleSpec)
+    init: InitSpec | None = _doc("sft / rl: start a new tenant's slot from weights it uploaded. Default null: "
+                                 "from the seed", None)
     eval: EvalSpec | None = _doc("evaluation settings: required by eval; on sft/rl, evaluates the final "
                                  "version (needs env)", None)
     outputs: OutputsSpec = _docf("exports and report", OutputsSpec)
@@ -670,7 +689,7 @@ TASK_RULES: dict[str, TaskRule] = {
                         "expert records env.demos.episodes first"),
     "rl": TaskRule(required=(*POLICY_FIELDS, "env"), forbidden=("dataset",), heads=("gaussian",),
                    why="rl rolls out in an env and PPO needs log-probs and values from a gaussian head"),
-    "eval": TaskRule(required=("env", "eval"), forbidden=("dataset", "algorithm"),
+    "eval": TaskRule(required=("env", "eval"), forbidden=("dataset", "algorithm", "init"),
                      why="eval runs episodes in an env with a pinned version of an existing policy "
                          "and trains nothing"),
 }
@@ -742,6 +761,9 @@ def _cross_errors(spec: WorkloadSpec) -> list[InitErrorDetails]:
         if clash:
             errors.append(rule(("action_module", "params"), f"{clash} are PPO settings: set them under "
                                "algorithm (one place), not in the head params", clash))
+    if spec.init is not None and spec.init.adapter and spec.base_adapter is None:
+        errors.append(rule(("init", "adapter"), "a LoRA adapter to start from needs base_adapter (the adapter's "
+                           "rank and target modules); set base_adapter, or remove init.adapter", spec.init.adapter))
     if isinstance(spec.algorithm, SFTAlgorithm) and spec.algorithm.items_per_job > spec.schedule.sft_prefetch_items:
         # A job's items must all be queued before it is ready: more than the cap can never fit.
         errors.append(rule(("algorithm", "items_per_job"),

@@ -52,4 +52,5 @@ def remove_tenant_files(data_dir: str | Path, tenant: str, reports: list[Path]) 
         n += _remove(datasets / "tenants" / tenant)
     removed["datasets"] = n
     removed["boards"] = _remove(root / "tensorboard" / tenant)
+    _remove(root / "uploads" / tenant)  # starting weights staged and never finished (master/uploads.py)
     return removed

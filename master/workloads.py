@@ -243,6 +243,10 @@ class WorkloadOps:
                                "at a time: wait for it to end or cancel it", details={"tenant": spec.tenant,
                                                                                        "workload": active[0]})
             _check_same_policy(cfg, existing, same_tenant=True)
+        if spec.init is not None and existing is not None:
+            raise SpecError([("init", f"tenant {spec.tenant!r} exists (version {self.sched.versions.get(spec.tenant, 0)}) "
+                              "and keeps its own weights; only a tenant this submit creates starts from uploaded "
+                              "weights: remove init, or `nexus tenant delete` the tenant first", spec.init.weights)])
         # The budget counts from the tenant's version now (a tenant outlives its workloads: a
         # spec submitted again trains its steps again, from where the last one ended).
         version = max(0, self.sched.versions.get(spec.tenant, 0)) if existing is not None else 0
@@ -261,8 +265,14 @@ class WorkloadOps:
             await self._update_scheduling(existing, cfg)
         else:
             # The base as the spec named it: tenant_create resolves it again, under the same rule.
+            started = await self.start_from_upload(cfg, spec.init) if spec.init is not None else ""
             cfg.base = written.base or cfg.base
-            await self.tenant_create(CreateTenantRequest(config=cfg))
+            try:
+                await self.tenant_create(CreateTenantRequest(config=cfg))
+            except BaseException:
+                if started:
+                    await self.drop_start(cfg.name)
+                raise
         return await self._record(workload, spec, spec_to_dict(written), budget_note(spec, version) + serving_note,
                                   start_version=version, budget_steps=step_budget(spec, version))
 

@@ -238,6 +238,31 @@ class TenantSlot:
         self.policy_version = int(meta.get("policy_version", self.policy_version))
         return meta
 
+    def load_start(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Start from tensors a tenant brought (a policy it downloaded, its own head, a peft
+        adapter): every name and shape must be the slot's own (the head's state_dict names and
+        the adapter's peft names), else one CheckpointError naming each tensor that does not fit
+        and both shapes. Floating tensors are cast to the slot's dtype; the version stays 0."""
+        own = self._module_tensors()
+        errors = []
+        for k in sorted(set(tensors) - set(own)):
+            errors.append(f"tensor {k!r} (shape {tuple(tensors[k].shape)}) is not in the spec's action module "
+                          f"or adapter")
+        for k in sorted(set(own) - set(tensors)):
+            errors.append(f"tensor {k!r} of the spec's action module (shape {tuple(own[k].shape)}) is missing "
+                          "from the upload")
+        for k in sorted(set(own) & set(tensors)):
+            theirs, mine = tensors[k], own[k]
+            if tuple(theirs.shape) != tuple(mine.shape):
+                errors.append(f"tensor {k!r}: uploaded shape {tuple(theirs.shape)}, the spec's action module has "
+                              f"{tuple(mine.shape)}")
+            elif theirs.dtype != mine.dtype and not (theirs.is_floating_point() and mine.is_floating_point()):
+                errors.append(f"tensor {k!r}: uploaded dtype {theirs.dtype}, the spec's action module has {mine.dtype}")
+        if errors:
+            more = f" (and {len(errors) - 8} more)" if len(errors) > 8 else ""
+            raise CheckpointError("; ".join(errors[:8]) + more)
+        self._load_head_tensors({k: v.to(own[k].dtype) for k, v in tensors.items()})
+
     def _check_meta(self, meta: dict[str, Any], strict_schema: bool) -> None:
         mine = self.adapter.config.to_dict() if self.adapter is not None else {}
         theirs = meta.get("base_adapter") or {}

@@ -797,6 +797,35 @@ class LoadWeightsRequest:
     object_name: str
 
 
+@message("weights.upload", 1)
+@dataclass
+class WeightsUploadRequest:
+    """One slice of a file a tenant uploads as starting weights (`nexus weights upload`):
+    slices in order from offset 0 (offset 0 starts the file again); ``final`` on the last,
+    whose reply says the file was checked and stored as ``name`` in the tenant's own area."""
+
+    tenant: str
+    name: str
+    offset: int
+    data: bytes
+    final: bool = False
+
+    def __post_init__(self) -> None:
+        if self.offset < 0:
+            raise InvalidField("offset", f"must be >= 0, got {self.offset}")
+
+
+@message("weights.init", 1)
+@dataclass
+class InitWeightsRequest:
+    """Master -> a trainer at submit: build ``config``'s slot, load the uploaded objects into
+    it (shapes checked against the slot, every mismatch named) and export it as version 0."""
+
+    config: TenantConfig
+    weights: str  # object name in the weights bucket (the tenant's own upload)
+    adapter: str = ""  # a peft adapter_model.safetensors upload ("": none, or inside weights)
+
+
 # -- inference -----------------------------------------------------------------------
 @message("infer.predict", 1)
 @dataclass

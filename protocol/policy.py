@@ -225,6 +225,17 @@ MAX_REPORTS_PER_TENANT = 1000
 # and inferencer that serves it, so the list stays short.
 MAX_REGISTERED_BASES = 64
 
+# Starting weights a tenant uploads (`nexus weights upload`, master/uploads.py): the largest file
+# (a head and a LoRA adapter are MBs; a whole base is never uploaded), how many named files one
+# tenant keeps (a new name past it is refused; uploading a kept name again replaces it), and the
+# slice size of one upload request (under the broker's 1 MiB max payload with headroom).
+MAX_UPLOAD_BYTES = 256 * 2**20
+MAX_UPLOADS_PER_TENANT = 16
+UPLOAD_SLICE_BYTES = 512 * 1024
+# How long the master waits for a trainer to check and write a tenant's starting weights at
+# submit: a trainer that has not loaded the tenant's base yet loads it first (seconds).
+INIT_WEIGHTS_TIMEOUT_S = 120.0
+
 
 def default_quotas():
     """The quotas of a tenant that has none of its own: `protocol.messages.TenantQuotas`'s

@@ -17,6 +17,7 @@
     nexus dataset info PATH [--json] | show PATH --index I | record --out DIR --episodes N
     nexus dataset publish SRC NAME [--data-dir DIR]    (operator: every tenant may read it)
     nexus base add NAME PATH | list [--json]      (bases a tenant names as registered:NAME)
+    nexus weights upload NAME FILE [--tenant T]   (starting weights a spec's init names)
 
 Client commands find the cluster from ``--nats-url`` or ``<--data-dir>/cluster.json``
 (default ``./.nexus/``); ``NEXUS_NATS_URL``, ``NEXUS_PREFIX``, ``NEXUS_DATA_DIR`` and (for
@@ -1402,6 +1403,41 @@ def layout(
     from actors.auth import redact_url
 
     print(f"streams and buckets of prefix {resolved_prefix!r} are in place on {redact_url(url)} (replicas={replicas})")
+    return EXIT_OK
+
+
+# -- weights (starting weights a tenant brings: master/uploads.py) ------------------------------
+weights_app = typer.Typer(help="starting weights a tenant brings: upload (a safetensors file)", no_args_is_help=True)
+app.add_typer(weights_app, name="weights")
+
+
+@weights_app.command("upload")
+def weights_upload(
+    name: Annotated[str, typer.Argument(help="the name a spec's init.weights (or init.adapter) uses: letters, "
+                                             "digits, _ and - (1-64)")],
+    file: Annotated[Path, typer.Argument(help="a .safetensors file: a policy from `nexus download`, or a peft "
+                                              "adapter_model.safetensors")],
+    tenant: Annotated[str | None, typer.Option("--tenant", help="the admin only: upload for this tenant")] = None,
+    data_dir: DataDir = DEFAULT_DATA_DIR, nats_url: NatsUrl = None, prefix: Prefix = None,
+    json: Json = False, timeout_s: TimeoutS = 30.0,
+) -> int:
+    """Upload a safetensors file as starting weights NAME in the tenant's own area (a spec's
+    `init: {weights: NAME}` starts a new tenant from it)."""
+    from sdk.term import print_json
+
+    if not file.is_file():
+        _err(f"file: {file} is not a readable file")
+        return EXIT_BAD_INPUT
+
+    async def go() -> str:
+        async with _client(data_dir, nats_url, prefix, timeout_s) as client:
+            return await client.upload_weights(name, file, tenant)
+
+    detail = _run(go())
+    if json:
+        print_json({"name": name, "detail": detail})
+    else:
+        print(detail)
     return EXIT_OK
 
 

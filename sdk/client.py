@@ -518,6 +518,38 @@ class AsyncClient:
                 raise Unavailable(f"download of {chunk.object_name} stopped at {offset} of {total} bytes")
         return v, bytes(out)
 
+    async def upload_weights(self, name: str, path: str | Path, tenant: str | None = None) -> str:
+        """Upload a safetensors file as starting weights ``name`` in the tenant's own area (a
+        spec's ``init: {weights: NAME}``; master/uploads.py), in slices of `UPLOAD_SLICE_BYTES`.
+        ``tenant``: the caller's own by default (a tenant's login); the admin names one. Returns
+        the master's summary (tensors, bytes)."""
+        from protocol.messages import WeightsUploadRequest
+        from protocol.policy import MAX_UPLOAD_BYTES, UPLOAD_SLICE_BYTES
+
+        check_token("name", name)
+        if tenant is None:
+            from actors.auth import Credentials, url_creds
+
+            creds = self.creds or url_creds(self.url)
+            tenant = Credentials.read(creds).tenant if creds is not None else None
+            if tenant is None:
+                raise InvalidField("tenant", "the admin uploads for a named tenant: pass tenant=")
+        size = Path(path).stat().st_size
+        if size > MAX_UPLOAD_BYTES:
+            raise InvalidField("file", f"{path} is {size} bytes, past the largest upload of {MAX_UPLOAD_BYTES} bytes")
+        detail = ""
+        with open(path, "rb") as f:
+            offset = 0
+            while True:
+                data = f.read(UPLOAD_SLICE_BYTES)
+                final = offset + len(data) >= size
+                reply = await self._master("weights_upload", WeightsUploadRequest(
+                    tenant=tenant, name=name, offset=offset, data=data, final=final), Ok)
+                offset += len(data)
+                detail = reply.detail
+                if final:
+                    return detail
+
     async def download_policy(self, tenant: str, version: int | None = None, out_dir: str | Path = ".") -> tuple[Path, Path]:
         """Write ``<tenant>-v<version>.safetensors`` and its manifest JSON; return both paths.
         A LoRA tenant's export also becomes ``<tenant>-v<version>.peft/`` (adapter_config.json +

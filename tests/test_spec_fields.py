@@ -130,7 +130,13 @@ VALUES: dict[str, tuple[str, Any]] = {
 }
 # Leaves with nothing to vary, and why.
 EXEMPT = {"spec_version": "one allowed value (1) so far: the format version, not a setting",
-          "base_adapter.kind": "one allowed value (lora) so far"}
+          "base_adapter.kind": "one allowed value (lora) so far",
+          # Read at submit, not compiled: the master resolves the names in the tenant's own
+          # uploads and a trainer loads them (master/uploads.py); tests/test_start_weights.py
+          # runs both on a deployment, tests/models/test_start_weights_slot.py the adapter.
+          "init.weights": "read at submit by master/uploads.py start_from_upload (tests/test_start_weights.py)",
+          "init.adapter": "read at submit by master/uploads.py start_from_upload "
+                          "(tests/models/test_start_weights_slot.py loads a peft adapter)"}
 
 
 def _key(path: str, model: type) -> str:
