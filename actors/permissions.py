@@ -84,8 +84,9 @@ def role_permissions(role: str, prefix: str) -> dict[str, Any]:
         raise ValueError(f"role: unknown {role!r}; allowed: {list(PROCESSES)}")
     if role == SUPERVISOR:
         # ensure_layout creates the streams and buckets; the ready check reads the services
-        # bucket and asks the monitor; the health manager asks it for restarts.
-        pub = [JS_ALL, _kv(n.kv_services), n.role_op("monitor", "status")]
+        # bucket and asks the monitor; the health manager asks it for restarts; `nexus scale
+        # trainer 0` asks the master whether jobs still wait.
+        pub = [JS_ALL, _kv(n.kv_services), n.role_op("monitor", "status"), n.master("jobs")]
         sub = [f"{p}.supervisor.*", _INBOX]
     else:
         pub, sub = _common(n, role)

@@ -190,6 +190,23 @@ class RestartRequest:
     reason: str = ""
 
 
+@message("supervisor.scale", 1)
+@dataclass
+class ScaleRequest:
+    """Ask the supervisor to run ``count`` instances of ``role`` (`nexus scale`, a scaler).
+
+    New instances are answered for once they registered ready (an inferencer after its weight
+    sync); surplus ones drain (the instances in ``drain`` first, then the highest slots) before
+    the reply. Refused past the role's bounds (``NEXUS_SCALE_BOUNDS``), and for zero trainers
+    while jobs wait.
+    """
+
+    role: str
+    count: int
+    reason: str = ""
+    drain: list[str] = field(default_factory=list)  # instances to drain first (at most the surplus)
+
+
 @message("health.report.request", 1)
 @dataclass
 class HealthReportRequest:
