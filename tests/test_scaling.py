@@ -140,7 +140,7 @@ def _run_under_load(data) -> None:
         code, out = _scale(data, *args)
         assert code == 2 and words in out, out
 
-    cfg = tenant("scaled", schema=REACH_SCHEMA, base=BASE, seed=5, max_inflight_jobs=16)
+    cfg = tenant("scaled", schema=REACH_SCHEMA, base=BASE, seed=5, max_inflight_jobs=8)
     n_first, n_second = 6, 4
 
     async def trainers():
