@@ -13,6 +13,8 @@ env back to 2: the workload completes on the other worker and the audit of the c
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
 import json
 import time
 
@@ -20,11 +22,14 @@ import pytest
 
 from actors.supervisor import ClusterState, SupervisorConfig, slot_key
 from bench.chaos_audit import audit_jobs
-from protocol.errors import InvalidField
+from protocol.errors import InvalidField, NexusError
 from protocol.scaling import DEFAULT_BOUNDS, check_count, parse_bounds, parse_counts
 from protocol.settings import ScaleSettings, SettingsError
+from protocol.messages import Ok, ScaleRequest
+from protocol.subjects import Names
+from sdk.cli import main as nexus_main
 from sdk.client import AsyncClient
-from tests.conftest import nexus_run, nexus_up
+from tests.conftest import nexus_run
 from tests.test_workloads import rl_spec
 from tests.tq_helpers import Reference, micro_batch, tenant, tensors_equal
 
@@ -68,27 +73,37 @@ def test_counts_and_bounds_parse_and_refuse_naming_the_setting():
     assert [slot_key("env", i) for i in range(3)] == ["env", "env.1", "env.2"]
 
 
-def test_up_refuses_counts_past_bounds_and_contradicting_bounds_before_starting(tmp_path):
-    out = nexus_run("up", "--detach", "--data-dir", str(tmp_path), "--roles", "trainer=5",
-                    NEXUS_SCALE_BOUNDS="trainer=1:4", timeout=60)
-    assert out.returncode == 2, out.stdout + out.stderr
-    assert "--roles: trainer=5 is past its max bound 4 (NEXUS_SCALE_BOUNDS trainer=1:4)" in out.stderr
-    out = nexus_run("up", "--detach", "--data-dir", str(tmp_path), NEXUS_SCALE_BOUNDS="env=3:1", timeout=60)
-    assert out.returncode == 2, out.stdout + out.stderr
-    assert "NEXUS_SCALE_BOUNDS='env=3:1'" in out.stderr and "min 3 is above max 1" in out.stderr
+def nexus(*args: str) -> tuple[int, str]:
+    """One `nexus` command in this process (a child's interpreter start costs seconds here)."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        code = nexus_main(list(args))
+    return code, out.getvalue()
+
+
+def test_up_refuses_counts_past_bounds_and_contradicting_bounds_before_starting(tmp_path, monkeypatch):
+    monkeypatch.setenv("NEXUS_SCALE_BOUNDS", "trainer=1:4")
+    code, out = nexus("up", "--detach", "--data-dir", str(tmp_path), "--roles", "trainer=5")
+    assert code == 2 and "--roles: trainer=5 is past its max bound 4 (NEXUS_SCALE_BOUNDS trainer=1:4)" in out, out
+    code, out = nexus("up", "--detach", "--data-dir", str(tmp_path), "--roles", "master=2")
+    assert code == 2 and "master runs exactly once" in out, out
+    monkeypatch.setenv("NEXUS_SCALE_BOUNDS", "env=3:1")
+    code, out = nexus("up", "--detach", "--data-dir", str(tmp_path))
+    assert code == 2 and "NEXUS_SCALE_BOUNDS='env=3:1'" in out and "min 3 is above max 1" in out, out
     assert not (tmp_path / "cluster.json").exists() and not (tmp_path / "logs").exists()
+    code, out = nexus("scale", "env", "2", "--data-dir", str(tmp_path))
+    assert code == 1 and "no running deployment" in out, out
 
 
 # -- scaling under load on a real deployment -----------------------------------------------------
 def _scale(data_dir, *args: str) -> tuple[int, str]:
-    out = nexus_run("scale", *args, "--data-dir", str(data_dir), timeout=240)
-    return out.returncode, out.stdout + out.stderr
+    return nexus("scale", *args, "--data-dir", str(data_dir))
 
 
 def _alive(data_dir) -> dict[str, int]:
-    out = nexus_run("status", "--json", "--data-dir", str(data_dir), timeout=60)
-    assert out.returncode == 0, out.stdout + out.stderr
-    data = json.loads(out.stdout)
+    code, out = nexus("status", "--json", "--data-dir", str(data_dir))
+    assert code == 0, out
+    data = json.loads(out)
     counts: dict[str, int] = {}
     for r in data["roles"]:
         if r["state"] == "alive":
@@ -133,15 +148,28 @@ def test_trainers_scaled_down_and_up_under_load_train_every_job_once(deployment)
     assert st["wanted"] == {"health": 1, "monitor": 1, "master": 1, "trainer": 2, "inferencer": 1, "env": 2}
     assert st["alive"]["trainer"] == 2 and st["alive"]["env"] == 2, st
     assert st["bounds"] == {"trainer": "0:2", "inferencer": "1:1", "env": "1:2"}
-    status = nexus_run("status", "--data-dir", str(data), timeout=60)
-    assert "instances (alive/wanted, bounds MIN:MAX):" in status.stdout and "trainer 2/2 (0:2)" in status.stdout
+    code, out = nexus("status", "--data-dir", str(data))
+    assert code == 0 and "instances (alive/wanted, bounds MIN:MAX):" in out and "trainer 2/2 (0:2)" in out, out
 
-    # Past a bound, an unknown role, a role that runs once: refused, naming the bound.
-    for args, words in [(("trainer", "3"), "trainer=3 is past its max bound 2 (NEXUS_SCALE_BOUNDS trainer=0:2)"),
-                        (("master", "2"), "'master' does not scale"),
-                        (("inferencer", "2"), "inferencer=2 is past its max bound 1")]:
-        code, out = _scale(data, *args)
-        assert code == 2 and words in out, out
+    # Past a bound, a role that runs once: refused naming the bound, by the CLI and (asked
+    # directly) by the supervisor; nothing changes.
+    code, out = _scale(data, "trainer", "3")
+    assert code == 2 and "trainer=3 is past its max bound 2 (NEXUS_SCALE_BOUNDS trainer=0:2)" in out, out
+
+    async def refused():
+        c = await AsyncClient(state.nats_url, state.prefix, timeout_s=30).connect()
+        try:
+            for req, words in [(ScaleRequest("inferencer", 2), "inferencer=2 is past its max bound 1"),
+                               (ScaleRequest("master", 2), "'master' does not scale"),
+                               (ScaleRequest("env", 1, drain=["env-nope00"]), "not live instances of env"),
+                               (ScaleRequest("env", 2, drain=["env-nope00"]), "drains 0")]:
+                with pytest.raises(NexusError, match=words):
+                    await c.bus.request(Names(state.prefix).supervisor("scale"), req, Ok, timeout_s=30)
+        finally:
+            await c.close()
+
+    asyncio.run(refused())
+    assert _alive(data)["alive"]["env"] == 2
 
     cfg = tenant("scaled", schema=REACH_SCHEMA, base=BASE, seed=5, max_inflight_jobs=8)
     n_first, n_second = 6, 4
