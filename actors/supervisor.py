@@ -76,6 +76,13 @@ JOBS_WAITING = ["reserved", "filling", "ready", "leased"]
 JOBS_CHECK_TIMEOUT_S = 5.0
 
 
+def scale_bounds() -> dict[str, Bounds]:
+    """The workers' bounds from NEXUS_SCALE_BOUNDS (`nexus up` and its supervisor read them here)."""
+    from protocol.settings import ScaleSettings
+
+    return ScaleSettings.from_env().parsed()
+
+
 def slot_key(role: str, slot: int) -> str:
     """A child's key in `Supervisor.children`: the role itself for its first instance (so
     one-instance deployments read as before), ``role.N`` for the others."""
@@ -864,12 +871,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--roles", default="", help="instances per role, e.g. env=4,inferencer=2,trainer=1")
     args = p.parse_args(argv)
     from protocol.scaling import parse_counts
-    from protocol.settings import ScaleSettings
 
     cfg = SupervisorConfig(data_dir=args.data_dir, nats_port=args.nats_port,
                            nats_url=args.nats_url, prefix=args.prefix,
                            nats_cluster=args.nats_cluster, tq_max_bytes=args.tq_max_bytes,
-                           counts=parse_counts(args.roles), bounds=ScaleSettings.from_env().parsed())
+                           counts=parse_counts(args.roles), bounds=scale_bounds())
     return asyncio.run(Supervisor(cfg).run())
 
 

@@ -197,15 +197,16 @@ def up(
         _err(PortTaken(f"port {nats_port} on 127.0.0.1 is taken; pick another with --nats-port PORT (or use "
                        f"the server there with --nats-url nats://127.0.0.1:{nats_port})").message)
         return EXIT_BAD_INPUT
+    from actors.supervisor import scale_bounds
     from protocol.scaling import parse_counts
-    from protocol.settings import ScaleSettings, SettingsError, check_supervised_roles, unknown_variables
+    from protocol.settings import SettingsError, check_supervised_roles, unknown_variables
 
     try:
         cfg = SupervisorConfig(data_dir=resolved, nats_port=nats_port, nats_url=nats_url,
                                prefix=prefix or DEFAULT_PREFIX, ready_timeout_s=ready_timeout_s,
                                nats_cluster=nats_cluster,
                                tq_max_bytes=DEFAULT_TQ_MAX_BYTES if tq_max_bytes is None else tq_max_bytes,
-                               counts=parse_counts(roles), bounds=ScaleSettings.from_env().parsed())
+                               counts=parse_counts(roles), bounds=scale_bounds())
     except SettingsError as exc:
         for line in exc.lines:
             _err(line)

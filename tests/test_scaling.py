@@ -266,3 +266,27 @@ def test_env_worker_drained_mid_workload_hands_it_on_and_no_job_is_lost(deployme
     assert audit.cleared >= 1
     st = _wait_alive(data, "env", 2)
     assert st["alive"]["env"] == 2 and st["wanted"]["env"] == 2, st
+
+
+@pytest.mark.timeout(120)
+def test_a_killed_extra_instance_comes_back_in_its_slot(deployment):
+    """Each slot has its own restart: SIGKILL one of two env workers, the other keeps running
+    and the killed one's slot gets a new instance; the wanted count is unchanged."""
+    import os
+    import signal
+
+    data = deployment
+    before = [r for r in ClusterState.read(data).roles if r.role == "env"]
+    assert len(before) == 2, before
+    victim, other = before[1], before[0]
+    os.kill(victim.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while True:
+        now = [r for r in ClusterState.read(data).roles if r.role == "env"]
+        if len(now) == 2 and victim.instance not in {r.instance for r in now}:
+            break
+        assert time.monotonic() < deadline, f"the killed env worker was not replaced: {now}"
+        time.sleep(0.3)
+    assert other.instance in {r.instance for r in now}  # the other slot was not touched
+    st = _wait_alive(data, "env", 2)
+    assert st["alive"]["env"] == 2 and st["wanted"]["env"] == 2, st

@@ -44,6 +44,7 @@ GOOD: dict[str, tuple[str, object]] = {
     "NEXUS_MAX_TENANTS": ("2000", 2000),
     "NEXUS_MAX_ACTIVE_WORKLOADS": ("64", 64),
     "NEXUS_TRAINER_GROUP_MAX": ("6", 6),
+    "NEXUS_SCALE_BOUNDS": ("trainer=0:4", "trainer=0:4"),
     "NEXUS_TRAINER_LEASE_S": ("45", 45.0),
     "NEXUS_TRAINER_COHORT_WAIT_S": ("30", 30.0),
     "NEXUS_TRAINER_DEVICE": ("cpu", "cpu"),
@@ -155,6 +156,7 @@ BAD: dict[str, tuple[str, str]] = {
     "NEXUS_QUOTA_PREDICT_BURST": ("0", "an integer >= 1"),
     "NEXUS_QUOTA_MAX_PRIORITY": ("11", "an integer in [-10, 10]"),
     "NEXUS_TRACE_SAMPLE_RATIO": ("1.5", "a number in [0, 1]"),
+    "NEXUS_SCALE_BOUNDS": ("trainer=4:2", "min 4 is above max 2"),
     "NEXUS_TRACE_SLOW_MS": ("-1", "a number >= 0"),
     "NEXUS_TRACE_FILE_MAX_MB": ("0", "a number > 0"),
     "NEXUS_TRACE_FILE_BACKUPS": ("101", "an integer in [0, 100]"),
@@ -244,7 +246,8 @@ def test_every_group_belongs_to_a_reader():
     for group in GROUPS:
         assert group.readers, group.__name__
         assert set(group.roles) <= set(ROLES), group.__name__
-        assert group.roles or group is S.CliSettings, f"{group.__name__}: no role reads it"
+        # Read by no role process: typer's options, and the supervisor behind `nexus up`.
+        assert group.roles or group in (S.CliSettings, S.ScaleSettings), f"{group.__name__}: no role reads it"
     for role in ROLES:
         assert S.RoleSettings in role_settings(role, {})
 
@@ -362,6 +365,9 @@ def test_roles_read_every_variable(tmp_path, monkeypatch):
     from actors.supervisor import role_user_name
 
     reads["NEXUS_ROLE_USER"] = (role_user_name("trainer"), "nexus-trainer")
+    from actors.supervisor import scale_bounds
+
+    reads["NEXUS_SCALE_BOUNDS"] = (scale_bounds()["trainer"].text(), "0:4")
     reads["NEXUS_DATA_ROOTS"] = (data_roots(tmp_path)[-2:], [Path("/data/a"), Path("/data/b")])
     wrong = {k: got for k, (got, want) in reads.items() if got != want}
     assert not wrong
