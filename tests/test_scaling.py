@@ -288,5 +288,14 @@ def test_a_killed_extra_instance_comes_back_in_its_slot(deployment):
         assert time.monotonic() < deadline, f"the killed env worker was not replaced: {now}"
         time.sleep(0.3)
     assert other.instance in {r.instance for r in now}  # the other slot was not touched
-    st = _wait_alive(data, "env", 2)
-    assert st["alive"]["env"] == 2 and st["wanted"]["env"] == 2, st
+    new = next(r.instance for r in now if r.instance != other.instance)
+    deadline = time.monotonic() + 60
+    while True:  # the monitor: the new instance alive, the killed one not (3 s without beats)
+        code, out = nexus("status", "--json", "--data-dir", str(data))
+        states = {r["instance"]: r["state"] for r in json.loads(out)["roles"]} if code == 0 else {}
+        if states.get(new) == "alive" and states.get(victim.instance) != "alive":
+            break
+        assert time.monotonic() < deadline, f"not seen: new {new} alive, {victim.instance} dead: {states}"
+        time.sleep(0.5)
+    assert states.get(other.instance) == "alive"
+    assert json.loads(out)["counts"]["env"] == 2
