@@ -207,6 +207,22 @@ class ScaleRequest:
     drain: list[str] = field(default_factory=list)  # instances to drain first (at most the surplus)
 
 
+@message("scale.decision", 1)
+@dataclass
+class ScaleDecision:
+    """One decision of the scaler (`actors/scaler.py`): a role's count from -> to, why, and the
+    signals behind it; published on ``<prefix>.scale.decisions.<role>`` before it is applied and
+    again with its ``outcome`` (``applied``, ``refused: ...``, ``no supervisor``)."""
+
+    role: str
+    from_count: int
+    to_count: int
+    reason: str
+    signals: dict[str, float] = field(default_factory=dict)
+    at: float = 0.0
+    outcome: str = ""
+
+
 @message("health.report.request", 1)
 @dataclass
 class HealthReportRequest:
