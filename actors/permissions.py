@@ -91,7 +91,8 @@ def role_permissions(role: str, prefix: str) -> dict[str, Any]:
     else:
         pub, sub = _common(n, role)
         if role == "health":
-            pub += [f"{p}.svc.*.*.info", n.supervisor("restart"), f"{p}.health.events.*.*"]
+            pub += [f"{p}.svc.*.*.info", n.supervisor("restart"), f"{p}.health.events.*.*",
+                    n.supervisor("scale"), f"{p}.scale.decisions.*"]  # its scaler (NEXUS_SCALER)
             sub += [n.heartbeat_all]
         elif role == "monitor":
             sub += [n.heartbeat_all, n.health_events_all, n.metrics_all, n.workload_events_all,

@@ -487,7 +487,12 @@ class AuthSettings(EnvSettings):
 class ScaleSettings(EnvSettings):
     """How far the workers' instance counts may go (docs/scaling.md)."""
 
-    readers = "`nexus up` (the supervisor: `--roles`, `nexus scale`)"
+    roles = ("health",)
+    readers = "`nexus up` (the supervisor: `--roles`, `nexus scale`), health manager (its scaler)"
+
+    scaler: bool = Field(False, **var(
+        "NEXUS_SCALER", "the health manager scales env workers, inferencers and trainers within the bounds on their "
+        "queues (docs/scaling.md; acts through `nexus up`'s supervisor)"))
 
     bounds: str = Field("", **var(
         "NEXUS_SCALE_BOUNDS", "per role, the fewest and most instances `nexus up --roles` and `nexus scale` may set "

@@ -299,3 +299,54 @@ def test_a_killed_extra_instance_comes_back_in_its_slot(deployment):
         time.sleep(0.5)
     assert states.get(other.instance) == "alive"
     assert json.loads(out)["counts"]["env"] == 2
+
+
+@pytest.mark.slow  # ~80 s: its own deployment, and the scaler's 30 s window by design
+@pytest.mark.timeout(300)
+def test_the_scaler_adds_a_trainer_under_a_sustained_backlog_and_says_why(tmp_path):
+    """NEXUS_SCALER on, trainer bounds 1:2: five jobs queued (reserved, not yet filled) on one
+    trainer stay past the scaler's 4-per-trainer threshold for its window, so the health manager
+    decides trainer 1 -> 2, announces why with the signals, and the supervisor applies it."""
+    from actors.broker import free_port
+    from protocol.messages import ScaleDecision
+    from protocol.wire import decode
+
+    data = tmp_path / "d"
+    up = nexus_run("up", "--detach", "--data-dir", str(data), "--nats-port", str(free_port()), timeout=300,
+                   NEXUS_SCALER="on", NEXUS_SCALE_BOUNDS="trainer=1:2", NEXUS_INFER_BASE=BASE)
+    assert up.returncode == 0, up.stdout + up.stderr
+    try:
+        state = ClusterState.read(data)
+        cfg = tenant("backlog", schema=REACH_SCHEMA, base=BASE, max_inflight_jobs=8)
+
+        async def go():
+            c = await AsyncClient(state.nats_url, state.prefix, timeout_s=30).connect()
+            seen: list[ScaleDecision] = []
+
+            async def on_decision(msg):
+                seen.append(decode(msg.data, ScaleDecision))
+
+            try:
+                await c.bus.nc.subscribe(Names(state.prefix).scale_decisions_all, cb=on_decision)
+                await c.create_tenant(cfg)
+                for _ in range(5):
+                    await c.reserve(cfg.name, "sft", wait_s=30)
+                started = time.monotonic()
+                while not any(d.outcome for d in seen):
+                    assert time.monotonic() - started < 150, f"no scale decision applied: {seen}"
+                    await asyncio.sleep(0.5)
+                return seen, time.monotonic() - started
+            finally:
+                await c.close()
+
+        seen, waited = asyncio.run(go())
+        assert waited >= 25, f"decided after {waited:.0f} s: before the 30 s window"
+        first, done = seen[0], next(d for d in seen if d.outcome)
+        assert (first.role, first.from_count, first.to_count) == ("trainer", 1, 2), first
+        assert "queued_jobs per trainer 5.00 at or above 4" in first.reason and first.signals["queued_jobs"] == 5.0
+        assert done.outcome.startswith("applied: trainer: 1 -> 2; ready:"), done.outcome
+        assert ClusterState.read(data).counts["trainer"] == 2
+        assert all(d.role == "trainer" for d in seen)  # env / inferencer: min 1, nothing to do
+    finally:
+        down = nexus_run("down", "--data-dir", str(data), timeout=180)
+        assert down.returncode == 0, down.stdout + down.stderr

@@ -45,6 +45,7 @@ GOOD: dict[str, tuple[str, object]] = {
     "NEXUS_MAX_ACTIVE_WORKLOADS": ("64", 64),
     "NEXUS_TRAINER_GROUP_MAX": ("6", 6),
     "NEXUS_SCALE_BOUNDS": ("trainer=0:4", "trainer=0:4"),
+    "NEXUS_SCALER": ("on", True),
     "NEXUS_TRAINER_LEASE_S": ("45", 45.0),
     "NEXUS_TRAINER_COHORT_WAIT_S": ("30", 30.0),
     "NEXUS_TRAINER_DEVICE": ("cpu", "cpu"),
@@ -157,6 +158,7 @@ BAD: dict[str, tuple[str, str]] = {
     "NEXUS_QUOTA_MAX_PRIORITY": ("11", "an integer in [-10, 10]"),
     "NEXUS_TRACE_SAMPLE_RATIO": ("1.5", "a number in [0, 1]"),
     "NEXUS_SCALE_BOUNDS": ("trainer=4:2", "min 4 is above max 2"),
+    "NEXUS_SCALER": ("maybe", "a boolean"),
     "NEXUS_TRACE_SLOW_MS": ("-1", "a number >= 0"),
     "NEXUS_TRACE_FILE_MAX_MB": ("0", "a number > 0"),
     "NEXUS_TRACE_FILE_BACKUPS": ("101", "an integer in [0, 100]"),
@@ -246,8 +248,7 @@ def test_every_group_belongs_to_a_reader():
     for group in GROUPS:
         assert group.readers, group.__name__
         assert set(group.roles) <= set(ROLES), group.__name__
-        # Read by no role process: typer's options, and the supervisor behind `nexus up`.
-        assert group.roles or group in (S.CliSettings, S.ScaleSettings), f"{group.__name__}: no role reads it"
+        assert group.roles or group is S.CliSettings, f"{group.__name__}: no role reads it"
     for role in ROLES:
         assert S.RoleSettings in role_settings(role, {})
 
@@ -277,6 +278,9 @@ def test_roles_read_every_variable(tmp_path, monkeypatch):
     }
     for role_cls in (HealthManager, Monitor):
         reads[f"NEXUS_HEALTH_TIMEOUT_S ({role_cls.name})"] = (role_cls(cfg).table.timeout_s, 4.5)
+    health = HealthManager(cfg)
+    reads["NEXUS_SCALER"] = (health.scaler is not None, True)
+    reads["NEXUS_SCALE_BOUNDS (health)"] = (health.scaler.bounds["trainer"].text() if health.scaler else None, "0:4")
     master, trainer = Master(cfg), Trainer(cfg)
     for who, role in (("master", master), ("trainer", trainer)):
         reads[f"NEXUS_LEASE_RENEW_EVERY_S ({who})"] = (role.leases.renew_every_s, 0.3)
