@@ -737,7 +737,7 @@ class Supervisor:
             self.counts[req.role] = req.count
             if req.count == have:
                 self._write_state()
-                return Ok(detail=f"{req.role}: {have} instances already")
+                return Ok(detail=f"{req.role}: {have} already; nothing to do")
             if req.count > have:
                 free = [slot_key(req.role, i) for i in range(MAX_INSTANCES) if slot_key(req.role, i) not in self.children]
                 new = [self._spawn(req.role, key) for key in free[:req.count - have]]
