@@ -96,7 +96,7 @@ def role_permissions(role: str, prefix: str) -> dict[str, Any]:
             sub += [n.heartbeat_all]
         elif role == "monitor":
             sub += [n.heartbeat_all, n.health_events_all, n.metrics_all, n.workload_events_all,
-                    n.tenant_deleted_all]
+                    n.tenant_deleted_all, n.scale_decisions_all]
         elif role == "inferencer":
             pub += [n.master("usage_report"), *JS_READ, JS_FLOW]
             sub += [f"{p}.infer.*", n.weights_all, n.tenant_deleted_all, n.tenant_updated_all]

@@ -306,6 +306,7 @@ class MonitorSnapshot:
     series: list[SeriesSnapshot]
     generated_at: float
     metrics_url: str = ""  # the Prometheus endpoint ("" when it is off)
+    decisions: list[ScaleDecision] = field(default_factory=list)  # the scaler's newest, oldest first
 
 
 # -- master --------------------------------------------------------------------------

@@ -313,7 +313,7 @@ def test_the_scaler_adds_a_trainer_under_a_sustained_backlog_and_says_why(tmp_pa
 
     data = tmp_path / "d"
     up = nexus_run("up", "--detach", "--data-dir", str(data), "--nats-port", str(free_port()), timeout=300,
-                   NEXUS_SCALER="on", NEXUS_SCALE_BOUNDS="trainer=1:2", NEXUS_INFER_BASE=BASE)
+                   NEXUS_SCALER="on", NEXUS_SCALE_BOUNDS="trainer=1:2", NEXUS_INFER_BASE=BASE, NEXUS_METRICS_PORT="0")
     assert up.returncode == 0, up.stdout + up.stderr
     try:
         state = ClusterState.read(data)
@@ -340,6 +340,20 @@ def test_the_scaler_adds_a_trainer_under_a_sustained_backlog_and_says_why(tmp_pa
                 await c.close()
 
         seen, waited = asyncio.run(go())
+        # The monitor has it too: in `nexus top` with its outcome, and on the metrics endpoint.
+        deadline = time.monotonic() + 30
+        while True:
+            code, out = nexus("top", "--json", "--data-dir", str(data))
+            view = json.loads(out) if code == 0 else {}
+            shown = [d for d in view.get("decisions", []) if d["outcome"].startswith("applied")]
+            if shown or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+        assert shown and shown[0]["role"] == "trainer" and (shown[0]["from"], shown[0]["to"]) == (1, 2), view
+        import urllib.request
+
+        scrape = urllib.request.urlopen(view["metrics_url"], timeout=10).read().decode()
+        assert 'nexus_scale_target{role="trainer"} 2.0' in scrape, [l for l in scrape.splitlines() if "scale" in l]
         assert waited >= 25, f"decided after {waited:.0f} s: before the 30 s window"
         first, done = seen[0], next(d for d in seen if d.outcome)
         assert (first.role, first.from_count, first.to_count) == ("trainer", 1, 2), first
