@@ -14,6 +14,11 @@ stalled (quiet past the loop's own limit). Then, in order:
 A role that drains announces ``stopped`` in its last beat and gets ``role_stopped`` (no
 restart); one that beats again after being declared dead gets ``role_recovered``.
 
+With NEXUS_SCALER on it also scales env workers, inferencers and trainers (`actors/scaler.py`)
+from the same beats: each decision is a `ScaleDecision` event on
+``<prefix>.scale.decisions.<role>`` (before, then with its outcome) and a `ScaleRequest` to the
+supervisor, which keeps the bounds and drains what goes (docs/scaling.md).
+
 Run: ``python -m actors.run health --nats-url nats://127.0.0.1:4222``
 """
 
@@ -24,6 +29,7 @@ from collections import deque
 from typing import Any
 
 from actors.liveness import Entry, LivenessTable
+from actors.scaler import Scaler, signals_from_beats
 from actors.runtime import Role, RoleConfig, op
 from protocol.errors import NexusError, Unavailable
 from protocol.messages import (
@@ -35,9 +41,12 @@ from protocol.messages import (
     Ok,
     RestartRequest,
     RoleInfo,
+    ScaleDecision,
+    ScaleRequest,
 )
-from protocol.policy import HEALTH_RESTART, HUNG_PROBE_TIMEOUT_S, RESTART_REQUEST_TIMEOUT_S
-from protocol.settings import HealthSettings
+from protocol.policy import HEALTH_RESTART, HUNG_PROBE_TIMEOUT_S, RESTART_REQUEST_TIMEOUT_S, SCALER
+from protocol.scaling import SCALABLE
+from protocol.settings import HealthSettings, ScaleSettings
 from protocol.wire import decode
 
 # Checks run 4x a second: detection latency is timeout + at most 0.25 s.
@@ -46,6 +55,8 @@ CHECK_INTERVAL_S = 0.25
 CHECK_MAX_QUIET_S = 10.0
 # Dead and stopped entries are forgotten after this long.
 RETAIN_S = 600.0
+# The scaler's last decisions kept for `info` (with their outcomes).
+DECISIONS_KEPT = 32
 
 
 class HealthManager(Role):
@@ -57,15 +68,57 @@ class HealthManager(Role):
         self.table = LivenessTable(timeout_s=timeout)
         self.restarts: dict[str, deque] = {}  # role -> monotonic times of restart requests
         self.restart_requests = 0
+        scale = ScaleSettings.from_env()
+        self.scaler: Scaler | None = Scaler(SCALER, scale.parsed()) if scale.scaler else None
+        self.decisions: deque[ScaleDecision] = deque(maxlen=DECISIONS_KEPT)
+        self._scaling: set[str] = set()  # roles whose scale request is in flight
 
     async def setup(self) -> None:
         assert self.bus is not None
         await self.bus.nc.subscribe(self.names.heartbeat_all, cb=self._on_heartbeat)
         self.spawn(self._check_loop, "health-check", critical=True, max_quiet_s=CHECK_MAX_QUIET_S)
+        if self.scaler is not None:
+            self.spawn(self._scale_loop, "scaler", critical=True, max_quiet_s=4 * SCALER.every_s + CHECK_MAX_QUIET_S)
 
     def info_extra(self) -> dict[str, Any]:
         return {"timeout_s": self.table.timeout_s, "tracked": len(self.table.entries),
-                "restart_requests": self.restart_requests}
+                "restart_requests": self.restart_requests,
+                "scaler": {"on": self.scaler is not None,
+                           "decisions": [{"role": d.role, "from": d.from_count, "to": d.to_count, "reason": d.reason,
+                                          "outcome": d.outcome, "at": d.at} for d in self.decisions]}}
+
+    # -- scaler ----------------------------------------------------------------------------
+    async def _scale_loop(self) -> None:
+        assert self.scaler is not None
+        while True:
+            beats = [e.last for e in self.table.entries.values() if e.state == "alive"]
+            # A role with a request in flight is left out: its count is changing under it.
+            counts = {r: sum(1 for hb in beats if hb.role == r) for r in SCALABLE if r not in self._scaling}
+            for d in self.scaler.decide(time.monotonic(), counts, signals_from_beats(beats)):
+                self._scaling.add(d.role)
+                self.spawn(self._apply(d), f"scale-{d.role}")
+            await self.idle("scaler", SCALER.every_s)
+
+    async def _apply(self, d: ScaleDecision) -> None:
+        """Announce ``d``, ask the supervisor for it, announce its outcome."""
+        assert self.bus is not None
+        try:
+            self.log.info("scale decision", target_role=d.role, from_count=d.from_count, to_count=d.to_count,
+                          reason=d.reason)
+            await self.bus.publish(self.names.scale_decision(d.role), d)
+            req = ScaleRequest(role=d.role, count=d.to_count, reason=f"scaler: {d.reason}")
+            try:
+                ok = await self.bus.request(self.names.supervisor("scale"), req, Ok, timeout_s=SCALER.request_timeout_s)
+                d.outcome = f"applied: {ok.detail}"
+            except Unavailable:
+                d.outcome = "no supervisor answers scale requests (compose / Kubernetes: KEDA scales there)"
+            except NexusError as exc:
+                d.outcome = f"refused: {exc.message}"
+            self.log.info("scale outcome", target_role=d.role, to_count=d.to_count, outcome=d.outcome)
+            self.decisions.append(d)
+            await self.bus.publish(self.names.scale_decision(d.role), d)
+        finally:
+            self._scaling.discard(d.role)
 
     async def _on_heartbeat(self, msg: Any) -> None:
         try:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from typing import Any
 
 from actors.boards import TenantBoards
@@ -31,14 +32,18 @@ from protocol.messages import (
     Heartbeat,
     Metric,
     MonitorSnapshot,
+    ScaleDecision,
     SnapshotRequest,
     StatusRequest,
     WorkloadEvent,
 )
+from protocol.scaling import SCALABLE
 from protocol.settings import HealthSettings, MonitorSettings
 from protocol.wire import decode
 
 RETAIN_S = 600.0
+# The scaler's decisions a snapshot carries (`nexus top`).
+DECISIONS_KEPT = 16
 # Heartbeat gauges taken as they come (the signal name the series uses for each).
 _LEVELS = {"memory_bytes": "memory_bytes", "device_memory_bytes": "device_memory_bytes",
            "queued": "infer_queued", "slot_bytes": "slot_bytes", "slot_evictions": "slot_evictions",
@@ -70,6 +75,8 @@ class Monitor(Role):
         self._down_unreplaced: dict[str, int] = {}  # role -> instances gone, none new seen since
         self._restarts: dict[str, int] = {}
         self._tb_control_at = float("-inf")
+        # The scaler's newest decisions (nexus top), each kept once with its latest outcome.
+        self.decisions: deque[ScaleDecision] = deque(maxlen=DECISIONS_KEPT)
 
     async def setup(self) -> None:
         assert self.bus is not None
@@ -83,6 +90,7 @@ class Monitor(Role):
         await nc.subscribe(self.names.metrics_all, cb=self._on_metric)
         await nc.subscribe(self.names.workload_events_all, cb=self._on_workload_event)
         await nc.subscribe(self.names.tenant_deleted_all, cb=self._on_tenant_deleted)
+        await nc.subscribe(self.names.scale_decisions_all, cb=self._on_scale_decision)
         self.spawn(self._tick_loop, "tick", critical=True)
 
     def _start_endpoint(self) -> None:
@@ -170,6 +178,22 @@ class Monitor(Role):
             self.table.mark_dead(ev.role, ev.instance)
             if was_alive and entry is not None:
                 self._went_down(entry)
+
+    async def _on_scale_decision(self, msg: Any) -> None:
+        try:
+            d = decode(msg.data, ScaleDecision)
+        except Exception as exc:
+            self.log.warning("bad scale decision", subject=msg.subject, error=str(exc))
+            return
+        if d.role not in SCALABLE:
+            return
+        if not d.outcome:  # announced: the count it moves to
+            self.store.record("scale_target", float(d.to_count), at=d.at or time.time(), role=d.role)
+        # The same decision again with its outcome replaces the announcement.
+        same = [x for x in self.decisions if (x.role, x.at, x.to_count) == (d.role, d.at, d.to_count)]
+        for x in same:
+            self.decisions.remove(x)
+        self.decisions.append(d)
 
     async def _on_metric(self, msg: Any) -> None:
         try:
@@ -264,4 +288,5 @@ class Monitor(Role):
             raise InvalidField("family", f"{req.family!r}: allowed control, learning, system or empty (all)")
         self._expire()
         return MonitorSnapshot(roles=self.table.statuses(), series=self.store.snapshot(req.history, req.family),
-                               generated_at=time.time(), metrics_url=self.metrics_url)
+                               generated_at=time.time(), metrics_url=self.metrics_url,
+                               decisions=list(self.decisions))

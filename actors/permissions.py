@@ -84,17 +84,19 @@ def role_permissions(role: str, prefix: str) -> dict[str, Any]:
         raise ValueError(f"role: unknown {role!r}; allowed: {list(PROCESSES)}")
     if role == SUPERVISOR:
         # ensure_layout creates the streams and buckets; the ready check reads the services
-        # bucket and asks the monitor; the health manager asks it for restarts.
-        pub = [JS_ALL, _kv(n.kv_services), n.role_op("monitor", "status")]
+        # bucket and asks the monitor; the health manager asks it for restarts; `nexus scale
+        # trainer 0` asks the master whether jobs still wait.
+        pub = [JS_ALL, _kv(n.kv_services), n.role_op("monitor", "status"), n.master("jobs")]
         sub = [f"{p}.supervisor.*", _INBOX]
     else:
         pub, sub = _common(n, role)
         if role == "health":
-            pub += [f"{p}.svc.*.*.info", n.supervisor("restart"), f"{p}.health.events.*.*"]
+            pub += [f"{p}.svc.*.*.info", n.supervisor("restart"), f"{p}.health.events.*.*",
+                    n.supervisor("scale"), f"{p}.scale.decisions.*"]  # its scaler (NEXUS_SCALER)
             sub += [n.heartbeat_all]
         elif role == "monitor":
             sub += [n.heartbeat_all, n.health_events_all, n.metrics_all, n.workload_events_all,
-                    n.tenant_deleted_all]
+                    n.tenant_deleted_all, n.scale_decisions_all]
         elif role == "inferencer":
             pub += [n.master("usage_report"), *JS_READ, JS_FLOW]
             sub += [f"{p}.infer.*", n.weights_all, n.tenant_deleted_all, n.tenant_updated_all]

@@ -51,6 +51,8 @@ SIGNALS: dict[str, Signal] = {s.name: s for s in (
            "rows per grouped forward (inferencer, mean since its last beat) or jobs in the round (trainer)"),
     Signal("batch_wait_seconds", "control", "gauge", _RI,
            "mean wait of a predict request from arrival to its group's forward, since the last beat", unit="s"),
+    # the health manager's scaler (NEXUS_SCALER; docs/scaling.md), from its ScaleDecision events
+    Signal("scale_target", "control", "gauge", ("role",), "instance count the scaler last decided for the role"),
     # learning: the trainer's metrics and the workloads' progress events
     Signal("loss", "learning", "gauge", _T, "training loss of the tenant's last job (point: its version)"),
     Signal("policy_version", "learning", "gauge", _T, "the tenant's newest trained policy version"),

@@ -42,18 +42,22 @@ from actors.auth import ENV_CREDS, AuthStore, creds_from_env
 from actors.permissions import SUPERVISOR
 from actors.broker import EmbeddedBroker, EmbeddedCluster
 from actors.layout import ensure_layout, read_deployment_settings
-from protocol.errors import Draining, FailedPrecondition, InternalError, NexusError, NotFound, Unavailable
+from protocol.errors import Draining, FailedPrecondition, InternalError, InvalidField, NexusError, NotFound, Unavailable
 from protocol.messages import (
     DEFAULT_TQ_MAX_BYTES,
     ClusterStatus,
     DeploymentSettings,
     ErrorReply,
     Ok,
+    JobsReply,
+    JobsRequest,
     RestartRequest,
+    ScaleRequest,
     ServiceRecord,
     StatusRequest,
 )
 from protocol.policy import GLOBAL_RESTART, ROLE_RESTART, RestartBudget
+from protocol.scaling import DEFAULT_BOUNDS, MAX_INSTANCES, Bounds, check_count
 from protocol.subjects import DEFAULT_PREFIX, ROLES, Names
 from protocol.wire import decode, encode
 
@@ -66,6 +70,27 @@ COORDINATORS: tuple[str, ...] = ("master",)
 KILL_WAIT_S = 10.0
 # Old instance ids remembered as "already replaced" (a late restart request for one is Ok).
 REPLACED_KEPT = 256
+# Job states that still need a trainer: scaling trainers to zero while one exists is refused.
+JOBS_WAITING = ["reserved", "filling", "ready", "leased"]
+# The master's answer to "do jobs wait?" before trainers go to zero.
+JOBS_CHECK_TIMEOUT_S = 5.0
+
+
+def scale_bounds() -> dict[str, Bounds]:
+    """The workers' bounds from NEXUS_SCALE_BOUNDS (`nexus up` and its supervisor read them here)."""
+    from protocol.settings import ScaleSettings
+
+    return ScaleSettings.from_env().parsed()
+
+
+def slot_key(role: str, slot: int) -> str:
+    """A child's key in `Supervisor.children`: the role itself for its first instance (so
+    one-instance deployments read as before), ``role.N`` for the others."""
+    return role if slot == 0 else f"{role}.{slot}"
+
+
+def slot_of(key: str) -> int:
+    return int(key.rpartition(".")[2]) if "." in key else 0
 
 # When a role process dies unexpectedly (non-zero exit or a signal), or a restart is asked for.
 RestartPolicy = RestartBudget
@@ -152,6 +177,9 @@ class ClusterState:
     # accounts; nats_url then names that file too (``?creds=``), so a client on this machine
     # that reads cluster.json (mode 0600, beside admin.creds) is the admin by default.
     creds: str = ""
+    # Instances wanted per role (`--roles`, `nexus scale`) and the workers' bounds (MIN:MAX).
+    counts: dict[str, int] = field(default_factory=dict)
+    bounds: dict[str, str] = field(default_factory=dict)
 
     def write(self, data_dir: Path) -> None:
         tmp = data_dir / (STATE_FILE + ".tmp")
@@ -206,6 +234,10 @@ class SupervisorConfig:
     drain_timeout_s: float = 60.0
     restart: RestartBudget = ROLE_RESTART
     global_restart: RestartBudget = GLOBAL_RESTART
+    # Instances per role (`nexus up --roles env=4,...`; a role not named: 1) and the workers'
+    # bounds (NEXUS_SCALE_BOUNDS, protocol/scaling.py) every count must stay within.
+    counts: dict[str, int] = field(default_factory=dict)
+    bounds: dict[str, Bounds] = field(default_factory=lambda: dict(DEFAULT_BOUNDS))
 
     def __post_init__(self) -> None:
         self.data_dir = Path(self.data_dir).resolve()
@@ -213,6 +245,15 @@ class SupervisorConfig:
         unknown = [r for r in self.roles if r not in ROLES]
         if unknown:
             raise ValueError(f"roles: unknown {unknown}; allowed: {list(ROLES)}")
+        named = [r for r in self.counts if r not in self.roles]
+        if named:
+            raise ValueError(f"--roles: {named} not started by this supervisor; roles: {list(self.roles)}")
+        self.counts = {r: self.counts.get(r, 1) for r in self.roles}
+        for role, n in self.counts.items():
+            if role in self.bounds:
+                check_count(role, n, self.bounds, field="--roles")  # InvalidField (a ValueError)
+            elif n != 1:
+                raise ValueError(f"--roles: {role}={n}: {role} runs exactly once")
         if not 0 < self.nats_port < 65536:
             raise ValueError(f"nats_port: {self.nats_port} is not a TCP port (1-65535)")
         if self.nats_cluster not in (1, 3, 5):
@@ -229,6 +270,10 @@ class _Child:
     proc: subprocess.Popen
     log_path: Path
     restarts: deque = field(default_factory=deque)
+    key: str = ""  # its place in Supervisor.children (`slot_key`): the role, or role.N
+
+    def __post_init__(self) -> None:
+        self.key = self.key or self.role
 
 
 class Supervisor:
@@ -242,7 +287,9 @@ class Supervisor:
         # server decides (and NEXUS_CREDS, if set, is what we and the roles log in with).
         self.auth: AuthStore | None = None
         self.creds: Path | None = creds_from_env()
+        # slot key (`slot_key`: "env", "env.1", ...) -> the live instance in that slot
         self.children: dict[str, _Child] = {}
+        self.counts: dict[str, int] = dict(cfg.counts)  # instances wanted per role
         # role -> (uid, gid) it runs as; empty: roles run as this process's user.
         self.role_users: dict[str, tuple[int, int]] = {}
         self.state: ClusterState | None = None
@@ -306,9 +353,10 @@ class Supervisor:
             await bus.close()
         # 2b. restart requests: served before the roles start, so health can reach us at once
         await self._serve_restarts()
-        # 3. roles
+        # 3. roles, each as many times as counted
         for role in self.cfg.roles:
-            self._spawn(role)
+            for slot in range(self.counts[role]):
+                self._spawn(role, slot_key(role, slot))
         # 4. state file
         self.state = ClusterState(
             nats_url=self.auth.admin().url(self.nats_url) if self.auth else self.nats_url,
@@ -332,7 +380,8 @@ class Supervisor:
         await self._wait_ready()
         self.state.ready = True
         self._write_state()
-        self.say(f"ready        {len(self.children)} roles live: {', '.join(self.cfg.roles)}")
+        self.say(f"ready        {len(self.children)} role instances live: "
+                 f"{', '.join(f'{r}={self.counts[r]}' for r in self.cfg.roles)}")
 
     def _broker_pids(self) -> list[int]:
         if isinstance(self.broker, EmbeddedCluster):
@@ -382,7 +431,8 @@ class Supervisor:
             home.mkdir(parents=True, exist_ok=True)
             _chown_tree(home, uid, gid)
 
-    def _spawn(self, role: str) -> _Child:
+    def _spawn(self, role: str, key: str | None = None) -> _Child:
+        key = key or role
         instance = f"{role}-{uuid.uuid4().hex[:6]}"
         log_path = self.logs_dir / f"{role}.log"
         env = dict(os.environ)
@@ -407,9 +457,9 @@ class Supervisor:
                     f"role {role} cannot start as uid {ids[0] if ids else os.getuid()}: {exc}; the role user needs "
                     f"to read and run {sys.executable} and the code (or set NEXUS_ROLE_USER=-)",
                     details={"role": role}) from None
-        old = self.children.get(role)
-        child = _Child(role, instance, proc, log_path, old.restarts if old else deque())
-        self.children[role] = child
+        old = self.children.get(key)
+        child = _Child(role, instance, proc, log_path, old.restarts if old else deque(), key=key)
+        self.children[key] = child
         return child
 
     @staticmethod
@@ -433,28 +483,35 @@ class Supervisor:
         self.state.roles = [
             ChildRecord(c.role, c.instance, c.proc.pid, str(c.log_path)) for c in self.children.values()
         ]
+        self.state.counts = dict(self.counts)
+        self.state.bounds = {r: b.text() for r, b in self.cfg.bounds.items() if r in self.cfg.roles}
         self.state.write(self.cfg.data_dir)
 
-    async def _wait_ready(self) -> None:
+    async def _wait_ready(self, keys: list[str] | None = None) -> None:
+        """Until the children in ``keys`` (default: all) registered ready and the monitor saw them."""
         bus = await Bus.connect(self.nats_url, name="supervisor", reconnect_forever=False, creds=self.creds)
         try:
             kv = await bus.js.key_value(self.names.kv_services)
             deadline = time.monotonic() + self.cfg.ready_timeout_s
-            pending = set(self.children)
+            pending = set(self.children if keys is None else keys)
+            want = {self.children[k].instance for k in pending if k in self.children}
             while pending:
-                for role in list(pending):
-                    child = self.children[role]
+                for key in list(pending):
+                    child = self.children.get(key)
+                    if child is None:  # drained meanwhile (scaled back in): nothing to wait for
+                        pending.discard(key)
+                        continue
                     if child.proc.poll() is not None:
                         raise Unavailable(
-                            f"role {role} exited with status {child.proc.returncode} during start; "
-                            f"see {child.log_path}"
+                            f"role {child.role} ({child.instance}) exited with status {child.proc.returncode} "
+                            f"during start; see {child.log_path}"
                         )
                     try:
-                        entry = await kv.get(Names.service_key(role, child.instance))
+                        entry = await kv.get(Names.service_key(child.role, child.instance))
                     except Exception:  # not registered yet
                         continue
                     if decode(entry.value, ServiceRecord).state == "ready":
-                        pending.discard(role)
+                        pending.discard(key)
                 if pending and time.monotonic() > deadline:
                     raise Unavailable(
                         f"roles not ready after {self.cfg.ready_timeout_s:g} s: {sorted(pending)}; "
@@ -464,12 +521,11 @@ class Supervisor:
             # Live means the monitor has seen each role's heartbeat, so the first
             # `nexus status` after `up` already lists every role.
             if "monitor" in self.children:
-                await self._wait_monitor_sees_all(bus, deadline)
+                await self._wait_monitor_sees_all(bus, deadline, want)
         finally:
             await bus.close()
 
-    async def _wait_monitor_sees_all(self, bus: Bus, deadline: float) -> None:
-        want = {c.instance for c in self.children.values()}
+    async def _wait_monitor_sees_all(self, bus: Bus, deadline: float, want: set[str]) -> None:
         while True:
             try:
                 status = await bus.request(self.names.role_op("monitor", "status"),
@@ -506,14 +562,14 @@ class Supervisor:
     async def _reap(self) -> None:
         if self._global is not None and not self._global.done():
             return  # the global restart owns every child until it is done
-        for role, child in list(self.children.items()):
+        for key, child in list(self.children.items()):
             if child.proc.poll() is None:
                 continue
-            lock = self._lock(role)
+            lock = self._lock(key)
             if lock.locked():
-                continue  # a restart request is replacing this child right now
+                continue  # a restart or scale request is replacing or draining this child right now
             async with lock:
-                if self.children.get(role) is child:
+                if self.children.get(key) is child:
                     await self._after_exit(child)
 
     async def _after_exit(self, child: _Child) -> None:
@@ -521,7 +577,7 @@ class Supervisor:
         if code == 0:
             # A clean exit means someone drained it on purpose (elastic scale-in, `nexus down`).
             self.say(f"role {role} ({child.instance}) drained and exited")
-            del self.children[role]
+            del self.children[child.key]
             self._write_state()
             return
         policy = self.cfg.restart
@@ -532,18 +588,24 @@ class Supervisor:
             )
             if role in COORDINATORS and self._start_global(f"{role} cannot come back"):
                 return
-            del self.children[role]
+            del self.children[child.key]
             self._write_state()
             return
         self.say(f"role {role} ({child.instance}) died with status {code}; restarting in {policy.backoff_s:g} s")
         await asyncio.sleep(policy.backoff_s)
         self._replace(child, f"role {role} restarted")
 
-    def _lock(self, role: str) -> asyncio.Lock:
-        return self._locks.setdefault(role, asyncio.Lock())
+    def _lock(self, key: str) -> asyncio.Lock:
+        """One lock per slot key (and ``scale:<role>`` per role's scale requests)."""
+        return self._locks.setdefault(key, asyncio.Lock())
+
+    def _slots(self, role: str) -> list[_Child]:
+        """``role``'s live children, first slot first."""
+        kids = [c for c in self.children.values() if c.role == role]
+        return sorted(kids, key=lambda c: slot_of(c.key))
 
     def _replace(self, old: _Child, why: str) -> _Child:
-        new = self._spawn(old.role)  # keeps old.restarts: the budget spans instances
+        new = self._spawn(old.role, old.key)  # keeps old.restarts: the budget spans instances
         self._replaced[old.instance] = new.instance
         while len(self._replaced) > REPLACED_KEPT:
             self._replaced.popitem(last=False)
@@ -571,6 +633,7 @@ class Supervisor:
     async def _serve_restarts(self) -> None:
         self._control = await Bus.connect(self.nats_url, name="supervisor-control", creds=self.creds)
         await self._control.nc.subscribe(self.names.supervisor("restart"), cb=self._on_restart)
+        await self._control.nc.subscribe(self.names.supervisor("scale"), cb=self._on_restart)
 
     async def _close_control(self) -> None:
         for task in [*self._requests, *([self._global] if self._global else [])]:
@@ -588,7 +651,10 @@ class Supervisor:
 
     async def _answer_restart(self, msg) -> None:
         try:
-            reply = await self.restart(decode(msg.data, RestartRequest))
+            if msg.subject == self.names.supervisor("scale"):
+                reply = await self.scale(decode(msg.data, ScaleRequest))
+            else:
+                reply = await self.restart(decode(msg.data, RestartRequest))
         except NexusError as exc:
             reply = ErrorReply.from_exception(exc)
         except Exception as exc:  # a bug here must still answer the caller, and be seen
@@ -614,12 +680,15 @@ class Supervisor:
         if req.role not in self.cfg.roles:
             raise NotFound(f"role {req.role!r} is not supervised here; roles: {list(self.cfg.roles)}",
                            details={"role": req.role})
-        async with self._lock(req.role):
-            child = self.children.get(req.role)
+        slots = self._slots(req.role)
+        key = next((c.key for c in slots if c.instance == req.instance),
+                   slots[0].key if slots and not req.instance else slot_key(req.role, 0))
+        async with self._lock(key):
+            child = self.children.get(key)
             if req.instance and (child is None or child.instance != req.instance):
                 if req.instance in self._replaced:
                     return Ok(detail=f"{req.instance} was already replaced by {self._replaced[req.instance]}")
-                current = child.instance if child else "none"
+                current = ", ".join(c.instance for c in self._slots(req.role)) or "none"
                 raise NotFound(f"unknown instance {req.instance!r} of role {req.role}; the live one is {current}",
                                details={"role": req.role, "instance": req.instance, "current": current})
             if child is None:
@@ -638,6 +707,82 @@ class Supervisor:
             return Ok(detail=f"{req.role} {child.instance} stopped by {req.mode} (exit {code}); "
                              f"new instance {new.instance} (pid {new.proc.pid})")
 
+    # -- scale requests ------------------------------------------------------------------
+    async def scale(self, req: ScaleRequest) -> Ok:
+        """Run ``req.count`` instances of ``req.role``: start the missing ones (answered once
+        they registered ready) or drain the surplus, highest slot first (answered once they
+        exited). Refused past the role's bounds and for zero trainers while jobs wait."""
+        if self._stopping.is_set():
+            raise Draining("the supervisor is stopping; no scaling now")
+        if self._global is not None and not self._global.done():
+            raise Unavailable("a global restart is in progress; scale again once it is done")
+        check_count(req.role, req.count, self.cfg.bounds)
+        if req.role not in self.cfg.roles:
+            raise NotFound(f"role {req.role!r} is not supervised here; roles: {list(self.cfg.roles)}",
+                           details={"role": req.role})
+        why = f" ({req.reason})" if req.reason else ""
+        async with self._lock(f"scale:{req.role}"):
+            live = self._slots(req.role)
+            have = len(live)
+            if req.count == 0 and req.role == "trainer":
+                await self._refuse_if_jobs_wait()
+            # Every check before anything changes: a refused request leaves the deployment as it was.
+            if len(set(req.drain)) > max(have - req.count, 0):
+                raise InvalidField("drain", f"names {len(set(req.drain))} instances but {req.role} {have} -> "
+                                            f"{req.count} drains {max(have - req.count, 0)}")
+            unknown = [i for i in req.drain if i not in {c.instance for c in live}]
+            if unknown:
+                raise NotFound(f"drain: {unknown} are not live instances of {req.role}; live: "
+                               f"{', '.join(c.instance for c in live) or 'none'}", details={"drain": unknown})
+            self.counts[req.role] = req.count
+            if req.count == have:
+                self._write_state()
+                return Ok(detail=f"{req.role}: {have} already; nothing to do")
+            if req.count > have:
+                free = [slot_key(req.role, i) for i in range(MAX_INSTANCES) if slot_key(req.role, i) not in self.children]
+                new = [self._spawn(req.role, key) for key in free[:req.count - have]]
+                self.say(f"scale {req.role} {have} -> {req.count}{why}: started "
+                         f"{', '.join(f'{c.instance} (pid {c.proc.pid})' for c in new)}")
+                self._write_state()
+                await self._wait_ready([c.key for c in new])
+                return Ok(detail=f"{req.role}: {have} -> {req.count}; ready: {', '.join(c.instance for c in new)}")
+            first = [c for c in live if c.instance in req.drain]
+            surplus = (first + [c for c in reversed(live) if c not in first])[:have - req.count]
+            self.say(f"scale {req.role} {have} -> {req.count}{why}: draining "
+                     f"{', '.join(c.instance for c in surplus)}")
+            codes = await asyncio.gather(*(self._retire(c.key) for c in surplus))
+            self._write_state()
+            done = ", ".join(f"{c.instance} (exit {code})" for c, code in zip(surplus, codes))
+            return Ok(detail=f"{req.role}: {have} -> {req.count}; drained: {done}")
+
+    async def _retire(self, key: str) -> int | None:
+        """Drain the child in slot ``key`` (SIGTERM, its drain, bounded by drain_timeout_s)
+        and leave the slot empty. None: the slot was empty already."""
+        async with self._lock(key):
+            child = self.children.get(key)
+            if child is None:
+                return None
+            code = await self._stop_child(child, "drain")
+            self.children.pop(key, None)
+            self.say(f"role {child.role} ({child.instance}) scaled in: drained, exit {code}")
+            return code
+
+    async def _refuse_if_jobs_wait(self) -> None:
+        """Zero trainers while the master holds a job that still needs one would strand it."""
+        assert self._control is not None
+        try:
+            reply = await self._control.request(self.names.master("jobs"), JobsRequest(states=JOBS_WAITING, limit=1),
+                                                JobsReply, timeout_s=JOBS_CHECK_TIMEOUT_S)
+        except NexusError as exc:
+            raise Unavailable(f"trainer=0 needs the master to say no job waits, and it did not answer: {exc.message}",
+                              details={"role": "trainer"}) from None
+        if reply.jobs:
+            j = reply.jobs[0]
+            raise FailedPrecondition(
+                f"trainer=0 refused: jobs wait for a trainer (e.g. {j.tenant}/{j.job}, {j.state}); "
+                f"keep at least 1 until the queue is empty",
+                details={"role": "trainer", "count": 0, "job": f"{j.tenant}/{j.job}"})
+
     def _global_spent(self) -> str:
         b = self.cfg.global_restart
         return f"global restart budget spent: {b.max_restarts} in {b.window_s:g} s"
@@ -653,21 +798,27 @@ class Supervisor:
         """Stop every role (reverse start order, each drains), then start all in ROLES order."""
         self.say(f"global restart: {reason}")
         await asyncio.sleep(self.cfg.global_restart.backoff_s)
-        locks = [self._lock(r) for r in self.cfg.roles]
+        # Every slot wanted now and every one live, in ROLES order then slot order.
+        keys = list(dict.fromkeys([*(slot_key(r, i) for r in self.cfg.roles for i in range(self.counts[r])),
+                                   *(c.key for r in self.cfg.roles for c in self._slots(r))]))
+        locks = [self._lock(k) for k in keys]
         for lock in locks:  # always in ROLES order: no deadlock with one-role restarts
             await lock.acquire()
         try:
-            for role in reversed(self.cfg.roles):
-                child = self.children.get(role)
+            for key in reversed(keys):
+                child = self.children.get(key)
                 if child and child.proc.poll() is None:
                     child.proc.send_signal(signal.SIGTERM)
-            for role in reversed(self.cfg.roles):
-                child = self.children.get(role)
+            for key in reversed(keys):
+                child = self.children.get(key)
                 if child:
                     await self._stop_child(child, "drain", signalled=True)
-            for role in self.cfg.roles:
-                old = self.children.pop(role, None)
-                new = self._spawn(role)  # a fresh restart budget: the past ones are spent
+            for key in keys:
+                old = self.children.pop(key, None)
+                role = old.role if old else key.partition(".")[0]
+                if slot_of(key) >= self.counts[role]:
+                    continue  # a slot past the wanted count (scaled in meanwhile) stays empty
+                new = self._spawn(role, key)  # a fresh restart budget: the past ones are spent
                 if old:
                     self._replaced[old.instance] = new.instance
             self._write_state()
@@ -717,10 +868,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nats-cluster", type=int, default=1, choices=(1, 3, 5))
     p.add_argument("--tq-max-bytes", type=int, default=DEFAULT_TQ_MAX_BYTES)
     p.add_argument("--prefix", default=DEFAULT_PREFIX)
+    p.add_argument("--roles", default="", help="instances per role, e.g. env=4,inferencer=2,trainer=1")
     args = p.parse_args(argv)
+    from protocol.scaling import parse_counts
+
     cfg = SupervisorConfig(data_dir=args.data_dir, nats_port=args.nats_port,
                            nats_url=args.nats_url, prefix=args.prefix,
-                           nats_cluster=args.nats_cluster, tq_max_bytes=args.tq_max_bytes)
+                           nats_cluster=args.nats_cluster, tq_max_bytes=args.tq_max_bytes,
+                           counts=parse_counts(args.roles), bounds=scale_bounds())
     return asyncio.run(Supervisor(cfg).run())
 
 

@@ -190,6 +190,39 @@ class RestartRequest:
     reason: str = ""
 
 
+@message("supervisor.scale", 1)
+@dataclass
+class ScaleRequest:
+    """Ask the supervisor to run ``count`` instances of ``role`` (`nexus scale`, a scaler).
+
+    New instances are answered for once they registered ready (an inferencer after its weight
+    sync); surplus ones drain (the instances in ``drain`` first, then the highest slots) before
+    the reply. Refused past the role's bounds (``NEXUS_SCALE_BOUNDS``), and for zero trainers
+    while jobs wait.
+    """
+
+    role: str
+    count: int
+    reason: str = ""
+    drain: list[str] = field(default_factory=list)  # instances to drain first (at most the surplus)
+
+
+@message("scale.decision", 1)
+@dataclass
+class ScaleDecision:
+    """One decision of the scaler (`actors/scaler.py`): a role's count from -> to, why, and the
+    signals behind it; published on ``<prefix>.scale.decisions.<role>`` before it is applied and
+    again with its ``outcome`` (``applied``, ``refused: ...``, ``no supervisor``)."""
+
+    role: str
+    from_count: int
+    to_count: int
+    reason: str
+    signals: dict[str, float] = field(default_factory=dict)
+    at: float = 0.0
+    outcome: str = ""
+
+
 @message("health.report.request", 1)
 @dataclass
 class HealthReportRequest:
@@ -273,6 +306,7 @@ class MonitorSnapshot:
     series: list[SeriesSnapshot]
     generated_at: float
     metrics_url: str = ""  # the Prometheus endpoint ("" when it is off)
+    decisions: list[ScaleDecision] = field(default_factory=list)  # the scaler's newest, oldest first
 
 
 # -- master --------------------------------------------------------------------------

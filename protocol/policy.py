@@ -279,3 +279,25 @@ def usage_flush_from_env() -> UsageFlush:
     from protocol.settings import UsageSettings
 
     return UsageSettings.from_env().usage_flush()
+
+
+@dataclass(frozen=True)
+class ScalerPolicy:
+    """When the health manager's scaler (`actors/scaler.py`, NEXUS_SCALER) changes a role's count.
+
+    Each role's pressure is a signal per instance (trainer: training jobs queued; inferencer:
+    predict requests queued; env: rollouts holding the gate). It must stay at or above ``up``
+    (or at or below ``down``) for ``window_s`` before one instance is added (removed):
+    hysteresis in value (the band between holds) and in time (a spike does not move it). After
+    any decision a role waits ``cooldown_s``, so it does not flap."""
+
+    every_s: float = 5.0
+    window_s: float = 30.0
+    cooldown_s: float = 60.0
+    up: tuple[tuple[str, float], ...] = (("trainer", 4.0), ("inferencer", 8.0), ("env", 2.0))
+    down: tuple[tuple[str, float], ...] = (("trainer", 0.5), ("inferencer", 1.0), ("env", 0.5))
+    # A scale request to the supervisor: a scale-in waits for the drain (up to 60 s).
+    request_timeout_s: float = 150.0
+
+
+SCALER = ScalerPolicy()

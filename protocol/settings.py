@@ -500,6 +500,38 @@ class AuthSettings(EnvSettings):
         default_text="`nexus` when that user exists and `nexus up` runs as root, else the supervisor's own"))
 
 
+class ScaleSettings(EnvSettings):
+    """How far the workers' instance counts may go (docs/scaling.md)."""
+
+    roles = ("health",)
+    readers = "`nexus up` (the supervisor: `--roles`, `nexus scale`), health manager (its scaler)"
+
+    scaler: bool = Field(False, **var(
+        "NEXUS_SCALER", "the health manager scales env workers, inferencers and trainers within the bounds on their "
+        "queues (docs/scaling.md; acts through `nexus up`'s supervisor)"))
+
+    bounds: str = Field("", **var(
+        "NEXUS_SCALE_BOUNDS", "per role, the fewest and most instances `nexus up --roles` and `nexus scale` may set "
+        "(a role not named keeps its default)", allowed="comma-separated ROLE=MIN:MAX for env, inferencer, trainer; "
+        "0 <= MIN <= MAX <= 32", default_text="env=1:16,inferencer=1:8,trainer=1:8"))
+
+    @field_validator("bounds")
+    @classmethod
+    def _bounds(cls, value: str) -> str:
+        from protocol.scaling import parse_bounds
+
+        try:
+            parse_bounds(value)
+        except NexusError as exc:
+            raise ValueError(exc.message.removeprefix("NEXUS_SCALE_BOUNDS: ")) from None
+        return value
+
+    def parsed(self):  # -> dict[str, protocol.scaling.Bounds]
+        from protocol.scaling import parse_bounds
+
+        return parse_bounds(self.bounds)
+
+
 class CliSettings(EnvSettings):
     """Read by typer (``envvar=``) in sdk/cli.py; a test checks the names agree."""
 
@@ -527,7 +559,7 @@ class CliSettings(EnvSettings):
 GROUPS: tuple[type[EnvSettings], ...] = (
     RoleSettings, HealthSettings, LeaseSettings, RetentionSettings, MasterSettings, TrainerSettings,
     InferencerSettings, EnvWorkerSettings, SimulatorSettings, SimCallSettings, UsageSettings, QuotaSettings,
-    TelemetrySettings, MonitorSettings, AuthSettings, CliSettings,
+    TelemetrySettings, MonitorSettings, AuthSettings, ScaleSettings, CliSettings,
 )
 
 
@@ -725,7 +757,7 @@ def main(argv: list[str] | None = None) -> int:
 __all__ = [
     "FAULT_POINTS", "GROUPS", "STANDARD_VARIABLES", "CliSettings", "EnvSettings", "EnvWorkerSettings",
     "HealthSettings", "InferencerSettings", "LeaseSettings", "MasterSettings", "MonitorSettings", "RetentionSettings",
-    "RoleSettings", "SUPERVISOR_SETS", "SettingsError", "SimCallSettings", "SimulatorSettings", "TelemetrySettings", "TrainerSettings",
+    "RoleSettings", "SUPERVISOR_SETS", "ScaleSettings", "SettingsError", "SimCallSettings", "SimulatorSettings", "TelemetrySettings", "TrainerSettings",
     "check_supervised_roles", "env_table_markdown", "unknown_variables",
     "leases_from_env", "render_env_doc", "retention_from_env", "role_settings",
 ]

@@ -254,6 +254,14 @@ class Names:
     def health_events_all(self) -> str:
         return f"{self.prefix}.health.events.>"
 
+    def scale_decision(self, role: str) -> str:
+        """The scaler's decisions about ``role`` (`ScaleDecision`), as events."""
+        return f"{self.prefix}.scale.decisions.{check_token('role', role)}"
+
+    @property
+    def scale_decisions_all(self) -> str:
+        return f"{self.prefix}.scale.decisions.>"
+
     def metrics(self, signal: str, scope: str) -> str:
         return f"{self.prefix}.metrics.{check_token('signal', signal)}.{check_token('scope', scope)}"
 

@@ -1,7 +1,8 @@
 """The `nexus` command (typer + rich).
 
-    nexus up [--data-dir DIR] [--nats-port PORT | --nats-url URL] [--nats-cluster 3] [--detach]
+    nexus up [--data-dir DIR] [--nats-port PORT | --nats-url URL] [--nats-cluster 3] [--roles env=4,trainer=1] [--detach]
     nexus status [--json]                  nexus down [--data-dir DIR]
+    nexus scale ROLE N [--drain INSTANCE] (env, inferencer, trainer; within NEXUS_SCALE_BOUNDS)
     nexus top [--once] [--json]
     nexus trace [TRACE_ID] [--workload W] [--since 10m] [--until T] [--chrome FILE] [--png FILE] [--json]
     nexus submit SPEC [SPEC...] [--wait] [--json]
@@ -175,6 +176,10 @@ def up(
     tq_max_bytes: Annotated[int | None, _tq_max_bytes_option()] = None,
     detach: Annotated[bool, typer.Option("--detach", help="return once every role is live")] = False,
     ready_timeout_s: Annotated[float, typer.Option("--ready-timeout-s")] = 60.0,
+    roles: Annotated[str, typer.Option(
+        "--roles", metavar="ROLE=N,...",
+        help="instances per role, e.g. env=4,inferencer=2,trainer=1 (a role not named: 1; env, inferencer and "
+             "trainer scale within NEXUS_SCALE_BOUNDS, the others run once)")] = "",
 ) -> int:
     """Start nats-server and every role under a supervisor."""
     from actors.broker import PortTaken, port_is_free
@@ -193,15 +198,23 @@ def up(
         _err(PortTaken(f"port {nats_port} on 127.0.0.1 is taken; pick another with --nats-port PORT (or use "
                        f"the server there with --nats-url nats://127.0.0.1:{nats_port})").message)
         return EXIT_BAD_INPUT
+    from actors.supervisor import scale_bounds
+    from protocol.scaling import parse_counts
+    from protocol.settings import SettingsError, check_supervised_roles, unknown_variables
+
     try:
         cfg = SupervisorConfig(data_dir=resolved, nats_port=nats_port, nats_url=nats_url,
                                prefix=prefix or DEFAULT_PREFIX, ready_timeout_s=ready_timeout_s,
                                nats_cluster=nats_cluster,
-                               tq_max_bytes=DEFAULT_TQ_MAX_BYTES if tq_max_bytes is None else tq_max_bytes)
-    except (ValueError, NexusError) as exc:
-        _err(str(exc))
+                               tq_max_bytes=DEFAULT_TQ_MAX_BYTES if tq_max_bytes is None else tq_max_bytes,
+                               counts=parse_counts(roles), bounds=scale_bounds())
+    except SettingsError as exc:
+        for line in exc.lines:
+            _err(line)
         return EXIT_BAD_INPUT
-    from protocol.settings import SettingsError, check_supervised_roles, unknown_variables
+    except (ValueError, NexusError) as exc:
+        _err(exc.message if isinstance(exc, NexusError) else str(exc))
+        return EXIT_BAD_INPUT
 
     for line in unknown_variables():
         _err(line, prefix="warning: ")
@@ -226,7 +239,8 @@ def _up_detached(shown_dir: Path, cfg: Any, ready_timeout_s: float) -> int:
     log_path = cfg.data_dir / "logs" / "supervisor.log"
     cmd = [sys.executable, "-m", "actors.supervisor", "--data-dir", str(cfg.data_dir),
            "--nats-port", str(cfg.nats_port), "--prefix", cfg.prefix,
-           "--nats-cluster", str(cfg.nats_cluster), "--tq-max-bytes", str(cfg.tq_max_bytes)]
+           "--nats-cluster", str(cfg.nats_cluster), "--tq-max-bytes", str(cfg.tq_max_bytes),
+           "--roles", ",".join(f"{r}={n}" for r, n in cfg.counts.items())]
     if cfg.nats_url:
         cmd += ["--nats-url", cfg.nats_url]
     with open(log_path, "ab") as log:
@@ -309,6 +323,65 @@ def down(
     (resolved / "cluster.json").unlink(missing_ok=True)
     print(f"vla-nexus stopped ({resolved}; cleaned up after a supervisor that had died)")
     return EXIT_OK
+
+
+@app.command()
+def scale(
+    role: Annotated[str, typer.Argument(help="env, inferencer or trainer")],
+    count: Annotated[int, typer.Argument(help="instances wanted, within NEXUS_SCALE_BOUNDS")],
+    data_dir: DataDir = DEFAULT_DATA_DIR,
+    reason: Annotated[str, typer.Option("--reason", help="recorded in the supervisor's log")] = "",
+    drain: Annotated[list[str] | None, typer.Option(
+        "--drain", metavar="INSTANCE", help="scaling in: drain this instance first (repeatable); "
+                                            "default the newest slots")] = None,
+    json: Json = False,
+    timeout_s: Annotated[float, typer.Option(
+        "--timeout-s", help="how long to wait for new instances to be ready / surplus ones to drain")] = 180.0,
+) -> int:
+    """Run N instances of a role on the running deployment: new ones join once ready, surplus ones drain."""
+    from actors.supervisor import ClusterState, pid_alive
+    from protocol.messages import Ok, ScaleRequest
+    from protocol.scaling import check_count, parse_bounds
+    from protocol.subjects import Names
+    from sdk.term import print_json
+
+    tenant = _tenant_caller()
+    if tenant is not None:
+        _err(OPERATOR_ONLY.format(command="nexus scale", tenant=tenant))
+        return EXIT_BAD_INPUT
+    state = ClusterState.read(data_dir.resolve())
+    if state is None or not pid_alive(state.supervisor_pid):
+        _err(f"no running deployment from {data_dir.resolve()} (`nexus scale` talks to the supervisor `nexus up` "
+             f"started; on Kubernetes scale the Deployment or its ScaledObject bounds)")
+        return EXIT_FAILED
+    # Checked here too, so a refusal needs no round trip; the supervisor checks again.
+    check_count(role, count, parse_bounds(",".join(f"{r}={b}" for r, b in state.bounds.items())))
+
+    async def go():
+        async with _client(data_dir, None, state.prefix, timeout_s) as client:
+            return await client.bus.request(Names(state.prefix).supervisor("scale"),
+                                            ScaleRequest(role=role, count=count, reason=reason, drain=drain or []), Ok,
+                                            timeout_s=timeout_s)
+
+    reply = _run(go())
+    if json:
+        print_json({"role": role, "count": count, "detail": reply.detail})
+    else:
+        print(reply.detail)
+    return EXIT_OK
+
+
+def _counts_line(data_dir: Path, rows: list[dict]) -> str | None:
+    """`role live/wanted` per role from cluster.json's counts (None: no local supervisor)."""
+    from actors.supervisor import ClusterState
+
+    state = ClusterState.read(data_dir.resolve())
+    if state is None or not state.counts:
+        return None
+    live = {r: sum(1 for x in rows if x["role"] == r and x["state"] == "alive") for r in state.counts}
+    parts = [f"{r} {live[r]}/{n}" + (f" ({state.bounds[r]})" if r in state.bounds else "")
+             for r, n in state.counts.items()]
+    return "instances (alive/wanted, bounds MIN:MAX): " + ", ".join(parts)
 
 
 # -- status / workloads / tenants ---------------------------------------------------------------
@@ -407,7 +480,11 @@ def status(
     rows = [_asdict(r) for r in st.roles]
     wrows = workload_rows(workloads, jobs)
     if json:
-        print_json({"roles": rows, "workloads": wrows, "metrics": st.metrics, "generated_at": st.generated_at})
+        from actors.supervisor import ClusterState
+
+        cs = ClusterState.read(data_dir.resolve()) if tenant is None else None
+        print_json({"roles": rows, "workloads": wrows, "metrics": st.metrics, "generated_at": st.generated_at,
+                    **({"counts": cs.counts, "bounds": cs.bounds} if cs is not None else {})})
         return EXIT_OK
     if tenant is not None:
         print(f"roles: shown to the operator only; the workloads of tenant {tenant!r}:" if wrows else
@@ -418,6 +495,9 @@ def status(
              f"{_fmt_age(r['last_heartbeat_age_s'])} ago") for r in rows])
         alive = sum(r["state"] == "alive" for r in rows)
         print(f"\n{alive} alive, {len(rows) - alive} not alive")
+        counts = _counts_line(data_dir, rows)
+        if counts:
+            print(counts)
     if wrows:
         print()
         _workloads_table(wrows)

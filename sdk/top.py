@@ -17,6 +17,7 @@ from typing import Any
 from protocol.messages import MonitorSnapshot, SnapshotRequest
 
 REFRESH_S = 1.0
+SCALER_ROWS = 5  # the scaler's newest decisions shown
 _TENANT_COLS = ("queue_depth", "jobs_in_flight", "policy_version", "loss", "success_rate", "mean_return",
                 "staleness_versions")
 
@@ -44,7 +45,10 @@ def build_view(snap: MonitorSnapshot) -> dict[str, Any]:
                       "busy_fraction": g.get("busy_fraction"), "memory_bytes": g.get("memory_bytes"),
                       "device_memory_bytes": g.get("device_memory_bytes"), "group_size": g.get("group_size")})
     tenants = [{"tenant": t, **{c: v.get(c) for c in _TENANT_COLS}} for t, v in sorted(per_tenant.items())]
-    return {"roles": roles, "tenants": tenants, "metrics_url": snap.metrics_url, "generated_at": snap.generated_at}
+    decisions = [{"role": d.role, "from": d.from_count, "to": d.to_count, "reason": d.reason,
+                  "outcome": d.outcome, "at": d.at} for d in snap.decisions]
+    return {"roles": roles, "tenants": tenants, "decisions": decisions, "metrics_url": snap.metrics_url,
+            "generated_at": snap.generated_at}
 
 
 def _num(v: Any, fmt: str) -> str:
@@ -78,7 +82,16 @@ def render(view: dict[str, Any]) -> Any:
                         _num(t["mean_return"], ".2f"), _num(t["staleness_versions"], ".0f"))
     stamp = time.strftime("%H:%M:%S", time.localtime(view["generated_at"]))
     where = f"  metrics {view['metrics_url']}" if view["metrics_url"] else ""
-    return Group(Text(f"vla-nexus top  {stamp}{where}  (q quits)", style="bold"), roles, tenants)
+    parts = [Text(f"vla-nexus top  {stamp}{where}  (q quits)", style="bold"), roles, tenants]
+    if view.get("decisions"):  # the scaler's (NEXUS_SCALER), newest last
+        scaler = Table(box=box.SIMPLE_HEAD, title="scaler", title_justify="left", header_style="bold")
+        for col in ("AT", "ROLE", "COUNT", "REASON", "OUTCOME"):
+            scaler.add_column(col, no_wrap=col not in ("REASON", "OUTCOME"))
+        for d in view["decisions"][-SCALER_ROWS:]:
+            scaler.add_row(time.strftime("%H:%M:%S", time.localtime(d["at"])), d["role"], f"{d['from']} -> {d['to']}",
+                           d["reason"], d["outcome"] or "pending")
+        parts.append(scaler)
+    return Group(*parts)
 
 
 @contextlib.contextmanager

@@ -44,6 +44,8 @@ GOOD: dict[str, tuple[str, object]] = {
     "NEXUS_MAX_TENANTS": ("2000", 2000),
     "NEXUS_MAX_ACTIVE_WORKLOADS": ("64", 64),
     "NEXUS_TRAINER_GROUP_MAX": ("6", 6),
+    "NEXUS_SCALE_BOUNDS": ("trainer=0:4", "trainer=0:4"),
+    "NEXUS_SCALER": ("on", True),
     "NEXUS_TRAINER_LEASE_S": ("45", 45.0),
     "NEXUS_TRAINER_COHORT_WAIT_S": ("30", 30.0),
     "NEXUS_TRAINER_DEVICE": ("cpu", "cpu"),
@@ -155,6 +157,8 @@ BAD: dict[str, tuple[str, str]] = {
     "NEXUS_QUOTA_PREDICT_BURST": ("0", "an integer >= 1"),
     "NEXUS_QUOTA_MAX_PRIORITY": ("11", "an integer in [-10, 10]"),
     "NEXUS_TRACE_SAMPLE_RATIO": ("1.5", "a number in [0, 1]"),
+    "NEXUS_SCALE_BOUNDS": ("trainer=4:2", "min 4 is above max 2"),
+    "NEXUS_SCALER": ("maybe", "a boolean"),
     "NEXUS_TRACE_SLOW_MS": ("-1", "a number >= 0"),
     "NEXUS_TRACE_FILE_MAX_MB": ("0", "a number > 0"),
     "NEXUS_TRACE_FILE_BACKUPS": ("101", "an integer in [0, 100]"),
@@ -274,6 +278,9 @@ def test_roles_read_every_variable(tmp_path, monkeypatch):
     }
     for role_cls in (HealthManager, Monitor):
         reads[f"NEXUS_HEALTH_TIMEOUT_S ({role_cls.name})"] = (role_cls(cfg).table.timeout_s, 4.5)
+    health = HealthManager(cfg)
+    reads["NEXUS_SCALER"] = (health.scaler is not None, True)
+    reads["NEXUS_SCALE_BOUNDS (health)"] = (health.scaler.bounds["trainer"].text() if health.scaler else None, "0:4")
     master, trainer = Master(cfg), Trainer(cfg)
     for who, role in (("master", master), ("trainer", trainer)):
         reads[f"NEXUS_LEASE_RENEW_EVERY_S ({who})"] = (role.leases.renew_every_s, 0.3)
@@ -362,6 +369,9 @@ def test_roles_read_every_variable(tmp_path, monkeypatch):
     from actors.supervisor import role_user_name
 
     reads["NEXUS_ROLE_USER"] = (role_user_name("trainer"), "nexus-trainer")
+    from actors.supervisor import scale_bounds
+
+    reads["NEXUS_SCALE_BOUNDS"] = (scale_bounds()["trainer"].text(), "0:4")
     reads["NEXUS_DATA_ROOTS"] = (data_roots(tmp_path)[-2:], [Path("/data/a"), Path("/data/b")])
     wrong = {k: got for k, (got, want) in reads.items() if got != want}
     assert not wrong
