@@ -95,6 +95,12 @@ class HostedOps:
         for w in req.running:
             check_token("running", w)
         now = time.monotonic()
+        if req.leaving:
+            self.hosted.get(tenant, {}).pop(process, None)
+            await self._release_process(tenant, process, f"hosted env process {process} of tenant {tenant} stopped and "
+                                                         "handed it back")
+            return HostedClaimReply(lease_s=self.hosted_lease_s, stop=list(req.running),
+                                    processes=self.hosted_processes(tenant))
         procs = self.hosted.setdefault(tenant, {})
         if process not in procs and len(procs) >= MAX_HOSTED_PROCESSES_PER_TENANT:
             raise QuotaExceeded.of("hosted_processes", MAX_HOSTED_PROCESSES_PER_TENANT,
@@ -175,12 +181,18 @@ class HostedOps:
                 if expiry > now:
                     continue
                 del procs[process]
-                worker = hosted_worker(process)
-                for rec in list(self.workloads.values()):
-                    if rec.state == "running" and rec.worker == worker:
-                        await self._repend(rec, f"hosted env process {process} of tenant {tenant} stopped claiming "
-                                                f"(lease {self.hosted_lease_s:g} s, NEXUS_HOSTED_LEASE_S): its episodes "
-                                                "in flight are lost, its queued data trains; waiting for a hosted "
-                                                "process again")
+                await self._release_process(tenant, process, f"hosted env process {process} of tenant {tenant} "
+                                                             f"stopped claiming (lease {self.hosted_lease_s:g} s, "
+                                                             "NEXUS_HOSTED_LEASE_S)")
             if not procs:
                 self.hosted.pop(tenant, None)
+
+    async def _release_process(self, tenant: str, process: str, why: str) -> None:
+        """The workloads of a hosted process that is gone go back to pending: its half-filled
+        jobs are sealed (what it queued trains), its rollout turn is freed, and another
+        process of the tenant (or this one, back) takes them at its next claim."""
+        worker = hosted_worker(process)
+        for rec in list(self.workloads.values()):
+            if rec.tenant == tenant and rec.state == "running" and rec.worker == worker:
+                await self._repend(rec, f"{why}: its episodes in flight are lost, its queued data trains; waiting "
+                                        "for a hosted env process again")

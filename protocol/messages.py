@@ -1002,12 +1002,16 @@ class HostedClaimRequest:
     """`nexus env serve`'s heartbeat and claim (master op ``hosted_claim``): the process
     ``process`` of ``tenant`` (the caller's own: the broker-asserted identity is checked) runs
     ``running`` and has room for ``capacity`` workloads. The master renews its lease, names
-    what it must stop, and hands it at most one pending hosted workload of its tenant."""
+    what it must stop, and hands it at most one pending hosted workload of its tenant;
+    ``leaving``: the process stops, and hands back what it ran."""
 
     tenant: str
     process: str
     running: list[str] = field(default_factory=list)
     capacity: int = 1
+    # The process stops (SIGTERM / Ctrl-C): its lease ends now and what it ran goes back to
+    # pending at once, instead of after the lease.
+    leaving: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.capacity, int) or not 1 <= self.capacity <= MAX_HOSTED_RUNNING:
