@@ -257,3 +257,30 @@ def test_bad_factory_and_mismatched_observations_are_refused_naming_why(deployme
     assert failed.state == "failed", failed
     assert "images.top" in failed.message and "(32, 32, 3)" in failed.message and "(64, 64, 3)" in failed.message, \
         failed.message
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_the_example_learns_its_task_through_the_services(deployment):
+    """The learning curve of docs/hosted_envs.md: examples/hosted_env/rl_reach_dot.yaml as it
+    is (its target: success rate 0.9 over 50 episodes), then its closing evaluation."""
+    d = deployment
+    serve = Serve(d, "hal")
+    try:
+        serve.wait_for("serving")
+
+        async def go():
+            async with AsyncClient(d.url, d.prefix, timeout_s=30, creds=d.creds["hal"]) as c:
+                spec = yaml.safe_load((EXAMPLE / "rl_reach_dot.yaml").read_text())
+                spec["tenant"] = d.tenants["hal"]
+                t0 = time.monotonic()
+                rec = await c.submit(spec)
+                done = await _wait_state(c, rec.id, ("completed", "failed", "cancelled"), 1400)
+                return done, time.monotonic() - t0
+
+        done, took = asyncio.run(go())
+    finally:
+        serve.stop()
+    print(f"\nexample: {done.state} in {took:.0f} s: {done.message}; metrics {done.metrics}")
+    assert done.state == "completed", done
+    assert done.metrics["success_rate"] >= 0.9 and done.metrics["eval_success_rate"] >= 0.8, done.metrics
