@@ -64,9 +64,12 @@ class HostedOps:
 
     hosted: dict[str, dict[str, float]]  # tenant -> process -> lease expiry (monotonic s)
 
-    def setup_hosted(self, wait_s: float, lease_s: float) -> None:
+    hosted_wait_s: float  # NEXUS_HOSTED_WAIT_S, NEXUS_HOSTED_LEASE_S (set by the master from its settings)
+    hosted_lease_s: float
+
+    def setup_hosted(self) -> None:
         self.hosted = {}
-        self.hosted_wait_s, self.hosted_lease_s = wait_s, lease_s
+        lease_s = self.hosted_lease_s
         # Workloads running on hosted processes when this master started: their processes get
         # one lease to claim again (they keep running through a master restart).
         now = time.monotonic()

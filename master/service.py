@@ -157,7 +157,7 @@ class Master(WorkloadOps, HostedOps, UsageOps, BaseOps, Role):
         settings = MasterSettings.from_env()
         self.max_active_rollouts = settings.max_active_rollouts
         self.max_tenants, self.max_active_workloads = settings.max_tenants, settings.max_active_workloads
-        self._hosted_settings = (settings.hosted_wait_s, settings.hosted_lease_s)  # master/hosted.py
+        self.hosted_wait_s, self.hosted_lease_s = settings.hosted_wait_s, settings.hosted_lease_s  # master/hosted.py
         self.default_quotas = default_quotas()  # a tenant's quotas when the operator set none
         self.partitions: PartitionReader | None = None  # queue_get's reader (remembers item sequences)
         # How long the decisions and the start-up took (`info`: bench/scale.py reads them).
@@ -193,7 +193,7 @@ class Master(WorkloadOps, HostedOps, UsageOps, BaseOps, Role):
         await self.setup_bases()
         started = time.perf_counter()
         await self.setup_workloads()
-        self.setup_hosted(*self._hosted_settings)
+        self.setup_hosted()
         self.startup_s["load_workloads"] = time.perf_counter() - started
         await self._release_dead_owners()
 

@@ -127,7 +127,7 @@ def compile_producer(spec: Any, workload: str, eval_version: int = -1, start_ver
         p.target_metric, p.target_at_least, p.target_at_most, p.target_window = (
             t.metric, t.at_least, t.at_most, t.window)
     if spec.env is not None:
-        p.env_id, p.env_options = spec.env.id, dict(spec.env.options)
+        p.env_id, p.env_options, p.hosted = spec.env.id, dict(spec.env.options), spec.env.hosted or ""
         if spec.env.demos is not None:
             p.demo_episodes, p.demo_noise = spec.env.demos.episodes, spec.env.demos.noise
             p.demo_seed = spec.env.demos.seed

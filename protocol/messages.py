@@ -909,6 +909,8 @@ class ProducerSpec:
     kind: Literal["rl", "sft", "eval"]
     env_id: str = ""
     env_options: dict[str, Any] = field(default_factory=dict)
+    # env.hosted ("tenant": the tenant's `nexus env serve` processes run it, never an env worker).
+    hosted: str = ""
     dataset_root: str = ""  # SFT: a LeRobot v3.0 root ("" with demo_episodes > 0: record first)
     # SFT recording: where the demos go, relative to the env worker's data dir (the master
     # names it: the tenant's own datasets dir, actors/paths.py).

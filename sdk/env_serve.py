@@ -126,6 +126,8 @@ class EnvServer:
         import envs.registry as registry
         from workflows import workflow_for
 
+        if not spec.hosted or spec.tenant != self.tenant:  # the master hands only these; a second line
+            raise PermissionDenied(f"workload {spec.workload} is not a hosted workload of tenant {self.tenant!r}")
         cfg = await self._client.tenant(spec.policy_tenant or spec.tenant)
         schema = cfg.schema
         # The env id names the tenant's own env here: made through its factory, in a child,
