@@ -26,7 +26,16 @@ from typing import Any
 
 import numpy as np
 
-from envs.adapter import INFO_SUCCESS, INFO_TASK, INFO_TASK_INDEX, CameraSpec, EnvAdapter, EnvSpec, Observation, TaskSpec
+from envs.adapter import (
+    INFO_SUCCESS,
+    INFO_TASK,
+    INFO_TASK_INDEX,
+    CameraSpec,
+    EnvAdapter,
+    EnvSpec,
+    Observation,
+    TaskSpec,
+)
 from envs.errors import ConfigError, EnvError, EnvStateError
 
 DEFAULT_MAX_EPISODE_STEPS = 1000  # a gymnasium env without a TimeLimit spec

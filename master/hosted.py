@@ -62,13 +62,12 @@ def serve_hint(tenant: str) -> str:
 class HostedOps:
     """Mixed into `master.service.Master`: hosted env processes, their leases and claims."""
 
-    hosted: dict[str, dict[str, float]]  # tenant -> process -> lease expiry (monotonic s)
+    hosted: dict[str, dict[str, float]]  # tenant -> process -> lease expiry (monotonic s); made in __init__
 
     hosted_wait_s: float  # NEXUS_HOSTED_WAIT_S, NEXUS_HOSTED_LEASE_S (set by the master from its settings)
     hosted_lease_s: float
 
     def setup_hosted(self) -> None:
-        self.hosted = {}
         lease_s = self.hosted_lease_s
         # Workloads running on hosted processes when this master started: their processes get
         # one lease to claim again (they keep running through a master restart).
@@ -164,7 +163,17 @@ class HostedOps:
     async def hosted_pending(self, rec: WorkloadRecord) -> None:
         """The pending loop's turn for a hosted workload: processes take it by claiming;
         past NEXUS_HOSTED_WAIT_S untaken it fails, naming why."""
-        waited = time.time() - rec.updated_at
+        since = rec.updated_at
+        if rec.task == "eval":
+            from master.workloads import policy_pin_tenant
+
+            # An eval waits for its policy's training workload first: that wait is not this one.
+            target = policy_pin_tenant(rec)
+            ahead = [w for w in self.workloads.values() if w.tenant == target and w.task != "eval"]
+            if any(w.state in ("pending", "running") for w in ahead):
+                return
+            since = max([since, *(w.updated_at for w in ahead)])
+        waited = time.time() - since
         if waited <= self.hosted_wait_s:
             return
         n = self.hosted_processes(rec.tenant)

@@ -158,6 +158,7 @@ class Master(WorkloadOps, HostedOps, UsageOps, BaseOps, Role):
         self.max_active_rollouts = settings.max_active_rollouts
         self.max_tenants, self.max_active_workloads = settings.max_tenants, settings.max_active_workloads
         self.hosted_wait_s, self.hosted_lease_s = settings.hosted_wait_s, settings.hosted_lease_s  # master/hosted.py
+        self.hosted: dict[str, dict[str, float]] = {}  # hosted env processes' leases (master/hosted.py)
         self.default_quotas = default_quotas()  # a tenant's quotas when the operator set none
         self.partitions: PartitionReader | None = None  # queue_get's reader (remembers item sequences)
         # How long the decisions and the start-up took (`info`: bench/scale.py reads them).

@@ -87,9 +87,8 @@ class EnvServer:
 
     def __init__(self, url: str, prefix: str, creds: str | Path | None, factory: str, *, capacity: int = 1,
                  data_dir: str | Path | None = None) -> None:
-        from envs.hosted import load_factory
-
         from actors.auth import creds_from_env
+        from envs.hosted import load_factory
 
         load_factory(factory)  # here and now: a factory that does not import names its module
         self.tenant = check_tenant_creds(creds)
@@ -123,7 +122,7 @@ class EnvServer:
         return reply
 
     async def _start(self, spec: ProducerSpec) -> None:
-        import envs.registry as registry
+        from envs import registry
         from workflows import workflow_for
 
         if not spec.hosted or spec.tenant != self.tenant:  # the master hands only these; a second line
@@ -170,7 +169,7 @@ class EnvServer:
                 else:
                     try:
                         await asyncio.wait_for(until.wait(), every)
-                    except asyncio.TimeoutError:
+                    except TimeoutError:
                         pass
         finally:
             await self.close()

@@ -16,7 +16,7 @@ Served to the platform with the tenant's credentials (docs/hosted_envs.md):
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import gymnasium as gym
 import numpy as np
@@ -27,7 +27,7 @@ FLOOR = np.array([205, 205, 200], np.uint8)
 
 
 class ReachDot(gym.Env):
-    metadata = {"render_fps": 10}
+    metadata: ClassVar[dict[str, Any]] = {"render_fps": 10}
     instruction = "move the dot onto the green square"
 
     def __init__(self, image_size: int = 64, max_steps: int = 20, success_radius: float = 0.2,
