@@ -117,6 +117,13 @@ class HostedOps:
                 stop.append(w)
             else:
                 mine.append(w)
+        # Workloads this process took but no longer runs (its workflow ended and its done event
+        # never arrived, or it could not start it): back to pending, not running on nobody. A
+        # process names what it took from the claim that handed it out on (sdk/env_serve.py),
+        # and a done event is applied before its reply, so this never catches a live one.
+        for rec in list(self.workloads.values()):
+            if rec.tenant == tenant and rec.state == "running" and rec.worker == worker and rec.workload not in mine:
+                await self._repend(rec, f"hosted env process {process} of tenant {tenant} no longer runs it")
         start = []
         if len(mine) < req.capacity:
             for rec in sorted(self.workloads.values(), key=lambda r: r.created_at):

@@ -118,8 +118,23 @@ class EnvServer:
                 log.info("stopping %s: no longer this process's (cancelled, finished or moved)", workload)
                 await wf.stop()
         for spec in reply.start:
-            await self._start(spec)
+            try:
+                await self._start(spec)
+            except Exception as exc:  # noqa: BLE001 - whatever stops the start ends the workload, saying why
+                log.error("could not start %s: %s", spec.workload, exc)
+                await self._fail(spec, f"the hosted env process could not start it: {type(exc).__name__}: {exc}")
         return reply
+
+    async def _fail(self, spec: ProducerSpec, message: str) -> None:
+        import time
+
+        event = WorkloadEvent(workload=spec.workload, tenant=spec.tenant, kind="done", state="failed",
+                              message=message, at=time.time())
+        try:
+            await self._client._master("hosted_event", HostedEventRequest(
+                tenant=spec.tenant, process=self.process, event=event), Ok)
+        except NexusError as exc:  # not named in the next claim: the master takes it back
+            log.warning("could not report %s failed (%s)", spec.workload, exc.message)
 
     async def _start(self, spec: ProducerSpec) -> None:
         from envs import registry
