@@ -210,6 +210,9 @@ class EnvWorker(Role):
         from workflows import workflow_for
 
         check_token("workload", req.workload)  # its events go to a subject named after it
+        if req.hosted:  # the tenant's own env runs only on its own machine (docs/hosted_envs.md)
+            raise FailedPrecondition(f"workload {req.workload}'s env is hosted by its tenant ({req.hosted}); an env "
+                                     "worker never runs it", details={"workload": req.workload})
         if req.workload in self.producers:
             return Ok(detail=f"producer of {req.workload} already running on {self.instance}")
         client = AsyncClient(self.cfg.nats_url, self.cfg.prefix, timeout_s=60)

@@ -106,6 +106,7 @@ OP_WORDS = {
     "base_add": "register a base model", "drain": "drain a role", "handback": "hand workloads back",
     "start_producer": "start a workload's producer", "stop_producer": "stop a workload's producer",
     "train_batch": "train a batch", "rollout_begin": "begin a rollout for", "rollout_end": "end a rollout for",
+    "hosted_claim": "serve the hosted envs of", "hosted_event": "report hosted workload events for",
 }
 
 

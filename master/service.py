@@ -21,7 +21,8 @@ Serves ``<prefix>.master.<op>``:
 | job, jobs | JobRef, JobsRequest | JobRecord, JobsReply | records |
 | queue_get | QueueGetRequest | QueueGetReply | read a job's micro-batches back |
 | queue_clear | JobRef | JobRecord | purge a job's partition |
-| rollout_begin, rollout_end | JobRef | Ok | the rollout gate: 1 active per tenant, 3 in all |
+| rollout_begin, rollout_end | JobRef | Ok | the rollout gate: 1 active per tenant, 3 in all (a tenant: its own running workloads) |
+| hosted_claim, hosted_event | HostedClaimRequest, HostedEventRequest | HostedClaimReply, Ok | a tenant's hosted env processes: lease, claim, events (see `master/hosted.py`) |
 | submit, workload, workloads, tenants, cancel | see `master/workloads.py` | | workload specs in, lifecycle out |
 | usage_report, usage, tenant_quotas | see `master/usage.py` | | metered usage in and out; a tenant's quotas |
 
@@ -54,6 +55,7 @@ from actors.tracing import carrier, hop_name, messaging, nexus_attrs
 from actors.tq_read import PartitionReader
 from master.scheduler import Scheduler
 from master.bases import BaseOps
+from master.hosted import HostedOps, is_hosted_worker
 from master.usage import UsageOps
 from master.uploads import UploadOps
 from master.tenant_files import remove_tenant_files
@@ -142,7 +144,7 @@ def new_job_id() -> str:
     return f"j{int(time.time() * 1000):013d}{uuid.uuid4().hex[:6]}"
 
 
-class Master(WorkloadOps, UsageOps, BaseOps, UploadOps, Role):
+class Master(WorkloadOps, HostedOps, UsageOps, BaseOps, UploadOps, Role):
     name = "master"
 
     def __init__(self, cfg: RoleConfig) -> None:
@@ -156,6 +158,8 @@ class Master(WorkloadOps, UsageOps, BaseOps, UploadOps, Role):
         settings = MasterSettings.from_env()
         self.max_active_rollouts = settings.max_active_rollouts
         self.max_tenants, self.max_active_workloads = settings.max_tenants, settings.max_active_workloads
+        self.hosted_wait_s, self.hosted_lease_s = settings.hosted_wait_s, settings.hosted_lease_s  # master/hosted.py
+        self.hosted: dict[str, dict[str, float]] = {}  # hosted env processes' leases (master/hosted.py)
         self.default_quotas = default_quotas()  # a tenant's quotas when the operator set none
         self.partitions: PartitionReader | None = None  # queue_get's reader (remembers item sequences)
         # How long the decisions and the start-up took (`info`: bench/scale.py reads them).
@@ -191,6 +195,7 @@ class Master(WorkloadOps, UsageOps, BaseOps, UploadOps, Role):
         await self.setup_bases()
         started = time.perf_counter()
         await self.setup_workloads()
+        self.setup_hosted()
         self.startup_s["load_workloads"] = time.perf_counter() - started
         await self._release_dead_owners()
 
@@ -794,10 +799,13 @@ class Master(WorkloadOps, UsageOps, BaseOps, UploadOps, Role):
         self.ckpt_refs[tenant] = ref
 
     # -- rollout gate: the tenant's max_active_rollouts quota (1) and 3 in all ---------------
-    @op("rollout_begin", JobRef, access="admin")
+    @op("rollout_begin", JobRef)
     async def rollout_begin(self, req: JobRef) -> Ok:
-        """A producer asks to start collecting a rollout batch (``job`` = its workload id)."""
+        """A producer asks to start collecting a rollout batch (``job`` = its workload id).
+        Access ``tenant``: a hosted env process (docs/hosted_envs.md) takes its own tenant's
+        turns, for a workload of its tenant that runs; the platform's producers any."""
         self._tenant(req.tenant)
+        self._check_rollout_workload(req)
         now = time.time()
         # A producer that died mid-rollout must not hold its slot forever.
         self.rollouts = {k: v for k, v in self.rollouts.items() if v > now}
@@ -817,7 +825,16 @@ class Master(WorkloadOps, UsageOps, BaseOps, UploadOps, Role):
         self.rollouts[key] = now + ROLLOUT_TTL_S
         return Ok(detail="granted")
 
-    @op("rollout_end", JobRef, access="admin")
+    def _check_rollout_workload(self, req: JobRef) -> None:
+        if current_caller().is_platform:
+            return
+        rec = self.workloads.get(req.job)
+        if rec is None or rec.tenant != req.tenant or rec.state != "running":
+            raise FailedPrecondition(f"tenant {req.tenant!r} has no running workload {req.job!r}: a rollout turn is "
+                                     "taken for a running workload of the caller's own tenant",
+                                     details={"workload": req.job})
+
+    @op("rollout_end", JobRef)
     async def rollout_end(self, req: JobRef) -> Ok:
         self.rollouts.pop(f"{req.tenant}/{req.job}", None)
         return Ok(detail="released")
@@ -946,7 +963,8 @@ class Master(WorkloadOps, UsageOps, BaseOps, UploadOps, Role):
             await asyncio.sleep(OWNER_CHECK_EVERY_S)
             await self._release_dead_owners()
             for rec in list(self.workloads.values()):
-                if rec.state == "running" and rec.worker and not await self.alive("env", rec.worker):
+                if (rec.state == "running" and rec.worker and not is_hosted_worker(rec.worker)  # leased: hosted.py
+                        and not await self.alive("env", rec.worker)):
                     await self._repend(rec, f"env worker {rec.worker} no longer answers")
 
     async def _compact_loop(self) -> None:

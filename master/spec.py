@@ -280,6 +280,11 @@ class EnvSource(_Section):
     demos: DemosSpec | None = _doc("SFT only: record this many scripted-expert episodes first and train "
                                    "on them. Default null: no recording (RL and eval interact with the "
                                    "env directly)", None)
+    hosted: Literal["tenant"] | None = _doc(
+        "tenant: the env runs on the tenant's own machine, in its `nexus env serve --creds T.creds "
+        "MODULE:FACTORY` processes (docs/hosted_envs.md); the platform's env workers never run this "
+        "workload, and the id names the tenant's own env (no platform check of id or options). rl and eval "
+        "only. Default null: a platform env", None)
 
 
 class DatasetSource(_Section):
@@ -736,6 +741,9 @@ def _rule_errors(raw: dict[str, Any]) -> list[InitErrorDetails]:
         if rule_.demos == "forbidden" and has_demos:
             errors.append(rule(("env", "demos"), f"only task 'sft' records demos; remove it for task {task!r}",
                                env.get("demos")))
+    if isinstance(env, dict) and env.get("hosted") is not None and task == "sft":
+        errors.append(rule(("env", "hosted"), "a hosted env serves rl and eval workloads; sft trains from a dataset "
+                                              "or the platform's scripted demos: remove env.hosted", env.get("hosted")))
     if _is_set(raw, "eval") and not _is_set(raw, "env") and "env" not in rule_.required:
         errors.append(rule(("eval",), "evaluation runs episodes in an env: set env, or remove eval"))
     return errors

@@ -115,8 +115,8 @@ def env_errors(spec: WorkloadSpec, whose: str = "") -> list[tuple[str, str, Any]
     import envs.registry as registry
 
     env = spec.env
-    if env is None:
-        return []
+    if env is None or env.hosted is not None:
+        return []  # a hosted env is the tenant's own: its process checks observations at the first reset
     facts = registry.describe(env.id, dict(env.options))
     if facts is None:
         return []  # not described here (an env worker's plugin): its env worker checks at start
@@ -175,6 +175,9 @@ def unchecked(spec: WorkloadSpec) -> list[tuple[str, str]]:
     env = spec.env
     if env is None:
         return []
+    if env.hosted is not None:
+        return [("env.hosted", "the tenant's own env: its observations are checked against observation.* at the "
+                 "first reset in its `nexus env serve` process")]
     facts = registry.describe(env.id, dict(env.options))
     if facts is None:
         return [("env.id", f"{env.id} is not registered here (an env worker's NEXUS_ENV_PLUGINS module, or a "

@@ -65,6 +65,7 @@ from protocol.messages import (
 )
 from protocol.policy import LIFECYCLE_SAVE, MAX_REPORTS_PER_TENANT
 from protocol.wire import decode, encode
+from master.hosted import is_hosted, is_hosted_worker
 from master.paging import page, time_key
 
 INTAKE_DURABLE = "master-intake"
@@ -126,7 +127,7 @@ def compile_producer(spec: Any, workload: str, eval_version: int = -1, start_ver
         p.target_metric, p.target_at_least, p.target_at_most, p.target_window = (
             t.metric, t.at_least, t.at_most, t.window)
     if spec.env is not None:
-        p.env_id, p.env_options = spec.env.id, dict(spec.env.options)
+        p.env_id, p.env_options, p.hosted = spec.env.id, dict(spec.env.options), spec.env.hosted or ""
         if spec.env.demos is not None:
             p.demo_episodes, p.demo_noise = spec.env.demos.episodes, spec.env.demos.noise
             p.demo_seed = spec.env.demos.seed
@@ -182,7 +183,8 @@ class WorkloadOps:
         # Workloads whose producer's worker is gone (it stopped or died while no master ran)
         # are handed to another worker now, not left running on nobody.
         for rec in list(self.workloads.values()):
-            if rec.state == "running" and rec.worker and not await self.alive("env", rec.worker):
+            if (rec.state == "running" and rec.worker and not is_hosted_worker(rec.worker)
+                    and not await self.alive("env", rec.worker)):
                 await self._repend(rec, f"env worker {rec.worker} is gone (found at master start)")
         self.spawn(self._intake_loop, "workload-intake", critical=True, max_quiet_s=60.0)
         self.spawn(self._pending_loop, "workload-pending", critical=True, max_quiet_s=60.0)
@@ -279,9 +281,14 @@ class WorkloadOps:
     async def _record(self, workload: str, spec: Any, stored: dict[str, Any], note: str,
                       eval_version: int = -1, start_version: int = -1, budget_steps: int = 0) -> WorkloadRecord:
         now = time.time()
+        hosted = spec.env is not None and spec.env.hosted is not None
+        if hosted:
+            note += self.hosted_note(spec.tenant)  # says clearly when no hosted process is connected
         rec = WorkloadRecord(workload=workload, tenant=spec.tenant, task=spec.task, state="pending",
                              spec=stored, created_at=now, updated_at=now, eval_version=eval_version,
                              start_version=start_version, budget_steps=budget_steps)
+        if hosted:
+            rec.message = f"waiting for a hosted env process{note}"
         await self._save_workload(rec)  # KV first: a record it does not hold is never in memory
         self.workloads[workload] = rec
         await self._publish_event(rec, "accepted",
@@ -466,6 +473,27 @@ class WorkloadOps:
             self._starting.discard(rec.workload)
 
     async def _start_pending(self, rec: WorkloadRecord) -> None:
+        if is_hosted(rec):
+            # The tenant's own `nexus env serve` processes take it (master/hosted.py), never
+            # an env worker; this turn only bounds its wait.
+            await self.hosted_pending(rec)
+            return
+        compiled = await self.compile_start(rec)
+        if compiled is None:
+            return
+        producer, eval_version = compiled
+        try:
+            reply = await self.bus.request(self.names.env("start_producer"), producer, Ok, timeout_s=30)
+        except NexusError as exc:
+            self.log.warning("producer start failed; will retry", workload=rec.workload, error=exc.message)
+            return
+        rec.worker = reply.detail.rsplit(" on ", 1)[-1]
+        rec.eval_version = eval_version
+        await self._set_state(rec, "running", f"producer running on {rec.worker}")
+
+    async def compile_start(self, rec: WorkloadRecord) -> tuple[ProducerSpec, int] | None:
+        """(the producer of pending ``rec``, the eval version it pins); None while it must
+        wait (an eval of a tenant whose training workload is still ahead)."""
         from master.spec import spec_from_dict
 
         spec = spec_from_dict(rec.spec)
@@ -473,11 +501,11 @@ class WorkloadOps:
         if rec.task == "eval":
             target, pin = policy_pin(spec)
             if target not in self.sched.tenants:
-                return  # its tenant's workload has not been accepted yet
+                return None  # its tenant's workload has not been accepted yet
             busy = [w for w in self.workloads.values() if w.tenant == target and w.task != "eval"
                     and w.state in ("pending", "running")]
             if busy:
-                return  # evaluate the trained result, not a moving target
+                return None  # evaluate the trained result, not a moving target
             # Resolved at submit unless a training workload was ahead: then now, its result.
             eval_version = rec.eval_version if rec.eval_version >= 0 else await self._pin_version(target, pin)
         if rec.task == "eval":
@@ -489,14 +517,7 @@ class WorkloadOps:
             producer.max_steps = rec.budget_steps  # fixed at accept (until_version against that version)
             producer.steps_done, producer.jobs = self._steps_done(rec)
             producer.episodes_done = rec.episodes
-        try:
-            reply = await self.bus.request(self.names.env("start_producer"), producer, Ok, timeout_s=30)
-        except NexusError as exc:
-            self.log.warning("producer start failed; will retry", workload=rec.workload, error=exc.message)
-            return
-        rec.worker = reply.detail.rsplit(" on ", 1)[-1]
-        rec.eval_version = eval_version
-        await self._set_state(rec, "running", f"producer running on {rec.worker}")
+        return producer, eval_version
 
     def _steps_done(self, rec: WorkloadRecord) -> tuple[int, list[str]]:
         """(steps of ``rec``'s budget already trained or queued, its unfinished jobs): the
@@ -702,7 +723,7 @@ class WorkloadOps:
         await self.fail_unready_jobs(rec.workload, "its workload was cancelled",
                                      ("reserved", "filling", "ready", "leased"), seal=False)
         self._release_rollouts(rec.workload)
-        if worker:
+        if worker and not is_hosted_worker(worker):  # a hosted process hears it at its next claim
             # Not awaited by the caller: a producer inside a simulator step stops when the step
             # returns, and until then it can change nothing (its jobs are failed, its events
             # ignored past the terminal state), so the cancel answers at once.

@@ -972,6 +972,8 @@ class ProducerSpec:
     kind: Literal["rl", "sft", "eval"]
     env_id: str = ""
     env_options: dict[str, Any] = field(default_factory=dict)
+    # env.hosted ("tenant": the tenant's `nexus env serve` processes run it, never an env worker).
+    hosted: str = ""
     dataset_root: str = ""  # SFT: a LeRobot v3.0 root ("" with demo_episodes > 0: record first)
     # SFT recording: where the demos go, relative to the env worker's data dir (the master
     # names it: the tenant's own datasets dir, actors/paths.py).
@@ -1052,6 +1054,56 @@ class WorkloadEvent:
     # An evaluation's per-task table (eval, or sft / rl's closing evaluation), sorted by task
     # index; empty when the env reports no task index. At most MAX_TASK_ROWS rows.
     per_task: list[TaskResult] = field(default_factory=list)
+
+
+# -- hosted envs (docs/hosted_envs.md) -------------------------------------------------
+# Workloads one hosted env process runs at once, and the ids a claim may name as running.
+MAX_HOSTED_RUNNING = 8
+
+
+@message("hosted.claim", 1)
+@dataclass
+class HostedClaimRequest:
+    """`nexus env serve`'s heartbeat and claim (master op ``hosted_claim``): the process
+    ``process`` of ``tenant`` (the caller's own: the broker-asserted identity is checked) runs
+    ``running`` and has room for ``capacity`` workloads. The master renews its lease, names
+    what it must stop, and hands it at most one pending hosted workload of its tenant;
+    ``leaving``: the process stops, and hands back what it ran."""
+
+    tenant: str
+    process: str
+    running: list[str] = field(default_factory=list)
+    capacity: int = 1
+    # The process stops (SIGTERM / Ctrl-C): its lease ends now and what it ran goes back to
+    # pending at once, instead of after the lease.
+    leaving: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.capacity, int) or not 1 <= self.capacity <= MAX_HOSTED_RUNNING:
+            raise InvalidField("capacity", f"must be in 1..{MAX_HOSTED_RUNNING}, got {self.capacity!r}")
+        if len(self.running) > MAX_HOSTED_RUNNING:
+            raise InvalidField("running", f"names {len(self.running)} workloads; allowed: at most {MAX_HOSTED_RUNNING}")
+
+
+@message("hosted.claim.reply", 1)
+@dataclass
+class HostedClaimReply:
+    lease_s: float  # the process's lease: claim again well within it, or its workloads go back
+    start: list[ProducerSpec] = field(default_factory=list)  # run these now (at most one a claim)
+    stop: list[str] = field(default_factory=list)  # workloads it named that are no longer its own
+    processes: int = 1  # hosted processes of this tenant connected now (this one included)
+
+
+@message("hosted.event", 1)
+@dataclass
+class HostedEventRequest:
+    """A hosted process's workflow event (progress, done), through the master: a tenant
+    account may not publish on the platform's events subjects. Accepted only from the
+    process the workload runs on, for the caller's own tenant."""
+
+    tenant: str
+    process: str
+    event: WorkloadEvent
 
 
 WorkloadState = Literal["pending", "running", "completed", "failed", "cancelled"]

@@ -222,6 +222,15 @@ class MasterSettings(EnvSettings):
         "NEXUS_MAX_TENANTS", "tenants registered at once; past it `tenant_create` and a new tenant's submit are refused"))
     max_active_workloads: int = Field(256, ge=1, **var(
         "NEXUS_MAX_ACTIVE_WORKLOADS", "workloads pending or running at once; past it a submit is refused"))
+    # Hosted envs (docs/hosted_envs.md): a workload whose env the tenant hosts waits this long
+    # for one of its `nexus env serve` processes, then fails saying so; a process that stops
+    # claiming for the lease loses its workloads (back to pending, queued data kept).
+    hosted_wait_s: float = Field(600.0, gt=0, le=86400, **var(
+        "NEXUS_HOSTED_WAIT_S", "a pending workload with env.hosted waits this long (s) for a hosted env process "
+        "of its tenant to take it, then fails naming why"))
+    hosted_lease_s: float = Field(15.0, ge=2, le=600, **var(
+        "NEXUS_HOSTED_LEASE_S", "a hosted env process that has not claimed for this long (s) is gone: its "
+        "workloads go back to pending (episodes in flight lost, queued data kept)"))
 
 
 class TrainerSettings(EnvSettings):

@@ -19,6 +19,7 @@
     nexus dataset publish SRC NAME [--data-dir DIR]    (operator: every tenant may read it)
     nexus base add NAME PATH | list [--json]      (bases a tenant names as registered:NAME)
     nexus weights upload NAME FILE [--tenant T]   (starting weights a spec's init names)
+    nexus env serve MODULE:FACTORY --creds T.creds [--capacity N]   (a tenant hosts its own env)
 
 Client commands find the cluster from ``--nats-url`` or ``<--data-dir>/cluster.json``
 (default ``./.nexus/``); ``NEXUS_NATS_URL``, ``NEXUS_PREFIX``, ``NEXUS_DATA_DIR`` and (for
@@ -1231,6 +1232,8 @@ def submit(
                     follow = "" if wait else f"; follow it with `nexus workloads watch {h.id}`"
                     print(f"submitted {h.id} (tenant {h.tenant})" + (f": {budget}" if budget else "") + follow,
                           flush=True)
+                    if (rec.spec.get("env") or {}).get("hosted") and rec.state == "pending":
+                        print(f"  {rec.message}", flush=True)  # whether a hosted env process is connected
             if not wait:
                 if json:
                     print_json([{"workload": h.id, "tenant": h.tenant, "start_version": r.start_version,
@@ -1522,6 +1525,31 @@ def weights_upload(
 
 
 _add_dataset_app()
+
+# A tenant's own env on its own machine (sdk/env_serve.py, docs/hosted_envs.md).
+env_app = typer.Typer(help="a tenant-hosted env: serve it to the platform's workflows", no_args_is_help=True)
+app.add_typer(env_app, name="env")
+
+
+@env_app.command("serve")
+def env_serve(
+    factory: Annotated[str, typer.Argument(metavar="MODULE:FACTORY",
+                                           help="the env factory: FACTORY(**env.options) returns an envs.EnvAdapter "
+                                                "or a gymnasium.Env with image and state spaces")],
+    creds: Annotated[Path | None, typer.Option(
+        "--creds", metavar="FILE", show_default=False,
+        help="the tenant's credentials (from `nexus tenant create`); default: the global --creds, NEXUS_CREDS")] = None,
+    capacity: Annotated[int, typer.Option("--capacity", min=1, max=8,
+                                          help="workloads this process runs at once")] = 1,
+    data_dir: DataDir = DEFAULT_DATA_DIR, nats_url: NatsUrl = None, prefix: Prefix = None,
+) -> int:
+    """Host your own env: claim your tenant's workloads whose spec says env.hosted: tenant and run
+    the platform's RL / eval workflows against it, until interrupted. Run several for more episodes."""
+    from sdk.client import resolve_cluster
+    from sdk.env_serve import serve_main
+
+    url, resolved = resolve_cluster(data_dir, nats_url, prefix)
+    return serve_main(url, resolved, creds or _creds(), factory, capacity=capacity)
 
 
 # -- entry point --------------------------------------------------------------------------------

@@ -35,6 +35,7 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -149,7 +150,9 @@ def make_checkout(root: Path) -> Path:
     (checkout / "examples").mkdir(parents=True)
     for src in sorted((ROOT / "examples").iterdir()):
         dst = checkout / "examples" / src.name
-        if src.name in SHRINK:
+        if src.is_dir():  # an example of several files (examples/hosted_env/): as shipped
+            shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__"))
+        elif src.name in SHRINK:
             dst.write_text(move_data_dir(yaml.safe_dump(_shrink(yaml.safe_load(src.read_text()), SHRINK[src.name]),
                                                         sort_keys=False)))
             load_spec(dst)  # a shrunk example must still be a valid spec

@@ -79,6 +79,7 @@ VALUES: dict[str, tuple[str, Any]] = {
     "seed": ("sft", 7),
     "env.id": ("rl", "builtin/other-v0"),
     "env.options": ("rl", {"max_episode_steps": 9}),
+    "env.hosted": ("rl", "tenant"),
     "env.demos.episodes": ("sft", 6),
     "env.demos.seed": ("sft", 11),
     "env.demos.noise": ("sft", 0.5),
