@@ -996,7 +996,7 @@ class Master(WorkloadOps, HostedOps, UsageOps, BaseOps, UploadOps, Role):
 
     async def _compact_versions(self) -> int:
         """Delete policy versions older than the newest `self.retention.versions_kept` of each
-        tenant, except versions a live workload pins (an eval)."""
+        tenant, except versions a live workload pins (an eval) and an uploaded start (version 0)."""
         assert self.bus is not None
         store = await js_retry(self.bus.js.object_store, self.names.obj_weights)
         try:
@@ -1013,7 +1013,9 @@ class Master(WorkloadOps, HostedOps, UsageOps, BaseOps, UploadOps, Role):
         deleted = 0
         for tenant, objs in by_tenant.items():
             versions = sorted({v for v, _ in objs})
-            keep = set(versions[-self.retention.versions_kept:]) | pinned.get(tenant, set())
+            # Version 0 exists only for a tenant that started from uploaded weights (master/
+            # uploads.py): its start, which a version-0 pin must get (never the seed's init).
+            keep = set(versions[-self.retention.versions_kept:]) | pinned.get(tenant, set()) | {0}
             for version, name in objs:
                 if version not in keep:
                     try:

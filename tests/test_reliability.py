@@ -353,9 +353,12 @@ def test_finished_records_and_old_versions_are_compacted(roles):
                 assert time.monotonic() < deadline, "finished job records were never compacted"
                 await asyncio.sleep(0.2)
             store = await c.bus.js.object_store(c.names.obj_weights)
+            # A version 0 export is a start the tenant uploaded (master/uploads.py): kept always.
+            await store.put("compact/v00000000", b"start")
+            await store.put("compact/v00000000.manifest.json", b"{}")
             while True:
                 names = sorted(i.name for i in await store.list(ignore_deletes=True) if i.name.startswith("compact/"))
-                if len(names) <= 4 or time.monotonic() > deadline:
+                if len(names) <= 6 or time.monotonic() > deadline:
                     break
                 await asyncio.sleep(0.2)
             latest = await c.latest_weights(cfg.name)
@@ -367,8 +370,8 @@ def test_finished_records_and_old_versions_are_compacted(roles):
     jobs, names, latest, payload = asyncio.run(go())
     assert [j.state for j in jobs] == ["cleared"] * 4
     assert latest.version == 4 and payload
-    # v3 and v4 (payload + manifest each) remain; v1 and v2 are gone.
-    assert names == ["compact/v00000003", "compact/v00000003.manifest.json",
+    # v3 and v4 (payload + manifest each) remain, and the start (v0); v1 and v2 are gone.
+    assert names == ["compact/v00000000", "compact/v00000000.manifest.json", "compact/v00000003", "compact/v00000003.manifest.json",
                      "compact/v00000004", "compact/v00000004.manifest.json"], names
 
 
