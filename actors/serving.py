@@ -19,7 +19,8 @@ group's forward) is never dropped. A head larger than the whole budget is refuse
 Weight sync (export -> servable, issue 27 item 5): a new version needs a slot built for the
 tenant's config (a head's init runs on the CPU: the largest stage on a 4B base), its payload and
 manifest (fetched together), and the load. Without a budget, the next version's slot is built
-in the background right after a swap (one spare per tenant, never served before its load), so
+in the background right after a swap (one spare per tenant, at most ``max_cached`` spares, never
+served before its load), so
 an announcement pays fetch + load only. `sync_stages` keeps each stage's recent seconds (bounded)
 for `info` and the benchmarks: ``transport`` (export -> announcement handled here: the trainer's
 puts, the publish, this process's queue), ``create``, ``fetch``, ``load``, ``total``.
@@ -163,6 +164,8 @@ class ServingHeads:
         cfg = self.configs.get(tenant)
         if cfg is None or self.budget_bytes or tenant in self._spares or tenant in self._spare_tasks:
             return
+        if len(self._spares) + len(self._spare_tasks) >= self.max_cached:
+            return  # bounded like the cache: past it, a sync builds its own slot
 
         async def build() -> None:
             try:
