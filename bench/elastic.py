@@ -45,8 +45,16 @@ from pathlib import Path
 from typing import Any
 
 from bench.chaos_audit import audit_jobs
-from bench.multitenant import (HEALTH_TIMEOUT_S, REQUEST_TIMEOUT_S, BadArgument, MtDeployment, Sizes, TenantPlan,
-                               check_base, proc_start_time)
+from bench.multitenant import (
+    HEALTH_TIMEOUT_S,
+    REQUEST_TIMEOUT_S,
+    BadArgument,
+    MtDeployment,
+    Sizes,
+    TenantPlan,
+    check_base,
+    proc_start_time,
+)
 
 RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results"
 TERMINAL = ("completed", "failed", "cancelled")
@@ -262,9 +270,9 @@ class Arm:
             elif findings.lost or findings.twice:
                 self.rec.error = f"audit: {findings.lost} jobs lost, {findings.twice} trained twice"
             self.rec.ok = not self.rec.error
-        except (RuntimeError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, RuntimeError) as exc:
             self.rec.error = self.rec.error or f"{type(exc).__name__}: {exc}"
-        except Exception as exc:  # noqa: BLE001 - recorded as the arm's failure
+        except Exception as exc:
             from protocol.errors import NexusError
 
             if not isinstance(exc, NexusError):
@@ -418,7 +426,7 @@ def plot(report: dict[str, Any], path: Path) -> Path:
                 ax.axvline(d["t"], color=colors.get(d["role"], "k"), ls=":", lw=1)
                 ax.annotate(f"{d['role']} {d['from']}->{d['to']}", (d["t"], d["to"]), fontsize=7, rotation=90,
                             va="bottom")
-        for n, t in a.get("tenants", {}).items():
+        for t in a.get("tenants", {}).values():
             ax.plot([t["submitted_s"]], [0], marker="v", color="k", ms=5)
             if t.get("done_s") is not None:
                 ax.plot([t["done_s"]], [0], marker="^", color="grey", ms=5)
@@ -502,7 +510,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         code, _ = run(cfg)
     except KeyboardInterrupt:
-        for dep in list(LIVE):
+        for dep in LIVE:
             dep.cleanup()
         print("[elastic] interrupted; every deployment it started was stopped", file=sys.stderr)
         return 130
