@@ -21,7 +21,7 @@ Serves ``<prefix>.master.<op>``:
 | job, jobs | JobRef, JobsRequest | JobRecord, JobsReply | records |
 | queue_get | QueueGetRequest | QueueGetReply | read a job's micro-batches back |
 | queue_clear | JobRef | JobRecord | purge a job's partition |
-| rollout_begin, rollout_end | JobRef | Ok | the rollout gate: 1 active per tenant, 3 in all (a tenant: its own running workloads) |
+| rollout_begin, rollout_end | JobRef | Ok | the rollout gate: 1 active per tenant, 3 in all; a freed turn goes by fair share by priority (`master.fairshare.GateLine`) (a tenant: its own running workloads) |
 | hosted_claim, hosted_event | HostedClaimRequest, HostedEventRequest | HostedClaimReply, Ok | a tenant's hosted env processes: lease, claim, events (see `master/hosted.py`) |
 | submit, workload, workloads, tenants, cancel | see `master/workloads.py` | | workload specs in, lifecycle out |
 | usage_report, usage, tenant_quotas | see `master/usage.py` | | metered usage in and out; a tenant's quotas |

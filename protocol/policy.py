@@ -317,7 +317,7 @@ class FairSharePolicy:
     base: float = 2.0
     step: float = 5.0
     # The rollout gate: a refused requester waits its turn this long after its last retry
-    # (the producers retry every `GATE_RETRY_S`), and at most this many waiters are remembered
+    # (producers retry on the gate's Busy hint, 0.2 s), and at most this many waiters are remembered
     # (past that, a newcomer is refused without a place in line: fairness degrades, bounds hold).
     gate_waiter_ttl_s: float = 2.0
     gate_max_waiters: int = 4096
