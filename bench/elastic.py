@@ -416,10 +416,11 @@ def plot(report: dict[str, Any], path: Path) -> Path:
     arms = report["arms"]
     fig, axes = plt.subplots(len(arms), 1, figsize=(9, 3.2 * len(arms)), squeeze=False, sharex=True)
     colors = {"env": "tab:green", "inferencer": "tab:blue", "trainer": "tab:red"}
+    nudge = {"env": 0.05, "inferencer": 0.0, "trainer": -0.05}  # equal counts stay apart
     for ax, (arm, a) in zip(axes[:, 0], arms.items()):
         for role, series in sorted(a.get("counts", {}).items()):
             if series:
-                ax.step([s[0] for s in series], [s[1] for s in series], where="post", color=colors.get(role),
+                ax.step([s[0] for s in series], [s[1] + nudge.get(role, 0.0) for s in series], where="post", color=colors.get(role),
                         label=f"{role} instances")
         for d in a.get("decisions", []):
             if not d.get("outcome"):
