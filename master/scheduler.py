@@ -6,8 +6,11 @@ The master keeps every job record here (and in the jobs KV); `pick` decides, in 
    `MAX_ATTEMPTS`).
 2. Jobs a trainer left half-finished (``trained`` / ``exported`` / ``synced`` with no owner)
    are handed out first: finishing them is cheap and frees their partitions.
-3. Among tenants with a ``ready`` auto job and no job in flight on a trainer, the order is:
-   higher priority first, then the tenant served longest ago (round-robin: no tenant
+3. Among tenants with a ``ready`` auto job and no job in flight on a trainer, the order is
+   weighted fair share by priority (`master.fairshare`: the smallest *pass* first, a lease
+   adds 1 / weight(priority), so a tenant at priority 10 is leased 4x as often as one at 0
+   while both wait, and one at -10 still gets its floor share: slowed, never starved), then
+   higher priority, then the tenant served longest ago (round-robin among equals: no tenant
    starves however many are ready), then the oldest ready time. Each tenant contributes at most
    one job per lease, its oldest (FIFO within a tenant), so its updates apply in order. The
    ready tenants are a heap in that order, recomputed per tenant when its records change
@@ -30,6 +33,7 @@ import itertools
 import time
 from dataclasses import dataclass, field
 
+from master.fairshare import FairShare, clamp_priority
 from protocol.errors import Busy, QuotaExceeded
 from protocol.messages import TERMINAL_JOB_STATES, JobRecord, TenantConfig, TenantQuotas
 
@@ -72,6 +76,9 @@ class Scheduler:
     _busy: set[str] = field(default_factory=set)  # tenants with a job held by a trainer
     _post: dict[str, list[JobRecord]] = field(default_factory=dict)  # unowned post-commit jobs
     _rebuilt_at: float = float("-inf")
+    # Each tenant with unfinished jobs has a pass in the fair share (entered at its first job,
+    # left when it has none): the first term of the lease order.
+    fair: FairShare = field(default_factory=FairShare)
     refreshes: int = 0  # tenants recomputed (a test checks a decision does not touch them all)
 
     def __post_init__(self) -> None:
@@ -96,6 +103,7 @@ class Scheduler:
 
     def _index(self, rec: JobRecord) -> None:
         if rec.state not in FINISHED:
+            self.fair.enter(rec.tenant)
             self._live[(rec.tenant, rec.job)] = rec
             self._by_tenant.setdefault(rec.tenant, {})[rec.job] = rec
 
@@ -220,10 +228,17 @@ class Scheduler:
         return leased, stale
 
     # -- the lease order -----------------------------------------------------------------
+    def priority(self, job: JobRecord) -> int:
+        """The job's priority within its tenant's current ``max_priority`` quota (the operator's
+        ceiling: lowering it also lowers jobs queued before)."""
+        cfg = self.tenants.get(job.tenant)
+        return clamp_priority(job.priority, cfg.quotas.max_priority if cfg is not None and cfg.quotas else None)
+
     def _key(self, job: JobRecord) -> tuple:
-        """Higher priority first, then the tenant served longest ago (round-robin), then the
-        oldest ready time; the job id breaks what is left of a tie."""
-        return (-job.priority, self._served.get(job.tenant, 0), job.ready_at, job.job)
+        """The tenant's fair-share pass and priority (`master.fairshare`), then the tenant
+        served longest ago (round-robin), then the oldest ready time; the job id breaks what is
+        left of a tie. Stable until the tenant is leased or touched (the heap relies on it)."""
+        return (*self.fair.key(job.tenant, self.priority(job)), self._served.get(job.tenant, 0), job.ready_at, job.job)
 
     def _refresh_touched(self) -> None:
         mono = time.monotonic()
@@ -244,6 +259,8 @@ class Scheduler:
         self.refreshes += 1
         jobs = self.tenant_jobs(tenant)
         self._stamp.pop(tenant, None)  # any older entry is superseded
+        if not jobs:
+            self.fair.leave(tenant)  # nothing unfinished: out of line (back in at the clock)
         if any(j.lease_owner for j in jobs):
             self._busy.add(tenant)
         else:
@@ -308,6 +325,7 @@ class Scheduler:
         if job.state == "ready":
             job.state = "leased"
             job.attempts += 1
+            self.fair.charge(job.tenant, self.priority(job))
         job.lease_epoch += 1  # whoever held it before can no longer commit or report
         job.lease_owner, job.lease_expires_at, job.updated_at = trainer, now + lease_s, now
         self._served[job.tenant] = next(self._tick)

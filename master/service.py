@@ -21,7 +21,7 @@ Serves ``<prefix>.master.<op>``:
 | job, jobs | JobRef, JobsRequest | JobRecord, JobsReply | records |
 | queue_get | QueueGetRequest | QueueGetReply | read a job's micro-batches back |
 | queue_clear | JobRef | JobRecord | purge a job's partition |
-| rollout_begin, rollout_end | JobRef | Ok | the rollout gate: 1 active per tenant, 3 in all (a tenant: its own running workloads) |
+| rollout_begin, rollout_end | JobRef | Ok | the rollout gate: 1 active per tenant, 3 in all; a freed turn goes by fair share by priority (`master.fairshare.GateLine`) (a tenant: its own running workloads) |
 | hosted_claim, hosted_event | HostedClaimRequest, HostedEventRequest | HostedClaimReply, Ok | a tenant's hosted env processes: lease, claim, events (see `master/hosted.py`) |
 | submit, workload, workloads, tenants, cancel | see `master/workloads.py` | | workload specs in, lifecycle out |
 | usage_report, usage, tenant_quotas | see `master/usage.py` | | metered usage in and out; a tenant's quotas |
@@ -53,6 +53,7 @@ from actors.identity import current_caller, require_tenant
 from actors.runtime import Role, RoleConfig, op
 from actors.tracing import carrier, hop_name, messaging, nexus_attrs
 from actors.tq_read import PartitionReader
+from master.fairshare import GateLine, clamp_priority
 from master.scheduler import Scheduler
 from master.bases import BaseOps
 from master.hosted import HostedOps, is_hosted_worker
@@ -153,6 +154,7 @@ class Master(WorkloadOps, HostedOps, UsageOps, BaseOps, UploadOps, Role):
         self._read_cache: dict[str, bytes] = {}  # object name -> bytes, oldest first (weights_read)
         self._lock = asyncio.Lock()  # one job-state change at a time: records stay consistent
         self.rollouts: dict[str, float] = {}  # "<tenant>/<workload>" -> expiry (unix s)
+        self.gate_line = GateLine()  # who takes a free turn when turns are short (by priority)
         self.leases = leases_from_env()
         self.retention = retention_from_env()
         settings = MasterSettings.from_env()
@@ -819,10 +821,25 @@ class Master(WorkloadOps, HostedOps, UsageOps, BaseOps, UploadOps, Role):
             raise QuotaExceeded.of("max_active_rollouts", limit,
                                    f"tenant {req.tenant!r} has {len(active_tenant)} rollouts active", 0.2,
                                    tenant=req.tenant, active=len(active_tenant))
-        if len(self.rollouts) >= self.max_active_rollouts:
-            raise Busy(f"{len(self.rollouts)} rollouts active (the deployment's cap is {self.max_active_rollouts})",
-                       details={"retry_after_s": 0.2})
+        # Priority routes the deployment's turns (docs/scaling.md, "Priority that routes"): a
+        # free turn goes to the best-ranked waiter (fair share by priority), not the fastest retry.
+        cfg = self._tenant(req.tenant)
+        priority = clamp_priority(cfg.priority, self.quotas(cfg).max_priority)
+        holding: dict[str, int] = {}
+        for k in self.rollouts:
+            holding[k.split("/", 1)[0]] = holding.get(k.split("/", 1)[0], 0) + 1
+        blocked = {t for t, n in holding.items()
+                   if t in self.sched.tenants and n >= self.quotas(self.sched.tenants[t]).max_active_rollouts}
+        free = self.max_active_rollouts - len(self.rollouts)
+        ahead = self.gate_line.ask(key, req.tenant, priority, free, now, blocked)
+        if free <= 0 or ahead >= free:
+            self.gate_line.settle(set(holding))
+            why = (f"{len(self.rollouts)} rollouts active (the deployment's cap is {self.max_active_rollouts})"
+                   if free <= 0 else f"the {free} free rollout turn(s) go to {ahead} waiting rollouts ranked before "
+                   f"this one (fair share by priority; this tenant's priority {priority})")
+            raise Busy(why, details={"retry_after_s": 0.2, "waiting_ahead": ahead})
         self.rollouts[key] = now + ROLLOUT_TTL_S
+        self.gate_line.settle(set(holding) | {req.tenant})
         return Ok(detail="granted")
 
     def _check_rollout_workload(self, req: JobRef) -> None:
@@ -837,6 +854,7 @@ class Master(WorkloadOps, HostedOps, UsageOps, BaseOps, UploadOps, Role):
     @op("rollout_end", JobRef)
     async def rollout_end(self, req: JobRef) -> Ok:
         self.rollouts.pop(f"{req.tenant}/{req.job}", None)
+        self.gate_line.settle({k.split("/", 1)[0] for k in self.rollouts})
         return Ok(detail="released")
 
     @op("job", JobRef)

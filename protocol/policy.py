@@ -301,3 +301,26 @@ class ScalerPolicy:
 
 
 SCALER = ScalerPolicy()
+
+
+@dataclass(frozen=True)
+class FairSharePolicy:
+    """How priority routes a scarce resource (trainer slots, env-session turns at the master's
+    rollout gate): weighted fair share (stride scheduling, `master/fairshare.py`).
+
+    A tenant's weight is ``base ** (priority / step)``: 2 ** (p / 5), so 0.25 at priority -10,
+    1 at 0 and 4 at 10. While backlogged, a tenant receives at least its weight over the sum
+    of the backlogged tenants' weights of the grants (within one grant): the floor share. The
+    smallest weight, ``base ** (PRIORITY_MIN / step)``, is what keeps a low-priority tenant
+    moving (slowed, never starved): 1 grant in 17 against one tenant at priority 10."""
+
+    base: float = 2.0
+    step: float = 5.0
+    # The rollout gate: a refused requester waits its turn this long after its last retry
+    # (producers retry on the gate's Busy hint, 0.2 s), and at most this many waiters are remembered
+    # (past that, a newcomer is refused without a place in line: fairness degrades, bounds hold).
+    gate_waiter_ttl_s: float = 2.0
+    gate_max_waiters: int = 4096
+
+
+FAIR_SHARE = FairSharePolicy()

@@ -74,6 +74,47 @@ def test_priority_first_then_fairness():
     assert leased[0].tenant == "high"
 
 
+def test_scarce_trainer_slots_go_by_priority_and_the_low_tenant_still_progresses():
+    """One trainer slot, both tenants always backlogged: the priority-10 tenant gets four
+    leases for every one of the priority-0 tenant (weights 4 and 1), and goes first; the
+    priority-0 one is never starved (its floor share, 1 in 5)."""
+    s = sched(cfg("low"), cfg("high"))
+    n = 0
+    for _ in range(60):
+        for t, p in (("low", 0), ("high", 10)):
+            n += 1
+            s.put(job(t, n, priority=p))
+    got = []
+    for step in range(50):
+        (leased,), _ = s.pick("t", 1, 60, now=100 + step)
+        got.append(leased.tenant)
+        finish(s, [leased])
+        s.touch(leased)
+    assert got[0] == "high"
+    assert got.count("high") == 40 and got.count("low") == 10
+    assert max(len(run) for run in "".join("h" if t == "high" else "l" for t in got).split("l")) <= 4
+
+
+def test_the_operator_s_ceiling_bounds_the_priority_that_routes():
+    """A job made at priority 10 when the tenant's ceiling was 10 routes at its current
+    ceiling (the operator lowered it to 0): no edge over a priority-0 tenant."""
+    from protocol.messages import TenantQuotas
+
+    s = sched(cfg("capped", quotas=TenantQuotas(max_priority=0)), cfg("plain"))
+    n = 0
+    for _ in range(20):
+        for t, p in (("capped", 10), ("plain", 0)):
+            n += 1
+            s.put(job(t, n, priority=p))
+    got = []
+    for step in range(20):
+        (leased,), _ = s.pick("t", 1, 60, now=100 + step)
+        got.append(leased.tenant)
+        finish(s, [leased])
+        s.touch(leased)
+    assert got.count("capped") == 10
+
+
 def test_inflight_cap_per_tenant_task():
     t = cfg("a", max_inflight_jobs=2)
     s = sched(t)
@@ -150,7 +191,8 @@ def _reference_pick(s: Scheduler, max_jobs: int) -> list[str]:
         if j.state == "ready" and j.auto and j.tenant not in busy:
             if j.tenant not in heads or (j.ready_at, j.job) < (heads[j.tenant].ready_at, heads[j.tenant].job):
                 heads[j.tenant] = j
-    order = sorted(heads.values(), key=lambda j: (-j.priority, s._served.get(j.tenant, 0), j.ready_at, j.job))
+    order = sorted(heads.values(), key=lambda j: (s.fair.pass_of(j.tenant), -s.priority(j), s._served.get(j.tenant, 0),
+                                                  j.ready_at, j.job))
     out += order[: max(0, max_jobs - len(out))]
     return [j.job for j in out]
 
@@ -169,7 +211,7 @@ def test_the_heap_leases_what_a_full_scan_and_sort_would():
     for step in range(400):
         for _ in range(rng.randint(0, 3)):
             n += 1
-            s.put(job(rng.choice(tenants).name, n, priority=rng.choice((0, 0, 0, 1))))
+            s.put(job(rng.choice(tenants).name, n, priority=rng.choice((0, 0, 0, 1, 10, -10))))
         if held and rng.random() < 0.6:
             j = held.pop(rng.randrange(len(held)))
             how = rng.random()

@@ -280,6 +280,37 @@ def test_rollout_quota_and_priority_bound(deploy):
     assert create.field == "config.priority" and "-10..10" in str(create)
 
 
+
+def test_a_freed_rollout_turn_goes_to_the_higher_priority_waiter(deploy):
+    """The deployment's 3 turns are held; a priority-0 and a priority-10 tenant wait. A turn
+    frees and the low one retries first: it hears Busy (one waiter ranks before it) and the
+    high one takes the turn (docs/scaling.md, "Priority that routes")."""
+    holders = [tenant(f"ug-hold{i}") for i in range(3)]
+    lo, hi = tenant("ug-lo", priority=0), tenant("ug-hi", priority=10)
+
+    async def go(c: AsyncClient):
+        begin, end = c.names.master("rollout_begin"), c.names.master("rollout_end")
+        for cfg in (*holders, lo, hi):
+            await c.create_tenant(cfg)
+        for cfg in holders:
+            await c.bus.request(begin, JobRef(tenant=cfg.name, job="w"), Ok, timeout_s=10)
+        for cfg in (lo, hi):  # both wait: the gate is full
+            with pytest.raises(Busy):
+                await c.bus.request(begin, JobRef(tenant=cfg.name, job="w"), Ok, timeout_s=10)
+        await c.bus.request(end, JobRef(tenant=holders[0].name, job="w"), Ok, timeout_s=10)
+        with pytest.raises(Busy) as low:
+            await c.bus.request(begin, JobRef(tenant=lo.name, job="w"), Ok, timeout_s=10)
+        granted = await c.bus.request(begin, JobRef(tenant=hi.name, job="w"), Ok, timeout_s=10)
+        for cfg in (*holders[1:], hi):
+            await c.bus.request(end, JobRef(tenant=cfg.name, job="w"), Ok, timeout_s=10)
+        after = await c.bus.request(begin, JobRef(tenant=lo.name, job="w"), Ok, timeout_s=10)  # its turn now
+        await c.bus.request(end, JobRef(tenant=lo.name, job="w"), Ok, timeout_s=10)
+        return low.value, granted, after
+
+    low, granted, after = run_client(deploy, go)
+    assert low.details["waiting_ahead"] == 1 and "fair share by priority" in str(low)
+    assert granted.detail == "granted" and after.detail == "granted"
+
 def test_predict_rate_quota(deploy):
     cfg = tenant("uq-rate", quotas=TenantQuotas(predict_rate_per_s=1.0, predict_burst=2))
 
