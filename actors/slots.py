@@ -237,24 +237,24 @@ class SlotStore:
         _, weights = await self._stores()
         res = await self._build(cfg)
         tensors: dict[str, Any] = {}
-        for field, obj in (("init.weights", weights_object), ("init.adapter", adapter_object)):
+        for what, obj in (("init.weights", weights_object), ("init.adapter", adapter_object)):
             if not obj:
                 continue
             try:
                 part = st_load(await get_object(weights, obj))
             except ObjectNotFoundError:
-                raise NotFound(f"{field}: upload {obj!r} is gone", details={"field": field}) from None
+                raise NotFound(f"{what}: upload {obj!r} is gone", details={"field": what}) from None
             except SafetensorError as exc:
-                raise InvalidField(field, f"not a safetensors file: {exc}") from None
+                raise InvalidField(what, f"not a safetensors file: {exc}") from None
             both = sorted(set(part) & set(tensors))
             if both:
-                raise InvalidField(field, f"tensor {both[0]!r} is in init.weights too: give each tensor once")
+                raise InvalidField(what, f"tensor {both[0]!r} is in init.weights too: give each tensor once")
             tensors.update(part)
-        field = "init" if adapter_object else "init.weights"
+        where = "init" if adapter_object else "init.weights"
         try:
             await asyncio.to_thread(res.slot.load_start, tensors)
         except CheckpointError as exc:
-            raise InvalidField(field, f"the upload does not fit tenant {cfg.name!r}'s spec: {exc}") from None
+            raise InvalidField(where, f"the upload does not fit tenant {cfg.name!r}'s spec: {exc}") from None
         return await self._export_resident(res, {})
 
     async def _restore(self, res: Resident, blob: bytes, name: str) -> None:

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from actors.broker import EmbeddedBroker, free_port
-from protocol.messages import InfoRequest, PredictRequest, RoleInfo, TenantConfig
+from protocol.messages import PredictRequest, RoleInfo, TenantConfig
 from sdk.client import AsyncClient
 
 LIBERO = {"cameras": [{"name": "agentview", "height": 128, "width": 128}, {"name": "wrist", "height": 128, "width": 128}],

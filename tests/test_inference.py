@@ -12,7 +12,7 @@ import pytest
 from protocol.errors import InvalidField, MissingField, NotFound, RequestTimeout
 from protocol.messages import DrainRequest, InfoRequest, Ok, RoleInfo
 from sdk.client import AsyncClient
-from tests.tq_helpers import BASE, CALVIN_SCHEMA, LIBERO_SCHEMA, micro_batch, tenant
+from tests.tq_helpers import BASE, CALVIN_SCHEMA, micro_batch, tenant
 
 THREE_CAMERAS = {
     "cameras": [{"name": n, "height": 16, "width": 16} for n in ("left", "right", "wrist")],
