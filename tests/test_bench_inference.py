@@ -20,3 +20,15 @@ def test_in_process_ceiling_runs_the_group_path():
     # loaded CI machine are noise (CI once saw full 0.02 s < forward 0.07 s), benchmarks compare
     assert all(math.isfinite(p["full_s"]) and p["full_s"] > 0 and math.isfinite(p["forward_s"])
                and p["forward_s"] > 0 for p in per.values()), per
+
+
+def test_curve_counts_are_checked_before_anything_starts():
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT, python_env
+
+    for bad, why in (("1,x", "comma-separated list"), ("0,4", "1..256"), ("300", "1..256")):
+        r = subprocess.run([sys.executable, "-m", "bench.inference_service", "--curve", bad], cwd=ROOT,
+                           env=python_env(), capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and "--curve" in r.stderr and why in r.stderr, (bad, r.stderr[-500:])
