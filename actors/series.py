@@ -46,6 +46,8 @@ SIGNALS: dict[str, Signal] = {s.name: s for s in (
            "policy versions between the tenant's newest and its oldest ready rollout's behaviour policy"),
     Signal("dropped_stale", "control", "counter", _T, "rollout jobs dropped as too stale", True),
     Signal("active_rollouts", "control", "gauge", _T, "rollouts holding the master's rollout gate", True),
+    Signal("waiting_rollouts", "control", "gauge", _T,
+           "rollouts refused a turn of the master's rollout gate and still asking (their producers retry)", True),
     Signal("infer_queued", "control", "gauge", _RI, "predict requests queued in an inferencer"),
     Signal("group_size", "control", "gauge", _RI,
            "rows per grouped forward (inferencer, mean since its last beat) or jobs in the round (trainer)"),

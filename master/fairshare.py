@@ -141,8 +141,10 @@ class GateLine:
         for t in [t for t in self.fair.passes if t not in holding and t not in waiting and t not in self.fair.out]:
             self.fair.leave(t)
 
-    def waiting_by_tenant(self) -> dict[str, int]:
+    def waiting_by_tenant(self, now: float) -> dict[str, int]:
+        """Rollouts waiting for a turn per tenant: those that asked within ``gate_waiter_ttl_s``."""
         out: dict[str, int] = {}
-        for t, *_ in self.waiting.values():
-            out[t] = out.get(t, 0) + 1
+        for t, _, _, seen in self.waiting.values():
+            if now - seen <= self.policy.gate_waiter_ttl_s:
+                out[t] = out.get(t, 0) + 1
         return out

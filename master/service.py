@@ -214,13 +214,15 @@ class Master(WorkloadOps, HostedOps, UsageOps, BaseOps, UploadOps, Role):
 
     def heartbeat_gauges(self) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
         """The monitor's control signals per tenant (docs/observability.md): queued jobs, jobs
-        on a trainer, how stale the oldest ready rollout is, stale drops, active rollouts.
+        on a trainer, how stale the oldest ready rollout is, stale drops, active rollouts, rollouts
+        waiting for a turn of the gate.
         At most `BEAT_TENANTS_MAX` tenants, busiest first (then by name); the rest are folded into
         ``other`` (summed; staleness: the max), so a beat stays small with any tenant count."""
         gauges, _ = super().heartbeat_gauges()
         rows: dict[str, dict[str, float]] = {
             t: {"queue_depth": 0.0, "jobs_in_flight": 0.0, "staleness_versions": 0.0,
-                "dropped_stale": float(self.sched.dropped_stale.get(t, 0)), "active_rollouts": 0.0}
+                "dropped_stale": float(self.sched.dropped_stale.get(t, 0)), "active_rollouts": 0.0,
+                "waiting_rollouts": 0.0}
             for t in set(self.sched.tenants) | set(self.sched.dropped_stale)}
         for j in self.sched.live_jobs():
             row = rows.get(j.tenant)
@@ -238,8 +240,11 @@ class Master(WorkloadOps, HostedOps, UsageOps, BaseOps, UploadOps, Role):
             row = rows.get(key.split("/", 1)[0])
             if expiry > now and row is not None:
                 row["active_rollouts"] += 1
+        for tenant, n in self.gate_line.waiting_by_tenant(now).items():
+            if tenant in rows:
+                rows[tenant]["waiting_rollouts"] = float(n)
         order = sorted(rows, key=lambda t: (-(rows[t]["queue_depth"] + rows[t]["jobs_in_flight"]
-                                              + rows[t]["active_rollouts"]), t))
+                                              + rows[t]["active_rollouts"] + rows[t]["waiting_rollouts"]), t))
         per_tenant: dict[str, dict[str, float]] = {name: {} for name in next(iter(rows.values()), {})}
         for i, tenant in enumerate(order):
             label = tenant if i < BEAT_TENANTS_MAX else "other"

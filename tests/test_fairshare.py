@@ -100,3 +100,16 @@ def test_the_gate_line_is_bounded_and_skips_tenants_at_their_quota():
     line2.ask("hi/w2", "hi", 10, free=0, now=0.0)  # hi waits with a second workload...
     # ... but holds its quota's worth already: it cannot take the turn, so lo gets it
     assert line2.ask("lo/w", "lo", 0, free=1, now=0.1, blocked={"hi"}) == 0
+
+
+def test_the_line_counts_who_is_still_asking():
+    from master.fairshare import GateLine
+
+    line = GateLine()
+    ttl = line.policy.gate_waiter_ttl_s
+    assert line.ask("a/j1", "a", 0, free=0, now=100.0) == 0
+    assert line.ask("a/j2", "a", 0, free=0, now=100.0) == 1
+    assert line.ask("b/j1", "b", 5, free=0, now=100.0 + ttl / 2) == 0  # b's priority ranks it first
+    assert line.waiting_by_tenant(100.0 + ttl / 2) == {"a": 2, "b": 1}
+    # a's rollouts stopped asking: past the ttl they are not waiting any more, b's still are
+    assert line.waiting_by_tenant(100.0 + ttl + 0.01) == {"b": 1}
