@@ -301,8 +301,11 @@ class Inferencer(Role):
             if pre.key.layout in seen:
                 continue
             seen.add(pre.key.layout)
-            one = warmup_row(pre, schema, base.device)
-            await asyncio.get_running_loop().run_in_executor(self._forward_pool, self._warm, one, None)
+            try:
+                one = warmup_row(pre, schema, base.device)
+                await asyncio.get_running_loop().run_in_executor(self._forward_pool, self._warm, one, None)
+            except Exception as exc:  # a warm-up is an optimisation: that layout warms at its first group
+                self.log.warning("warm-up of a layout failed", tenant=tenant, error=str(exc))
 
     def warm_sizes(self) -> list[int]:
         """The capture sizes a group can be padded to: up to the first >= max_batch_size."""

@@ -21,6 +21,8 @@ then start from (actors/slots.py, actors/serving.py).
 
 from __future__ import annotations
 
+import contextlib
+
 import json
 import struct
 from pathlib import Path
@@ -149,6 +151,8 @@ class UploadOps:
             await js_retry((await self._weights_store()).put, obj, data)
         finally:
             part.unlink(missing_ok=True)  # stored or refused: no staging file stays
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # nor the tenant's staging folder, unless other uploads are staged there
         return Ok(detail=f"uploaded {req.name}: {len(tensors)} tensors, {len(data)} bytes")
 
     async def resolve_init(self, tenant: str, init: Any) -> tuple[str, str]:

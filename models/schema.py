@@ -31,6 +31,9 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$")
 _MAX_SIDE_PX = 4096
 _MAX_DIM = 1024
 _MAX_HORIZON = 256
+# Cameras per tenant: each is a camera slot of every row the tenant sends through the shared
+# base (and of the inferencer's warm-up at every capture size); robot datasets use 1-4.
+MAX_CAMERAS = 8
 
 
 def canonical_json(obj: Any) -> str:
@@ -88,6 +91,8 @@ class TenantSchema:
             cams = tuple(cams)
         if not isinstance(cams, tuple) or not cams:
             raise SchemaError(f"cameras={self.cameras!r}: must be a non-empty list of (name, height, width)")
+        if len(cams) > MAX_CAMERAS:
+            raise SchemaError(f"cameras: {len(cams)} declared; allowed: at most {MAX_CAMERAS}")
         cams = tuple(c if isinstance(c, CameraSpec) else _camera_from_any(c) for c in cams)
         names = [c.name for c in cams]
         if len(set(names)) != len(names):

@@ -116,13 +116,22 @@ async def _records(admin: AsyncClient, names: Names) -> dict[str, bytes]:
         for key in keys:
             out[f"{bucket}/{key}"] = (await kv.get(key)).value or b""
     out["streams"] = json.dumps(sorted(s.config.name for s in await js.streams_info())).encode()
+    # Every object of the weights bucket (policies, uploaded starts) by name and digest: a
+    # refused upload stores nothing, no refusal deletes or replaces a version.
+    store = await js.object_store(names.obj_weights)
+    try:
+        infos = await store.list(ignore_deletes=True)
+    except nats.js.errors.NotFoundError:
+        infos = []
+    out["weights objects"] = json.dumps(sorted((i.name, i.digest) for i in infos)).encode()
     return out
 
 
 def _files(data_dir: Path) -> dict[str, str]:
-    """auth/ (every seed and JWT), the roles' creds, cluster.json, every report and dataset."""
+    """auth/ (every seed and JWT), the roles' creds, cluster.json, every report and dataset,
+    every staged upload."""
     out = {f"auth/{k}": v for k, v in _hash_tree(data_dir / "auth").items()}
-    for sub in ("role-creds", "reports", "datasets"):
+    for sub in ("role-creds", "reports", "datasets", "uploads"):
         out |= {f"{sub}/{k}": v for k, v in _hash_tree(data_dir / sub).items()}
     out["cluster.json"] = hashlib.sha256((data_dir / "cluster.json").read_bytes()).hexdigest()
     return out
@@ -180,7 +189,10 @@ def test_a_tenant_with_valid_credentials_reaches_nothing_it_does_not_own(deploym
                                    SubmitRequest, TenantConfig, TenantDeleted, TenantDeleteRequest, TenantQuotas,
                                    TenantQuotasRequest, TenantsReply, TrainBatchReply, UsageReply, UsageRequest,
                                    WeightsReadRequest, WeightsRef, WorkloadRecord, WorkloadRef, WorkloadReport,
-                                   WorkloadsReply, WorkloadsRequest, BaseAddRequest, RegisteredBase)
+                                   WorkloadsReply, WorkloadsRequest, BaseAddRequest, RegisteredBase,
+                                   HostedClaimReply, HostedClaimRequest, HostedEventRequest, InitWeightsRequest,
+                                   WeightsUploadRequest, WorkloadEvent)
+    from protocol.policy import MAX_UPLOAD_BYTES
     from protocol.errors import NexusError
     from protocol.subjects import pool_name
 
@@ -235,6 +247,7 @@ def test_a_tenant_with_valid_credentials_reaches_nothing_it_does_not_own(deploym
                                    timeout_s=60)
 
         PD, IF, QE = ("permission_denied",), ("invalid_field",), ("quota_exceeded",)
+        NF, FP = ("not_found",), ("failed_precondition",)
         auth = str(data_dir / "auth")
         attacks: dict[str, Attack] = {
             # -- paths in every field that takes one ----------------------------------------
@@ -293,7 +306,46 @@ def test_a_tenant_with_valid_credentials_reaches_nothing_it_does_not_own(deploym
                 PredictReply), PD, ""),
             "step alice's env session": (req(names.instance_op("env", session.worker, "step"), EnvStepRequest(
                 session=session.session, action=np.zeros(2, np.float32)), Ok), PD, ""),
+            "upload weights as alice": (req(m("weights_upload"), WeightsUploadRequest(
+                tenant="alice", name="start", offset=0, data=b"x"), Ok), PD, ""),
+            "claim alice's hosted workloads": (req(m("hosted_claim"), HostedClaimRequest(
+                tenant="alice", process="p1"), HostedClaimReply), PD, ""),
+            "hosted event as alice": (req(m("hosted_event"), HostedEventRequest(
+                tenant="alice", process="p1", event=WorkloadEvent(workload=wl.id, tenant="alice", kind="done",
+                                                                  state="completed")), Ok), PD, ""),
+            "hosted event for alice's workload": (req(m("hosted_event"), HostedEventRequest(
+                tenant="mallory", process="p1", event=WorkloadEvent(workload=wl.id, tenant="mallory", kind="done",
+                                                                    state="completed")), Ok), NF, wl.id),
+            "rollout turn for alice": (req(m("rollout_begin"), JobRef(tenant="alice", job=wl.id), Ok), PD, ""),
+            "rollout turn on alice's workload id": (req(m("rollout_begin"), JobRef(tenant="mallory", job=wl.id), Ok),
+                                                    FP, "no running workload"),
+            "end alice's rollout turn": (req(m("rollout_end"), JobRef(tenant="alice", job=wl.id), Ok), PD, ""),
+            "start from alice's upload": (submit(_spec(init={"weights": "alice-start"})), IF, "init"),
+            # -- uploads: names, offsets and sizes ----------------------------------------------
+            "upload named ../auth": (req(m("weights_upload"), WeightsUploadRequest(
+                tenant="mallory", name="../auth", offset=0, data=b"x"), Ok), IF, "name"),
+            "upload named a/b": (req(m("weights_upload"), WeightsUploadRequest(
+                tenant="mallory", name="a/b", offset=0, data=b"x"), Ok), IF, "name"),
+            "upload past the largest file": (req(m("weights_upload"), WeightsUploadRequest(
+                tenant="mallory", name="huge", offset=MAX_UPLOAD_BYTES, data=b"x"), Ok), IF, "largest upload"),
+            "upload a slice past what is staged": (req(m("weights_upload"), WeightsUploadRequest(
+                tenant="mallory", name="gap", offset=4096, data=b"x"), Ok), IF, "offset"),
+            "upload a negative offset": (raw(m("weights_upload"), WeightsUploadRequest, {
+                "tenant": "mallory", "name": "neg", "offset": -1, "data": b"x", "final": False}, Ok), IF, "offset"),
+            "upload a file that is not safetensors": (req(m("weights_upload"), WeightsUploadRequest(
+                tenant="mallory", name="junk", offset=0, data=b"not safetensors", final=True), Ok), IF,
+                "safetensors"),
+            "a hosted claim running 10,000 workloads": (raw(m("hosted_claim"), HostedClaimRequest, {
+                "tenant": "mallory", "process": "p1", "running": [f"w{i}" for i in range(10_000)], "capacity": 1,
+                "leaving": False}, HostedClaimReply), IF, "running"),
+            "a hosted claim of capacity 10^6": (raw(m("hosted_claim"), HostedClaimRequest, {
+                "tenant": "mallory", "process": "p1", "running": [], "capacity": 10**6, "leaving": False},
+                HostedClaimReply), IF, "capacity"),
+            "a hosted process named ../x": (req(m("hosted_claim"), HostedClaimRequest(
+                tenant="mallory", process="../x"), HostedClaimReply), IF, "process"),
             # -- the platform's own ops ---------------------------------------------------------
+            "start a tenant from weights (the trainer's op)": (req(trainer("init_weights"), InitWeightsRequest(
+                config=mine, weights="alice/upload-start"), Ok), PD, ""),
             "list every tenant": (req(m("tenants"), WorkloadsRequest(), TenantsReply), PD, ""),
             "list the registry": (req(m("list"), ListRequest(), ListReply), PD, ""),
             "lease alice's job": (req(m("lease"), LeaseRequest(trainer="x", tenant="alice", job=job.job), LeaseReply),
@@ -321,6 +373,8 @@ def test_a_tenant_with_valid_credentials_reaches_nothing_it_does_not_own(deploym
             "an env session past its share": (past_share, QE, "env_sessions_per_tenant"),
             "an eval of 10^9 episodes": (submit({"tenant": "mallory", "task": "eval", "env": _spec()["env"],
                                                 "eval": {"version": "latest", "episodes": 10**9}}), IF, "episodes"),
+            "a schema of 500 cameras": (create(schema={**mine.schema, "cameras": [
+                {"name": f"c{i}", "height": 8, "width": 8} for i in range(500)]}), IF, "at most 8"),
             "a 10,000-pixel camera": (submit(_spec(observation={"cameras": [{"name": "top", "height": 10_000,
                                                                               "width": 64}]})), IF, "height"),
             "a 65-character tenant name": (submit({**_spec(), "tenant": "m" * 65}), IF + PD, ""),
@@ -399,6 +453,7 @@ def test_a_tenant_with_valid_credentials_reaches_nothing_it_does_not_own(deploym
     assert not changed, changed
     changed = sorted(k for k in records_before.keys() | records_after.keys()
                      if records_before.get(k) != records_after.get(k))
-    assert not changed, changed
+    assert not changed, {k: (records_before.get(k, b"<none>")[:400], records_after.get(k, b"<none>")[:400])
+                         for k in changed}
     assert job_after == job_before
     assert mine_after.quotas == mine.quotas and mine_after.quotas.max_priority == 2
