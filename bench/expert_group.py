@@ -96,9 +96,9 @@ def run(args: argparse.Namespace) -> Row:
                 key = f"{'grouped' if g else 'serial'}_experts"
                 ms = time_ms(lambda: experts(feats[g], g), base.device, args.warmup, args.repeats)
                 t[key] = min(t.get(key, ms), ms)
-    experts = [s for s in slots if s.head_kind == "expert"]
-    params = sum(p.numel() for p in experts[0].head.parameters()) / 1e6 if experts else 0.0
-    depth = len(experts[0].head.layers) if experts else 0
+    expert_slots = [s for s in slots if s.head_kind == "expert"]
+    params = sum(p.numel() for p in expert_slots[0].head.parameters()) / 1e6 if expert_slots else 0.0
+    depth = len(expert_slots[0].head.layers) if expert_slots else 0
     return Row(args.preset, str(base.device), args.tenants, args.frozen, args.batch, args.width, depth,
                args.euler_steps, round(params, 2),
                *(v for stage in ("cache", "infer", "train", "experts") for v in _triple(t, stage)))

@@ -1,7 +1,7 @@
-"""ManiSkill3 PickCube SFT through the services (issue 25 item 2): the scripted expert's demos
+"""ManiSkill3 PickCube / PushCube SFT through the services (issue 25 item 2): the scripted expert's demos
 recorded as a LeRobot dataset (`nexus dataset record`, rgb+state observations, pd_ee_delta_pose,
 DART noise), published into one `nexus up` deployment (`nexus dataset publish`), the example SFT
-(`examples/sft_maniskill_pickcube.yaml`) submitted once per seed as its own tenant, then the
+(`examples/sft_maniskill_pickcube.yaml`, or `..._pushcube.yaml` with `--task push`) submitted once per seed as its own tenant, then the
 example eval (`examples/eval_maniskill_pickcube.yaml`) of each tenant's final export on held-out
 reset seeds (disjoint from every demo attempt's seed), through the real roles: master, trainer,
 inferencer, env worker on a real nats-server.
@@ -29,9 +29,9 @@ from typing import Any
 from actors.broker import free_port
 from bench.chaos import ROOT, Deployment
 
-SFT_SPEC = ROOT / "examples" / "sft_maniskill_pickcube.yaml"
-EVAL_SPEC = ROOT / "examples" / "eval_maniskill_pickcube.yaml"
-DATASET_NAME = "pickcube-demos"
+# --task: the example specs (the SFT's and its eval's) and the published dataset's name.
+TASKS = {task: (ROOT / "examples" / f"sft_maniskill_{task}cube.yaml", ROOT / "examples" / f"eval_maniskill_{task}cube.yaml",
+                f"{task}cube-demos") for task in ("pick", "push")}
 
 
 def record_demos(out: Path, episodes: int, seed: int, noise: float, options: dict[str, Any], env_id: str,
@@ -85,15 +85,17 @@ def run(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
 
     from master.spec import load_document
 
-    sft_base = load_document(SFT_SPEC.read_text())
-    ev_base = load_document(EVAL_SPEC.read_text())
+    sft_path, eval_path, dataset_name = TASKS[args.task]
+    sft_base = load_document(sft_path.read_text())
+    ev_base = load_document(eval_path.read_text())
     env_id, options = ev_base["env"]["id"], ev_base["env"]["options"]
     # Demo attempt i resets with seed demo_seed + i, at most 2 x episodes + 10 attempts (record's cap).
     last_demo_seed = args.demo_seed + 2 * args.episodes + 10
     if args.demo_seed <= args.eval_seed < last_demo_seed or args.eval_seed <= args.demo_seed < args.eval_seed + args.eval_episodes:
         raise SystemExit(f"--eval-seed {args.eval_seed}: eval seeds overlap the demo seeds "
                          f"{args.demo_seed}..{last_demo_seed - 1}")
-    report: dict[str, Any] = {"sft_spec": str(SFT_SPEC.relative_to(ROOT)), "eval_spec": str(EVAL_SPEC.relative_to(ROOT)),
+    report: dict[str, Any] = {"task": args.task, "sft_spec": str(sft_path.relative_to(ROOT)),
+                              "eval_spec": str(eval_path.relative_to(ROOT)),
                               "env": env_id, "env_options": options, "seeds": args.seeds,
                               "demo_seeds": [args.demo_seed, last_demo_seed - 1],
                               "eval_seeds": [args.eval_seed, args.eval_seed + args.eval_episodes - 1],
@@ -108,11 +110,11 @@ def run(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
     dep.up(free_port())
     rows: list[dict[str, Any]] = []
     try:
-        res = dep.nexus("dataset", "publish", str(root), DATASET_NAME, "--data-dir", str(data_dir), "--overwrite",
+        res = dep.nexus("dataset", "publish", str(root), dataset_name, "--data-dir", str(data_dir), "--overwrite",
                         timeout=300)
         if res.returncode != 0:
             raise RuntimeError(f"`nexus dataset publish` failed: {res.stderr[-1000:]}")
-        published = data_dir / "datasets" / "published" / DATASET_NAME
+        published = data_dir / "datasets" / "published" / dataset_name
         overrides = {"steps": args.steps, "lr": args.lr, "batch_size": args.batch_size}
         with Client.from_data_dir(data_dir, timeout_s=30) as client:
             for seed in args.seeds:
@@ -150,6 +152,8 @@ def table(report: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--task", choices=sorted(TASKS), default="pick",
+                   help="PickCube-v1 or PushCube-v1 (examples/sft_maniskill_<task>cube.yaml and its eval)")
     p.add_argument("--seeds", default="1,2", help="comma-separated SFT seeds, one tenant each")
     p.add_argument("--episodes", type=int, default=150, help="demo episodes to record")
     p.add_argument("--demo-seed", type=int, default=0, help="demo attempt i resets with this + i")

@@ -29,7 +29,7 @@ def sft(tenant: str, module: dict, steps: int = 3) -> dict:
     return spec
 
 
-def test_expert_and_frozen_tenants_train_side_by_side_and_serve_in_one_group(deployment):
+def test_expert_and_frozen_tenants_train_side_by_side_and_serve_in_one_group(deployment):  # noqa: F811 (the fixture)
     from protocol.messages import InfoRequest, RoleInfo
 
     rng = np.random.default_rng(0)
@@ -79,7 +79,7 @@ def test_expert_and_frozen_tenants_train_side_by_side_and_serve_in_one_group(dep
     np.testing.assert_allclose(expert_reply.actions, ours[0].numpy(), rtol=1e-4, atol=1e-5)
 
 
-def test_an_expert_that_cannot_read_the_cache_is_refused_at_submit(deployment):
+def test_an_expert_that_cannot_read_the_cache_is_refused_at_submit(deployment):  # noqa: F811 (the fixture)
     async def body(c):
         errors = []
         for params in ({"depth": 3}, {"head_dim": 32, "num_heads": 3}):

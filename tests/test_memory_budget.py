@@ -206,7 +206,7 @@ def test_a_slot_larger_than_the_budget_fails_its_job_only(deployment):
     refused, fine, info = run(deployment, body)
     assert refused.state == "failed", refused
     why = refused.reason
-    assert "CapacityExceeded" in why and f"NEXUS_TRAINER_SLOT_BUDGET_MB" in why, why
+    assert "CapacityExceeded" in why and "NEXUS_TRAINER_SLOT_BUDGET_MB" in why, why
     assert f"slot_budget_mb={SLOT_BUDGET_MB}" in why and "46.5 MiB" in why and "at least 47" in why, why
     assert fine.state == "cleared" and fine.trained_version == 1  # the next tenant trains as ever
     assert "ev-big" not in info["slots"]

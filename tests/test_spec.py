@@ -37,7 +37,8 @@ from protocol.messages import TenantConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ["sft_reach.yaml", "rl_reach.yaml", "eval_reach.yaml", "sft_lerobot.yaml", "sft_maniskill_pickcube.yaml",
-            "eval_maniskill_pickcube.yaml", "hosted_env/rl_reach_dot.yaml"]
+            "eval_maniskill_pickcube.yaml", "sft_maniskill_pushcube.yaml", "eval_maniskill_pushcube.yaml",
+            "hosted_env/rl_reach_dot.yaml"]
 DELETE = object()
 
 

@@ -1,0 +1,190 @@
+"""PPO from an SFT start on ManiSkill3, through the services (issue 25 item 2's RL step): per seed
+one tenant with a `gaussian` action module is trained by SFT on the scripted expert's demos
+(deliberately short: a start with room to improve), evaluated on held-out reset seeds, then
+trained by PPO in rounds of `--round-episodes` rollout episodes, each round a workload of its
+own that carries on from the tenant's newest version, each followed by the same evaluation.
+The curve is held-out success after SFT and after every round (mean actions, the seeds never
+used by demos or rollouts), beside each round's training success (sampled actions); the
+headline is the points PPO gained over the SFT start.
+
+    OMP_NUM_THREADS=1 nice -n 5 .venv/bin/python -m bench.maniskill_rl --task push --seeds 1,2 \\
+        --dataset /tmp/push_demos --out docs/results/maniskill_rl_push.json
+
+The dataset is the one `bench.maniskill_sft` records (recorded here when `--dataset` is absent);
+the SFT and the PPO specs are the example SFT spec (`examples/sft_maniskill_<task>cube.yaml`)
+with a `gaussian` head, and the example eval's env (`examples/eval_maniskill_<task>cube.yaml`)
+with ManiSkill's normalised dense reward for PPO. One deployment (master, trainer, inferencer,
+env worker on a real nats-server), seeds one after another.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from actors.broker import free_port
+from bench.chaos import Deployment
+from bench.maniskill_sft import TASKS, dataset_facts, record_demos
+
+# The action module both stages train: the example's width, PPO's exploration std (e^-1.5 ~
+# 0.22 of the [-1, 1] action range: the SFT's NLL learns its own log_std from there).
+GAUSSIAN = {"kind": "gaussian", "params": {"width": 256, "init_log_std": -1.5}}
+# PPO on the task's normalised dense reward (in [0, 1] per step); short episodes (PushCube's
+# expert needs ~10-17 steps of its 50), so a short horizon suffices, as in examples/rl_reach.yaml.
+PPO = {"lr": 3e-4, "gamma": 0.9, "gae_lambda": 0.9, "clip_ratio": 0.2, "value_coef": 0.5, "entropy_coef": 0.0,
+       "epochs": 2, "steps_per_update": 256, "parallel_envs": 4, "micro_batch": 64, "grad_clip": 0.5}
+
+
+def sft_spec(example: dict[str, Any], tenant: str, seed: int, root: Path, steps: int) -> dict[str, Any]:
+    spec = copy.deepcopy(example)
+    spec.update(tenant=tenant, seed=seed, action_module=copy.deepcopy(GAUSSIAN))
+    spec["dataset"]["root"] = str(root)
+    spec["algorithm"].update(steps=steps, warmup_steps=min(spec["algorithm"]["warmup_steps"], steps // 10))
+    spec.setdefault("outputs", {})["export_every_steps"] = max(1, steps)
+    return spec
+
+
+def rl_spec(sft: dict[str, Any], env: dict[str, Any], episodes: int, max_wall_s: float) -> dict[str, Any]:
+    spec = {k: copy.deepcopy(sft[k]) for k in ("tenant", "base", "seed", "action_module", "observation", "action")}
+    spec.update(task="rl", env=copy.deepcopy(env), algorithm=dict(PPO),
+                schedule={"max_inflight_jobs": 2, "staleness_bound": 64,
+                          "budget": {"max_episodes": episodes, "max_wall_s": max_wall_s}})
+    return spec
+
+
+def eval_spec(example: dict[str, Any], tenant: str, episodes: int, seed: int) -> dict[str, Any]:
+    spec = copy.deepcopy(example)
+    spec["tenant"] = tenant
+    spec["eval"].update(episodes=episodes, seed=seed, sample=False)
+    return spec
+
+
+def _rate(rec: Any) -> float | None:
+    m = rec.metrics or {}
+    value = m.get("success_rate", m.get("eval_success_rate"))
+    return None if value is None else float(value)
+
+
+def run(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
+    from sdk import Client
+
+    from master.spec import load_document
+
+    sft_path, eval_path, dataset_name = TASKS[args.task]
+    sft_example, ev_example = load_document(sft_path.read_text()), load_document(eval_path.read_text())
+    env = copy.deepcopy(ev_example["env"])
+    report: dict[str, Any] = {"task": args.task, "env": env, "seeds": args.seeds, "sft_steps": args.sft_steps,
+                              "rounds": args.rounds, "round_episodes": args.round_episodes,
+                              "eval_episodes": args.eval_episodes, "eval_seed": args.eval_seed,
+                              "action_module": GAUSSIAN, "ppo": PPO, "cpu_threads": os.environ.get("OMP_NUM_THREADS")}
+    root = args.dataset or data_dir.parent / f"{data_dir.name}-demos"
+    if not (root / "meta" / "info.json").is_file():
+        report["record"] = record_demos(root, args.demo_episodes, 0, 0.1, env["options"], env["id"],
+                                        timeout_s=args.timeout_s)
+    report["dataset"] = {"root": str(root), **dataset_facts(root)}
+    dep = Deployment(data_dir, nats_cluster=1)
+    dep.up(free_port())
+    rows: list[dict[str, Any]] = []
+    try:
+        res = dep.nexus("dataset", "publish", str(root), dataset_name, "--data-dir", str(data_dir), "--overwrite",
+                        timeout=300)
+        if res.returncode != 0:
+            raise RuntimeError(f"`nexus dataset publish` failed: {res.stderr[-1000:]}")
+        published = data_dir / "datasets" / "published" / dataset_name
+        with Client.from_data_dir(data_dir, timeout_s=30) as client:
+            def evaluate(tenant: str) -> float | None:
+                ev = client.submit(eval_spec(ev_example, tenant, args.eval_episodes, args.eval_seed)).wait(
+                    timeout_s=args.timeout_s)
+                return _rate(ev) if ev.state == "completed" else None
+
+            for seed in args.seeds:
+                tenant = f"ppo-{args.task}cube-s{seed}"
+                sft = sft_spec(sft_example, tenant, seed, published, args.sft_steps)
+                t0 = time.monotonic()
+                rec = client.submit(sft).wait(timeout_s=args.timeout_s)
+                row: dict[str, Any] = {"seed": seed, "tenant": tenant, "sft_state": rec.state, "sft_version": rec.step,
+                                       "sft_wall_s": round(time.monotonic() - t0, 1), "sft_eval": evaluate(tenant),
+                                       "rounds": []}
+                print(json.dumps({k: v for k, v in row.items() if k != "rounds"}), flush=True)
+                episodes = 0
+                for i in range(args.rounds):
+                    t0 = time.monotonic()
+                    rl = client.submit(rl_spec(sft, env, args.round_episodes, args.round_wall_s)).wait(
+                        timeout_s=args.timeout_s)
+                    episodes += rl.episodes or 0
+                    rnd = {"round": i + 1, "state": rl.state, "message": rl.message, "version": rl.step,
+                           "episodes": rl.episodes, "episodes_total": episodes, "train_success": _rate(rl),
+                           "wall_s": round(time.monotonic() - t0, 1), "eval": evaluate(tenant)}
+                    print(json.dumps({"seed": seed, **rnd}), flush=True)
+                    row["rounds"].append(rnd)
+                    if rl.state != "completed":
+                        break
+                evals = [r["eval"] for r in row["rounds"] if r["eval"] is not None]
+                row["gain_points"] = (None if row["sft_eval"] is None or not evals
+                                      else round(100 * (evals[-1] - row["sft_eval"]), 1))
+                rows.append(row)
+    finally:
+        dep.nexus("down", "--data-dir", str(data_dir), timeout=120)
+        dep.cleanup()
+    report["rows"] = rows
+    return report
+
+
+def table(report: dict[str, Any]) -> str:
+    def pct(v: float | None) -> str:
+        return "-" if v is None else f"{100 * v:.0f} %"
+
+    n = max((len(r["rounds"]) for r in report["rows"]), default=0)
+    head = "| seed | after SFT | " + " | ".join(f"round {i + 1} (train / eval)" for i in range(n)) + " | PPO episodes | gain |"
+    lines = [head, "|---|---:|" + "---:|" * n + "---:|---:|"]
+    for r in report["rows"]:
+        cells = [f"{pct(x['train_success'])} / {pct(x['eval'])}" for x in r["rounds"]] + ["-"] * (n - len(r["rounds"]))
+        total = r["rounds"][-1]["episodes_total"] if r["rounds"] else 0
+        gain = "-" if r.get("gain_points") is None else f"{r['gain_points']:+.0f} pts"
+        lines.append(f"| {r['seed']} | {pct(r['sft_eval'])} | " + " | ".join(cells) + f" | {total} | {gain} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--task", choices=sorted(TASKS), default="push")
+    p.add_argument("--seeds", default="1,2", help="comma-separated seeds, one tenant each")
+    p.add_argument("--dataset", type=Path, default=None, help="a recorded dataset dir (recorded there if absent)")
+    p.add_argument("--demo-episodes", type=int, default=150, help="demos to record when --dataset is absent")
+    p.add_argument("--sft-steps", type=int, default=300, help="the SFT start's optimizer steps (short on purpose)")
+    p.add_argument("--rounds", type=int, default=4, help="PPO workloads, each followed by an evaluation")
+    p.add_argument("--round-episodes", type=int, default=100, help="rollout episodes per PPO round")
+    p.add_argument("--round-wall-s", type=float, default=1200.0, help="each PPO round's wall-clock cap")
+    p.add_argument("--eval-episodes", type=int, default=30)
+    p.add_argument("--eval-seed", type=int, default=100_000, help="held-out reset seeds start here")
+    p.add_argument("--timeout-s", type=float, default=3600.0, help="per workload wait")
+    p.add_argument("--data-dir", type=Path, default=None)
+    p.add_argument("--out", type=Path, default=None, help="write the report JSON here")
+    args = p.parse_args(argv)
+    args.seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    for name in ("sft_steps", "rounds", "round_episodes", "eval_episodes"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} {getattr(args, name)}: must be >= 1")
+    data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="nexus-maniskill-rl-"))
+    t0 = time.monotonic()
+    report = run(args, data_dir)
+    report["wall_s"] = round(time.monotonic() - t0, 1)
+    print(table(report))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=1) + "\n")
+        print(f"JSON: {args.out}")
+    gains = [r["gain_points"] for r in report["rows"] if r.get("gain_points") is not None]
+    print(f"PPO gained {', '.join(f'{g:+.0f}' for g in gains) or 'nothing measured'} points over the SFT start")
+    return 0 if len(gains) == len(report["rows"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,36 @@
+"""The ManiSkill benches' specs (bench/maniskill_sft.py, bench/maniskill_rl.py) are what a submit
+accepts, for both tasks, and describe one tenant across SFT, PPO and eval (fast: no simulator,
+no deployment; the runs themselves are recorded in docs/results.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench import maniskill_rl, maniskill_sft
+from master.spec import compile_tenant, load_document, parse_spec
+
+
+@pytest.mark.parametrize("task", sorted(maniskill_sft.TASKS))
+def test_sft_ppo_and_eval_specs_are_valid_and_name_one_tenant(task):
+    sft_path, eval_path, _ = maniskill_sft.TASKS[task]
+    sft_example, ev_example = load_document(sft_path.read_text()), load_document(eval_path.read_text())
+    sft = maniskill_rl.sft_spec(sft_example, "t-s1", 1, Path("/data/published/demos"), 300)
+    rl = maniskill_rl.rl_spec(sft, ev_example["env"], 100, 600.0)
+    ev = maniskill_rl.eval_spec(ev_example, "t-s1", 30, 100_000)
+    specs = [parse_spec(s) for s in (sft, rl, ev)]
+    assert [s.task for s in specs] == ["sft", "rl", "eval"]
+    assert {s.tenant for s in specs} == {"t-s1"}
+    # SFT and PPO train the same slot: the tenant each compiles to is the same one.
+    assert compile_tenant(specs[0]).signature == compile_tenant(specs[1]).signature
+    assert specs[1].schedule.budget.max_episodes == 100 and specs[1].env.id == ev_example["env"]["id"]
+    assert specs[0].algorithm.steps == 300 and specs[2].eval.sample is False
+    # The example is not changed by building a spec from it.
+    assert load_document(sft_path.read_text()) == sft_example
+
+
+def test_rl_bench_refuses_a_zero_round_before_starting_anything(capsys):
+    with pytest.raises(SystemExit) as e:
+        maniskill_rl.main(["--rounds", "0"])
+    assert e.value.code == 2 and "--rounds 0: must be >= 1" in capsys.readouterr().err
