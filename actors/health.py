@@ -90,11 +90,17 @@ class HealthManager(Role):
     # -- scaler ----------------------------------------------------------------------------
     async def _scale_loop(self) -> None:
         assert self.scaler is not None
+        # Each live instance's beat at an earlier look: the rates (busy fraction, step latency,
+        # queue wait) are taken from it to the newest, over at least one look (every_s).
+        before: dict[tuple[str, str], Heartbeat] = {}
         while True:
             beats = [e.last for e in self.table.entries.values() if e.state == "alive"]
             # A role with a request in flight is left out: its count is changing under it.
             counts = {r: sum(1 for hb in beats if hb.role == r) for r in SCALABLE if r not in self._scaling}
-            for d in self.scaler.decide(time.monotonic(), counts, signals_from_beats(beats)):
+            signals = signals_from_beats(beats, before)
+            before = {(hb.role, hb.instance): hb if (old := before.get((hb.role, hb.instance))) is None
+                      or hb.seq != old.seq else old for hb in beats}
+            for d in self.scaler.decide(time.monotonic(), counts, signals):
                 self._scaling.add(d.role)
                 self.spawn(self._apply(d), f"scale-{d.role}")
             await self.idle("scaler", SCALER.every_s)
