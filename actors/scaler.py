@@ -1,7 +1,7 @@
 """The scaler's decisions: from the roles' signals to one instance more or fewer, within bounds.
 
-    s = Scaler(SCALER, bounds)
-    sig = signals_from_beats(beats, before)   # newest beat per live instance, and an older one
+    s, rates = Scaler(SCALER, bounds), RateWindow(SCALER.rate_s)
+    sig = signals_from_beats(beats, rates.look(now, beats))   # newest beat per instance, an older one
     for d in s.decide(now, counts={"trainer": 1, ...}, signals=sig):
         ...  # ScaleDecision(role, from_count, to_count, reason, signals)
 
@@ -29,6 +29,7 @@ refuses trainer=0 then too). Every decision's reason names the signals that drov
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Iterable, Literal, Mapping
 
@@ -59,8 +60,8 @@ def _delta(hb: Heartbeat, old: Heartbeat | None, name: str) -> float | None:
 def signals_from_beats(beats: Iterable[Heartbeat],
                        before: Mapping[tuple[str, str], Heartbeat] | None = None) -> dict[str, float]:
     """The scaler's inputs from the newest heartbeat of each live instance. ``before``: an older
-    beat per (role, instance), for the rates between the two (the health manager passes the
-    beats of its previous look): trainer busy fraction, mean env step latency, inferencer
+    beat per (role, instance), for the rates between the two (the health manager passes a
+    `RateWindow`'s, about ``rate_s`` older): trainer busy fraction, mean env step latency, inferencer
     queue wait. Without one a rate is 0 (nothing measured yet)."""
     before = before or {}
     out = {"queued_jobs": 0.0, "ready_jobs": 0.0, "ready_jobs_weighted": 0.0, "jobs_in_flight": 0.0,
@@ -96,6 +97,33 @@ def signals_from_beats(beats: Iterable[Heartbeat],
     out["trainer_busy"] = busy_s / wall_s if wall_s > 0 else 0.0
     out["env_step_s"] = step_s / steps if steps > 0 else 0.0
     return out
+
+
+@dataclass
+class RateWindow:
+    """The earlier beat each instance's rates are taken from: the newest one seen at least
+    ``span_s`` before this look (or the oldest seen, early on). Bounded: per live instance, the
+    beats of the last ``span_s`` plus one (one per look at most)."""
+
+    span_s: float
+    seen: dict[tuple[str, str], deque] = field(default_factory=dict)  # (role, instance) -> (at, beat)
+
+    def look(self, now: float, beats: Iterable[Heartbeat]) -> dict[tuple[str, str], Heartbeat]:
+        before: dict[tuple[str, str], Heartbeat] = {}
+        live = set()
+        for hb in beats:
+            key = (hb.role, hb.instance)
+            live.add(key)
+            h = self.seen.setdefault(key, deque())
+            if not h or h[-1][1].seq != hb.seq:
+                h.append((now, hb))
+            while len(h) > 1 and now - h[1][0] >= self.span_s:
+                h.popleft()
+            if h[0][1] is not hb:
+                before[key] = h[0][1]
+        for key in set(self.seen) - live:  # gone: forgotten
+            del self.seen[key]
+        return before
 
 
 def _env(p: ScalerPolicy, n: int, sig: dict[str, float]) -> tuple[Regime, str]:

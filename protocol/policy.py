@@ -298,6 +298,10 @@ class ScalerPolicy:
     every_s: float = 5.0
     window_s: float = 30.0
     cooldown_s: float = 60.0
+    # Rates (trainer busy fraction, env step latency, inference queue wait) are taken over about
+    # this long (between the newest beat and one at least this old): a job change or one slow
+    # step does not drop a busy role out of its regime and restart its window.
+    rate_s: float = 15.0
     # env: rollouts holding the master's gate per worker. At or above the up line the workers are
     # loaded, and one more helps when rollouts also wait for a turn (priority-weighted, at or above
     # env_waiting_up) or a simulator step is slow (mean seconds across workers, at or above

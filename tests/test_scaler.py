@@ -6,7 +6,7 @@ fewer while jobs queue; and its inputs (with their rates) read from real `Heartb
 
 from __future__ import annotations
 
-from actors.scaler import Scaler, priority_weight, signals_from_beats
+from actors.scaler import RateWindow, Scaler, priority_weight, signals_from_beats
 from protocol.messages import Heartbeat
 from protocol.policy import ScalerPolicy
 from protocol.scaling import parse_bounds
@@ -217,3 +217,20 @@ def test_a_policy_whose_down_threshold_is_not_below_its_up_is_refused_naming_bot
 
     with pytest.raises(ValueError, match="trainer_busy_down=0.7 must be >= 0 and below trainer_busy_up=0.6"):
         ScalerPolicy(trainer_busy_down=0.7)
+
+
+def test_rates_are_taken_over_the_rate_window_and_gone_instances_are_forgotten():
+    w = RateWindow(span_s=15)
+    beats = {t: _beat("trainer", seq=int(t), sent_at=t, gauges={"busy_s": 0.0 if t < 10 else t - 10})
+             for t in range(0, 40, 5)}
+    assert w.look(0, [beats[0]]) == {}  # nothing earlier yet
+    assert w.look(5, [beats[5]])[("trainer", "trainer-1")].seq == 0  # the oldest seen, early on
+    assert w.look(5, [beats[5]])[("trainer", "trainer-1")].seq == 0  # the same beat again: no new entry
+    for t in (10, 15, 20):
+        before = w.look(t, [beats[t]])
+    assert before[("trainer", "trainer-1")].seq == 5  # the newest at least 15 s older than t=20
+    # 10 busy s over the 15 s since the beat of t=5 (idle for the first 5 of them): one rate.
+    assert signals_from_beats([beats[20]], before)["trainer_busy"] == 10 / 15
+    assert len(w.seen[("trainer", "trainer-1")]) <= 4  # bounded: the span's beats plus one
+    w.look(25, [])  # the instance is gone
+    assert w.seen == {}
