@@ -306,7 +306,7 @@ def test_a_killed_extra_instance_comes_back_in_its_slot(deployment):
 SCALER_READY, SCALER_JOB_STEPS, SCALER_ROWS = 3, 20, 16
 
 
-@pytest.mark.slow  # ~90 s: its own deployment, and the scaler's 30 s window by design
+@pytest.mark.slow  # ~2 min: its own deployment, and the scaler's 30 s window by design
 @pytest.mark.timeout(300)
 def test_the_scaler_adds_a_trainer_under_a_sustained_backlog_and_says_why(tmp_path):
     """NEXUS_SCALER on, trainer bounds 1:2: a priority-10 tenant's ready jobs (each weighs 4) wait
