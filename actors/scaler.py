@@ -30,8 +30,9 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Iterable, Literal, Mapping
+from typing import Literal
 
 from protocol.messages import Heartbeat, ScaleDecision
 from protocol.policy import FAIR_SHARE, PRIORITY_MAX, PRIORITY_MIN, ScalerPolicy

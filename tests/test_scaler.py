@@ -77,7 +77,10 @@ def test_pressure_flickering_across_a_threshold_never_moves_a_count():
     resets the window each time, and so never scales; a sustained one still does, once."""
     s = Scaler(POLICY, parse_bounds("inferencer=1:4"))
     counts = {"inferencer": 2}
-    flicker = lambda t: {"infer_wait_s": 0.5 if int(t / 5) % 2 else 0.1, "queued_predicts": 4.0}  # noqa: E731
+
+    def flicker(t):
+        return {"infer_wait_s": 0.5 if int(t / 5) % 2 else 0.1, "queued_predicts": 4.0}
+
     assert _run(s, counts, flicker, until=600) == [] and counts == {"inferencer": 2}
     made = _run(s, counts, lambda t: {"infer_wait_s": 0.5, "queued_predicts": 0.0}, until=655, start=605)
     assert [(d.role, d.to_count) for _, d in made] == [("inferencer", 3)]
@@ -163,21 +166,25 @@ def test_priority_weighs_waiting_rollouts_and_ready_jobs():
     sig = signals_from_beats([master])
     assert (sig["ready_jobs"], sig["ready_jobs_weighted"]) == (3.0, 6.0)  # 1 x 4 + 2 x 1
     assert (sig["waiting_rollouts"], sig["waiting_rollouts_weighted"]) == (2.0, 5.0)  # 1 x 4 + 1 x 1
+
     # One default-priority rollout waiting is below env_waiting_up (2); one at priority 10 is over it.
     def env_decisions(waiting_by_prio):
         tg = {"priority": {f"t{p}": float(p) for p in waiting_by_prio},
               "waiting_rollouts": {f"t{p}": 1.0 for p in waiting_by_prio}, "active_rollouts": {"x": 3.0}}
         s, counts = Scaler(POLICY, parse_bounds("env=1:4")), {"env": 1}
         return _run(s, counts, lambda t: signals_from_beats([_beat("master", tenant_gauges=tg)]), until=60)
+
     assert env_decisions([0]) == [] and env_decisions([-10]) == []
     made = env_decisions([10])
     assert [d.to_count for _, d in made] == [2] and "waiting_rollouts_weighted 4.00" in made[0][1].reason
+
     # Trainers: 2 ready jobs of a default tenant per trainer hold; the same of a priority-10 one add one.
     def trainer_decisions(prio):
         tg = {"priority": {"t": prio}, "ready_jobs": {"t": 2.0}, "queue_depth": {"t": 2.0}}
         s, counts = Scaler(POLICY, parse_bounds("trainer=1:4")), {"trainer": 1}
         return _run(s, counts, lambda t: {**signals_from_beats([_beat("master", tenant_gauges=tg)]),
                                           "trainer_busy": 0.9}, until=60)
+
     assert trainer_decisions(0.0) == [] and [d.to_count for _, d in trainer_decisions(10.0)] == [2]
 
 

@@ -348,7 +348,7 @@ def test_the_scaler_adds_a_trainer_under_a_sustained_backlog_and_says_why(tmp_pa
                 started, added = time.monotonic(), 0
                 while not any(d.outcome for d in seen):
                     if time.monotonic() - started > 150:
-                        code, out = await asyncio.to_thread(nexus, "top", "--json", "--data-dir", str(data))
+                        _, out = await asyncio.to_thread(nexus, "top", "--json", "--data-dir", str(data))
                         raise AssertionError(f"no scale decision applied: {seen}; top: {out}")
                     if len(await c.jobs(cfg.name, ["ready"])) < SCALER_READY:
                         await add_job(added)
