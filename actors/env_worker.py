@@ -33,7 +33,7 @@ from actors.auth import PLATFORM_ACCOUNT
 from actors.identity import current_caller, deny
 from actors.paths import caller_roots, confine
 from actors.runtime import Role, RoleConfig, op
-from envs.simproc import SimFailure, configure as configure_sim_pool
+from envs.simproc import SimFailure, configure as configure_sim_pool, pool as sim_pool
 from protocol.policy import DRAIN_RELEASE
 from protocol.errors import FailedPrecondition, InvalidField, NexusError, NotFound, QuotaExceeded
 from protocol.messages import (
@@ -96,6 +96,15 @@ class EnvWorker(Role):
     def info_extra(self) -> dict[str, Any]:
         return {"sessions": len(self.sessions), "expired": self.expired,
                 "producers": {k: p.status() for k, p in self.producers.items()}, "sim": self.sim.info()}
+
+    def heartbeat_gauges(self) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+        """Simulator steps answered in this process (its producers' and its sessions') and their
+        seconds summed: running totals, so a reader takes the mean step latency between two beats
+        (the monitor's ``env_step_seconds``, the scaler's ``env_step_s``)."""
+        gauges, per_tenant = super().heartbeat_gauges()
+        pool = sim_pool()  # the process's pool (a reconfigure keeps the totals)
+        gauges.update(steps=float(pool.steps), step_s=pool.step_s)
+        return gauges, per_tenant
 
     # -- sessions ------------------------------------------------------------------------
     def _session(self, sid: str) -> _Session:

@@ -29,7 +29,7 @@ from collections import deque
 from typing import Any
 
 from actors.liveness import Entry, LivenessTable
-from actors.scaler import Scaler, signals_from_beats
+from actors.scaler import RateWindow, Scaler, signals_from_beats
 from actors.runtime import Role, RoleConfig, op
 from protocol.errors import NexusError, Unavailable
 from protocol.messages import (
@@ -90,11 +90,15 @@ class HealthManager(Role):
     # -- scaler ----------------------------------------------------------------------------
     async def _scale_loop(self) -> None:
         assert self.scaler is not None
+        # The rates (busy fraction, step latency, queue wait) are taken from an earlier beat of
+        # each instance, about SCALER.rate_s old, to its newest.
+        rates = RateWindow(SCALER.rate_s)
         while True:
             beats = [e.last for e in self.table.entries.values() if e.state == "alive"]
             # A role with a request in flight is left out: its count is changing under it.
             counts = {r: sum(1 for hb in beats if hb.role == r) for r in SCALABLE if r not in self._scaling}
-            for d in self.scaler.decide(time.monotonic(), counts, signals_from_beats(beats)):
+            now = time.monotonic()
+            for d in self.scaler.decide(now, counts, signals_from_beats(beats, rates.look(now, beats))):
                 self._scaling.add(d.role)
                 self.spawn(self._apply(d), f"scale-{d.role}")
             await self.idle("scaler", SCALER.every_s)

@@ -153,6 +153,10 @@ class Monitor(Role):
                 if served > 0:
                     wait = (g.get("batch_wait_s", 0.0) - p.get("batch_wait_s", 0.0)) / served
                     self.store.record("batch_wait_seconds", wait, at=at, **ri)
+            if hb.role == "env" and g.get("steps", 0.0) > p.get("steps", 0.0):
+                steps = g["steps"] - p.get("steps", 0.0)
+                self.store.record("env_step_seconds", (g.get("step_s", 0.0) - p.get("step_s", 0.0)) / steps,
+                                  at=at, **ri)
         for signal, per_tenant in hb.tenant_gauges.items():
             self.store.record_tenants(signal, per_tenant, at=at)
         if self.boards is not None and hb.tenant_gauges and time.monotonic() - self._tb_control_at >= TB_CONTROL_EVERY_S:

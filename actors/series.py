@@ -41,6 +41,7 @@ _T, _RI = ("tenant",), ("role", "instance")
 SIGNALS: dict[str, Signal] = {s.name: s for s in (
     # control: from the master's heartbeats (per tenant) and the inferencers' (per instance)
     Signal("queue_depth", "control", "gauge", _T, "training jobs queued (reserved, filling, ready)", True),
+    Signal("ready_jobs", "control", "gauge", _T, "training jobs ready to lease (of queue_depth): the trainers' backlog", True),
     Signal("jobs_in_flight", "control", "gauge", _T, "training jobs on a trainer (leased to synced)", True),
     Signal("staleness_versions", "control", "gauge", _T,
            "policy versions between the tenant's newest and its oldest ready rollout's behaviour policy"),
@@ -48,11 +49,16 @@ SIGNALS: dict[str, Signal] = {s.name: s for s in (
     Signal("active_rollouts", "control", "gauge", _T, "rollouts holding the master's rollout gate", True),
     Signal("waiting_rollouts", "control", "gauge", _T,
            "rollouts refused a turn of the master's rollout gate and still asking (their producers retry)", True),
+    Signal("priority", "control", "gauge", _T,
+           "the tenant's priority as routing uses it (its spec's, within its max_priority quota; 'other': the min)"),
     Signal("infer_queued", "control", "gauge", _RI, "predict requests queued in an inferencer"),
     Signal("group_size", "control", "gauge", _RI,
            "rows per grouped forward (inferencer, mean since its last beat) or jobs in the round (trainer)"),
     Signal("batch_wait_seconds", "control", "gauge", _RI,
            "mean wait of a predict request from arrival to its group's forward, since the last beat", unit="s"),
+    Signal("env_step_seconds", "control", "gauge", _RI,
+           "mean simulator step latency in an env worker (producers' and sessions' steps), since the last beat",
+           unit="s"),
     # the health manager's scaler (NEXUS_SCALER; docs/scaling.md), from its ScaleDecision events
     Signal("scale_target", "control", "gauge", ("role",), "instance count the scaler last decided for the role"),
     # learning: the trainer's metrics and the workloads' progress events

@@ -118,7 +118,12 @@ class SimEnv:
         return _obs(r["obs"]), r["info"]
 
     async def step(self, action: Any) -> tuple[Observation, float, bool, bool, dict[str, Any]]:
+        started = time.monotonic()
         r = await self._call("step", action=np.asarray(action, dtype=np.float32))
+        # Step latency as the caller sees it (queued behind this env's lock, the child's work,
+        # the pipe): the env worker's beat carries the totals, the scaler reads their rate.
+        self.pool.steps += 1
+        self.pool.step_s += time.monotonic() - started
         return _obs(r["obs"]), float(r["reward"]), bool(r["terminated"]), bool(r["truncated"]), r["info"]
 
     async def close(self) -> None:
@@ -226,6 +231,7 @@ class SimPool:
         self.envs: set[SimEnv] = set()
         self._starting = 0  # children being spawned (counted against procs_max)
         self.started = self.timeouts = self.crashes = 0
+        self.steps, self.step_s = 0, 0.0  # steps answered, and their seconds summed (running totals)
 
     @property
     def live(self) -> int:
@@ -286,6 +292,7 @@ def configure(plugins: tuple[str, ...] | None = None) -> SimPool:
     if _POOL:
         old = _POOL[0]
         p.envs, p.started, p.timeouts, p.crashes = old.envs, old.started, old.timeouts, old.crashes
+        p.steps, p.step_s = old.steps, old.step_s
         for e in p.envs:
             e.pool = p
         _POOL[0] = p

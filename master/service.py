@@ -213,16 +213,18 @@ class Master(WorkloadOps, HostedOps, UsageOps, BaseOps, UploadOps, Role):
                           "workloads": len(self.workloads)}}
 
     def heartbeat_gauges(self) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
-        """The monitor's control signals per tenant (docs/observability.md): queued jobs, jobs
-        on a trainer, how stale the oldest ready rollout is, stale drops, active rollouts, rollouts
-        waiting for a turn of the gate.
+        """The monitor's control signals per tenant (docs/observability.md): queued jobs (and of
+        them the ready ones), jobs on a trainer, how stale the oldest ready rollout is, stale
+        drops, active rollouts, rollouts waiting for a turn of the gate, and the priority that
+        routes the tenant's gate turns (the scaler weighs its backlog by it, docs/scaling.md).
         At most `BEAT_TENANTS_MAX` tenants, busiest first (then by name); the rest are folded into
-        ``other`` (summed; staleness: the max), so a beat stays small with any tenant count."""
+        ``other`` (summed; staleness: the max; priority: the min), so a beat stays small with any
+        tenant count."""
         gauges, _ = super().heartbeat_gauges()
         rows: dict[str, dict[str, float]] = {
-            t: {"queue_depth": 0.0, "jobs_in_flight": 0.0, "staleness_versions": 0.0,
+            t: {"queue_depth": 0.0, "ready_jobs": 0.0, "jobs_in_flight": 0.0, "staleness_versions": 0.0,
                 "dropped_stale": float(self.sched.dropped_stale.get(t, 0)), "active_rollouts": 0.0,
-                "waiting_rollouts": 0.0}
+                "waiting_rollouts": 0.0, "priority": self._routing_priority(t)}
             for t in set(self.sched.tenants) | set(self.sched.dropped_stale)}
         for j in self.sched.live_jobs():
             row = rows.get(j.tenant)
@@ -230,6 +232,7 @@ class Master(WorkloadOps, HostedOps, UsageOps, BaseOps, UploadOps, Role):
                 continue
             if j.state in ("reserved", "filling", "ready"):
                 row["queue_depth"] += 1
+                row["ready_jobs"] += j.state == "ready"
                 if j.state == "ready" and j.task == "rl" and j.behaviour_version >= 0:
                     lag = self.sched.versions.get(j.tenant, 0) - j.behaviour_version
                     row["staleness_versions"] = max(row["staleness_versions"], float(lag))
@@ -251,8 +254,15 @@ class Master(WorkloadOps, HostedOps, UsageOps, BaseOps, UploadOps, Role):
             for name, value in rows[tenant].items():
                 have = per_tenant[name].get(label)
                 per_tenant[name][label] = value if have is None else (
-                    max(have, value) if name == "staleness_versions" else have + value)
+                    max(have, value) if name == "staleness_versions" else
+                    min(have, value) if name == "priority" else have + value)
         return gauges, per_tenant
+
+    def _routing_priority(self, tenant: str) -> float:
+        """The tenant's priority as the rollout gate routes it (its spec's, within its
+        ``max_priority`` quota); a tenant gone from the table (stale drops only): the default."""
+        cfg = self.sched.tenants.get(tenant)
+        return float(clamp_priority(cfg.priority, self.quotas(cfg).max_priority)) if cfg is not None else 0.0
 
     # -- state ---------------------------------------------------------------------------
     async def _load_state(self) -> None:

@@ -285,19 +285,55 @@ def usage_flush_from_env() -> UsageFlush:
 class ScalerPolicy:
     """When the health manager's scaler (`actors/scaler.py`, NEXUS_SCALER) changes a role's count.
 
-    Each role's pressure is a signal per instance (trainer: training jobs queued; inferencer:
-    predict requests queued; env: rollouts holding the gate). It must stay at or above ``up``
-    (or at or below ``down``) for ``window_s`` before one instance is added (removed):
-    hysteresis in value (the band between holds) and in time (a spike does not move it). After
-    any decision a role waits ``cooldown_s``, so it does not flap."""
+    Each role's regime (up, down, hold) comes from several signals read off the heartbeats
+    (docs/scaling.md, "The scaler"); every threshold is here. A regime must hold for
+    ``window_s`` before one instance is added (removed): hysteresis in value (the band between
+    an up and a down threshold holds) and in time (a spike does not move it). After any decision
+    a role waits ``cooldown_s``, so it does not flap.
+
+    Backlogs are weighed by priority: a waiting rollout or a ready job of a tenant counts
+    ``max(1, FAIR_SHARE weight of its priority)`` (1 at priority 0 or below, 2 at 5, 4 at 10),
+    so ``env_waiting_up`` = 2 is two default-priority rollouts waiting or one at priority 5."""
 
     every_s: float = 5.0
     window_s: float = 30.0
     cooldown_s: float = 60.0
-    up: tuple[tuple[str, float], ...] = (("trainer", 4.0), ("inferencer", 8.0), ("env", 2.0))
-    down: tuple[tuple[str, float], ...] = (("trainer", 0.5), ("inferencer", 1.0), ("env", 0.5))
+    # Rates (trainer busy fraction, env step latency, inference queue wait) are taken over about
+    # this long (between the newest beat and one at least this old): a job change or one slow
+    # step does not drop a busy role out of its regime and restart its window.
+    rate_s: float = 15.0
+    # env: rollouts holding the master's gate per worker. At or above the up line the workers are
+    # loaded, and one more helps when rollouts also wait for a turn (priority-weighted, at or above
+    # env_waiting_up) or a simulator step is slow (mean seconds across workers, at or above
+    # env_step_s_up; a heavy simulator needs a higher one). At or below the down line, with
+    # nothing waiting, one fewer.
+    env_holders_up: float = 2.0
+    env_holders_down: float = 0.5
+    env_waiting_up: float = 2.0
+    env_step_s_up: float = 0.25
+    # trainer: ready jobs (priority-weighted) per trainer at or above trainer_ready_up while the
+    # trainers are busy (fraction of wall time in train steps, at or above trainer_busy_up): one
+    # more. A backlog on an idle trainer is not a capacity problem. Busy at or below
+    # trainer_busy_down with no job queued (reserved, filling or ready): one fewer.
+    trainer_ready_up: float = 4.0
+    trainer_busy_up: float = 0.6
+    trainer_busy_down: float = 0.2
+    # inferencer: the worst inferencer's mean queue wait (arrival to its group's forward) at or
+    # above infer_wait_s_up, or predicts queued per inferencer at or above infer_queued_up: one
+    # more; both at or below their down thresholds: one fewer.
+    infer_wait_s_up: float = 0.25
+    infer_wait_s_down: float = 0.05
+    infer_queued_up: float = 8.0
+    infer_queued_down: float = 1.0
     # A scale request to the supervisor: a scale-in waits for the drain (up to 60 s).
     request_timeout_s: float = 150.0
+
+    def __post_init__(self) -> None:
+        for down, up in (("env_holders_down", "env_holders_up"), ("trainer_busy_down", "trainer_busy_up"),
+                         ("infer_wait_s_down", "infer_wait_s_up"), ("infer_queued_down", "infer_queued_up")):
+            if not 0 <= getattr(self, down) < getattr(self, up):
+                raise ValueError(f"ScalerPolicy: {down}={getattr(self, down)} must be >= 0 and below "
+                                 f"{up}={getattr(self, up)} (the band between them is the hysteresis)")
 
 
 SCALER = ScalerPolicy()

@@ -516,8 +516,9 @@ class ScaleSettings(EnvSettings):
     readers = "`nexus up` (the supervisor: `--roles`, `nexus scale`), health manager (its scaler)"
 
     scaler: bool = Field(False, **var(
-        "NEXUS_SCALER", "the health manager scales env workers, inferencers and trainers within the bounds on their "
-        "queues (docs/scaling.md; acts through `nexus up`'s supervisor)"))
+        "NEXUS_SCALER", "the health manager scales env workers, inferencers and trainers within the bounds on the "
+        "monitor's signals: ready backlog and busy fraction, rollouts waiting, step latency, queue wait and depth, "
+        "weighed by tenant priority (docs/scaling.md; acts through `nexus up`'s supervisor)"))
 
     bounds: str = Field("", **var(
         "NEXUS_SCALE_BOUNDS", "per role, the fewest and most instances `nexus up --roles` and `nexus scale` may set "

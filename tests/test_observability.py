@@ -120,9 +120,12 @@ def test_prometheus_endpoint_serves_every_signal(deployment):
     for t in TENANTS:
         assert value("nexus_queue_depth", tenant=t) == 0  # everything trained
         assert value("nexus_jobs_in_flight", tenant=t) == 0
+        assert value("nexus_ready_jobs", tenant=t) == 0
+        assert value("nexus_priority", tenant=t) == 0  # the default (the scaler weighs backlogs by it)
     value("nexus_infer_queued", role="inferencer")
     assert value("nexus_group_size", role="inferencer") >= 1
     assert value("nexus_batch_wait_seconds", role="inferencer") >= 0
+    assert value("nexus_env_step_seconds", role="env") > 0  # the RL workload's simulator steps, timed
     # learning: the SFT ran 3 steps (versions 1..3), the RL reported success and return
     assert value("nexus_policy_version", tenant="o-sft") == 3
     assert value("nexus_loss", tenant="o-sft") > 0

@@ -301,12 +301,18 @@ def test_a_killed_extra_instance_comes_back_in_its_slot(deployment):
     assert json.loads(out)["counts"]["env"] == 2
 
 
-@pytest.mark.slow  # ~80 s: its own deployment, and the scaler's 30 s window by design
+# Jobs kept ready behind the one the trainer trains, micro-batches (train steps) per job, and
+# rows per micro-batch (enough that a step's compute outweighs the trainer's per-step overhead).
+SCALER_READY, SCALER_JOB_STEPS, SCALER_ROWS = 3, 20, 16
+
+
+@pytest.mark.slow  # ~2 min: its own deployment, and the scaler's 30 s window by design
 @pytest.mark.timeout(300)
 def test_the_scaler_adds_a_trainer_under_a_sustained_backlog_and_says_why(tmp_path):
-    """NEXUS_SCALER on, trainer bounds 1:2: five jobs queued (reserved, not yet filled) on one
-    trainer stay past the scaler's 4-per-trainer threshold for its window, so the health manager
-    decides trainer 1 -> 2, announces why with the signals, and the supervisor applies it."""
+    """NEXUS_SCALER on, trainer bounds 1:2: a priority-10 tenant's ready jobs (each weighs 4) wait
+    while another of its jobs keeps the one trainer busy (one job per tenant on a trainer), past
+    the scaler's 4-per-trainer backlog and 0.6 busy thresholds for its window, so the health
+    manager decides trainer 1 -> 2, announces why with the signals, and the supervisor applies it."""
     from actors.broker import free_port
     from protocol.messages import ScaleDecision
     from protocol.wire import decode
@@ -317,7 +323,8 @@ def test_the_scaler_adds_a_trainer_under_a_sustained_backlog_and_says_why(tmp_pa
     assert up.returncode == 0, up.stdout + up.stderr
     try:
         state = ClusterState.read(data)
-        cfg = tenant("backlog", schema=REACH_SCHEMA, base=BASE, max_inflight_jobs=8)
+        cfg = tenant("backlog", schema=REACH_SCHEMA, base=BASE, max_inflight_jobs=8, priority=10,
+                     sft_prefetch_items=256)  # room for several ready SFT jobs at once
 
         async def go():
             c = await AsyncClient(state.nats_url, state.prefix, timeout_s=30).connect()
@@ -329,12 +336,25 @@ def test_the_scaler_adds_a_trainer_under_a_sustained_backlog_and_says_why(tmp_pa
             try:
                 await c.bus.nc.subscribe(Names(state.prefix).scale_decisions_all, cb=on_decision)
                 await c.create_tenant(cfg)
-                for _ in range(5):
-                    await c.reserve(cfg.name, "sft", wait_s=30)
-                started = time.monotonic()
+
+                async def add_job(seed: int) -> None:
+                    job = await c.reserve(cfg.name, "sft", wait_s=30)
+                    for i in range(SCALER_JOB_STEPS):
+                        await c.queue_put(micro_batch(cfg, job.job, i, b=SCALER_ROWS, seed=seed))
+                    await c.mark_ready(cfg.name, job.job)
+
+                # Keep SCALER_READY jobs ready behind the one the trainer trains (however fast
+                # this machine trains them) until the scaler has decided.
+                started, added = time.monotonic(), 0
                 while not any(d.outcome for d in seen):
-                    assert time.monotonic() - started < 150, f"no scale decision applied: {seen}"
-                    await asyncio.sleep(0.5)
+                    if time.monotonic() - started > 150:
+                        _, out = await asyncio.to_thread(nexus, "top", "--json", "--data-dir", str(data))
+                        raise AssertionError(f"no scale decision applied: {seen}; top: {out}")
+                    if len(await c.jobs(cfg.name, ["ready"])) < SCALER_READY:
+                        await add_job(added)
+                        added += 1
+                    else:
+                        await asyncio.sleep(0.5)
                 return seen, time.monotonic() - started
             finally:
                 await c.close()
@@ -356,8 +376,11 @@ def test_the_scaler_adds_a_trainer_under_a_sustained_backlog_and_says_why(tmp_pa
         assert 'nexus_scale_target{role="trainer"} 2.0' in scrape, [l for l in scrape.splitlines() if "scale" in l]
         assert waited >= 25, f"decided after {waited:.0f} s: before the 30 s window"
         first, done = seen[0], next(d for d in seen if d.outcome)
+        print("decision:", first.reason, first.signals)
         assert (first.role, first.from_count, first.to_count) == ("trainer", 1, 2), first
-        assert "queued_jobs per trainer 5.00 at or above 4" in first.reason and first.signals["queued_jobs"] == 5.0
+        assert "ready_jobs_weighted per trainer" in first.reason and "trainer_busy" in first.reason, first.reason
+        assert first.signals["ready_jobs_weighted"] == 4 * first.signals["ready_jobs"] >= 4, first.signals
+        assert first.signals["trainer_busy"] >= 0.6 and first.signals["trainer_count"] == 1, first.signals
         assert done.outcome.startswith("applied: trainer: 1 -> 2; ready:"), done.outcome
         assert ClusterState.read(data).counts["trainer"] == 2
         assert all(d.role == "trainer" for d in seen)  # env / inferencer: min 1, nothing to do
