@@ -37,6 +37,7 @@ import json
 import math
 import re
 import threading
+import weakref
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -182,6 +183,13 @@ class LoraAdapter(nn.Module):
         for a in self.lora_A:
             # nn.Linear's default init, as peft (and microsoft/LoRA) initialise A; B stays zero.
             nn.init.kaiming_uniform_(a, a=math.sqrt(5))
+        self._flat = [*self.lora_A, *self.lora_B]
+
+    def signature(self) -> tuple:
+        """Changes whenever a weight does: every in-place write (a weight load, an optimizer
+        step, ``copy_``) bumps a tensor's version counter, and a move gives it new storage.
+        What `AdapterPool` compares to know its copy of this adapter is stale."""
+        return tuple((p._version, p.data_ptr()) for p in self._flat)
 
     @property
     def scaling(self) -> float:
@@ -371,6 +379,132 @@ def _batched_delta(bucket: list[tuple[Segment, int]], x: torch.Tensor, out: torc
     else:
         for j, (s, _) in enumerate(bucket):
             out[s.start:s.end] += d[j]
+
+
+# ---- the row -> adapter assignment as tensors: the fast engine's form (models/fast.py) ----------
+def pooled_delta(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, rows: torch.Tensor, scale: torch.Tensor
+                 ) -> torch.Tensor:
+    """Every row's own adapter delta at once: ``((x @ A[i]^T) @ B[i]^T) * scale[i]`` for row
+    adapter index ``i = rows[n]``, as gather + bmm (no Python per segment: a CUDA graph or a
+    compiled block replays it for any assignment). x (B, L, in) in the base dtype; a (S, r, in),
+    b (S, out, r), scale (S,) an `AdapterPool`'s; returns (B, L, out) in the pool's dtype (the
+    adapters' float32, as `LoraAdapter.delta` computes). Index 0 is all zeros: a frozen-base row
+    gets exact zeros (its input is finite), so adding them leaves it unchanged bit for bit."""
+    xa = torch.bmm(x.to(a.dtype), a[rows].transpose(1, 2))
+    return torch.bmm(xa, b[rows].transpose(1, 2)) * scale[rows].view(-1, 1, 1)
+
+
+@dataclass
+class _PoolEntry:
+    ref: Any  # weakref to the LoraAdapter: a dropped slot's adapter frees its index
+    index: int
+    signature: tuple | None  # the adapter's weights as last copied (None: copy before next use)
+
+
+class AdapterPool:
+    """Every resident adapter's weights stacked per adapted linear, at fixed addresses, so the
+    fast engine's CUDA graphs and compiled blocks replay any row assignment (`pooled_delta`).
+
+    Per linear ``path`` that some resident adapter adapts: ``A[path]`` (S, r_max, in) and
+    ``B[path]`` (S, out, r_max), ``scale`` (S,); S = capacity + 1, index 0 = zeros (frozen-base
+    rows), smaller ranks zero-padded to r_max (padding adds exact zeros). An adapter's weights
+    are copied in place into its index before the first forward that uses it and again whenever
+    they changed (`LoraAdapter.signature`: weight sync, a checkpoint load, an optimizer step),
+    so a refresh never moves a tensor. A rank above r_max, or a linear no resident adapter
+    adapted before, reallocates and bumps `generation`: the engine drops graphs of older
+    generations and captures again. Capacity bounds the adapters resident at once (least
+    recently used ones not in the current forward make room); a forward with more distinct
+    adapters than that gets None from `assign`, and takes the plain (segmented) forward."""
+
+    def __init__(self, shapes: dict[str, tuple[int, int]], capacity: int, device: torch.device,
+                 dtype: torch.dtype = torch.float32) -> None:
+        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
+            raise SchemaError(f"lora_pool={capacity!r}: must be an integer >= 1 (adapters resident in the fast engine)")
+        self.shapes = dict(shapes)
+        self.capacity = capacity
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.rank = 0
+        self.A: dict[str, torch.Tensor] = {}
+        self.B: dict[str, torch.Tensor] = {}
+        self.scale = torch.zeros(capacity + 1, dtype=dtype, device=self.device)
+        self.generation = 0
+        self._entries: dict[int, _PoolEntry] = {}  # id(adapter) -> entry, least recently used first
+        self.copies = 0  # adapter copies into the pool (tests check refreshes happen, and only then)
+        self.fallbacks = 0  # forwards refused for want of capacity
+
+    def assign(self, segments: Sequence[Segment], rows: int) -> torch.Tensor | None:
+        """The adapter index of each of ``rows`` rows (int64, on the CPU; 0 = frozen base), every
+        segment's adapter resident and fresh; None when they are more than the capacity."""
+        adapters: dict[int, LoraAdapter] = {}
+        for s in segments:
+            if s.adapter.shapes.keys() - self.shapes.keys():
+                raise InputError("LoRA pool: an adapter built for another base was routed through this one")
+            adapters.setdefault(id(s.adapter), s.adapter)
+        for k in [k for k, e in self._entries.items() if e.ref() is None]:
+            del self._entries[k]  # its slot is gone: the index is free again
+        if len(adapters) > self.capacity:
+            self.fallbacks += 1
+            return None
+        rank = max((a.config.rank for a in adapters.values()), default=0)
+        new_paths = {p for a in adapters.values() for p in a.paths} - self.A.keys()
+        if rank > self.rank or new_paths:
+            self._grow(max(rank, self.rank), new_paths)
+        index: dict[int, int] = {}
+        for key, ad in adapters.items():
+            e = self._entries.pop(key, None)
+            if e is None or e.ref() is not ad:
+                e = _PoolEntry(weakref.ref(ad), self._free_index(set(adapters)), None)
+            self._entries[key] = e  # most recently used last
+            sig = ad.signature()
+            if e.signature != sig:
+                self._copy(ad, e.index)
+                e.signature = sig
+            index[key] = e.index
+        out = torch.zeros(rows, dtype=torch.int64)
+        for s in segments:
+            out[s.start:s.end] = index[id(s.adapter)]
+        return out
+
+    def layer(self, path: str) -> tuple[torch.Tensor, torch.Tensor] | None:
+        return (self.A[path], self.B[path]) if path in self.A else None
+
+    def _free_index(self, keep: set[int]) -> int:
+        used = {e.index for e in self._entries.values()}
+        free = [i for i in range(1, self.capacity + 1) if i not in used]
+        if free:
+            return free[0]
+        victim = next(k for k in self._entries if k not in keep)  # LRU not in this forward (assign checked room)
+        return self._entries.pop(victim).index
+
+    def _grow(self, rank: int, new_paths: set[str]) -> None:
+        """Reallocate every pooled linear at ``rank`` (and the new ones): every resident adapter is
+        copied again before its next use."""
+        n = self.capacity + 1
+        for p in sorted(self.A.keys() | new_paths):
+            i, o = self.shapes[p]
+            self.A[p] = torch.zeros(n, rank, i, dtype=self.dtype, device=self.device)
+            self.B[p] = torch.zeros(n, o, rank, dtype=self.dtype, device=self.device)
+        self.rank = rank
+        self.generation += 1
+        for e in self._entries.values():
+            e.signature = None
+
+    @torch.no_grad()
+    def _copy(self, ad: LoraAdapter, i: int) -> None:
+        r = ad.config.rank
+        for p in self.A:
+            j = ad.index.get(p)
+            if j is None:  # a linear this adapter does not adapt: exact zeros for its rows
+                self.A[p][i].zero_()
+                self.B[p][i].zero_()
+                continue
+            self.A[p][i, :r].copy_(ad.lora_A[j])
+            self.A[p][i, r:].zero_()
+            self.B[p][i, :, :r].copy_(ad.lora_B[j])
+            self.B[p][i, :, r:].zero_()
+        self.scale[i] = ad.scaling
+        self.copies += 1
 
 
 _INSTALL = threading.Lock()
