@@ -8,6 +8,7 @@ sync (`load_params`) reaches the next forward; the pool's capacity bounds what i
 from __future__ import annotations
 
 import gc
+import shutil
 import os
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -164,3 +165,22 @@ def test_training_forward_keeps_the_plain_path_and_its_gradients(fast: BaseModel
     assert all(a.grad is not None for a in slots[2].adapter.lora_A)
     assert all(a.grad is None or float(a.grad.abs().max()) == 0.0 for a in slots[0].adapter.lora_A)
     assert all(p.grad is None for p in fast.core.parameters())
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which(os.environ.get("CC", "gcc")) is None,
+                    reason="torch.compile's inductor needs a C compiler (gcc, or $CC) on PATH")
+def test_compiled_engine_serves_lora_rows(base: BaseModel) -> None:
+    """compile=True: the adapted decoder layer is a compiled block too (about a minute of CPU)."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = BaseModel.load(BaseConfig("tiny-qwen3-vl", image_size=64, device="cpu", fast=True, compile=True))
+    plain_slots, slots = make_slots(base), make_slots(compiled)
+    vlas = vlas_for(plain_slots, 4)
+    calls = router_for(compiled).calls
+    out = encode_grouped(compiled, vlas, slots=slots, inference=True)
+    assert router_for(compiled).calls == calls
+    assert counters["stats"]["unique_graphs"] >= 2, dict(counters["stats"])
+    assert_same(out, encode_grouped(base, vlas, slots=plain_slots, inference=True))
