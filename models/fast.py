@@ -25,7 +25,13 @@ hundred kernel launches per call. This path:
    tensor, so graph capture works); implies the fused decoder layer. Its speed and its error
    against the bf16 forward are in docs/benchmarks.md. `fp8="rowwise"`: the same with one scale
    per token (activations, (M, 1)) and one per output channel (weights, (1, N)), float32, as
-   sm90's row-wise `torch._scaled_mm` takes them; `fp8_vision=False` keeps the vision blocks bf16.
+   sm90's row-wise `torch._scaled_mm` takes them; `fp8_vision=False` keeps the vision blocks bf16;
+9. serves groups with LoRA rows (issue 27 item 1): each row's adapter index is one more static
+   input, every adapter's weights sit in an `models.lora.AdapterPool` (stacked per adapted
+   linear, fixed addresses, refreshed in place when a weight sync changes them), and the
+   decoder layers that anything adapts run `_text_layer_lora` (gather + bmm deltas on the
+   adapted projections), so one graph / compiled block per (layout, rows) serves any mix of
+   adapters and frozen-base rows. Training forwards keep the plain path (models/base.py).
 
 It calls the model's own submodules (patch embed, blocks' norms/MLPs, mergers, decoder
 layers, rotary embeddings), so a checkpoint's weights are used unchanged. Equality with the
@@ -184,13 +190,13 @@ LORA_LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "sel
 
 
 def _text_layer_lora(layer, h: torch.Tensor, attn: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                     rows: torch.Tensor, scale: torch.Tensor, lora: tuple, fused: tuple = (), fp8: tuple = ()
+                     rows: torch.Tensor, lora: tuple, fused: tuple = (), fp8: tuple = ()
                      ) -> torch.Tensor:
     """Qwen3VLTextDecoderLayer's math (sdpa path) with each row's own LoRA delta on its adapted
     linears (`models.lora.pooled_delta`; ``lora``: per `LORA_LINEARS` entry an `AdapterPool`'s
     (A, B) or None). The base part is the same ops as the module's own forward (separate
     q/k/v, gate/up), or with ``fused`` (w_qkv, b_qkv, w_gu) and ``fp8`` (w_o, w_down) as
-    `_text_layer_fused` runs it; each delta is added to its projection's output in the base dtype."""
+    `_text_layer_fused` runs it; each delta is accumulated onto its projection's output."""
     from models.lora import pooled_delta
 
     a, mlp = layer.self_attn, layer.mlp
@@ -200,7 +206,7 @@ def _text_layer_lora(layer, h: torch.Tensor, attn: torch.Tensor, cos: torch.Tens
     n_q = a.q_proj.out_features // hd
 
     def plus(y: torch.Tensor, x: torch.Tensor, j: int) -> torch.Tensor:
-        return y if lora[j] is None else y + pooled_delta(x, *lora[j], rows, scale).to(y.dtype)
+        return y if lora[j] is None else pooled_delta(y, x, *lora[j], rows)
 
     x = layer.input_layernorm(h)
     if fused:
@@ -375,7 +381,7 @@ class FastQwen3VLEncoder:
         for i, layer in enumerate(lm.layers):
             lora = self._lora_layers[i] if rows is not None else None
             if lora is not None:
-                h = self._text_layer_lora(layer, h, attn, *pos_emb, rows, self.lora_pool.scale, lora,
+                h = self._text_layer_lora(layer, h, attn, *pos_emb, rows, lora,
                                           self._fused[i] if self.fused else (), self._text_fp8[i])
             elif self.fused:
                 h = self._text_layer_fused(layer, *self._fused[i], h, attn, *pos_emb, *self._text_fp8[i])
@@ -416,7 +422,7 @@ class FastQwen3VLEncoder:
 
         if self.lora_pool is None:
             router = router_for(self.base)
-            self.lora_pool = AdapterPool(router.shapes, self.base.lora_pool_size, self.base.device)
+            self.lora_pool = AdapterPool(router.shapes, self.base.lora_pool_size, self.base.device, self.base.dtype)
         pool = self.lora_pool
         idx = pool.assign(segments, rows)
         if idx is None:

@@ -382,16 +382,17 @@ def _batched_delta(bucket: list[tuple[Segment, int]], x: torch.Tensor, out: torc
 
 
 # ---- the row -> adapter assignment as tensors: the fast engine's form (models/fast.py) ----------
-def pooled_delta(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, rows: torch.Tensor, scale: torch.Tensor
+def pooled_delta(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, rows: torch.Tensor
                  ) -> torch.Tensor:
-    """Every row's own adapter delta at once: ``((x @ A[i]^T) @ B[i]^T) * scale[i]`` for row
-    adapter index ``i = rows[n]``, as gather + bmm (no Python per segment: a CUDA graph or a
-    compiled block replays it for any assignment). x (B, L, in) in the base dtype; a (S, r, in),
-    b (S, out, r), scale (S,) an `AdapterPool`'s; returns (B, L, out) in the pool's dtype (the
-    adapters' float32, as `LoraAdapter.delta` computes). Index 0 is all zeros: a frozen-base row
-    gets exact zeros (its input is finite), so adding them leaves it unchanged bit for bit."""
-    xa = torch.bmm(x.to(a.dtype), a[rows].transpose(1, 2))
-    return torch.bmm(xa, b[rows].transpose(1, 2)) * scale[rows].view(-1, 1, 1)
+    """``y`` plus every row's own adapter delta ``(x @ A[i]^T) @ B[i]^T`` for row adapter index
+    ``i = rows[n]`` (B already scaled by alpha / r in the pool), as gather + bmm: no Python per
+    segment, so a CUDA graph or a compiled block replays it for any assignment. x (B, L, in) and
+    y (B, L, out), the linear's input and output; a (S, r, in), b (S, out, r) an `AdapterPool`'s,
+    in the base dtype. The second matmul accumulates onto ``y`` in one kernel (`baddbmm`): the
+    wide (B, L, out) delta is never written on its own, which keeps the adapted forward near the
+    frozen one on a GPU. Index 0 is all zeros: a frozen-base row's ``x @ 0`` is exact zeros (its
+    input is finite), and ``y + 0`` is ``y`` bit for bit."""
+    return torch.baddbmm(y, torch.bmm(x, a[rows].transpose(1, 2)), b[rows].transpose(1, 2))
 
 
 @dataclass
@@ -406,8 +407,12 @@ class AdapterPool:
     fast engine's CUDA graphs and compiled blocks replay any row assignment (`pooled_delta`).
 
     Per linear ``path`` that some resident adapter adapts: ``A[path]`` (S, r_max, in) and
-    ``B[path]`` (S, out, r_max), ``scale`` (S,); S = capacity + 1, index 0 = zeros (frozen-base
-    rows), smaller ranks zero-padded to r_max (padding adds exact zeros). An adapter's weights
+    ``B[path]`` (S, out, r_max) times the adapter's scaling alpha / r, in the base dtype;
+    S = capacity + 1, index 0 = zeros (frozen-base rows), smaller ranks zero-padded to r_max
+    (padding adds exact zeros). On a float32 base the delta is the plain path's math (up to
+    float32 rounding: the scaling is applied to B, not to the product); on a bf16 base its
+    matmuls take bf16 operands with float32 accumulation (the plain path's run in float32): the
+    difference is bf16 rounding of a small delta (bench/lora_group.py prints it). An adapter's weights
     are copied in place into its index before the first forward that uses it and again whenever
     they changed (`LoraAdapter.signature`: weight sync, a checkpoint load, an optimizer step),
     so a refresh never moves a tensor. A rank above r_max, or a linear no resident adapter
@@ -417,7 +422,7 @@ class AdapterPool:
     adapters than that gets None from `assign`, and takes the plain (segmented) forward."""
 
     def __init__(self, shapes: dict[str, tuple[int, int]], capacity: int, device: torch.device,
-                 dtype: torch.dtype = torch.float32) -> None:
+                 dtype: torch.dtype) -> None:
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
             raise SchemaError(f"lora_pool={capacity!r}: must be an integer >= 1 (adapters resident in the fast engine)")
         self.shapes = dict(shapes)
@@ -427,7 +432,6 @@ class AdapterPool:
         self.rank = 0
         self.A: dict[str, torch.Tensor] = {}
         self.B: dict[str, torch.Tensor] = {}
-        self.scale = torch.zeros(capacity + 1, dtype=dtype, device=self.device)
         self.generation = 0
         self._entries: dict[int, _PoolEntry] = {}  # id(adapter) -> entry, least recently used first
         self.copies = 0  # adapter copies into the pool (tests check refreshes happen, and only then)
@@ -501,9 +505,8 @@ class AdapterPool:
                 continue
             self.A[p][i, :r].copy_(ad.lora_A[j])
             self.A[p][i, r:].zero_()
-            self.B[p][i, :, :r].copy_(ad.lora_B[j])
+            self.B[p][i, :, :r].copy_(ad.lora_B[j] * ad.scaling)  # scaled in the adapter's float32
             self.B[p][i, :, r:].zero_()
-        self.scale[i] = ad.scaling
         self.copies += 1
 
 
