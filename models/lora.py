@@ -27,6 +27,15 @@ tower runs on patches, not on a tenant's rows. Exports name tensors as peft does
 
 Dropout noise is drawn from a device generator seeded from the slot's generator once per
 step, so a grouped and a serial step drop the same entries.
+
+On the fast engine (models/fast.py, `BaseConfig(fast=True)`), inference groups take another
+form of the same assignment, one that CUDA graphs and compiled blocks can replay: an int64
+adapter index per row (0 = frozen base) and an `AdapterPool` holding every resident adapter's
+A and B (scaled) stacked per adapted linear at fixed addresses, refreshed in place whenever an
+adapter's weights change (a weight sync's `load_params`, a checkpoint, an optimizer step: the
+tensors' version counters say so); the delta is gather + bmm (`pooled_delta`) and the hooks
+compute nothing. Training forwards (gradients into each tenant's own A and B, dropout) keep
+the segmented hooks.
 """
 
 from __future__ import annotations
