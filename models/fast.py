@@ -274,6 +274,7 @@ class FastQwen3VLEncoder:
         self.lora_pool = None
         self._lora_layers: list[tuple | None] = []
         self._lora_generation = -1
+        self._lora_complete = False
         if compile:
             # One compiled function per layer kind, shared by all layers (their weights are
             # graph inputs), so compile time does not grow with depth. dynamic=False compiles
@@ -434,9 +435,12 @@ class FastQwen3VLEncoder:
             for i in range(len(self.core.language_model.layers)):
                 mods = tuple(pool.layer(f"{prefix}{i}.{name}") for name in LORA_LINEARS)
                 self._lora_layers.append(mods if any(m is not None for m in mods) else None)
+            # An adapted linear `_text_layer_lora` does not run (none on these bases) would lose
+            # its delta: such groups take the plain forward.
+            self._lora_complete = sum(m is not None for mods in self._lora_layers if mods for m in mods) == len(pool.A)
             self._graphs = {k: g for k, g in self._graphs.items() if len(k) == 2}
             self._lora_generation = pool.generation
-        return idx.to(self.base.device)
+        return idx.to(self.base.device) if self._lora_complete else None
 
     # ---- entry point --------------------------------------------------------------------------
     def __call__(self, batch: VLABatch, rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -449,6 +449,13 @@ class AdapterPool:
     def assign(self, segments: Sequence[Segment], rows: int) -> torch.Tensor | None:
         """The adapter index of each of ``rows`` rows (int64, on the CPU; 0 = frozen base), every
         segment's adapter resident and fresh; None when they are more than the capacity."""
+        # The pool's tensors are made and written outside inference mode whatever the caller's
+        # mode (`predict` runs under it): an inference tensor could not be refreshed in place
+        # by a later no_grad forward.
+        with torch.inference_mode(False), torch.no_grad():
+            return self._assign(segments, rows)
+
+    def _assign(self, segments: Sequence[Segment], rows: int) -> torch.Tensor | None:
         adapters: dict[int, LoraAdapter] = {}
         for s in segments:
             if s.adapter.shapes.keys() - self.shapes.keys():
@@ -503,7 +510,6 @@ class AdapterPool:
         for e in self._entries.values():
             e.signature = None
 
-    @torch.no_grad()
     def _copy(self, ad: LoraAdapter, i: int) -> None:
         r = ad.config.rank
         for p in self.A:

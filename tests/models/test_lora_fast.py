@@ -184,3 +184,20 @@ def test_compiled_engine_serves_lora_rows(base: BaseModel) -> None:
     assert router_for(compiled).calls == calls
     assert counters["stats"]["unique_graphs"] >= 2, dict(counters["stats"])
     assert_same(out, encode_grouped(base, vlas, slots=plain_slots, inference=True))
+
+
+def test_a_pool_made_under_inference_mode_is_refreshed_outside_it(base: BaseModel) -> None:
+    """`predict` wraps the forward in inference_mode; a later no_grad forward (an eval, a trainer's
+    prediction) must still refresh the pool in place."""
+    fb = BaseModel.load(BaseConfig("tiny-qwen3-vl", image_size=64, device="cpu", fast=True))
+    fast_slots, plain_slots = make_slots(fb), make_slots(base)
+    vlas = vlas_for(plain_slots, 5)
+    with torch.inference_mode():
+        encode_grouped(fb, vlas, slots=fast_slots, inference=True)
+    with torch.no_grad():
+        for s in (fast_slots[2], plain_slots[2]):
+            s.adapter.lora_A[1].mul_(-1.5)
+        out = encode_grouped(fb, vlas, slots=fast_slots)
+        ref = encode_grouped(base, vlas, slots=plain_slots)
+    assert fb._fast.lora_pool.copies == 3 + 1  # three adapters, then the changed one again
+    assert_same(out, ref)
