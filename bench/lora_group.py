@@ -1,17 +1,26 @@
-"""Mixed-LoRA benchmark: N tenants, each with its own adapter, in one grouped base forward vs
-one forward per tenant (models/lora.py's segmented LoRA).
+"""Mixed-LoRA benchmark: grouped vs serial, and the fast engine's LoRA group vs its frozen base.
+
+N tenants, each with its own adapter, in one grouped base forward vs one forward per tenant
+(models/lora.py's segmented LoRA), and on the fast engine (the adapter pool, models/fast.py)
+against the frozen-base fast forward of the same rows.
 
     python -m bench.lora_group                                          # tiny preset, CPU
     python -m bench.lora_group --preset qwen3-vl-4b --device cuda --tenants 8 --batch 4 \
-        --rank 8 --targets q_proj,k_proj,v_proj,o_proj --json bench/results/lora_h200.json
+        --rank 8 --targets q_proj,k_proj,v_proj,o_proj --compile --json bench/results/lora_h200.json
 
 Per row, on canonical batches already on the device (preprocessing excluded), medians over
 --repeats after --warmup runs, CUDA synchronized around each timed region:
-  infer   base forward with every tenant's adapter (inference_mode): serial vs grouped;
+  infer   plain base forward with every tenant's adapter (inference_mode): serial vs grouped;
   train   forward + every tenant's head loss + one backward into heads and adapters (no
-          optimizer step): serial vs grouped.
-`--frozen K` makes the last K tenants frozen-base (no adapter) to show what they pay.
-One JSON record per row.
+          optimizer step): serial vs grouped (the training forward keeps the plain path);
+  fast    the grouped inference forward on the fast engine (CUDA graphs on CUDA): the mixed-LoRA
+          group vs the same rows with no adapter (frozen base), and their ratio (issue 27's
+          target: <= 1.15); with --compile the same on the compiled engine;
+  diff    max |fast-LoRA - plain-LoRA| over every tenant's valid positions, beside the same
+          figure for the frozen base (fast vs plain) as its yardstick, and the fast-LoRA rows
+          against each tenant's own fast forward (grouped == serial).
+`--frozen K` makes the last K tenants frozen-base (no adapter); `--ranks 8,4,16` gives the
+adapted tenants these ranks in turn (default: all --rank). One JSON record per row.
 """
 
 from __future__ import annotations
@@ -23,14 +32,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import torch  # noqa: E402
+
 from bench.tenant_group import GroupRow, add_common_args, build, emit, time_ms  # noqa: E402
-from models import forward_backward  # noqa: E402
+from models import encode_grouped, encode_serial, forward_backward  # noqa: E402
+from models.fast import FastQwen3VLEncoder  # noqa: E402
 from models.lora import AdapterConfig  # noqa: E402
 
 
 @dataclass
 class Row(GroupRow):
     rank: int
+    ranks: str
     targets: str
     serial_infer_ms: float
     grouped_infer_ms: float
@@ -38,24 +51,81 @@ class Row(GroupRow):
     serial_train_ms: float
     grouped_train_ms: float
     train_speedup: float
+    frozen_fast_ms: float
+    lora_fast_ms: float
+    fast_ratio: float
+    frozen_compiled_ms: float | None
+    lora_compiled_ms: float | None
+    compiled_ratio: float | None
+    max_abs_diff_lora_fast_vs_plain: float
+    max_abs_diff_frozen_fast_vs_plain: float
+    max_abs_diff_lora_fast_grouped_vs_serial: float
+    pool_fallbacks: int
+
+
+def _max_diff(outs: list, refs: list) -> float:
+    d = 0.0
+    for o, r in zip(outs, refs, strict=True):
+        m = r.mask_B_L
+        d = max(d, float((o.hidden_B_L_D[m].float() - r.hidden_B_L_D[m].float()).abs().max()))
+    return d
 
 
 def run(args: argparse.Namespace) -> Row:
-    adapter = AdapterConfig(rank=args.rank, alpha=2.0 * args.rank, target_modules=tuple(args.targets.split(",")))
-    group = build(args, lambda i: {"head_kind": "mlp",
-                                   "adapter": None if i >= args.tenants - args.frozen else adapter})
+    targets = tuple(args.targets.split(","))
+    ranks = [int(r) for r in args.ranks.split(",")] if args.ranks else [args.rank]
+    adapted = args.tenants - args.frozen
+    adapters = [AdapterConfig(rank=ranks[i % len(ranks)], alpha=2.0 * ranks[i % len(ranks)], target_modules=targets)
+                for i in range(adapted)]
+    group = build(args, lambda i: {"head_kind": "mlp", "adapter": adapters[i] if i < adapted else None})
     base = group.base
+    base.lora_pool_size = max(base.lora_pool_size, args.tenants)
+    vlas, slots = group.vlas, group.slots
+
+    def lora(grouped: bool = True) -> list:
+        with torch.inference_mode():
+            return (encode_grouped(base, vlas, inference=True, slots=slots) if grouped
+                    else encode_serial(base, vlas, inference=True, slots=slots))
+
+    def frozen() -> list:
+        with torch.inference_mode():
+            return encode_grouped(base, vlas, inference=True)
+
     times = {}
-    for grouped in (False, True):
+    for grouped in (False, True):  # the plain path (base._fast is None: the engines come below)
         name = "grouped" if grouped else "serial"
         times[f"{name}_infer"] = time_ms(lambda: group.encode(grouped), base.device, args.warmup, args.repeats)
         times[f"{name}_train"] = time_ms(lambda: forward_backward(base, group.items, grouped=grouped), base.device,
                                          args.warmup, args.repeats)
-    return Row(args.preset, str(base.device), args.tenants, args.frozen, args.batch, args.rank, args.targets,
-               round(times["serial_infer"], 2), round(times["grouped_infer"], 2),
-               round(times["serial_infer"] / times["grouped_infer"], 2),
-               round(times["serial_train"], 2), round(times["grouped_train"], 2),
-               round(times["serial_train"] / times["grouped_train"], 2))
+    plain_lora, plain_frozen = lora(), frozen()
+    engines = [("fast", FastQwen3VLEncoder(base))]
+    if args.compile:
+        engines.append(("compiled", FastQwen3VLEncoder(base, compile=True)))
+    diffs = {}
+    fallbacks = 0
+    for name, engine in engines:
+        base._fast = engine
+        try:
+            times[f"frozen_{name}"] = time_ms(frozen, base.device, args.warmup, args.repeats)
+            times[f"lora_{name}"] = time_ms(lora, base.device, args.warmup, args.repeats)
+            if name == "fast":
+                out = lora()
+                diffs["lora"] = _max_diff(out, plain_lora)
+                diffs["frozen"] = _max_diff(frozen(), plain_frozen)
+                diffs["serial"] = _max_diff(out, lora(grouped=False))
+            fallbacks += engine.lora_pool.fallbacks if engine.lora_pool is not None else 0
+        finally:
+            base._fast = None
+    r2 = lambda x: round(x, 2)  # noqa: E731
+    comp = args.compile
+    return Row(args.preset, str(base.device), args.tenants, args.frozen, args.batch, args.rank,
+               ",".join(map(str, ranks)), args.targets,
+               r2(times["serial_infer"]), r2(times["grouped_infer"]), r2(times["serial_infer"] / times["grouped_infer"]),
+               r2(times["serial_train"]), r2(times["grouped_train"]), r2(times["serial_train"] / times["grouped_train"]),
+               r2(times["frozen_fast"]), r2(times["lora_fast"]), round(times["lora_fast"] / times["frozen_fast"], 3),
+               r2(times["frozen_compiled"]) if comp else None, r2(times["lora_compiled"]) if comp else None,
+               round(times["lora_compiled"] / times["frozen_compiled"], 3) if comp else None,
+               diffs["lora"], diffs["frozen"], diffs["serial"], fallbacks)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,10 +133,19 @@ def main(argv: list[str] | None = None) -> int:
     add_common_args(p, tenants=8, batch=4)
     p.add_argument("--frozen", type=int, default=0, help="of the tenants, how many have no adapter")
     p.add_argument("--rank", type=int, default=8)
+    p.add_argument("--ranks", default="", help="comma-separated ranks the adapted tenants take in turn "
+                   "(default: all --rank)")
     p.add_argument("--targets", default="q_proj,k_proj,v_proj,o_proj")
+    p.add_argument("--compile", action="store_true", help="also time the compiled fast engine (compiles first)")
     args = p.parse_args(argv)
     if not 0 <= args.frozen <= args.tenants:
         p.error(f"--frozen={args.frozen}: allowed 0..{args.tenants}")
+    try:
+        ranks = [int(r) for r in args.ranks.split(",")] if args.ranks else [args.rank]
+    except ValueError:
+        p.error(f"--ranks={args.ranks!r}: comma-separated integers >= 1")
+    if any(r < 1 for r in ranks):
+        p.error(f"--ranks={args.ranks!r}: every rank must be >= 1")
     emit(asdict(run(args)), args.json)
     return 0
 

@@ -48,6 +48,9 @@ class BaseConfig:
     fast: use the optimized encode path where a family has one (models.fast).
     compile: with fast, torch.compile each vision block and decoder layer (fuses the elementwise
       work between matmuls; first call per batch size compiles, tens of seconds).
+    lora_pool: with fast, how many LoRA adapters the fast engine keeps stacked on the device at
+      once (models.lora.AdapterPool); an inference group with more distinct adapters than
+      that takes the plain forward.
     """
 
     source: str
@@ -62,8 +65,11 @@ class BaseConfig:
     attn_implementation: str = "sdpa"
     fast: bool = False
     compile: bool = False
+    lora_pool: int = 32
 
     def __post_init__(self) -> None:
+        if isinstance(self.lora_pool, bool) or not isinstance(self.lora_pool, int) or self.lora_pool < 1:
+            raise SchemaError(f"lora_pool={self.lora_pool!r}: must be an integer >= 1")
         if self.dtype is not None and self.dtype not in _DTYPES:
             raise SchemaError(f"dtype={self.dtype!r}: allowed {sorted(_DTYPES)} or None")
         if self.source not in PRESETS and not Path(self.source).is_dir():
@@ -154,7 +160,7 @@ class BaseModel:
 
     def __init__(self, core: torch.nn.Module, family: Family, tokenizer: Tokenizer, lead_ids: list[int],
                  base_id: str, device: torch.device, dtype: torch.dtype, fast: bool = False,
-                 compile: bool = False) -> None:
+                 compile: bool = False, lora_pool: int = 32) -> None:
         self.core = core
         self.family = family
         self.tokenizer = tokenizer
@@ -168,6 +174,7 @@ class BaseModel:
         # models.lora.LoraRouter: hooks on the decoder's linears, installed by the first slot
         # with an adapter (`models.lora.router_for`); None = no LoRA tenant, no hooks at all.
         self.lora_router = None
+        self.lora_pool_size = lora_pool  # adapters the fast engine stacks (BaseConfig.lora_pool)
         if fast:
             from models.fast import make_fast_encoder
 
@@ -206,7 +213,8 @@ class BaseModel:
         family = family_cls(hf_config, TokenIds.from_dict(preset.token_ids), layout)
         tok = ByteTokenizer(offset=4, vocab_size=int(hf_config.get_text_config().vocab_size))
         base_id = f"preset:{preset.name}:seed{cfg.seed}:{_config_digest(hf_config)}"
-        return cls(core, family, tok, [family.ids.bos], base_id, device, dtype, fast=cfg.fast, compile=cfg.compile)
+        return cls(core, family, tok, [family.ids.bos], base_id, device, dtype, fast=cfg.fast, compile=cfg.compile,
+                   lora_pool=cfg.lora_pool)
 
     @classmethod
     def _from_directory(cls, cfg: BaseConfig, device: torch.device, dtype: torch.dtype) -> "BaseModel":
@@ -236,7 +244,8 @@ class BaseModel:
         else:
             lead_ids = (tokenizer.encode(family.lead_text) if family.lead_text else []) or [ids.bos]
         base_id = f"dir:{path.resolve()}:{_config_digest(hf_config)}"
-        return cls(core, family, tokenizer, lead_ids, base_id, device, dtype, fast=cfg.fast, compile=cfg.compile)
+        return cls(core, family, tokenizer, lead_ids, base_id, device, dtype, fast=cfg.fast, compile=cfg.compile,
+                   lora_pool=cfg.lora_pool)
 
     def _freeze(self) -> None:
         self.core.eval()
@@ -283,7 +292,16 @@ class BaseModel:
         autograd through the language model, so a backward reaches the adapters (never the
         base: its weights do not require grad)."""
         self._check_key(batch)
-        if adapters:
+        # Adapted rows on the fast engine: when nothing needs gradients or dropout (serving), the
+        # row assignment goes in as a tensor and every adapter's weights as a pool slot
+        # (models.lora.AdapterPool), so its graphs and compiled blocks serve any mix of tenants.
+        # A training forward keeps the plain one (gradients reach each tenant's own A and B
+        # through the segmented hooks), as does a group the pool cannot hold.
+        rows = None
+        if (adapters and self._fast is not None and not prefix_kv and (inference or not torch.is_grad_enabled())
+                and all(s.gen is None for s in adapters)):
+            rows = self._fast.lora_rows(adapters, len(batch))
+        if adapters and rows is None:
             from models.lora import router_for
 
             route = router_for(self).route(adapters)
@@ -292,12 +310,10 @@ class BaseModel:
             route = contextlib.nullcontext()
             ctx = torch.inference_mode() if inference else torch.no_grad()
         with ctx, route:
-            # The fast path's CUDA graphs would replay one capture's row assignment: adapted
-            # groups take the plain forward (the same math, tested equal on CPU).
-            # The fast path keeps no KV cache either: groups with expert rows take the plain one.
+            # The fast path keeps no KV cache: groups with expert rows take the plain one.
             prefix = None
-            if self._fast is not None and not adapters and not prefix_kv:
-                hidden, mask = self._fast(batch.to(self.device))
+            if self._fast is not None and (not adapters or rows is not None) and not prefix_kv:
+                hidden, mask = self._fast(batch.to(self.device), rows)
             else:
                 inputs = self.family.build_inputs(batch.to(self.device), self.lead_ids, self.dtype)
                 if prefix_kv:

@@ -25,7 +25,13 @@ hundred kernel launches per call. This path:
    tensor, so graph capture works); implies the fused decoder layer. Its speed and its error
    against the bf16 forward are in docs/benchmarks.md. `fp8="rowwise"`: the same with one scale
    per token (activations, (M, 1)) and one per output channel (weights, (1, N)), float32, as
-   sm90's row-wise `torch._scaled_mm` takes them; `fp8_vision=False` keeps the vision blocks bf16.
+   sm90's row-wise `torch._scaled_mm` takes them; `fp8_vision=False` keeps the vision blocks bf16;
+9. serves groups with LoRA rows (issue 27 item 1): each row's adapter index is one more static
+   input, every adapter's weights sit in an `models.lora.AdapterPool` (stacked per adapted
+   linear, fixed addresses, refreshed in place when a weight sync changes them), and the
+   decoder layers that anything adapts run `_text_layer_lora` (gather + bmm deltas on the
+   adapted projections), so one graph / compiled block per (layout, rows) serves any mix of
+   adapters and frozen-base rows. Training forwards keep the plain path (models/base.py).
 
 It calls the model's own submodules (patch embed, blocks' norms/MLPs, mergers, decoder
 layers, rotary embeddings), so a checkpoint's weights are used unchanged. Equality with the
@@ -177,6 +183,59 @@ def _text_layer(layer, h: torch.Tensor, attn: torch.Tensor, pos_emb: tuple[torch
     return out[0] if isinstance(out, tuple) else out
 
 
+# The adaptable linears of a decoder layer, in `_text_layer_lora`'s order (their module paths
+# below ``<decoder>.layers.<i>.``).
+LORA_LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+
+
+def _text_layer_lora(layer, h: torch.Tensor, attn: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                     rows: torch.Tensor, lora: tuple, fused: tuple = (), fp8: tuple = ()
+                     ) -> torch.Tensor:
+    """Qwen3VLTextDecoderLayer's math (sdpa path) with each row's own LoRA delta on its adapted
+    linears (`models.lora.pooled_delta`; ``lora``: per `LORA_LINEARS` entry an `AdapterPool`'s
+    (A, B) or None). The base part is the same ops as the module's own forward (separate
+    q/k/v, gate/up), or with ``fused`` (w_qkv, b_qkv, w_gu) and ``fp8`` (w_o, w_down) as
+    `_text_layer_fused` runs it; each delta is accumulated onto its projection's output."""
+    from models.lora import pooled_delta
+
+    a, mlp = layer.self_attn, layer.mlp
+    b, length, _ = h.shape
+    hd = a.head_dim
+    n_kv = a.k_proj.out_features // hd
+    n_q = a.q_proj.out_features // hd
+
+    def plus(y: torch.Tensor, x: torch.Tensor, j: int) -> torch.Tensor:
+        return y if lora[j] is None else pooled_delta(y, x, *lora[j], rows)
+
+    x = layer.input_layernorm(h)
+    if fused:
+        q, k, v = _linear(x, fused[0], fused[1]).split([n_q * hd, n_kv * hd, n_kv * hd], dim=-1)
+    else:
+        q, k, v = (F.linear(x, m.weight, m.bias) for m in (a.q_proj, a.k_proj, a.v_proj))
+    q, k, v = plus(q, x, 0), plus(k, x, 1), plus(v, x, 2)
+    q = a.q_norm(q.view(b, length, n_q, hd)).transpose(1, 2)
+    k = a.k_norm(k.view(b, length, n_kv, hd)).transpose(1, 2)
+    v = v.view(b, length, n_kv, hd).transpose(1, 2)
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    q = (q * cos) + (_rotate_half(q) * sin)
+    k = (k * cos) + (_rotate_half(k) * sin)
+    group = n_q // n_kv  # GQA as transformers' sdpa path does it (see `_text_layer_fused`)
+    k = k[:, :, None].expand(b, n_kv, group, length, hd).reshape(b, n_q, length, hd)
+    v = v[:, :, None].expand(b, n_kv, group, length, hd).reshape(b, n_q, length, hd)
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=attn, scale=a.scaling)
+    o = o.transpose(1, 2).reshape(b, length, -1)
+    h = h + plus(_linear(o, fp8[0], a.o_proj.bias) if fp8 else F.linear(o, a.o_proj.weight, a.o_proj.bias), o, 3)
+    x = layer.post_attention_layernorm(h)
+    if fused:
+        g, u = _linear(x, fused[2]).chunk(2, dim=-1)
+    else:
+        g, u = F.linear(x, mlp.gate_proj.weight, mlp.gate_proj.bias), F.linear(x, mlp.up_proj.weight, mlp.up_proj.bias)
+    x = mlp.act_fn(plus(g, x, 4)) * plus(u, x, 5)
+    down = _linear(x, fp8[1], mlp.down_proj.bias) if fp8 else F.linear(x, mlp.down_proj.weight, mlp.down_proj.bias)
+    return h + plus(down, x, 6)
+
+
 def _check_fp8_device(device: torch.device, fp8: bool | str = True) -> None:
     """FP8 matmuls (`torch._scaled_mm` on float8_e4m3fn) run on CUDA GPUs of compute capability
     8.9+ (Ada, Hopper) only: refuse anything else up front, not at the first forward. Row-wise
@@ -209,6 +268,13 @@ class FastQwen3VLEncoder:
         self._vision_block = _vision_block
         self._text_layer = _text_layer
         self._text_layer_fused = _text_layer_fused
+        self._text_layer_lora = _text_layer_lora
+        # LoRA rows (models.lora.AdapterPool, built at the first adapted group): per decoder layer
+        # the pool's (A, B) per `LORA_LINEARS` entry, None for a layer nothing adapts.
+        self.lora_pool = None
+        self._lora_layers: list[tuple | None] = []
+        self._lora_generation = -1
+        self._lora_complete = False
         if compile:
             # One compiled function per layer kind, shared by all layers (their weights are
             # graph inputs), so compile time does not grow with depth. dynamic=False compiles
@@ -220,6 +286,7 @@ class FastQwen3VLEncoder:
             self._vision_block = torch.compile(_vision_block, dynamic=dynamic)
             self._text_layer = torch.compile(_text_layer, dynamic=dynamic)
             self._text_layer_fused = torch.compile(_text_layer_fused, dynamic=dynamic)
+            self._text_layer_lora = torch.compile(_text_layer_lora, dynamic=dynamic)
         # Profiling hook (bench/fast_profile.py): called with a stage name at stage ends of an
         # uncaptured forward; None in normal use (and never set while a graph is captured).
         self.on_stage: Callable[[str], None] | None = None
@@ -284,7 +351,8 @@ class FastQwen3VLEncoder:
 
     # ---- the forward ------------------------------------------------------------------------
     def _forward(self, c: _Consts, layout: FeatureLayout, prompt_ids: torch.Tensor, prompt_len: torch.Tensor,
-                 image_mask: torch.Tensor, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                 image_mask: torch.Tensor, images: torch.Tensor, rows: torch.Tensor | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
         fam, dtype = self.family, self.base.dtype
         b, s = image_mask.shape
         t = prompt_ids.shape[1]
@@ -312,7 +380,11 @@ class FastQwen3VLEncoder:
         attn = (c.causal_L_L[None] & mask[:, None, :])[:, None]  # (B, 1, L, L), True = attend
         self._stage("embed")
         for i, layer in enumerate(lm.layers):
-            if self.fused:
+            lora = self._lora_layers[i] if rows is not None else None
+            if lora is not None:
+                h = self._text_layer_lora(layer, h, attn, *pos_emb, rows, lora,
+                                          self._fused[i] if self.fused else (), self._text_fp8[i])
+            elif self.fused:
                 h = self._text_layer_fused(layer, *self._fused[i], h, attn, *pos_emb, *self._text_fp8[i])
             else:
                 h = self._text_layer(layer, h, attn, pos_emb)
@@ -342,18 +414,53 @@ class FastQwen3VLEncoder:
                 deepstack.append(v.deepstack_merger_list[v.deepstack_visual_indexes.index(layer_num)](h))
         return v.merger(h), deepstack
 
+    # ---- LoRA rows ----------------------------------------------------------------------------
+    def lora_rows(self, segments: list, rows: int) -> torch.Tensor | None:
+        """The adapter index per row of a group (`models.lora.AdapterPool.assign`, on the base's
+        device) for `__call__`, every segment's adapter copied into the pool if it changed; None
+        when the pool cannot hold them all (the caller takes the plain forward)."""
+        from models.lora import AdapterPool, router_for
+
+        if self.lora_pool is None:
+            router = router_for(self.base)
+            self.lora_pool = AdapterPool(router.shapes, self.base.lora_pool_size, self.base.device, self.base.dtype)
+        pool = self.lora_pool
+        idx = pool.assign(segments, rows)
+        if idx is None:
+            return None
+        if pool.generation != self._lora_generation:
+            # New pool tensors: layers map to them again, and graphs captured on the old ones go.
+            prefix = f"{self.family.text_decoder}.layers."
+            self._lora_layers = []
+            for i in range(len(self.core.language_model.layers)):
+                mods = tuple(pool.layer(f"{prefix}{i}.{name}") for name in LORA_LINEARS)
+                self._lora_layers.append(mods if any(m is not None for m in mods) else None)
+            # An adapted linear `_text_layer_lora` does not run (none on these bases) would lose
+            # its delta: such groups take the plain forward.
+            self._lora_complete = sum(m is not None for mods in self._lora_layers if mods for m in mods) == len(pool.A)
+            self._graphs = {k: g for k, g in self._graphs.items() if len(k) == 2}
+            self._lora_generation = pool.generation
+        return idx.to(self.base.device) if self._lora_complete else None
+
     # ---- entry point --------------------------------------------------------------------------
-    def __call__(self, batch: VLABatch) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(self, batch: VLABatch, rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The encode of ``batch``; ``rows`` (from `lora_rows`): each row's LoRA adapter index,
+        for a group with adapted rows (a graph of its own per pool generation, the row
+        assignment one of its static inputs)."""
         layout, b = batch.key.layout, len(batch)
         c = self.consts(layout, b)
         inputs = [batch.prompt_ids_B_T, batch.prompt_len_B, batch.image_mask_B_S, batch.images_B_S_C_H_W]
+        key: tuple = (layout, b)
+        if rows is not None:
+            inputs.append(rows)
+            key = (layout, b, self._lora_generation)
         if not self.use_graphs:
             return self._forward(c, layout, *inputs)
         with torch.inference_mode(False), torch.no_grad():
-            g = self._graphs.get((layout, b))
+            g = self._graphs.get(key)
             if g is None:
                 g = self._capture(c, layout, inputs)
-                self._graphs[(layout, b)] = g
+                self._graphs[key] = g
             graph, static_in, static_out = g
             for dst, src in zip(static_in, inputs):
                 dst.copy_(src)

@@ -27,6 +27,15 @@ tower runs on patches, not on a tenant's rows. Exports name tensors as peft does
 
 Dropout noise is drawn from a device generator seeded from the slot's generator once per
 step, so a grouped and a serial step drop the same entries.
+
+On the fast engine (models/fast.py, `BaseConfig(fast=True)`), inference groups take another
+form of the same assignment, one that CUDA graphs and compiled blocks can replay: an int64
+adapter index per row (0 = frozen base) and an `AdapterPool` holding every resident adapter's
+A and B (scaled) stacked per adapted linear at fixed addresses, refreshed in place whenever an
+adapter's weights change (a weight sync's `load_params`, a checkpoint, an optimizer step: the
+tensors' version counters say so); the delta is gather + bmm (`pooled_delta`) and the hooks
+compute nothing. Training forwards (gradients into each tenant's own A and B, dropout) keep
+the segmented hooks.
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ import json
 import math
 import re
 import threading
+import weakref
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -182,6 +192,13 @@ class LoraAdapter(nn.Module):
         for a in self.lora_A:
             # nn.Linear's default init, as peft (and microsoft/LoRA) initialise A; B stays zero.
             nn.init.kaiming_uniform_(a, a=math.sqrt(5))
+        self._flat = [*self.lora_A, *self.lora_B]
+
+    def signature(self) -> tuple:
+        """Changes whenever a weight does: every in-place write (a weight load, an optimizer
+        step, ``copy_``) bumps a tensor's version counter, and a move gives it new storage.
+        What `AdapterPool` compares to know its copy of this adapter is stale."""
+        return tuple((p._version, p.data_ptr()) for p in self._flat)
 
     @property
     def scaling(self) -> float:
@@ -371,6 +388,141 @@ def _batched_delta(bucket: list[tuple[Segment, int]], x: torch.Tensor, out: torc
     else:
         for j, (s, _) in enumerate(bucket):
             out[s.start:s.end] += d[j]
+
+
+# ---- the row -> adapter assignment as tensors: the fast engine's form (models/fast.py) ----------
+def pooled_delta(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, rows: torch.Tensor
+                 ) -> torch.Tensor:
+    """``y`` plus every row's own adapter delta ``(x @ A[i]^T) @ B[i]^T`` for row adapter index
+    ``i = rows[n]`` (B already scaled by alpha / r in the pool), as gather + bmm: no Python per
+    segment, so a CUDA graph or a compiled block replays it for any assignment. x (B, L, in) and
+    y (B, L, out), the linear's input and output; a (S, r, in), b (S, out, r) an `AdapterPool`'s,
+    in the base dtype. The second matmul accumulates onto ``y`` in one kernel (`baddbmm`): the
+    wide (B, L, out) delta is never written on its own, which keeps the adapted forward near the
+    frozen one on a GPU. Index 0 is all zeros: a frozen-base row's ``x @ 0`` is exact zeros (its
+    input is finite), and ``y + 0`` is ``y`` bit for bit."""
+    return torch.baddbmm(y, torch.bmm(x, a[rows].transpose(1, 2)), b[rows].transpose(1, 2))
+
+
+@dataclass
+class _PoolEntry:
+    ref: Any  # weakref to the LoraAdapter: a dropped slot's adapter frees its index
+    index: int
+    signature: tuple | None  # the adapter's weights as last copied (None: copy before next use)
+
+
+class AdapterPool:
+    """Every resident adapter's weights stacked per adapted linear, at fixed addresses, so the
+    fast engine's CUDA graphs and compiled blocks replay any row assignment (`pooled_delta`).
+
+    Per linear ``path`` that some resident adapter adapts: ``A[path]`` (S, r_max, in) and
+    ``B[path]`` (S, out, r_max) times the adapter's scaling alpha / r, in the base dtype;
+    S = capacity + 1, index 0 = zeros (frozen-base rows), smaller ranks zero-padded to r_max
+    (padding adds exact zeros). On a float32 base the delta is the plain path's math (up to
+    float32 rounding: the scaling is applied to B, not to the product); on a bf16 base its
+    matmuls take bf16 operands with float32 accumulation (the plain path's run in float32): the
+    difference is bf16 rounding of a small delta (bench/lora_group.py prints it). An adapter's weights
+    are copied in place into its index before the first forward that uses it and again whenever
+    they changed (`LoraAdapter.signature`: weight sync, a checkpoint load, an optimizer step),
+    so a refresh never moves a tensor. A rank above r_max, or a linear no resident adapter
+    adapted before, reallocates and bumps `generation`: the engine drops graphs of older
+    generations and captures again. Capacity bounds the adapters resident at once (least
+    recently used ones not in the current forward make room); a forward with more distinct
+    adapters than that gets None from `assign`, and takes the plain (segmented) forward."""
+
+    def __init__(self, shapes: dict[str, tuple[int, int]], capacity: int, device: torch.device,
+                 dtype: torch.dtype) -> None:
+        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
+            raise SchemaError(f"lora_pool={capacity!r}: must be an integer >= 1 (adapters resident in the fast engine)")
+        self.shapes = dict(shapes)
+        self.capacity = capacity
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.rank = 0
+        self.A: dict[str, torch.Tensor] = {}
+        self.B: dict[str, torch.Tensor] = {}
+        self.generation = 0
+        self._entries: dict[int, _PoolEntry] = {}  # id(adapter) -> entry, least recently used first
+        self.copies = 0  # adapter copies into the pool (tests check refreshes happen, and only then)
+        self.fallbacks = 0  # forwards refused for want of capacity
+
+    def assign(self, segments: Sequence[Segment], rows: int) -> torch.Tensor | None:
+        """The adapter index of each of ``rows`` rows (int64, on the CPU; 0 = frozen base), every
+        segment's adapter resident and fresh; None when they are more than the capacity."""
+        # The pool's tensors are made and written outside inference mode whatever the caller's
+        # mode (`predict` runs under it): an inference tensor could not be refreshed in place
+        # by a later no_grad forward.
+        with torch.inference_mode(False), torch.no_grad():
+            return self._assign(segments, rows)
+
+    def _assign(self, segments: Sequence[Segment], rows: int) -> torch.Tensor | None:
+        adapters: dict[int, LoraAdapter] = {}
+        for s in segments:
+            if s.adapter.shapes.keys() - self.shapes.keys():
+                raise InputError("LoRA pool: an adapter built for another base was routed through this one")
+            adapters.setdefault(id(s.adapter), s.adapter)
+        for k in [k for k, e in self._entries.items() if e.ref() is None]:
+            del self._entries[k]  # its slot is gone: the index is free again
+        if len(adapters) > self.capacity:
+            self.fallbacks += 1
+            return None
+        rank = max((a.config.rank for a in adapters.values()), default=0)
+        new_paths = {p for a in adapters.values() for p in a.paths} - self.A.keys()
+        if rank > self.rank or new_paths:
+            self._grow(max(rank, self.rank), new_paths)
+        index: dict[int, int] = {}
+        for key, ad in adapters.items():
+            e = self._entries.pop(key, None)
+            if e is None or e.ref() is not ad:
+                e = _PoolEntry(weakref.ref(ad), self._free_index(set(adapters)), None)
+            self._entries[key] = e  # most recently used last
+            sig = ad.signature()
+            if e.signature != sig:
+                self._copy(ad, e.index)
+                e.signature = sig
+            index[key] = e.index
+        out = torch.zeros(rows, dtype=torch.int64)
+        for s in segments:
+            out[s.start:s.end] = index[id(s.adapter)]
+        return out
+
+    def layer(self, path: str) -> tuple[torch.Tensor, torch.Tensor] | None:
+        return (self.A[path], self.B[path]) if path in self.A else None
+
+    def _free_index(self, keep: set[int]) -> int:
+        used = {e.index for e in self._entries.values()}
+        free = [i for i in range(1, self.capacity + 1) if i not in used]
+        if free:
+            return free[0]
+        victim = next(k for k in self._entries if k not in keep)  # LRU not in this forward (assign checked room)
+        return self._entries.pop(victim).index
+
+    def _grow(self, rank: int, new_paths: set[str]) -> None:
+        """Reallocate every pooled linear at ``rank`` (and the new ones): every resident adapter is
+        copied again before its next use."""
+        n = self.capacity + 1
+        for p in sorted(self.A.keys() | new_paths):
+            i, o = self.shapes[p]
+            self.A[p] = torch.zeros(n, rank, i, dtype=self.dtype, device=self.device)
+            self.B[p] = torch.zeros(n, o, rank, dtype=self.dtype, device=self.device)
+        self.rank = rank
+        self.generation += 1
+        for e in self._entries.values():
+            e.signature = None
+
+    def _copy(self, ad: LoraAdapter, i: int) -> None:
+        r = ad.config.rank
+        for p in self.A:
+            j = ad.index.get(p)
+            if j is None:  # a linear this adapter does not adapt: exact zeros for its rows
+                self.A[p][i].zero_()
+                self.B[p][i].zero_()
+                continue
+            self.A[p][i, :r].copy_(ad.lora_A[j])
+            self.A[p][i, r:].zero_()
+            self.B[p][i, :, :r].copy_(ad.lora_B[j] * ad.scaling)  # scaled in the adapter's float32
+            self.B[p][i, :, r:].zero_()
+        self.copies += 1
 
 
 _INSTALL = threading.Lock()
