@@ -39,7 +39,7 @@ GAUSSIAN = {"kind": "gaussian", "params": {"width": 256, "init_log_std": -1.5}}
 # PPO on the task's normalised dense reward (in [0, 1] per step); short episodes (PushCube's
 # expert needs ~10-17 steps of its 50), so a short horizon suffices, as in examples/rl_reach.yaml.
 PPO = {"lr": 3e-4, "gamma": 0.9, "gae_lambda": 0.9, "clip_ratio": 0.2, "value_coef": 0.5, "entropy_coef": 0.0,
-       "epochs": 2, "steps_per_update": 256, "parallel_envs": 4, "micro_batch": 64, "grad_clip": 0.5}
+       "epochs": 2, "steps_per_update": 256, "parallel_envs": 2, "micro_batch": 64, "grad_clip": 0.5}
 
 
 def sft_spec(example: dict[str, Any], tenant: str, seed: int, root: Path, steps: int) -> dict[str, Any]:
