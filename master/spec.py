@@ -542,7 +542,9 @@ class OutputsSpec(_Section):
     export_every_steps: Int = _doc(
         "export (and so sync to the inferencers) a new policy version only once at least N optimizer "
         "steps of the tenant passed since its last export; commits stay per job, and the workload's "
-        "last job always exports. Default 0: after every trained job", 0, ge=0)
+        "last job always exports. Each workload of the tenant sets it anew (as schedule's fields). rl: "
+        "below schedule.staleness_bound (rollouts act with the last export). Default 0: after every "
+        "trained job", 0, ge=0)
     report_path: Str | None = _doc(
         "file name (or relative path) of the workload's final JSON report inside the tenant's own "
         "reports dir, <data dir>/reports/<tenant>/, written by the master when the workload ends; "
@@ -778,6 +780,14 @@ def _cross_errors(spec: WorkloadSpec) -> list[InitErrorDetails]:
                            f"{spec.algorithm.items_per_job} exceeds schedule.sft_prefetch_items="
                            f"{spec.schedule.sft_prefetch_items}; allowed: <= sft_prefetch_items (raise the cap "
                            "or use smaller jobs)", spec.algorithm.items_per_job))
+    every = spec.outputs.export_every_steps
+    if spec.task == "rl" and every > 0 and every >= spec.schedule.staleness_bound:
+        # Rollouts act with the newest *exported* version; with exports this sparse every rollout
+        # is past the bound before the next export: all dropped, nothing trains again.
+        errors.append(rule(("outputs", "export_every_steps"),
+                           f"{every} is not below schedule.staleness_bound={spec.schedule.staleness_bound}: "
+                           "rollouts act with the last exported version, so every one would be dropped as "
+                           "stale before the next export; allowed: 0 (every job) or < staleness_bound", every))
     target = spec.schedule.budget.target
     if target is not None:
         allowed = TARGET_METRICS[spec.task]

@@ -1012,7 +1012,8 @@ def policy_pin_tenant(rec: WorkloadRecord) -> str:
 # TenantConfig fields a later workload of the same tenant may change: how it is scheduled and
 # how it is optimised (the optimizer's moments carry over; its hyper-parameters and the PPO
 # loss coefficients are the new workload's). Everything else is what the slot *is*.
-MUTABLE_FIELDS = ("priority", "max_inflight_jobs", "sft_prefetch_items", "staleness_bound", "optim", "head_params")
+MUTABLE_FIELDS = ("priority", "max_inflight_jobs", "sft_prefetch_items", "staleness_bound", "optim", "head_params",
+                  "export_every_steps")
 
 
 def _check_same_policy(mine: TenantConfig, target: TenantConfig, same_tenant: bool = False) -> None:

@@ -223,6 +223,32 @@ def test_export_every_steps_and_report_path_compile():
     assert report_file("/data", rec) == Path("/data/reports/t/w9.json").resolve()
 
 
+def test_rl_exports_as_sparse_as_the_staleness_bound_are_refused():
+    """Rollouts act with the last exported version: exports every >= staleness_bound steps
+    would make every rollout stale before the next export (nothing would ever train again; a
+    PushCube PPO run found it, docs/results.md). Below the bound, or 0, is fine; SFT has no bound."""
+    rl = _set(doc("rl"), "schedule.staleness_bound", 64)
+    with pytest.raises(SpecError) as info:
+        parse_spec(_set(copy.deepcopy(rl), "outputs.export_every_steps", 64))
+    (err,) = info.value.details["errors"]
+    assert err["field"] == "outputs.export_every_steps" and err["value"] == 64
+    assert "schedule.staleness_bound=64" in err["message"] and "stale" in err["message"]
+    assert parse_spec(_set(copy.deepcopy(rl), "outputs.export_every_steps", 63)).outputs.export_every_steps == 63
+    assert parse_spec(_set(doc("sft"), "outputs.export_every_steps", 500)).outputs.export_every_steps == 500
+
+
+def test_a_later_workload_sets_export_every_steps_as_it_sets_the_other_scheduling_fields():
+    """A tenant's next workload changes how it is scheduled, optimised and exported (not what
+    it is): an RL workload after an SFT one that exported every 200 steps exports as its own
+    spec says (it kept the SFT's 200 once, and starved: every rollout stale)."""
+    from master.workloads import MUTABLE_FIELDS
+
+    assert "export_every_steps" in MUTABLE_FIELDS
+    sft = compile_tenant(parse_spec(_set(doc("sft"), "outputs.export_every_steps", 200)))
+    rl = compile_tenant(parse_spec(doc("rl")))
+    assert {k for k in MUTABLE_FIELDS if getattr(sft, k) != getattr(rl, k)} >= {"export_every_steps"}
+
+
 @pytest.mark.parametrize("bad", ["/etc/passwd", "../up.json", "a/../../b.json", "a//b.json", "a/./b.json",
                                  "a b.json", "x/", "r\\..\\x.json"])
 def test_report_path_cannot_leave_the_tenants_reports_dir(bad):
