@@ -31,7 +31,13 @@ hundred kernel launches per call. This path:
    linear, fixed addresses, refreshed in place when a weight sync changes them), and the
    decoder layers that anything adapts run `_text_layer_lora` (gather + bmm deltas on the
    adapted projections), so one graph / compiled block per (layout, rows) serves any mix of
-   adapters and frozen-base rows. Training forwards keep the plain path (models/base.py).
+   adapters and frozen-base rows. Training forwards keep the plain path (models/base.py);
+10. serves groups with action-expert rows (issue 27 item 2): with ``kv=True`` every decoder
+   layer runs `_text_layer_lora` (adapted or not) and also hands back its keys (normed,
+   rotated) and values, (B, kv_heads, L, head_dim) in the base dtype as `Family.forward_kv`
+   returns them, with each row's next position (`Family.next_positions`): more static outputs
+   of a graph of its own per (layout, rows[, pool generation]) on CUDA, or of the compiled
+   blocks, so the expert's prefix cache costs the frozen forward plus those copies.
 
 It calls the model's own submodules (patch embed, blocks' norms/MLPs, mergers, decoder
 layers, rotary embeddings), so a checkpoint's weights are used unchanged. Equality with the

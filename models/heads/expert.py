@@ -23,6 +23,10 @@ rows are equally many sample together in a grouped `predict` (`ExpertHead.predic
 weights are stacked and each linear layer runs as one batched matmul over the tenants, so the
 Euler loop launches once per step for all of them instead of once per tenant; each tenant's
 noise still comes from its own generator, and grouped == serial within 1e-5 (CPU fp32).
+The noise is drawn before the loop, so the loop reads only fixed inputs: `EulerBucket` keeps
+them in fixed buffers per (bucket shape, tenants) and on CUDA replays the whole loop (every
+step, every layer) as one CUDA graph; each expert layer's prefix + suffix KV is one buffer
+written in place (no per-step concatenation of the cache) and GQA reads the cache unrepeated.
 
 Training: flow matching on the action chunk (models/heads/flow.py's schedule: t from
 Beta(alpha, 1), x_t = (1 - t) noise + t actions, MSE on the velocity). Inference: the base's
@@ -237,7 +241,7 @@ def _layer_many(layer: "ExpertLayer", p: dict[str, torch.Tensor], x: torch.Tenso
     kv_v[:, :, length:] = v
     # Query head h reads KV head h // group (repeat_interleave's pairing): (N, kv, group * T, hd).
     a = F.scaled_dot_product_attention(q.reshape(s_ * b, kv, (heads // kv) * t, hd), kv_k, kv_v, attn_mask=mask_g)
-    a = a.view(s_ * b, heads, t, hd)
+    a = a.reshape(s_ * b, heads, t, hd)  # reshape: CUDA kernels may return it transposed in memory
     x = x + _lin(a.transpose(1, 2).reshape(s_, b, t, heads * hd), p["o.weight"])
     h = _rms(x, p["mlp_norm.weight"], layer.mlp_norm.eps)
     return x + _lin(F.gelu(_lin(h, p["gate.weight"]), approximate="tanh") * _lin(h, p["up.weight"]), p["down.weight"])
@@ -420,8 +424,9 @@ class EulerBucket:
         h0, length, t = heads[0], self.length, self.tokens
         dev = h0._device
         self.x0.copy_(x0)
+        named = [dict(h.named_parameters()) for h in heads]
         for name, buf in self.params.items():
-            torch.stack([h.get_parameter(name) for h in heads], out=buf)
+            torch.stack([p[name] for p in named], out=buf)
         if self.state is not None:
             self.state[:, :, 0].copy_(torch.stack([h.state(v) for h, v in zip(heads, vlas)]))
         for i, j in enumerate(h0.layer_map):
