@@ -40,7 +40,7 @@ from __future__ import annotations
 import functools
 from collections import OrderedDict
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -384,7 +384,7 @@ class EulerBucket:
     hundred small kernels per step, launch-bound, while the cache it reads does not change. On
     CPU (and without CUDA) it runs the same function eagerly on the same buffers."""
 
-    _cache: "OrderedDict[tuple, EulerBucket]" = OrderedDict()
+    _cache: ClassVar[OrderedDict[tuple, "EulerBucket"]] = OrderedDict()
 
     @classmethod
     def get(cls, h0: ExpertHead, tenants: int, feats0: BaseOutput, states: bool) -> "EulerBucket":

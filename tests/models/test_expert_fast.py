@@ -9,6 +9,7 @@ The CUDA graph of the loop is CUDA-only; its eager twin on the same buffers runs
 from __future__ import annotations
 
 import os
+import shutil
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -16,8 +17,8 @@ import pytest
 import torch
 
 from models import BaseConfig, BaseModel, OptimConfig, TenantSlot, predict, train_step
-from models.features import VLABatch
 from models.fast import FastQwen3VLEncoder
+from models.features import VLABatch
 from models.group import encode_grouped
 from models.heads.expert import EulerBucket
 from models.lora import AdapterConfig, router_for
@@ -147,3 +148,22 @@ def test_buckets_are_reused_and_see_each_step(base: BaseModel, fast: BaseModel) 
     # Three expert buckets (t0, t2 and the adapted t5: one shape, two rows each; the shallow
     # one; the one-row one), the same objects on the second call.
     assert len(buckets) == 3 and all(EulerBucket._cache[k] is v for k, v in buckets.items())
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which(os.environ.get("CC", "gcc")) is None,
+                    reason="torch.compile's inductor needs a C compiler (gcc, or $CC) on PATH")
+def test_compiled_engine_returns_the_cache(base: BaseModel) -> None:
+    """compile=True: the decoder layer that returns its cache is a compiled block too, and a mixed
+    group's cache and actions equal the plain path's (about a minute of CPU)."""
+    torch._dynamo.reset()
+    compiled = BaseModel.load(BaseConfig("tiny-qwen3-vl", image_size=64, device="cpu", fast=True, compile=True))
+    plain_slots, slots = make_slots(base), make_slots(compiled)
+    vlas = vlas_for(base, plain_slots, 3)
+    out = encode_grouped(compiled, vlas, slots=slots, inference=True)
+    for o, r in zip(out, encode_grouped(base, vlas, slots=plain_slots, inference=True), strict=True):
+        assert_prefix_same(o, r)
+    acts = predict(compiled, list(zip(slots, vlas)), grouped=True)
+    refs = predict(base, list(zip(make_slots(base), vlas)), grouped=False)
+    for i, (a, r) in enumerate(zip(acts, refs, strict=True)):
+        assert rel(a, r) < TOL, (i, rel(a, r))
