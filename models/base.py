@@ -297,8 +297,12 @@ class BaseModel:
         # (models.lora.AdapterPool), so its graphs and compiled blocks serve any mix of tenants.
         # A training forward keeps the plain one (gradients reach each tenant's own A and B
         # through the segmented hooks), as does a group the pool cannot hold.
+        # A group with expert rows (`prefix_kv`) gets the per-layer cache from the fast engine's
+        # own forward (its graph / compiled blocks, models/fast.py) whenever that forward serves
+        # the group: serving, or training without adapted rows (the base runs under no_grad
+        # then, the cache is the same tensors); a group whose adapters train keeps the plain one.
         rows = None
-        if (adapters and self._fast is not None and not prefix_kv and (inference or not torch.is_grad_enabled())
+        if (adapters and self._fast is not None and (inference or not torch.is_grad_enabled())
                 and all(s.gen is None for s in adapters)):
             rows = self._fast.lora_rows(adapters, len(batch))
         if adapters and rows is None:
@@ -310,9 +314,12 @@ class BaseModel:
             route = contextlib.nullcontext()
             ctx = torch.inference_mode() if inference else torch.no_grad()
         with ctx, route:
-            # The fast path keeps no KV cache: groups with expert rows take the plain one.
             prefix = None
-            if self._fast is not None and (not adapters or rows is not None) and not prefix_kv:
+            fast = self._fast is not None and (not adapters or rows is not None)
+            if fast and prefix_kv:
+                hidden, mask, keys, values, next_pos = self._fast(batch.to(self.device), rows, kv=True)
+                prefix = PrefixKV(keys, values, next_pos, self.family.rope_fn(self.core))
+            elif fast:
                 hidden, mask = self._fast(batch.to(self.device), rows)
             else:
                 inputs = self.family.build_inputs(batch.to(self.device), self.lead_ids, self.dtype)

@@ -31,7 +31,13 @@ hundred kernel launches per call. This path:
    linear, fixed addresses, refreshed in place when a weight sync changes them), and the
    decoder layers that anything adapts run `_text_layer_lora` (gather + bmm deltas on the
    adapted projections), so one graph / compiled block per (layout, rows) serves any mix of
-   adapters and frozen-base rows. Training forwards keep the plain path (models/base.py).
+   adapters and frozen-base rows. Training forwards keep the plain path (models/base.py);
+10. serves groups with action-expert rows (issue 27 item 2): with ``kv=True`` every decoder
+   layer runs `_text_layer_lora` (adapted or not) and also hands back its keys (normed,
+   rotated) and values, (B, kv_heads, L, head_dim) in the base dtype as `Family.forward_kv`
+   returns them, with each row's next position (`Family.next_positions`): more static outputs
+   of a graph of its own per (layout, rows[, pool generation]) on CUDA, or of the compiled
+   blocks, so the expert's prefix cache costs the frozen forward plus those copies.
 
 It calls the model's own submodules (patch embed, blocks' norms/MLPs, mergers, decoder
 layers, rotary embeddings), so a checkpoint's weights are used unchanged. Equality with the
@@ -187,16 +193,22 @@ def _text_layer(layer, h: torch.Tensor, attn: torch.Tensor, pos_emb: tuple[torch
 # below ``<decoder>.layers.<i>.``).
 LORA_LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
                 "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+_NO_LORA = (None,) * len(LORA_LINEARS)  # a layer nothing adapts, through `_text_layer_lora`
 
 
 def _text_layer_lora(layer, h: torch.Tensor, attn: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                     rows: torch.Tensor, lora: tuple, fused: tuple = (), fp8: tuple = ()
-                     ) -> torch.Tensor:
+                     rows: torch.Tensor | None, lora: tuple, fused: tuple = (), fp8: tuple = (),
+                     return_kv: bool = False):
     """Qwen3VLTextDecoderLayer's math (sdpa path) with each row's own LoRA delta on its adapted
     linears (`models.lora.pooled_delta`; ``lora``: per `LORA_LINEARS` entry an `AdapterPool`'s
     (A, B) or None). The base part is the same ops as the module's own forward (separate
     q/k/v, gate/up), or with ``fused`` (w_qkv, b_qkv, w_gu) and ``fp8`` (w_o, w_down) as
-    `_text_layer_fused` runs it; each delta is accumulated onto its projection's output."""
+    `_text_layer_fused` runs it; each delta is accumulated onto its projection's output.
+
+    ``return_kv``: (h, keys, values), the layer's keys and values as its KV cache holds them
+    ((B, kv_heads, L, head_dim), keys normed and rotated, the base dtype): the prefix an action
+    expert reads (`models.base.PrefixKV`). With ``lora`` all None (and ``rows`` None) this is the
+    frozen layer, so one function serves expert, LoRA and frozen rows in one forward."""
     from models.lora import pooled_delta
 
     a, mlp = layer.self_attn, layer.mlp
@@ -220,6 +232,7 @@ def _text_layer_lora(layer, h: torch.Tensor, attn: torch.Tensor, cos: torch.Tens
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
     q = (q * cos) + (_rotate_half(q) * sin)
     k = (k * cos) + (_rotate_half(k) * sin)
+    k_cache, v_cache = k, v
     group = n_q // n_kv  # GQA as transformers' sdpa path does it (see `_text_layer_fused`)
     k = k[:, :, None].expand(b, n_kv, group, length, hd).reshape(b, n_q, length, hd)
     v = v[:, :, None].expand(b, n_kv, group, length, hd).reshape(b, n_q, length, hd)
@@ -233,7 +246,8 @@ def _text_layer_lora(layer, h: torch.Tensor, attn: torch.Tensor, cos: torch.Tens
         g, u = F.linear(x, mlp.gate_proj.weight, mlp.gate_proj.bias), F.linear(x, mlp.up_proj.weight, mlp.up_proj.bias)
     x = mlp.act_fn(plus(g, x, 4)) * plus(u, x, 5)
     down = _linear(x, fp8[1], mlp.down_proj.bias) if fp8 else F.linear(x, mlp.down_proj.weight, mlp.down_proj.bias)
-    return h + plus(down, x, 6)
+    h = h + plus(down, x, 6)
+    return (h, k_cache, v_cache) if return_kv else h
 
 
 def _check_fp8_device(device: torch.device, fp8: bool | str = True) -> None:
@@ -351,8 +365,10 @@ class FastQwen3VLEncoder:
 
     # ---- the forward ------------------------------------------------------------------------
     def _forward(self, c: _Consts, layout: FeatureLayout, prompt_ids: torch.Tensor, prompt_len: torch.Tensor,
-                 image_mask: torch.Tensor, images: torch.Tensor, rows: torch.Tensor | None = None
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+                 image_mask: torch.Tensor, images: torch.Tensor, rows: torch.Tensor | None = None,
+                 kv: bool = False) -> tuple:
+        """(hidden, mask), or with ``kv`` (hidden, mask, keys, values, next_pos_B): every decoder
+        layer's cache as `Family.forward_kv` returns it and `Family.next_positions`."""
         fam, dtype = self.family, self.base.dtype
         b, s = image_mask.shape
         t = prompt_ids.shape[1]
@@ -379,9 +395,19 @@ class FastQwen3VLEncoder:
         pos_emb = lm.rotary_emb(h, pos3)
         attn = (c.causal_L_L[None] & mask[:, None, :])[:, None]  # (B, 1, L, L), True = attend
         self._stage("embed")
+        keys, values = [], []
         for i, layer in enumerate(lm.layers):
             lora = self._lora_layers[i] if rows is not None else None
-            if lora is not None:
+            if kv:
+                # Expert rows: every layer through the function that also hands back its cache
+                # (frozen and LoRA rows of the same group go through it too).
+                h, k, v = self._text_layer_lora(layer, h, attn, *pos_emb, rows if lora is not None else None,
+                                                lora if lora is not None else _NO_LORA,
+                                                self._fused[i] if self.fused else (), self._text_fp8[i],
+                                                return_kv=True)
+                keys.append(k)
+                values.append(v)
+            elif lora is not None:
                 h = self._text_layer_lora(layer, h, attn, *pos_emb, rows, lora,
                                           self._fused[i] if self.fused else (), self._text_fp8[i])
             elif self.fused:
@@ -392,6 +418,9 @@ class FastQwen3VLEncoder:
                 h = h.reshape(-1, d).index_add(0, c.img_flat_idx, deepstack[i].to(h.dtype)).view(b, -1, d)
         h = lm.norm(h)
         self._stage("text")
+        if kv:
+            # As Family.next_positions: the largest position id of the row (any axis) + 1.
+            return h, mask, tuple(keys), tuple(values), pos3.amax(dim=(0, 2)) + 1
         return h, mask
 
     def _stage(self, name: str) -> None:
@@ -438,45 +467,53 @@ class FastQwen3VLEncoder:
             # An adapted linear `_text_layer_lora` does not run (none on these bases) would lose
             # its delta: such groups take the plain forward.
             self._lora_complete = sum(m is not None for mods in self._lora_layers if mods for m in mods) == len(pool.A)
-            self._graphs = {k: g for k, g in self._graphs.items() if len(k) == 2}
+            self._graphs = {k: g for k, g in self._graphs.items() if k[2] is None}
             self._lora_generation = pool.generation
         return idx.to(self.base.device) if self._lora_complete else None
 
     # ---- entry point --------------------------------------------------------------------------
-    def __call__(self, batch: VLABatch, rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """The encode of ``batch``; ``rows`` (from `lora_rows`): each row's LoRA adapter index,
-        for a group with adapted rows (a graph of its own per pool generation, the row
-        assignment one of its static inputs)."""
+    def __call__(self, batch: VLABatch, rows: torch.Tensor | None = None, kv: bool = False) -> tuple:
+        """The encode of ``batch``: (hidden, mask); ``rows`` (from `lora_rows`): each row's LoRA
+        adapter index, for a group with adapted rows (a graph of its own per pool generation,
+        the row assignment one of its static inputs). ``kv``: also every decoder layer's keys
+        and values and each row's next position, (hidden, mask, keys, values, next_pos_B), from
+        the same forward (a graph of its own: the cache is more static outputs)."""
         layout, b = batch.key.layout, len(batch)
         c = self.consts(layout, b)
         inputs = [batch.prompt_ids_B_T, batch.prompt_len_B, batch.image_mask_B_S, batch.images_B_S_C_H_W]
-        key: tuple = (layout, b)
+        # (layout, rows, LoRA pool generation or None, cache outputs)
+        key: tuple = (layout, b, None, kv)
         if rows is not None:
-            inputs.append(rows)
-            key = (layout, b, self._lora_generation)
+            key = (layout, b, self._lora_generation, kv)
+        inputs.append(rows)
         if not self.use_graphs:
-            return self._forward(c, layout, *inputs)
+            return self._forward(c, layout, *inputs, kv=kv)
         with torch.inference_mode(False), torch.no_grad():
             g = self._graphs.get(key)
             if g is None:
-                g = self._capture(c, layout, inputs)
+                g = self._capture(c, layout, inputs, kv)
                 self._graphs[key] = g
             graph, static_in, static_out = g
             for dst, src in zip(static_in, inputs):
-                dst.copy_(src)
+                if dst is not None:
+                    dst.copy_(src)
             graph.replay()
             # Outputs live in the graph's pool and are overwritten by the next replay.
-            return static_out[0].clone(), static_out[1].clone()
+            if not kv:
+                return static_out[0].clone(), static_out[1].clone()
+            h, mask, keys, values, next_pos = static_out
+            return (h.clone(), mask.clone(), tuple(k.clone() for k in keys), tuple(v.clone() for v in values),
+                    next_pos.clone())
 
-    def _capture(self, c: _Consts, layout: FeatureLayout, inputs: list[torch.Tensor]):
-        static_in = [x.clone() for x in inputs]
+    def _capture(self, c: _Consts, layout: FeatureLayout, inputs: list[torch.Tensor | None], kv: bool = False):
+        static_in = [x.clone() if x is not None else None for x in inputs]
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(2):  # warm-up: cuBLAS handles and workspaces exist before capture
-                self._forward(c, layout, *static_in)
+                self._forward(c, layout, *static_in, kv=kv)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            static_out = self._forward(c, layout, *static_in)
+            static_out = self._forward(c, layout, *static_in, kv=kv)
         return graph, static_in, static_out

@@ -178,15 +178,17 @@ def predict(base: BaseModel, items: Sequence[tuple[TenantSlot, VLABatch]], *, gr
 
 def predict_heads(items: Sequence[tuple[TenantSlot, VLABatch]], feats: list[BaseOutput]) -> list[torch.Tensor]:
     """Each tenant's head on its features; heads of one `batch_key` (the action experts of one
-    shape, with equally many rows) sample together through `predict_many`."""
+    shape, with equally many rows) sample together through `predict_many` (a bucket of one too)."""
     out: list[torch.Tensor | None] = [None] * len(items)
     buckets: dict[object, list[int]] = {}
     for j, ((slot, _), f) in enumerate(zip(items, feats)):
         key = slot.head.batch_key(f)
         buckets.setdefault(key if key is not None else ("alone", j), []).append(j)
-    for idx in buckets.values():
+    for key, idx in buckets.items():
         slots = [items[j][0] for j in idx]
-        if len(idx) == 1:
+        # A head with a batch key samples through `predict_many` even alone (the action expert's
+        # captured Euler loop, models/heads/expert.py); one without samples on its own.
+        if isinstance(key, tuple) and key[:1] == ("alone",):
             out[idx[0]] = slots[0].head.predict(feats[idx[0]], items[idx[0]][1], slots[0].generator)
             continue
         acts = type(slots[0].head).predict_many([s.head for s in slots], [feats[j] for j in idx],

@@ -23,6 +23,10 @@ rows are equally many sample together in a grouped `predict` (`ExpertHead.predic
 weights are stacked and each linear layer runs as one batched matmul over the tenants, so the
 Euler loop launches once per step for all of them instead of once per tenant; each tenant's
 noise still comes from its own generator, and grouped == serial within 1e-5 (CPU fp32).
+The noise is drawn before the loop, so the loop reads only fixed inputs: `EulerBucket` keeps
+them in fixed buffers per (bucket shape, tenants) and on CUDA replays the whole loop (every
+step, every layer) as one CUDA graph; each expert layer's prefix + suffix KV is one buffer
+written in place (no per-step concatenation of the cache) and GQA reads the cache unrepeated.
 
 Training: flow matching on the action chunk (models/heads/flow.py's schedule: t from
 Beta(alpha, 1), x_t = (1 - t) noise + t actions, MSE on the velocity). Inference: the base's
@@ -34,8 +38,9 @@ adapter, if it has one, through its own rows).
 from __future__ import annotations
 
 import functools
+from collections import OrderedDict
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -213,10 +218,18 @@ def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float | None) -> torch.Tens
     return F.rms_norm(x, (x.shape[-1],), eps=eps) * weight.view(shape)
 
 
-def _layer_many(layer: "ExpertLayer", p: dict[str, torch.Tensor], x: torch.Tensor, prefix_k: torch.Tensor,
-                prefix_v: torch.Tensor, mask: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def _layer_many(layer: "ExpertLayer", p: dict[str, torch.Tensor], x: torch.Tensor, kv_k: torch.Tensor,
+                kv_v: torch.Tensor, length: int, mask_g: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+                ) -> torch.Tensor:
     """ExpertLayer.forward with weights stacked over S tenants: x (S, B, T, W); the cache, mask
-    and rotary tables over the S * B rows (attention is per row, so rows of all tenants batch)."""
+    and rotary tables over the S * B rows (attention is per row, so rows of all tenants batch).
+
+    kv_k / kv_v: (S * B, kv_heads, length + T, head_dim) buffers whose first ``length``
+    positions hold the base's prefix (filled once per sampling); this layer writes its own keys
+    and values into the last T in place (no concatenation of the whole cache per step).
+    GQA without repeating the cache: the ``group`` query heads of one KV head attend as one
+    (group * T)-row query block, ``mask_g`` (S * B, 1, group * T, length + T) the suffix mask
+    tiled ``group`` times (`_grouped_mask`); each query row's softmax is unchanged."""
     s_, b, t, _ = x.shape
     heads, kv, hd = layer.heads, layer.kv_heads, layer.head_dim
     h = _rms(x, p["attn_norm.weight"], layer.attn_norm.eps)
@@ -224,12 +237,11 @@ def _layer_many(layer: "ExpertLayer", p: dict[str, torch.Tensor], x: torch.Tenso
     k = _lin(h, p["k.weight"]).view(s_ * b, t, kv, hd).transpose(1, 2)
     v = _lin(h, p["v.weight"]).view(s_ * b, t, kv, hd).transpose(1, 2)
     q, k = rotate(q, cos, sin), rotate(k, cos, sin)
-    k = torch.cat([prefix_k, k], dim=2)
-    v = torch.cat([prefix_v, v], dim=2)
-    group = heads // kv
-    if group > 1:
-        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-    a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    kv_k[:, :, length:] = k
+    kv_v[:, :, length:] = v
+    # Query head h reads KV head h // group (repeat_interleave's pairing): (N, kv, group * T, hd).
+    a = F.scaled_dot_product_attention(q.reshape(s_ * b, kv, (heads // kv) * t, hd), kv_k, kv_v, attn_mask=mask_g)
+    a = a.reshape(s_ * b, heads, t, hd)  # reshape: CUDA kernels may return it transposed in memory
     x = x + _lin(a.transpose(1, 2).reshape(s_, b, t, heads * hd), p["o.weight"])
     h = _rms(x, p["mlp_norm.weight"], layer.mlp_norm.eps)
     return x + _lin(F.gelu(_lin(h, p["gate.weight"]), approximate="tanh") * _lin(h, p["up.weight"]), p["down.weight"])
@@ -299,28 +311,36 @@ class ExpertHead(FlowMatchingHead):
     @classmethod
     def predict_many(cls, heads: list["ExpertHead"], feats: list[BaseOutput], vlas: list[Any],
                      generators: list[torch.Generator]) -> list[torch.Tensor]:
-        """Euler sampling of equal-shaped experts together: (S tenants, B rows) at each step."""
+        """Euler sampling of equal-shaped experts together: (S tenants, B rows) at each step.
+
+        The noise is drawn first, each tenant's from its own generator (as `predict` draws it);
+        after that the loop is a function of static inputs (the cache does not change while
+        sampling), so on CUDA the whole loop of a bucket runs as one CUDA graph per (bucket
+        shape, tenants), its inputs copied into the graph's buffers (`EulerBucket`)."""
         h0 = heads[0]
         dev, b = h0._device, len(feats[0])
-        x = torch.stack([randn((b, h0.dims.action_horizon, h0.dims.action_dim), g, dev) for g in generators])
-        ctxs = [h.context(f) for h, f in zip(heads, feats)]
-        ctx = ExpertContext([torch.cat(k) for k in zip(*(c.keys for c, _ in ctxs))],
-                            [torch.cat(v) for v in zip(*(c.values for c, _ in ctxs))],
-                            torch.cat([c.cos for c, _ in ctxs]), torch.cat([c.sin for c, _ in ctxs]))
-        mask = torch.cat([m for _, m in ctxs])
-        states = [h._state_or_none(v) for h, v in zip(heads, vlas)]
-        state = torch.stack(states)[:, :, None] if states[0] is not None else None
-        params = {name: torch.stack([h.get_parameter(name) for h in heads]) for name, _ in h0.named_parameters()}
-        k = h0.config.euler_steps
+        x0 = torch.stack([randn((b, h0.dims.action_horizon, h0.dims.action_dim), g, dev) for g in generators])
+        bucket = EulerBucket.get(h0, len(heads), feats[0], states=bool(h0.dims.state_dim))
+        with torch.inference_mode(False), torch.no_grad():
+            bucket.load(heads, feats, vlas, x0)
+            return list(bucket.run(h0).unbind(0))
+
+    def _euler_many(self, p: dict[str, torch.Tensor], x: torch.Tensor, state: torch.Tensor | None,
+                    ctx: ExpertContext, length: int, mask_g: torch.Tensor) -> torch.Tensor:
+        """`euler_steps` Euler steps from noise x (S, B, H, A) with every weight stacked over S."""
+        k = self.config.euler_steps
+        n = x.shape[0] * x.shape[1]
         for i in range(k):
-            t = torch.full((len(heads) * b,), i / k, device=dev)
-            x = x + h0._velocity_many(params, x, t, state, ctx, mask) / k
-        return list(x.unbind(0))
+            t = torch.full((n,), i / k, device=x.device)
+            x = x + self._velocity_many(p, x, t, state, ctx, length, mask_g) / k
+        return x
 
     def _velocity_many(self, p: dict[str, torch.Tensor], x: torch.Tensor, t: torch.Tensor,
-                       state: torch.Tensor | None, ctx: ExpertContext, mask: torch.Tensor) -> torch.Tensor:
+                       state: torch.Tensor | None, ctx: ExpertContext, length: int, mask_g: torch.Tensor
+                       ) -> torch.Tensor:
         """`velocity` with every weight stacked over S tenants: x (S, B, H, A), state (S, B, 1, sd),
-        ctx and mask over the S * B rows in tenant order."""
+        ctx (its keys / values: `_layer_many`'s prefix + suffix buffers) and the grouped mask
+        over the S * B rows in tenant order."""
         s_, b, h, _ = x.shape
         w = self.config.width
         a = _lin(x, p["action_in.weight"], p["action_in.bias"])
@@ -331,8 +351,8 @@ class ExpertHead(FlowMatchingHead):
              else torch.zeros(s_, b, 1, w, device=x.device))
         tokens = torch.cat([s, a], dim=2)
         for i, (layer, pk, pv) in enumerate(zip(self.layers, ctx.keys, ctx.values)):
-            tokens = _layer_many(layer, {n: p[f"layers.{i}.{n}"] for n in _LAYER_PARAMS}, tokens, pk, pv, mask,
-                                 ctx.cos, ctx.sin)
+            tokens = _layer_many(layer, {n: p[f"layers.{i}.{n}"] for n in _LAYER_PARAMS}, tokens, pk, pv, length,
+                                 mask_g, ctx.cos, ctx.sin)
         return _lin(_rms(tokens[:, :, 1:], p["out_norm.weight"], self.out_norm.eps), p["out.weight"], p["out.bias"])
 
     def velocity(self, x_B_H_A: torch.Tensor, t_B: torch.Tensor, state: torch.Tensor | None,
@@ -347,3 +367,99 @@ class ExpertHead(FlowMatchingHead):
         for layer, k, v in zip(self.layers, ctx.keys, ctx.values):
             tokens = layer(tokens, k, v, mask, ctx.cos, ctx.sin)
         return self.out(self.out_norm(tokens[:, 1:]))
+
+
+# ---- the grouped Euler loop: static buffers, and on CUDA one graph per bucket ----------------
+# Buckets kept (least recently used goes first): each holds its cache buffers (float32, S * B
+# rows x every expert layer's prefix + suffix) and, on CUDA, its graph's memory pool.
+EULER_BUCKETS = 4
+
+
+class EulerBucket:
+    """Everything `ExpertHead._euler_many` reads for one bucket shape (expert config and dims,
+    device, prefix length, S tenants x B rows), in fixed buffers: stacked weights, the noise, the
+    state, each expert layer's prefix + suffix KV (`_layer_many`), rotary tables and the grouped
+    mask. `load` copies one call's inputs in; `run` samples. On CUDA the first `run` captures
+    the whole loop (all Euler steps) as a CUDA graph and later ones replay it: the loop is a few
+    hundred small kernels per step, launch-bound, while the cache it reads does not change. On
+    CPU (and without CUDA) it runs the same function eagerly on the same buffers."""
+
+    _cache: ClassVar[OrderedDict[tuple, "EulerBucket"]] = OrderedDict()
+
+    @classmethod
+    def get(cls, h0: ExpertHead, tenants: int, feats0: BaseOutput, states: bool) -> "EulerBucket":
+        key = (h0.batch_key(feats0), tenants, states)
+        bucket = cls._cache.pop(key, None)
+        if bucket is None:
+            b, length = feats0.mask_B_L.shape
+            bucket = cls(h0, tenants, b, length, states)
+        cls._cache[key] = bucket
+        while len(cls._cache) > EULER_BUCKETS:
+            cls._cache.popitem(last=False)
+        return bucket
+
+    def __init__(self, h0: ExpertHead, tenants: int, rows: int, length: int, states: bool) -> None:
+        dev, d = h0._device, h0.dims
+        t = d.action_horizon + 1
+        lay = h0.layers[0]
+        n = tenants * rows
+        self.length, self.tokens, self.group = length, t, lay.heads // lay.kv_heads
+        with torch.inference_mode(False), torch.no_grad():
+            self.params = {name: torch.empty((tenants, *p.shape), device=dev, dtype=p.dtype)
+                           for name, p in h0.named_parameters()}
+            self.x0 = torch.empty(tenants, rows, d.action_horizon, d.action_dim, device=dev)
+            self.state = torch.empty(tenants, rows, 1, d.state_dim, device=dev) if states else None
+            kv = lambda: torch.empty(n, lay.kv_heads, length + t, lay.head_dim, device=dev)  # noqa: E731
+            self.ctx = ExpertContext([kv() for _ in h0.layers], [kv() for _ in h0.layers],
+                                     torch.empty(n, t, lay.head_dim, device=dev),
+                                     torch.empty(n, t, lay.head_dim, device=dev))
+            self.mask_g = torch.empty(n, 1, self.group * t, length + t, dtype=torch.bool, device=dev)
+        self.use_graph = dev.type == "cuda" and torch.cuda.is_available()
+        self.graph: Any = None
+        self.out: torch.Tensor | None = None
+
+    def load(self, heads: list[ExpertHead], feats: list[BaseOutput], vlas: list[Any], x0: torch.Tensor) -> None:
+        """One call's inputs into the buffers (weights restacked every call: an optimizer step
+        changes them in place between calls)."""
+        h0, length, t = heads[0], self.length, self.tokens
+        dev = h0._device
+        self.x0.copy_(x0)
+        named = [dict(h.named_parameters()) for h in heads]
+        for name, buf in self.params.items():
+            torch.stack([p[name] for p in named], out=buf)
+        if self.state is not None:
+            self.state[:, :, 0].copy_(torch.stack([h.state(v) for h, v in zip(heads, vlas)]))
+        for i, j in enumerate(h0.layer_map):
+            # base dtype -> float32 in the copy (what `context` does with .to(float32))
+            self.ctx.keys[i][:, :, :length].copy_(torch.cat([f.prefix.keys[j] for f in feats]))
+            self.ctx.values[i][:, :, :length].copy_(torch.cat([f.prefix.values[j] for f in feats]))
+        positions = torch.cat([f.prefix.next_pos_B for f in feats]).to(dev)[:, None] + torch.arange(t, device=dev)
+        cos, sin = feats[0].prefix.rope(positions)  # one base: one rotary table for every row
+        self.ctx.cos.copy_(cos)
+        self.ctx.sin.copy_(sin)
+        prefix = torch.cat([f.mask_B_L for f in feats]).to(dev)
+        n = prefix.shape[0]
+        mask = torch.cat([prefix[:, None, None, :].expand(n, 1, t, length),
+                          h0.suffix_mask.to(dev)[None, None].expand(n, 1, t, t)], dim=-1)
+        self.mask_g.copy_(mask.repeat(1, 1, self.group, 1))  # `_layer_many`'s query block g * T + t
+
+    def _sample(self, h0: ExpertHead) -> torch.Tensor:
+        return h0._euler_many(self.params, self.x0, self.state, self.ctx, self.length, self.mask_g)
+
+    def run(self, h0: ExpertHead) -> torch.Tensor:
+        """The actions (S, B, H, A) from the loaded inputs (a fresh tensor)."""
+        if not self.use_graph:
+            return self._sample(h0)
+        if self.graph is None:
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(2):  # warm-up: cuBLAS handles and workspaces exist before capture
+                    self._sample(h0)
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                self.out = self._sample(h0)
+            self.graph = graph
+        self.graph.replay()
+        return self.out.clone()
