@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from models.errors import IncompatibleBatchError, InputError, SchemaError
+from models.errors import IncompatibleBatchError, SchemaError
 from models.families import MODEL_TYPE_TO_FAMILY, AttentionShape, Family, TokenIds, get_family
 from models.features import VLABatch
 from models.presets import PRESETS, get_preset
