@@ -15,9 +15,10 @@ A role that drains announces ``stopped`` in its last beat and gets ``role_stoppe
 restart); one that beats again after being declared dead gets ``role_recovered``.
 
 With NEXUS_SCALER on it also scales env workers, inferencers (per pool: an inferencer's beat
-names the base it serves) and trainers (`actors/scaler.py`) from the same beats: each decision is a `ScaleDecision` event on
-``<prefix>.scale.decisions.<role>`` (before, then with its outcome) and a `ScaleRequest` to the
-supervisor, which keeps the bounds and drains what goes (docs/scaling.md).
+names the base it serves) and trainers (`actors/scaler.py`) from the same beats: each decision
+is a `ScaleDecision` event on ``<prefix>.scale.decisions.<role>`` (before, then with its
+outcome) and a `ScaleRequest` to the supervisor, which keeps the bounds and drains what goes
+(docs/scaling.md).
 
 Run: ``python -m actors.run health --nats-url nats://127.0.0.1:4222``
 """
@@ -84,8 +85,9 @@ class HealthManager(Role):
         return {"timeout_s": self.table.timeout_s, "tracked": len(self.table.entries),
                 "restart_requests": self.restart_requests,
                 "scaler": {"on": self.scaler is not None,
-                           "decisions": [{"role": d.role, "pool": d.pool, "from": d.from_count, "to": d.to_count, "reason": d.reason,
-                                          "outcome": d.outcome, "at": d.at} for d in self.decisions]}}
+                           "decisions": [{"role": d.role, "pool": d.pool, "from": d.from_count, "to": d.to_count,
+                                          "reason": d.reason, "outcome": d.outcome, "at": d.at}
+                                         for d in self.decisions]}}
 
     # -- scaler ----------------------------------------------------------------------------
     async def _scale_loop(self) -> None:

@@ -824,7 +824,8 @@ class Supervisor:
                 names = ", ".join(f"{REGISTERED_BASE_PREFIX}{n}" for n in sorted(registered)) or "none registered"
                 raise InvalidField("pool", f"{name!r} is no registered base, preset or served pool; allowed: a "
                                            f"registered base ({names}; `nexus base add NAME PATH`), a preset "
-                                           f"({', '.join(known_presets())}) or a pool served now ({', '.join(sorted(served))})",
+                                           f"({', '.join(known_presets())}) or a pool served now "
+                                           f"({', '.join(sorted(served))})",
                                    details={"pool": name, "registered": sorted(registered)})
             base = served[name]
         pool = pool_name(base or default)
@@ -929,7 +930,8 @@ class Supervisor:
                 role = old.role if old else key.partition(".")[0]
                 if key not in wanted:
                     continue  # a slot past the wanted count (scaled in meanwhile) stays empty
-                new = self._spawn(role, key)  # an inferencer: the pool its slot served  # a fresh restart budget: the past ones are spent
+                # A fresh restart budget (the past ones are spent); an inferencer: its slot's pool.
+                new = self._spawn(role, key)
                 if old:
                     self._replaced[old.instance] = new.instance
             self._write_state()
