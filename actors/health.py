@@ -14,10 +14,11 @@ stalled (quiet past the loop's own limit). Then, in order:
 A role that drains announces ``stopped`` in its last beat and gets ``role_stopped`` (no
 restart); one that beats again after being declared dead gets ``role_recovered``.
 
-With NEXUS_SCALER on it also scales env workers, inferencers and trainers (`actors/scaler.py`)
-from the same beats: each decision is a `ScaleDecision` event on
-``<prefix>.scale.decisions.<role>`` (before, then with its outcome) and a `ScaleRequest` to the
-supervisor, which keeps the bounds and drains what goes (docs/scaling.md).
+With NEXUS_SCALER on it also scales env workers, inferencers (per pool: an inferencer's beat
+names the base it serves) and trainers (`actors/scaler.py`) from the same beats: each decision
+is a `ScaleDecision` event on ``<prefix>.scale.decisions.<role>`` (before, then with its
+outcome) and a `ScaleRequest` to the supervisor, which keeps the bounds and drains what goes
+(docs/scaling.md).
 
 Run: ``python -m actors.run health --nats-url nats://127.0.0.1:4222``
 """
@@ -29,7 +30,7 @@ from collections import deque
 from typing import Any
 
 from actors.liveness import Entry, LivenessTable
-from actors.scaler import RateWindow, Scaler, signals_from_beats
+from actors.scaler import RateWindow, Scaler, pool_signals_from_beats, signals_from_beats
 from actors.runtime import Role, RoleConfig, op
 from protocol.errors import NexusError, Unavailable
 from protocol.messages import (
@@ -71,7 +72,7 @@ class HealthManager(Role):
         scale = ScaleSettings.from_env()
         self.scaler: Scaler | None = Scaler(SCALER, scale.parsed()) if scale.scaler else None
         self.decisions: deque[ScaleDecision] = deque(maxlen=DECISIONS_KEPT)
-        self._scaling: set[str] = set()  # roles whose scale request is in flight
+        self._scaling: set[tuple[str, str]] = set()  # (role, pool)s whose scale request is in flight
 
     async def setup(self) -> None:
         assert self.bus is not None
@@ -84,8 +85,9 @@ class HealthManager(Role):
         return {"timeout_s": self.table.timeout_s, "tracked": len(self.table.entries),
                 "restart_requests": self.restart_requests,
                 "scaler": {"on": self.scaler is not None,
-                           "decisions": [{"role": d.role, "from": d.from_count, "to": d.to_count, "reason": d.reason,
-                                          "outcome": d.outcome, "at": d.at} for d in self.decisions]}}
+                           "decisions": [{"role": d.role, "pool": d.pool, "from": d.from_count, "to": d.to_count,
+                                          "reason": d.reason, "outcome": d.outcome, "at": d.at}
+                                         for d in self.decisions]}}
 
     # -- scaler ----------------------------------------------------------------------------
     async def _scale_loop(self) -> None:
@@ -96,21 +98,25 @@ class HealthManager(Role):
         while True:
             beats = [e.last for e in self.table.entries.values() if e.state == "alive"]
             # A role with a request in flight is left out: its count is changing under it.
-            counts = {r: sum(1 for hb in beats if hb.role == r) for r in SCALABLE if r not in self._scaling}
+            busy = {role for role, _ in self._scaling}
+            counts = {r: sum(1 for hb in beats if hb.role == r) for r in SCALABLE if r not in busy}
             now = time.monotonic()
-            for d in self.scaler.decide(now, counts, signals_from_beats(beats, rates.look(now, beats))):
-                self._scaling.add(d.role)
-                self.spawn(self._apply(d), f"scale-{d.role}")
+            before = rates.look(now, beats)
+            # Inferencers per pool (their beats name it): a starved pool gets one of its own.
+            pools = pool_signals_from_beats(beats, before)
+            for d in self.scaler.decide(now, counts, signals_from_beats(beats, before), pools=pools):
+                self._scaling.add((d.role, d.pool))
+                self.spawn(self._apply(d), f"scale-{d.role}" + (f"-{d.pool}" if d.pool else ""))
             await self.idle("scaler", SCALER.every_s)
 
     async def _apply(self, d: ScaleDecision) -> None:
         """Announce ``d``, ask the supervisor for it, announce its outcome."""
         assert self.bus is not None
         try:
-            self.log.info("scale decision", target_role=d.role, from_count=d.from_count, to_count=d.to_count,
-                          reason=d.reason)
+            self.log.info("scale decision", target_role=d.role, pool=d.pool, from_count=d.from_count,
+                          to_count=d.to_count, reason=d.reason)
             await self.bus.publish(self.names.scale_decision(d.role), d)
-            req = ScaleRequest(role=d.role, count=d.to_count, reason=f"scaler: {d.reason}")
+            req = ScaleRequest(role=d.role, count=d.to_count, reason=f"scaler: {d.reason}", pool=d.pool)
             try:
                 ok = await self.bus.request(self.names.supervisor("scale"), req, Ok, timeout_s=SCALER.request_timeout_s)
                 d.outcome = f"applied: {ok.detail}"
@@ -118,11 +124,11 @@ class HealthManager(Role):
                 d.outcome = "no supervisor answers scale requests (compose / Kubernetes: KEDA scales there)"
             except NexusError as exc:
                 d.outcome = f"refused: {exc.message}"
-            self.log.info("scale outcome", target_role=d.role, to_count=d.to_count, outcome=d.outcome)
+            self.log.info("scale outcome", target_role=d.role, pool=d.pool, to_count=d.to_count, outcome=d.outcome)
             self.decisions.append(d)
             await self.bus.publish(self.names.scale_decision(d.role), d)
         finally:
-            self._scaling.discard(d.role)
+            self._scaling.discard((d.role, d.pool))
 
     async def _on_heartbeat(self, msg: Any) -> None:
         try:

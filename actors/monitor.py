@@ -191,10 +191,11 @@ class Monitor(Role):
             return
         if d.role not in SCALABLE:
             return
-        if not d.outcome:  # announced: the count it moves to
+        if not d.outcome:  # announced: the count it moves to (the role's total, a pool's decision too)
             self.store.record("scale_target", float(d.to_count), at=d.at or time.time(), role=d.role)
         # The same decision again with its outcome replaces the announcement.
-        same = [x for x in self.decisions if (x.role, x.at, x.to_count) == (d.role, d.at, d.to_count)]
+        same = [x for x in self.decisions
+                if (x.role, x.pool, x.at, x.to_count) == (d.role, d.pool, d.at, d.to_count)]
         for x in same:
             self.decisions.remove(x)
         self.decisions.append(d)

@@ -215,6 +215,8 @@ class Role:
     name: ClassVar[str] = ""
     # How a failed critical loop is started again; a role (or a test role) may name another.
     loop_restart: ClassVar[RetryPolicy] = LOOP_RESTART
+    # The inference pool this instance serves (an inferencer sets it), carried on its beats.
+    pool: str = ""
 
     def __init__(self, cfg: RoleConfig) -> None:
         if not self.name:
@@ -559,6 +561,7 @@ class Role:
             loops=self.loop_ages(),
             loop_limits_s={n: s.max_quiet_s for n, s in self._loops.items() if s.max_quiet_s is not None},
             stalled=self.stalled_loops(),
+            pool=self.pool,
         )
         try:
             hb.gauges, hb.tenant_gauges = self.heartbeat_gauges()

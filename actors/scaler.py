@@ -17,10 +17,16 @@ docs/scaling.md, "The scaler"):
   per worker -> down.
 * trainer: ready jobs per trainer (priority-weighted) high AND the trainers busy -> up (a
   backlog on an idle trainer is not a capacity problem); trainers idle and no job queued -> down.
-* inferencer: the worst inferencer's queue wait high OR predicts queued per inferencer high ->
-  up; both low -> down.
+* inferencer: per pool (each inferencer serves one base; its beat names the pool): the pool's
+  worst queue wait high OR predicts queued per instance of the pool high -> one more of that
+  pool; both low -> one fewer of it, never its last (a pool without an instance has no beat to
+  show its pressure again). Bounds hold for the role's total; window and cooldown are per
+  (role, pool), so a starved pool is helped while the others are left alone.
+  ``sig = pool_signals_from_beats(beats, before)``; ``decide(now, counts, signals, pools=sig)``.
+  Without ``pools`` (no beat names one) the role-wide rule on the worst instance applies.
 
-Hysteresis (a regime must hold for ``window_s``) and cooldown are the policy's. Never below a
+Hysteresis (a regime must hold for ``window_s``) and cooldown are the policy's, per role (and
+per pool for inferencers). Never below a
 bound's min or above its max; never a trainer fewer while jobs are queued (the supervisor
 refuses trainer=0 then too). Every decision's reason names the signals that drove it; its
 ``signals`` carry every input.
@@ -97,6 +103,27 @@ def signals_from_beats(beats: Iterable[Heartbeat],
                 steps, step_s = steps + n, step_s + s
     out["trainer_busy"] = busy_s / wall_s if wall_s > 0 else 0.0
     out["env_step_s"] = step_s / steps if steps > 0 else 0.0
+    return out
+
+
+def pool_signals_from_beats(beats: Iterable[Heartbeat],
+                            before: Mapping[tuple[str, str], Heartbeat] | None = None) -> dict[str, dict[str, float]]:
+    """Per inference pool (the ``pool`` its inferencers' beats name): ``inferencers`` (live
+    instances), ``queued_predicts`` (their sum) and ``infer_wait_s`` (the pool's worst instance's
+    mean queue wait between ``before``'s beat and the newest, as `signals_from_beats`). Beats
+    naming no pool (older senders) are left out."""
+    before = before or {}
+    out: dict[str, dict[str, float]] = {}
+    for hb in beats:
+        if hb.role != "inferencer" or not hb.pool:
+            continue
+        p = out.setdefault(hb.pool, {"inferencers": 0.0, "queued_predicts": 0.0, "infer_wait_s": 0.0})
+        p["inferencers"] += 1
+        p["queued_predicts"] += hb.gauges.get("queued", 0.0)
+        old = before.get((hb.role, hb.instance))
+        served, waited = _delta(hb, old, "served"), _delta(hb, old, "batch_wait_s")
+        if served and waited is not None:
+            p["infer_wait_s"] = max(p["infer_wait_s"], waited / served)
     return out
 
 
@@ -183,30 +210,74 @@ class _RoleState:
 class Scaler:
     policy: ScalerPolicy
     bounds: dict[str, Bounds]
-    state: dict[str, _RoleState] = field(default_factory=dict)
+    # (role, pool) -> its regime and last decision; pool "" for a role-wide rule.
+    state: dict[tuple[str, str], _RoleState] = field(default_factory=dict)
 
-    def decide(self, now: float, counts: dict[str, int], signals: dict[str, float]) -> list[ScaleDecision]:
-        """One decision per role at most: +1 (-1) once the role's rule has said up (down) for
-        ``window_s``; none within ``cooldown_s`` of the last; never past a bound."""
+    def decide(self, now: float, counts: dict[str, int], signals: dict[str, float],
+               pools: Mapping[str, Mapping[str, float]] | None = None) -> list[ScaleDecision]:
+        """One decision per role (per inferencer pool, with ``pools``) at most: +1 (-1) once its
+        rule has said up (down) for ``window_s``; none within ``cooldown_s`` of the last; the
+        role's total never past a bound."""
         out: list[ScaleDecision] = []
         for role in SCALABLE:
             if role not in counts or role not in self.bounds:
+                continue
+            if role == "inferencer" and pools:
+                out += self._decide_pools(now, counts[role], signals, pools)
                 continue
             n, b = counts[role], self.bounds[role]
             regime, why = RULES[role](self.policy, n, signals)
             if (regime == "up" and n >= b.max) or (regime == "down" and n <= b.min):
                 regime = "hold"
-            st = self.state.setdefault(role, _RoleState(since=now))
-            if regime != st.regime:
-                st.regime, st.since = regime, now
-            if regime == "hold" or now - st.since < self.policy.window_s:
-                continue
-            if now - st.last_decision < self.policy.cooldown_s:
+            held = self._held(now, (role, ""), regime)
+            if held is None:
                 continue
             to = n + 1 if regime == "up" else n - 1
-            reason = (f"{why} for {now - st.since:.0f} s (window {self.policy.window_s:g} s); "
+            reason = (f"{why} for {held:.0f} s (window {self.policy.window_s:g} s); "
                       f"bounds {b.min}..{b.max}")
             out.append(ScaleDecision(role=role, from_count=n, to_count=to, reason=reason,
                                      signals={**signals, f"{role}_count": float(n)}, at=time.time()))
-            st.last_decision, st.since = now, now
+        return out
+
+    def _held(self, now: float, key: tuple[str, str], regime: Regime) -> float | None:
+        """Hysteresis and cooldown of ``key``: how long ``regime`` has held when it is due to act
+        now (and the act recorded), else None."""
+        st = self.state.setdefault(key, _RoleState(since=now))
+        if regime != st.regime:
+            st.regime, st.since = regime, now
+        if regime == "hold" or now - st.since < self.policy.window_s:
+            return None
+        if now - st.last_decision < self.policy.cooldown_s:
+            return None
+        held = now - st.since
+        st.last_decision, st.since = now, now
+        return held
+
+    def _decide_pools(self, now: float, total: int, signals: dict[str, float],
+                      pools: Mapping[str, Mapping[str, float]]) -> list[ScaleDecision]:
+        """The inferencer rule on each pool's own signals; the total stays within the role's
+        bounds (a decision made here counts for the next pool), a pool keeps its last instance."""
+        role, b, out = "inferencer", self.bounds["inferencer"], []
+        for key in [k for k in self.state if k[0] == role and k[1] and k[1] not in pools]:
+            del self.state[key]  # a pool gone: forgotten (bounded by the live pools)
+        for pool in sorted(pools):
+            sig = dict(pools[pool])
+            n = int(sig.get("inferencers", 0))
+            regime, why = _inferencer(self.policy, n, sig)
+            if (regime == "up" and total >= b.max) or (regime == "down" and (total <= b.min or n <= 1)):
+                regime = "hold"
+            held = self._held(now, (role, pool), regime)
+            if held is None:
+                continue
+            to = total + 1 if regime == "up" else total - 1
+            why = why.replace("per inferencer", "per inferencer of the pool")
+            reason = (f"pool {pool} ({n} of {total}): {why} for {held:.0f} s (window {self.policy.window_s:g} s); "
+                      f"bounds {b.min}..{b.max}")
+            # The pool's own queue and wait replace the role-wide ones: they drove it.
+            out.append(ScaleDecision(role=role, from_count=total, to_count=to, reason=reason, pool=pool,
+                                     signals={**signals, "queued_predicts": sig.get("queued_predicts", 0.0),
+                                              "infer_wait_s": sig.get("infer_wait_s", 0.0),
+                                              f"{role}_count": float(total), "pool_count": float(n)},
+                                     at=time.time()))
+            total = to
         return out

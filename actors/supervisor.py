@@ -58,7 +58,7 @@ from protocol.messages import (
 )
 from protocol.policy import GLOBAL_RESTART, ROLE_RESTART, RestartBudget
 from protocol.scaling import DEFAULT_BOUNDS, MAX_INSTANCES, Bounds, check_count
-from protocol.subjects import DEFAULT_PREFIX, ROLES, Names
+from protocol.subjects import DEFAULT_PREFIX, ROLES, Names, pool_name
 from protocol.wire import decode, encode
 
 STATE_FILE = "cluster.json"
@@ -74,6 +74,10 @@ REPLACED_KEPT = 256
 JOBS_WAITING = ["reserved", "filling", "ready", "leased"]
 # The master's answer to "do jobs wait?" before trainers go to zero.
 JOBS_CHECK_TIMEOUT_S = 5.0
+# Reading the registered bases (the bases KV bucket) to resolve a scale request's pool.
+BASES_READ_TIMEOUT_S = 5.0
+# The role whose instances serve a pool each (`ScaleRequest.pool`).
+POOLED = "inferencer"
 
 
 def scale_bounds() -> dict[str, Bounds]:
@@ -180,6 +184,8 @@ class ClusterState:
     # Instances wanted per role (`--roles`, `nexus scale`) and the workers' bounds (MIN:MAX).
     counts: dict[str, int] = field(default_factory=dict)
     bounds: dict[str, str] = field(default_factory=dict)
+    # Live inferencers per pool (each serves one base; `nexus scale inferencer N --pool`).
+    pools: dict[str, int] = field(default_factory=dict)
 
     def write(self, data_dir: Path) -> None:
         tmp = data_dir / (STATE_FILE + ".tmp")
@@ -271,6 +277,8 @@ class _Child:
     log_path: Path
     restarts: deque = field(default_factory=deque)
     key: str = ""  # its place in Supervisor.children (`slot_key`): the role, or role.N
+    base: str = ""  # an inferencer's NEXUS_INFER_BASE when not the deployment's default
+    pool: str = ""  # an inferencer's pool (`pool_name` of its base)
 
     def __post_init__(self) -> None:
         self.key = self.key or self.role
@@ -290,6 +298,8 @@ class Supervisor:
         # slot key (`slot_key`: "env", "env.1", ...) -> the live instance in that slot
         self.children: dict[str, _Child] = {}
         self.counts: dict[str, int] = dict(cfg.counts)  # instances wanted per role
+        # slot key -> the base an inferencer in it serves ("": the default), kept across restarts.
+        self._bases: dict[str, str] = {}
         # role -> (uid, gid) it runs as; empty: roles run as this process's user.
         self.role_users: dict[str, tuple[int, int]] = {}
         self.state: ClusterState | None = None
@@ -431,9 +441,21 @@ class Supervisor:
             home.mkdir(parents=True, exist_ok=True)
             _chown_tree(home, uid, gid)
 
-    def _spawn(self, role: str, key: str | None = None) -> _Child:
+    @staticmethod
+    def default_base() -> str:
+        """The base an inferencer started without a pool serves (NEXUS_INFER_BASE, as it reads it)."""
+        from protocol.settings import InferencerSettings
+
+        return InferencerSettings.from_env().base
+
+    def _spawn(self, role: str, key: str | None = None, base: str | None = None) -> _Child:
+        """Start ``role`` in slot ``key``; an inferencer serves ``base`` ("" the default; None:
+        the one its slot served, so a restart keeps the pool)."""
         key = key or role
         instance = f"{role}-{uuid.uuid4().hex[:6]}"
+        base = self._bases.get(key, "") if base is None else base
+        if role == POOLED:
+            self._bases[key] = base
         log_path = self.logs_dir / f"{role}.log"
         env = dict(os.environ)
         creds = self.role_creds(role)
@@ -446,6 +468,8 @@ class Supervisor:
             OMP_NUM_THREADS="1",  # one BLAS thread per process: 2 cores are shared by all roles
             PYTHONUNBUFFERED="1",
         )
+        if role == POOLED and base:
+            env["NEXUS_INFER_BASE"] = base  # another pool than the default
         ids = self.role_users.get(role)
         if ids is not None:
             env["HOME"] = str(self.cfg.data_dir / "home" / str(ids[0]))  # root's is not theirs
@@ -458,7 +482,8 @@ class Supervisor:
                     f"to read and run {sys.executable} and the code (or set NEXUS_ROLE_USER=-)",
                     details={"role": role}) from None
         old = self.children.get(key)
-        child = _Child(role, instance, proc, log_path, old.restarts if old else deque(), key=key)
+        child = _Child(role, instance, proc, log_path, old.restarts if old else deque(), key=key, base=base,
+                       pool=pool_name(base or self.default_base()) if role == POOLED else "")
         self.children[key] = child
         return child
 
@@ -485,6 +510,10 @@ class Supervisor:
         ]
         self.state.counts = dict(self.counts)
         self.state.bounds = {r: b.text() for r, b in self.cfg.bounds.items() if r in self.cfg.roles}
+        pools: dict[str, int] = {}
+        for c in self._slots(POOLED):
+            pools[c.pool] = pools.get(c.pool, 0) + 1
+        self.state.pools = dict(sorted(pools.items()))
         self.state.write(self.cfg.data_dir)
 
     async def _wait_ready(self, keys: list[str] | None = None) -> None:
@@ -578,6 +607,7 @@ class Supervisor:
             # A clean exit means someone drained it on purpose (elastic scale-in, `nexus down`).
             self.say(f"role {role} ({child.instance}) drained and exited")
             del self.children[child.key]
+            self._bases.pop(child.key, None)
             self._write_state()
             return
         policy = self.cfg.restart
@@ -711,7 +741,9 @@ class Supervisor:
     async def scale(self, req: ScaleRequest) -> Ok:
         """Run ``req.count`` instances of ``req.role``: start the missing ones (answered once
         they registered ready) or drain the surplus, highest slot first (answered once they
-        exited). Refused past the role's bounds and for zero trainers while jobs wait."""
+        exited). With ``req.pool`` (inferencers) the started ones serve that pool's base and the
+        surplus drains from that pool. Refused past the role's bounds (the total), for a pool
+        that is neither registered nor served, and for zero trainers while jobs wait."""
         if self._stopping.is_set():
             raise Draining("the supervisor is stopping; no scaling now")
         if self._global is not None and not self._global.done():
@@ -720,40 +752,113 @@ class Supervisor:
         if req.role not in self.cfg.roles:
             raise NotFound(f"role {req.role!r} is not supervised here; roles: {list(self.cfg.roles)}",
                            details={"role": req.role})
+        if req.pool and req.role != POOLED:
+            raise InvalidField("pool", f"role {req.role} has no pools: only inferencers serve one (a base each)",
+                               details={"role": req.role, "pool": req.pool})
         why = f" ({req.reason})" if req.reason else ""
         async with self._lock(f"scale:{req.role}"):
+            base, pool = await self._resolve_pool(req.pool) if req.pool else ("", "")
+            of = f" of pool {pool}" if pool else ""
             live = self._slots(req.role)
             have = len(live)
+            # The instances the surplus drains from: the named pool's, or any.
+            mine = [c for c in live if not pool or c.pool == pool]
             if req.count == 0 and req.role == "trainer":
                 await self._refuse_if_jobs_wait()
             # Every check before anything changes: a refused request leaves the deployment as it was.
             if len(set(req.drain)) > max(have - req.count, 0):
                 raise InvalidField("drain", f"names {len(set(req.drain))} instances but {req.role} {have} -> "
                                             f"{req.count} drains {max(have - req.count, 0)}")
-            unknown = [i for i in req.drain if i not in {c.instance for c in live}]
+            unknown = [i for i in req.drain if i not in {c.instance for c in mine}]
             if unknown:
-                raise NotFound(f"drain: {unknown} are not live instances of {req.role}; live: "
-                               f"{', '.join(c.instance for c in live) or 'none'}", details={"drain": unknown})
+                raise NotFound(f"drain: {unknown} are not live instances of {req.role}{of}; live: "
+                               f"{', '.join(c.instance for c in mine) or 'none'}", details={"drain": unknown})
+            if have - req.count > len(mine):
+                raise InvalidField("count", f"{req.role} {have} -> {req.count} drains {have - req.count}{of}, which "
+                                            f"has {len(mine)}; pools: {self._pools_text()}",
+                                   details={"role": req.role, "pool": pool})
             self.counts[req.role] = req.count
             if req.count == have:
                 self._write_state()
                 return Ok(detail=f"{req.role}: {have} already; nothing to do")
             if req.count > have:
                 free = [slot_key(req.role, i) for i in range(MAX_INSTANCES) if slot_key(req.role, i) not in self.children]
-                new = [self._spawn(req.role, key) for key in free[:req.count - have]]
-                self.say(f"scale {req.role} {have} -> {req.count}{why}: started "
+                new = [self._spawn(req.role, key, base) for key in free[:req.count - have]]
+                self.say(f"scale {req.role} {have} -> {req.count}{of}{why}: started "
                          f"{', '.join(f'{c.instance} (pid {c.proc.pid})' for c in new)}")
                 self._write_state()
                 await self._wait_ready([c.key for c in new])
-                return Ok(detail=f"{req.role}: {have} -> {req.count}; ready: {', '.join(c.instance for c in new)}")
-            first = [c for c in live if c.instance in req.drain]
-            surplus = (first + [c for c in reversed(live) if c not in first])[:have - req.count]
-            self.say(f"scale {req.role} {have} -> {req.count}{why}: draining "
+                return Ok(detail=f"{req.role}: {have} -> {req.count}{of}; ready: {', '.join(c.instance for c in new)}")
+            first = [c for c in mine if c.instance in req.drain]
+            surplus = (first + [c for c in reversed(mine) if c not in first])[:have - req.count]
+            self.say(f"scale {req.role} {have} -> {req.count}{of}{why}: draining "
                      f"{', '.join(c.instance for c in surplus)}")
             codes = await asyncio.gather(*(self._retire(c.key) for c in surplus))
             self._write_state()
             done = ", ".join(f"{c.instance} (exit {code})" for c, code in zip(surplus, codes))
-            return Ok(detail=f"{req.role}: {have} -> {req.count}; drained: {done}")
+            return Ok(detail=f"{req.role}: {have} -> {req.count}{of}; drained: {done}")
+
+    def _pools_text(self) -> str:
+        pools: dict[str, int] = {}
+        for c in self._slots(POOLED):
+            pools[c.pool] = pools.get(c.pool, 0) + 1
+        return ", ".join(f"{p} {n}" for p, n in sorted(pools.items())) or "none"
+
+    async def _resolve_pool(self, name: str) -> tuple[str, str]:
+        """A scale request's ``pool`` -> (the base an instance of it is started with, "" for
+        the default; its pool name): a registered base (``NAME`` or ``registered:NAME``), a
+        preset, or a pool a live inferencer (or the default base) serves. InvalidField naming
+        the registered bases otherwise."""
+        from master.spec import REGISTERED_BASE_PREFIX, known_presets
+
+        registered = await self._registered_bases()
+        default = self.default_base()
+        if name.removeprefix(REGISTERED_BASE_PREFIX) in registered:
+            base = registered[name.removeprefix(REGISTERED_BASE_PREFIX)]
+        elif name in known_presets():
+            base = name
+        else:
+            served = {pool_name(default): "", **{pool_name(p): p for p in registered.values()},
+                      **{c.pool: c.base for c in self._slots(POOLED)}}
+            if name not in served:
+                names = ", ".join(f"{REGISTERED_BASE_PREFIX}{n}" for n in sorted(registered)) or "none registered"
+                raise InvalidField("pool", f"{name!r} is no registered base, preset or served pool; allowed: a "
+                                           f"registered base ({names}; `nexus base add NAME PATH`), a preset "
+                                           f"({', '.join(known_presets())}) or a pool served now "
+                                           f"({', '.join(sorted(served))})",
+                                   details={"pool": name, "registered": sorted(registered)})
+            base = served[name]
+        pool = pool_name(base or default)
+        return ("" if pool == pool_name(default) else base), pool
+
+    async def _registered_bases(self) -> dict[str, str]:
+        """name -> directory of each base the operator registered (`nexus base add`)."""
+        from nats.js.errors import NoKeysError
+
+        from protocol.messages import RegisteredBase
+        from protocol.policy import MAX_REGISTERED_BASES
+
+        assert self._control is not None
+
+        async def read() -> dict[str, str]:
+            kv = await self._control.js.key_value(self.names.kv_bases)
+            try:
+                keys = await kv.keys()
+            except NoKeysError:
+                return {}
+            out = {}
+            for key in sorted(keys)[:MAX_REGISTERED_BASES]:
+                try:
+                    out[key] = decode((await kv.get(key)).value, RegisteredBase).path
+                except Exception:  # deleted meanwhile, or a record of another version: not a pool
+                    continue
+            return out
+
+        try:
+            return await asyncio.wait_for(read(), BASES_READ_TIMEOUT_S)
+        except Exception as exc:
+            raise Unavailable(f"pool: the registered bases could not be read: {type(exc).__name__}: {exc}",
+                              details={"bucket": self.names.kv_bases}) from None
 
     async def _retire(self, key: str) -> int | None:
         """Drain the child in slot ``key`` (SIGTERM, its drain, bounded by drain_timeout_s)
@@ -764,6 +869,7 @@ class Supervisor:
                 return None
             code = await self._stop_child(child, "drain")
             self.children.pop(key, None)
+            self._bases.pop(key, None)  # the slot's next instance serves what it is started for
             self.say(f"role {child.role} ({child.instance}) scaled in: drained, exit {code}")
             return code
 
@@ -798,9 +904,15 @@ class Supervisor:
         """Stop every role (reverse start order, each drains), then start all in ROLES order."""
         self.say(f"global restart: {reason}")
         await asyncio.sleep(self.cfg.global_restart.backoff_s)
-        # Every slot wanted now and every one live, in ROLES order then slot order.
-        keys = list(dict.fromkeys([*(slot_key(r, i) for r in self.cfg.roles for i in range(self.counts[r])),
-                                   *(c.key for r in self.cfg.roles for c in self._slots(r))]))
+        # The slots started again: per role its live ones (up to the wanted count: a drained
+        # slot between them, and an inferencer's pool, stay as they are), then the lowest free
+        # ones up to the count. Stopped: those and every live one, in ROLES order.
+        wanted: list[str] = []
+        for r in self.cfg.roles:
+            live = [c.key for c in self._slots(r)][:self.counts[r]]
+            free = [k for k in (slot_key(r, i) for i in range(MAX_INSTANCES)) if k not in self.children]
+            wanted += live + free[:max(self.counts[r] - len(live), 0)]
+        keys = list(dict.fromkeys([*wanted, *(c.key for r in self.cfg.roles for c in self._slots(r))]))
         locks = [self._lock(k) for k in keys]
         for lock in locks:  # always in ROLES order: no deadlock with one-role restarts
             await lock.acquire()
@@ -816,9 +928,10 @@ class Supervisor:
             for key in keys:
                 old = self.children.pop(key, None)
                 role = old.role if old else key.partition(".")[0]
-                if slot_of(key) >= self.counts[role]:
+                if key not in wanted:
                     continue  # a slot past the wanted count (scaled in meanwhile) stays empty
-                new = self._spawn(role, key)  # a fresh restart budget: the past ones are spent
+                # A fresh restart budget (the past ones are spent); an inferencer: its slot's pool.
+                new = self._spawn(role, key)
                 if old:
                     self._replaced[old.instance] = new.instance
             self._write_state()

@@ -119,6 +119,9 @@ class Heartbeat:
     # per-tenant ones as signal -> tenant -> value (the master's queue depths, ...).
     gauges: dict[str, float] = field(default_factory=dict)
     tenant_gauges: dict[str, dict[str, float]] = field(default_factory=dict)
+    # The inference pool an inferencer serves (`protocol.subjects.pool_name` of its base), so the
+    # scaler weighs each pool's pressure apart; empty for the other roles (and older beats).
+    pool: str = ""
 
 
 @message("service.record", 1)
@@ -199,12 +202,19 @@ class ScaleRequest:
     sync); surplus ones drain (the instances in ``drain`` first, then the highest slots) before
     the reply. Refused past the role's bounds (``NEXUS_SCALE_BOUNDS``), and for zero trainers
     while jobs wait.
+
+    ``pool`` (inferencers only: each serves one base) is the pool the started instances serve,
+    or the surplus is drained from: a registered base (``NAME`` or ``registered:NAME``), a
+    preset, or a pool name as heartbeats carry it. Empty: new ones serve the deployment's
+    default base (NEXUS_INFER_BASE) and the surplus drains whatever its pool. ``count`` is the
+    role's total either way: the bounds hold for the total.
     """
 
     role: str
     count: int
     reason: str = ""
     drain: list[str] = field(default_factory=list)  # instances to drain first (at most the surplus)
+    pool: str = ""  # inferencers: which pool gains or loses the instances (see above)
 
 
 @message("scale.decision", 1)
@@ -212,7 +222,9 @@ class ScaleRequest:
 class ScaleDecision:
     """One decision of the scaler (`actors/scaler.py`): a role's count from -> to, why, and the
     signals behind it; published on ``<prefix>.scale.decisions.<role>`` before it is applied and
-    again with its ``outcome`` (``applied``, ``refused: ...``, ``no supervisor``)."""
+    again with its ``outcome`` (``applied``, ``refused: ...``, ``no supervisor``). The counts are
+    the role's totals; for an inferencer ``pool`` names the pool whose pressure drove it, which
+    gains (loses) the instance."""
 
     role: str
     from_count: int
@@ -221,6 +233,7 @@ class ScaleDecision:
     signals: dict[str, float] = field(default_factory=dict)
     at: float = 0.0
     outcome: str = ""
+    pool: str = ""
 
 
 @message("health.report.request", 1)

@@ -2,7 +2,7 @@
 
     nexus up [--data-dir DIR] [--nats-port PORT | --nats-url URL] [--nats-cluster 3] [--roles env=4,trainer=1] [--detach]
     nexus status [--json]                  nexus down [--data-dir DIR]
-    nexus scale ROLE N [--drain INSTANCE] (env, inferencer, trainer; within NEXUS_SCALE_BOUNDS)
+    nexus scale ROLE N [--drain INSTANCE] [--pool BASE] (env, inferencer, trainer; within NEXUS_SCALE_BOUNDS)
     nexus top [--once] [--json]
     nexus trace [TRACE_ID] [--workload W] [--since 10m] [--until T] [--chrome FILE] [--png FILE] [--json]
     nexus submit SPEC [SPEC...] [--wait] [--json]
@@ -335,12 +335,17 @@ def scale(
     drain: Annotated[list[str] | None, typer.Option(
         "--drain", metavar="INSTANCE", help="scaling in: drain this instance first (repeatable); "
                                             "default the newest slots")] = None,
+    pool: Annotated[str, typer.Option(
+        "--pool", metavar="BASE", help="inferencer: the pool (base) the instances started serve, or the surplus "
+                                       "drains from: a registered base (NAME or registered:NAME), a preset, or a "
+                                       "pool served now; N stays the role's total")] = "",
     json: Json = False,
     timeout_s: Annotated[float, typer.Option(
         "--timeout-s", help="how long to wait for new instances to be ready / surplus ones to drain")] = 180.0,
 ) -> int:
     """Run N instances of a role on the running deployment: new ones join once ready, surplus ones drain."""
     from actors.supervisor import ClusterState, pid_alive
+    from protocol.errors import InvalidField
     from protocol.messages import Ok, ScaleRequest
     from protocol.scaling import check_count, parse_bounds
     from protocol.subjects import Names
@@ -357,16 +362,19 @@ def scale(
         return EXIT_FAILED
     # Checked here too, so a refusal needs no round trip; the supervisor checks again.
     check_count(role, count, parse_bounds(",".join(f"{r}={b}" for r, b in state.bounds.items())))
+    if pool and role != "inferencer":
+        raise InvalidField("--pool", f"role {role} has no pools: only inferencers serve one (a base each)")
 
     async def go():
         async with _client(data_dir, None, state.prefix, timeout_s) as client:
             return await client.bus.request(Names(state.prefix).supervisor("scale"),
-                                            ScaleRequest(role=role, count=count, reason=reason, drain=drain or []), Ok,
+                                            ScaleRequest(role=role, count=count, reason=reason, drain=drain or [],
+                                                         pool=pool), Ok,
                                             timeout_s=timeout_s)
 
     reply = _run(go())
     if json:
-        print_json({"role": role, "count": count, "detail": reply.detail})
+        print_json({"role": role, "count": count, **({"pool": pool} if pool else {}), "detail": reply.detail})
     else:
         print(reply.detail)
     return EXIT_OK
@@ -382,7 +390,10 @@ def _counts_line(data_dir: Path, rows: list[dict]) -> str | None:
     live = {r: sum(1 for x in rows if x["role"] == r and x["state"] == "alive") for r in state.counts}
     parts = [f"{r} {live[r]}/{n}" + (f" ({state.bounds[r]})" if r in state.bounds else "")
              for r, n in state.counts.items()]
-    return "instances (alive/wanted, bounds MIN:MAX): " + ", ".join(parts)
+    line = "instances (alive/wanted, bounds MIN:MAX): " + ", ".join(parts)
+    if state.pools:  # each inferencer serves one base (`nexus scale inferencer N --pool BASE`)
+        line += "\ninferencers per pool: " + ", ".join(f"{p} {n}" for p, n in state.pools.items())
+    return line
 
 
 # -- status / workloads / tenants ---------------------------------------------------------------
@@ -485,7 +496,7 @@ def status(
 
         cs = ClusterState.read(data_dir.resolve()) if tenant is None else None
         print_json({"roles": rows, "workloads": wrows, "metrics": st.metrics, "generated_at": st.generated_at,
-                    **({"counts": cs.counts, "bounds": cs.bounds} if cs is not None else {})})
+                    **({"counts": cs.counts, "bounds": cs.bounds, "pools": cs.pools} if cs is not None else {})})
         return EXIT_OK
     if tenant is not None:
         print(f"roles: shown to the operator only; the workloads of tenant {tenant!r}:" if wrows else

@@ -45,7 +45,7 @@ def build_view(snap: MonitorSnapshot) -> dict[str, Any]:
                       "busy_fraction": g.get("busy_fraction"), "memory_bytes": g.get("memory_bytes"),
                       "device_memory_bytes": g.get("device_memory_bytes"), "group_size": g.get("group_size")})
     tenants = [{"tenant": t, **{c: v.get(c) for c in _TENANT_COLS}} for t, v in sorted(per_tenant.items())]
-    decisions = [{"role": d.role, "from": d.from_count, "to": d.to_count, "reason": d.reason,
+    decisions = [{"role": d.role, "pool": d.pool, "from": d.from_count, "to": d.to_count, "reason": d.reason,
                   "outcome": d.outcome, "at": d.at} for d in snap.decisions]
     return {"roles": roles, "tenants": tenants, "decisions": decisions, "metrics_url": snap.metrics_url,
             "generated_at": snap.generated_at}
@@ -88,7 +88,8 @@ def render(view: dict[str, Any]) -> Any:
         for col in ("AT", "ROLE", "COUNT", "REASON", "OUTCOME"):
             scaler.add_column(col, no_wrap=col not in ("REASON", "OUTCOME"))
         for d in view["decisions"][-SCALER_ROWS:]:
-            scaler.add_row(time.strftime("%H:%M:%S", time.localtime(d["at"])), d["role"], f"{d['from']} -> {d['to']}",
+            role = f"{d['role']} {d['pool']}" if d.get("pool") else d["role"]  # an inferencer pool's
+            scaler.add_row(time.strftime("%H:%M:%S", time.localtime(d["at"])), role, f"{d['from']} -> {d['to']}",
                            d["reason"], d["outcome"] or "pending")
         parts.append(scaler)
     return Group(*parts)

@@ -6,7 +6,7 @@ fewer while jobs queue; and its inputs (with their rates) read from real `Heartb
 
 from __future__ import annotations
 
-from actors.scaler import RateWindow, Scaler, priority_weight, signals_from_beats
+from actors.scaler import RateWindow, Scaler, pool_signals_from_beats, priority_weight, signals_from_beats
 from protocol.messages import Heartbeat
 from protocol.policy import ScalerPolicy
 from protocol.scaling import parse_bounds
@@ -241,3 +241,74 @@ def test_rates_are_taken_over_the_rate_window_and_gone_instances_are_forgotten()
     assert len(w.seen[("trainer", "trainer-1")]) <= 4  # bounded: the span's beats plus one
     w.look(25, [])  # the instance is gone
     assert w.seen == {}
+
+
+# -- inference pools: each inferencer serves one base; its beat names the pool ------------------
+def test_a_starved_pool_gets_an_inferencer_of_its_own_and_the_default_pool_is_left_alone():
+    """Pool "other" waits 0.4 s per predict on its one instance while the default pool's two are
+    quiet but busy (inside their band): one inferencer more, of "other", after the window; then
+    the cooldown of ("inferencer", "other"); the default pool never moves. A flicker on the
+    default pool (every other look) never scales it either."""
+    s = Scaler(POLICY, parse_bounds("inferencer=1:4"))
+    pools = {"default": {"inferencers": 2.0, "queued_predicts": 4.0, "infer_wait_s": 0.1},
+             "other": {"inferencers": 1.0, "queued_predicts": 1.0, "infer_wait_s": 0.4}}
+    made = []
+    for t in range(0, 205, 5):
+        flick = {"infer_wait_s": 0.5 if (t // 5) % 2 else 0.1}
+        look = {"default": {**pools["default"], **flick}, "other": pools["other"]}
+        # The role-wide signals (the worst instance) say up too: the pools decide, not they.
+        for d in s.decide(float(t), {"inferencer": 3 + len(made)}, {"infer_wait_s": 0.5, "queued_predicts": 5.0},
+                          pools=look):
+            made.append((t, d))
+            pools["other"]["inferencers"] += 1  # the new instance joins the pool; its wait stays high
+    assert [(t, d.pool, d.from_count, d.to_count) for t, d in made] == [(30, "other", 3, 4)], made
+    d = made[0][1]
+    assert d.role == "inferencer" and d.reason.startswith("pool other (1 of 3): infer_wait_s 0.400 at or above 0.25")
+    assert d.signals["infer_wait_s"] == 0.4 and d.signals["pool_count"] == 1.0 and d.signals["inferencer_count"] == 3
+    # After it the starved pool waits at the max bound (4 in all: no second decision above), and
+    # the default pool never decided anything.
+    assert s.state[("inferencer", "default")].last_decision == float("-inf")
+
+
+def test_pools_share_the_total_bounds_and_a_pool_keeps_its_last_instance():
+    s = Scaler(POLICY, parse_bounds("inferencer=1:3"))
+    starved = {"inferencers": 1.0, "queued_predicts": 20.0, "infer_wait_s": 0.0}
+    # Two starved pools, room for one more in all: one decision (the first pool by name), not two.
+    made = [d for t in range(0, 35, 5) for d in s.decide(float(t), {"inferencer": 2}, {}, pools={"a": starved, "b": starved})]
+    assert [(d.pool, d.to_count) for d in made] == [("a", 3)], made
+    assert "queued_predicts per inferencer of the pool 20.00 at or above 8" in made[0].reason, made[0].reason
+    # Idle pools go down one per cooldown, but never below one instance each (a pool with no
+    # instance has no beat left to show its pressure), nor the total below its min.
+    s = Scaler(POLICY, parse_bounds("inferencer=1:8"))
+    pools = {"a": {"inferencers": 3.0}, "b": {"inferencers": 1.0}}
+    made = []
+    for t in range(0, 600, 5):
+        for d in s.decide(float(t), {"inferencer": int(sum(p["inferencers"] for p in pools.values()))}, {}, pools=pools):
+            made.append((t, d))
+            pools[d.pool]["inferencers"] += d.to_count - d.from_count
+    assert [(d.pool, d.from_count, d.to_count) for _, d in made] == [("a", 4, 3), ("a", 3, 2)], made
+    assert made[1][0] - made[0][0] >= POLICY.cooldown_s
+    assert pools == {"a": {"inferencers": 1.0}, "b": {"inferencers": 1.0}}
+    # A pool that is gone is forgotten (the state stays bounded by the live pools).
+    s.decide(600.0, {"inferencer": 1}, {}, pools={"a": {"inferencers": 1.0}})
+    assert ("inferencer", "b") not in s.state
+
+
+def test_pool_signals_are_read_from_the_inferencers_beats():
+    beats = [
+        _beat("inferencer", "1", seq=5, sent_at=10.0, pool="p1", gauges={"queued": 4.0, "served": 30.0, "batch_wait_s": 6.0}),
+        _beat("inferencer", "2", seq=5, sent_at=10.0, pool="p1", gauges={"queued": 1.0, "served": 10.0, "batch_wait_s": 0.1}),
+        _beat("inferencer", "3", seq=5, sent_at=10.0, pool="p2", gauges={"queued": 7.0, "served": 5.0, "batch_wait_s": 1.0}),
+        _beat("inferencer", "4", seq=5, sent_at=10.0, gauges={"queued": 9.0}),  # an older sender: no pool
+        _beat("trainer", "1", seq=5, sent_at=10.0, pool="p1", gauges={"queued": 99.0}),  # not an inferencer
+    ]
+    before = {(b.role, b.instance): b for b in [
+        _beat("inferencer", "1", seq=1, sent_at=5.0, gauges={"served": 10.0, "batch_wait_s": 1.0}),
+        _beat("inferencer", "2", seq=1, sent_at=5.0, gauges={"served": 0.0, "batch_wait_s": 0.0}),
+        _beat("inferencer", "3", seq=1, sent_at=5.0, gauges={"served": 1.0, "batch_wait_s": 0.2}),
+    ]}
+    assert pool_signals_from_beats(beats, before) == {
+        "p1": {"inferencers": 2.0, "queued_predicts": 5.0, "infer_wait_s": 0.25},  # the worst: 5 s over 20
+        "p2": {"inferencers": 1.0, "queued_predicts": 7.0, "infer_wait_s": 0.2},
+    }
+    assert pool_signals_from_beats(beats)["p2"]["infer_wait_s"] == 0.0  # no earlier look: no rate yet

@@ -121,12 +121,12 @@ def _wait_alive(data_dir, role: str, n: int, timeout_s: float = 30) -> dict:
         time.sleep(0.5)
 
 
-ENV = {"NEXUS_SCALE_BOUNDS": "env=1:2,inferencer=1:1,trainer=0:2", "NEXUS_INFER_BASE": BASE}
+ENV = {"NEXUS_SCALE_BOUNDS": "env=1:2,inferencer=1:2,trainer=0:2", "NEXUS_INFER_BASE": BASE}
 
 
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory):
-    """`nexus up --roles env=2,trainer=2` with bounds env 1:2, inferencer 1:1, trainer 0:2."""
+    """`nexus up --roles env=2,trainer=2` with bounds env 1:2, inferencer 1:2, trainer 0:2."""
     from actors.broker import free_port
 
     data = tmp_path_factory.mktemp("scaling") / "d"
@@ -147,7 +147,7 @@ def test_trainers_scaled_down_and_up_under_load_train_every_job_once(deployment)
     st = _alive(data)
     assert st["wanted"] == {"health": 1, "monitor": 1, "master": 1, "trainer": 2, "inferencer": 1, "env": 2}
     assert st["alive"]["trainer"] == 2 and st["alive"]["env"] == 2, st
-    assert st["bounds"] == {"trainer": "0:2", "inferencer": "1:1", "env": "1:2"}
+    assert st["bounds"] == {"trainer": "0:2", "inferencer": "1:2", "env": "1:2"}
     code, out = nexus("status", "--data-dir", str(data))
     assert code == 0 and "instances (alive/wanted, bounds MIN:MAX):" in out and "trainer 2/2 (0:2)" in out, out
 
@@ -159,7 +159,7 @@ def test_trainers_scaled_down_and_up_under_load_train_every_job_once(deployment)
     async def refused():
         c = await AsyncClient(state.nats_url, state.prefix, timeout_s=30).connect()
         try:
-            for req, words in [(ScaleRequest("inferencer", 2), "inferencer=2 is past its max bound 1"),
+            for req, words in [(ScaleRequest("inferencer", 3), "inferencer=3 is past its max bound 2"),
                                (ScaleRequest("master", 2), "'master' does not scale"),
                                (ScaleRequest("env", 1, drain=["env-nope00"]), "not live instances of env"),
                                (ScaleRequest("env", 2, drain=["env-nope00"]), "drains 0")]:
@@ -299,6 +299,76 @@ def test_a_killed_extra_instance_comes_back_in_its_slot(deployment):
         time.sleep(0.5)
     assert states.get(other.instance) == "alive"
     assert json.loads(out)["counts"]["env"] == 2
+
+
+@pytest.mark.timeout(300)
+def test_an_inferencer_of_a_second_base_is_started_and_drained_by_its_pool(deployment, tmp_path):
+    """Two bases: the default (a preset) and a registered directory (a save_pretrained copy of
+    it). `nexus scale inferencer 2 --pool tiny2` starts one instance of that base (its beats
+    name its pool; `nexus status` counts both pools), and `... 1 --pool tiny2` drains that
+    one, not the default's. A pool that is not registered, and a pool on a role that has none,
+    are refused naming what is allowed, and change nothing."""
+    from models import BaseConfig, BaseModel
+    from protocol.messages import Heartbeat
+    from protocol.subjects import pool_name
+    from protocol.wire import decode
+
+    data = deployment
+    base_dir = tmp_path / "tiny2"
+    BaseModel.load(BaseConfig(source=BASE, device="cpu")).save_pretrained(base_dir)
+    code, out = nexus("base", "add", "tiny2", str(base_dir), "--data-dir", str(data))
+    assert code == 0, out
+    other = pool_name(str(base_dir.resolve()))
+    default = [r for r in ClusterState.read(data).roles if r.role == "inferencer"]
+    assert len(default) == 1 and ClusterState.read(data).pools == {BASE: 1}
+
+    code, out = _scale(data, "inferencer", "2", "--pool", "nosuch")
+    assert code == 2 and "pool: 'nosuch' is no registered base" in out and "registered:tiny2" in out, out
+    code, out = _scale(data, "env", "2", "--pool", "tiny2")
+    assert code == 2 and "--pool: role env has no pools" in out, out
+
+    async def over_the_bus(req):  # the supervisor refuses it too (the CLI checks first)
+        state = ClusterState.read(data)
+        async with AsyncClient(state.nats_url, state.prefix, timeout_s=30) as c:
+            try:
+                return await c.bus.request(Names(state.prefix).supervisor("scale"), req, Ok, timeout_s=30)
+            except NexusError as exc:
+                return exc
+
+    got = asyncio.run(over_the_bus(ScaleRequest("env", 2, pool="tiny2")))
+    assert isinstance(got, InvalidField) and got.field == "pool" and "role env has no pools" in got.message, got
+    assert ClusterState.read(data).counts["inferencer"] == 1 and ClusterState.read(data).pools == {BASE: 1}
+
+    code, out = _scale(data, "inferencer", "2", "--pool", "tiny2")
+    assert code == 0 and f"inferencer: 1 -> 2 of pool {other}; ready:" in out, out
+    st = ClusterState.read(data)
+    assert st.pools == {BASE: 1, other: 1}, st.pools
+    new = next(r.instance for r in st.roles if r.role == "inferencer" and r.instance != default[0].instance)
+    code, out = nexus("status", "--data-dir", str(data))
+    assert code == 0 and f"inferencers per pool: {BASE} 1, {other} 1" in out, out
+
+    async def pools_on_beats() -> dict[str, str]:
+        state = ClusterState.read(data)
+        seen: dict[str, str] = {}
+        async with AsyncClient(state.nats_url, state.prefix, timeout_s=30) as c:
+            async def on(msg):
+                hb = decode(msg.data, Heartbeat)
+                seen[hb.instance] = hb.pool
+            sub = await c.bus.nc.subscribe(Names(state.prefix).heartbeat_all, cb=on)
+            deadline = time.monotonic() + 15
+            while not {default[0].instance, new} <= set(seen) and time.monotonic() < deadline:
+                await asyncio.sleep(0.2)
+            await sub.unsubscribe()
+        return seen
+
+    seen = asyncio.run(pools_on_beats())
+    assert seen.get(new) == other and seen.get(default[0].instance) == BASE, seen
+    assert all(pool == "" for inst, pool in seen.items() if not inst.startswith("inferencer-")), seen
+
+    code, out = _scale(data, "inferencer", "1", "--pool", "tiny2")
+    assert code == 0 and f"inferencer: 2 -> 1 of pool {other}; drained: {new}" in out, out
+    st = ClusterState.read(data)
+    assert st.pools == {BASE: 1} and [r.instance for r in st.roles if r.role == "inferencer"] == [default[0].instance]
 
 
 # Jobs kept ready behind the one the trainer trains, micro-batches (train steps) per job, and
