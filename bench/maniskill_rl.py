@@ -31,7 +31,7 @@ from typing import Any
 
 from actors.broker import free_port
 from bench.chaos import Deployment
-from bench.maniskill_sft import TASKS, dataset_facts, record_demos
+from bench.maniskill_sft import TASKS, dataset_facts, eval_spec, record_demos, success_rate
 
 # The action module both stages train: the example's width, PPO's exploration std (e^-1.5 ~
 # 0.22 of the [-1, 1] action range: the SFT's NLL learns its own log_std from there).
@@ -57,19 +57,6 @@ def rl_spec(sft: dict[str, Any], env: dict[str, Any], episodes: int, max_wall_s:
                 schedule={"max_inflight_jobs": 2, "staleness_bound": 64,
                           "budget": {"max_episodes": episodes, "max_wall_s": max_wall_s}})
     return spec
-
-
-def eval_spec(example: dict[str, Any], tenant: str, episodes: int, seed: int) -> dict[str, Any]:
-    spec = copy.deepcopy(example)
-    spec["tenant"] = tenant
-    spec["eval"].update(episodes=episodes, seed=seed, sample=False)
-    return spec
-
-
-def _rate(rec: Any) -> float | None:
-    m = rec.metrics or {}
-    value = m.get("success_rate", m.get("eval_success_rate"))
-    return None if value is None else float(value)
 
 
 def run(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
@@ -102,7 +89,7 @@ def run(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
             def evaluate(tenant: str) -> float | None:
                 ev = client.submit(eval_spec(ev_example, tenant, args.eval_episodes, args.eval_seed)).wait(
                     timeout_s=args.timeout_s)
-                return _rate(ev) if ev.state == "completed" else None
+                return success_rate(ev) if ev.state == "completed" else None
 
             for seed in args.seeds:
                 tenant = f"ppo-{args.task}cube-s{seed}"
@@ -120,7 +107,7 @@ def run(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
                         timeout_s=args.timeout_s)
                     episodes += rl.episodes or 0
                     rnd = {"round": i + 1, "state": rl.state, "message": rl.message, "version": rl.step,
-                           "episodes": rl.episodes, "episodes_total": episodes, "train_success": _rate(rl),
+                           "episodes": rl.episodes, "episodes_total": episodes, "train_success": success_rate(rl),
                            "wall_s": round(time.monotonic() - t0, 1), "eval": evaluate(tenant)}
                     print(json.dumps({"seed": seed, **rnd}), flush=True)
                     row["rounds"].append(rnd)

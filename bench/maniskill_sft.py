@@ -74,7 +74,8 @@ def eval_spec(base: dict[str, Any], tenant: str, episodes: int, seed: int) -> di
     return spec
 
 
-def _rate(rec: Any) -> float | None:
+def success_rate(rec: Any) -> float | None:
+    """A finished workload's success rate (an eval's or an RL window's), None when not measured."""
     m = rec.metrics or {}
     value = m.get("success_rate", m.get("eval_success_rate"))
     return None if value is None else float(value)
@@ -127,7 +128,7 @@ def run(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
                 t0 = time.monotonic()
                 ev = client.submit(eval_spec(ev_base, spec["tenant"], args.eval_episodes, args.eval_seed)).wait(
                     timeout_s=args.timeout_s)
-                row.update(eval_state=ev.state, eval_message=ev.message, eval_success=_rate(ev),
+                row.update(eval_state=ev.state, eval_message=ev.message, eval_success=success_rate(ev),
                            eval_wall_s=round(time.monotonic() - t0, 1), eval_metrics=ev.metrics)
                 print(json.dumps({k: v for k, v in row.items() if k not in ("metrics", "eval_metrics")}), flush=True)
                 rows.append(row)
