@@ -181,6 +181,7 @@ def _outcome(result: Any) -> dict[str, Any]:
 
 
 def test_a_tenant_with_valid_credentials_reaches_nothing_it_does_not_own(deployment, tmp_path):
+    from protocol.messages import ScaleRequest
     from protocol.messages import (CheckpointCommitRequest, CreateTenantRequest, DatasetBatch, DrainRequest,
                                    EnvCreateRequest, EnvSession, EnvStepRequest, ExportRequest, GetTenantRequest,
                                    HandbackRequest, InfoRequest, JobRecord, JobRef, JobsReply, JobsRequest,
@@ -355,6 +356,9 @@ def test_a_tenant_with_valid_credentials_reaches_nothing_it_does_not_own(deploym
             "hand alice's workload back": (req(m("handback"), HandbackRequest(worker="x", workloads=[wl.id]), Ok), PD, ""),
             "drain the master": (req(m("drain"), DrainRequest(reason="attack"), Ok), PD, ""),
             "a trainer's info": (req(trainer("info"), InfoRequest(), Ok), PD, ""),
+            # The supervisor's subjects are not exported to tenant accounts: nothing answers.
+            "scale a pool (the supervisor's op)": (req(names.supervisor("scale"), ScaleRequest(
+                role="inferencer", count=8, pool="tiny-qwen3-vl-64"), Ok), ("unavailable",), ""),
             # -- its own quotas -------------------------------------------------------------------
             "set its own quotas": (req(m("tenant_quotas"), TenantQuotasRequest(
                 tenant="mallory", quotas=TenantQuotas(max_inflight_jobs=64)), TenantConfig), PD, ""),
