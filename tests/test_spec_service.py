@@ -53,14 +53,20 @@ def test_export_every_steps_announces_every_n_and_the_last_and_writes_the_report
             await asyncio.sleep(0.5)  # the last announcement's delivery
             jobs = await c.jobs("ex-every")
             path = await c.download_report(h.id, tmp_path / "dl")
-            return rec, announced, jobs, path
+            # The tenant's next workload exports as its own spec says (default 0: every job),
+            # not as the first one did (every 2 would announce only its last version, 7).
+            first = [v for v in announced if v > 0]
+            again = await (await c.submit(sft("ex-every", steps=2))).wait(timeout_s=240)
+            await asyncio.sleep(0.5)
+            return rec, first, again, [v for v in announced if v > 5], jobs, path
         finally:
             await c.close()
 
-    rec, announced, jobs, downloaded = asyncio.run(go())
+    rec, announced, again, later, jobs, downloaded = asyncio.run(go())
     assert rec.state == "completed", rec.message
     # One job per step (items_per_job 1); exports at 2 and 4, and the workload's last step 5.
-    assert [v for v in announced if v > 0] == [2, 4, 5]
+    assert announced == [2, 4, 5]
+    assert again.state == "completed" and later == [6, 7], (again.message, later)
     assert all(j.state == "cleared" for j in jobs) and len(jobs) == 5  # skipped exports still clear
     report = json.loads((tmp_path / "reports" / "ex-every" / "out" / "ex.json").read_text())  # the roles' data dir
     assert report["workload"] == rec.workload and report["state"] == "completed"
