@@ -397,10 +397,10 @@ class Trainer(Role):
                 await self._advance(job, "synced", version)
                 self.fault_point("after_synced")
             await self._advance(job, "cleared", version)
+        self.jobs_done += 1  # counted when cleared, before the metrics go out
         if "loss" in metrics:
             await self.metric("loss", tenant, metrics["loss"], version=str(version))
         await self.metric("version", tenant, version)
-        self.jobs_done += 1
         self.log.info("job done", tenant=tenant, job=job.job, version=version, step=w.res.slot.step_count,
                       items=job.items, skipped_compute=w.skip, loss=metrics.get("loss"))
 

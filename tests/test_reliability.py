@@ -166,6 +166,17 @@ def test_trainer_drained_mid_round_leaves_nothing_leased(roles, finish_s):
 
 
 # -- renewal and the fence with two trainers -------------------------------------------------
+async def _infos_once_done(c, trainers, done: int, timeout_s: float = 30.0):
+    """The trainers' infos once ``done`` jobs are counted among them: a client can see a job
+    cleared before its trainer has read the master's reply to that update."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        infos = [await role_info(c, "trainer", p.instance) for p in trainers]
+        if sum(i.extra["jobs_done"] for i in infos) >= done or time.monotonic() > deadline:
+            return infos
+        await asyncio.sleep(0.1)
+
+
 def test_a_round_longer_than_its_lease_is_renewed_not_re_leased(roles):
     """Two trainers, a 5 s lease, a round of many seconds: renewals keep the job with the
     first trainer; the job is leased once and trained once. (5 s, not less: on a loaded
@@ -183,7 +194,7 @@ def test_a_round_longer_than_its_lease_is_renewed_not_re_leased(roles):
             await _wait_state(c, cfg, job.job, ("leased",))
             b = await asyncio.get_running_loop().run_in_executor(None, lambda: roles.start("trainer", **env))
             rec = await c.wait_job(cfg.name, job.job, timeout_s=180)
-            infos = [await role_info(c, "trainer", p.instance) for p in (a, b)]
+            infos = await _infos_once_done(c, (a, b), 1)
             payload, _ = await c.download_weights(await c.latest_weights(cfg.name))
             return rec, items, payload, infos
         finally:
@@ -225,7 +236,7 @@ def test_a_trainer_that_lost_its_lease_commits_nothing(roles):
             while (await role_info(c, "trainer", a.instance)).extra["leases_lost"] < 1:
                 assert time.monotonic() < deadline, "trainer A never noticed its lost lease"
                 await asyncio.sleep(0.2)
-            infos = [await role_info(c, "trainer", p.instance) for p in (a, b)]
+            infos = await _infos_once_done(c, (a, b), 1)
             ptr = await c.bus.request(c.names.master("checkpoint_get"), CheckpointGetRequest(cfg.name), CheckpointRef)
             payload, _ = await c.download_weights(await c.latest_weights(cfg.name))
             return rec, items, payload, infos, ptr, await c.job(cfg.name, job.job)
