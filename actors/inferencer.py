@@ -194,6 +194,7 @@ class Inferencer(Role):
         self.fast: bool | None = env.fast
         self.compile: bool | None = env.compile  # with fast on CUDA: compiled blocks (models.fast)
         self.warmup: bool | None = env.warmup
+        self.euler: str | None = env.euler  # action experts' Euler loop (models.heads.expert.EulerOptions)
         # Observation layouts whose every capture size up to the largest group has run once.
         self._warmed: set[Any] = set()
         self.warmup_s = 0.0  # seconds spent warming (not charged to any tenant)
@@ -248,6 +249,11 @@ class Inferencer(Role):
             self.compile = self.fast and cuda
         if self.warmup is None:
             self.warmup = self.fast
+        if self.euler is None:
+            self.euler = ("compile+tf32" if self.fast and self.compile else "tf32") if cuda else "fp32"
+        from models.heads.expert import EulerOptions, set_euler_options
+
+        set_euler_options(EulerOptions.parse(self.euler))
         base = await asyncio.to_thread(BaseModel.load, BaseConfig(source=self.base_source, device=self.device,
                                                                   fast=self.fast, compile=self.fast and self.compile))
         self.heads = ServingHeads(self.bus, self.names, base, self.base_source,
@@ -340,6 +346,7 @@ class Inferencer(Role):
         return {
             "pool": self.pool, "base": self.base_source,
             "engine": {"fast": self.fast, "compile": bool(self.fast and self.compile), "warmup": self.warmup,
+                       "euler": self.euler,
                        "warmed_layouts": len(self._warmed), "warmup_s": self.warmup_s,
                        "warm_sizes": self.warm_sizes() if self.warmup else []},
             "max_batch_size": self.batching.max_batch_size,

@@ -42,6 +42,7 @@ from bench.tenant_group import GroupRow, add_common_args, build, emit, time_ms  
 from models import forward_backward, predict  # noqa: E402
 from models.fast import FastQwen3VLEncoder  # noqa: E402
 from models.group import encode_grouped, predict_heads  # noqa: E402
+from models.heads.expert import EulerOptions, set_euler_options  # noqa: E402
 
 
 @dataclass
@@ -50,6 +51,7 @@ class Row(GroupRow):
     expert_depth: int
     euler_steps: int
     expert_params_m: float
+    euler: str
     serial_cache_ms: float | None
     grouped_cache_ms: float | None
     cache_speedup: float | None
@@ -120,7 +122,7 @@ def run(args: argparse.Namespace) -> Row:
     params = sum(p.numel() for p in expert_slots[0].head.parameters()) / 1e6 if expert_slots else 0.0
     depth = len(expert_slots[0].head.layers) if expert_slots else 0
     return Row(args.preset, str(base.device), args.tenants, args.frozen, args.batch, args.width, depth,
-               args.euler_steps, round(params, 2),
+               args.euler_steps, round(params, 2), args.euler,
                *(v for stage in ("cache", "infer", "train", "experts") for v in _triple(t, stage)), **fast)
 
 
@@ -193,7 +195,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="comma-separated: cache, infer, train, experts (the heads alone on precomputed features), "
                    "fast (the fast engine's cache forward vs its frozen forward, its predict, numerics)")
     p.add_argument("--compile", action="store_true", help="fast stage: also the compiled engine (compiles first)")
+    p.add_argument("--euler", default="fp32", help="how the experts' grouped Euler loop runs "
+                   "(models.heads.expert.EulerOptions): fp32, tf32, compile or compile+tf32")
     args = p.parse_args(argv)
+    try:
+        set_euler_options(EulerOptions.parse(args.euler))
+    except ValueError as exc:
+        p.error(f"--euler: {exc}")
     if not 0 <= args.frozen < args.tenants:
         p.error(f"--frozen={args.frozen}: allowed 0..{args.tenants - 1} (at least one expert)")
     emit(asdict(run(args)), args.json)

@@ -298,7 +298,16 @@ class InferencerSettings(EnvSettings):
         "group), so no request pays a capture or a compile", allowed="true, false or auto",
         default_text="auto: on with the fast engine"))
 
-    @field_validator("fast", "compile", "warmup", mode="before")
+    # How action experts' grouped Euler loop runs (models.heads.expert.EulerOptions). Unset: on
+    # CUDA compiled with TF32 matmuls where the engine compiles, TF32 alone where it does not;
+    # fp32 elsewhere. Measured on an H200 (docs/benchmarks.md): fp32 matmuls were 18.5 of a
+    # step's 22.7 ms; TF32 11.1, compiled with TF32 7.6 ms; actions within 1e-3 of fp32.
+    euler: str | None = Field(None, pattern=r"^(auto|fp32|tf32|compile|compile\+tf32)$", **var(
+        "NEXUS_INFER_EULER", "how action experts' grouped Euler loop runs", allowed="auto, fp32, tf32, compile or "
+        "compile+tf32", default_text="auto: compile+tf32 where the engine compiles on CUDA, tf32 on other CUDA, "
+        "fp32 elsewhere"))
+
+    @field_validator("fast", "compile", "warmup", "euler", mode="before")
     @classmethod
     def _auto(cls, v: Any) -> Any:
         return None if isinstance(v, str) and v.strip().lower() == "auto" else v

@@ -235,11 +235,12 @@ def test_engine_defaults_and_warmup_per_layout(roles):
             await c.close()
 
     before = asyncio.run(go())
-    assert before["engine"] == {"fast": False, "compile": False, "warmup": False, "warmed_layouts": 0,
+    assert before["engine"] == {"fast": False, "compile": False, "warmup": False, "euler": "fp32", "warmed_layouts": 0,
                                 "warmup_s": 0.0, "warm_sizes": []}
     plain.terminate()  # one inferencer in the pool: the fast one below serves the requests
     plain.wait(timeout=30)
-    fast = roles.start("inferencer", NEXUS_INFER_BASE=BASE, NEXUS_INFER_FAST="1", NEXUS_INFER_MAX_BATCH_SIZE="3")
+    fast = roles.start("inferencer", NEXUS_INFER_BASE=BASE, NEXUS_INFER_FAST="1", NEXUS_INFER_MAX_BATCH_SIZE="3",
+                       NEXUS_INFER_EULER="compile")
 
     async def go2():
         c = await AsyncClient(roles.nats_url, roles.prefix, timeout_s=60).connect()
@@ -259,6 +260,7 @@ def test_engine_defaults_and_warmup_per_layout(roles):
     assert [r.version for r in replies] == [0, 0, 0]
     e1, e2, e3 = ready["engine"], served["engine"], late["engine"]
     assert e1["fast"] is True and e1["compile"] is False and e1["warmup"] is True  # no CUDA: no compile
+    assert e1["euler"] == "compile"  # as set (no expert tenant here: nothing compiles)
     assert e1["warm_sizes"] == [1, 2, 4]  # 3 rows pad to the 4-row capture size
     assert e1["warmed_layouts"] == 2 and e1["warmup_s"] > 0  # both registered layouts, before ready
     assert ready["usage"]["busy_s"]["infer"] == 0  # warm-up forwards are nobody's: not metered

@@ -219,8 +219,23 @@ def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float | None) -> torch.Tens
 
 
 def _layer_many(layer: "ExpertLayer", p: dict[str, torch.Tensor], x: torch.Tensor, kv_k: torch.Tensor,
-                kv_v: torch.Tensor, length: int, mask_g: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-                ) -> torch.Tensor:
+                kv_v: torch.Tensor, length: int, mask_g: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                math: Any = None) -> torch.Tensor:
+    """One expert layer over S stacked tenants (`_layer_math`; ``math``: a compiled copy of it)."""
+    return (math or _layer_math)(layer.heads, layer.kv_heads, layer.head_dim, layer.attn_norm.eps,
+                                 layer.mlp_norm.eps, p, x, kv_k, kv_v, length, mask_g, cos, sin)
+
+
+@functools.cache
+def _layer_math_compiled() -> Any:
+    """`_layer_math` compiled once per process: its arguments are the layer's sizes (equal for
+    every layer of a shape, so one trace serves all of them) and tensors, never a module."""
+    return torch.compile(_layer_math, dynamic=False)
+
+
+def _layer_math(heads: int, kv: int, hd: int, attn_eps: float | None, mlp_eps: float | None,
+                p: dict[str, torch.Tensor], x: torch.Tensor, kv_k: torch.Tensor, kv_v: torch.Tensor, length: int,
+                mask_g: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """ExpertLayer.forward with weights stacked over S tenants: x (S, B, T, W); the cache, mask
     and rotary tables over the S * B rows (attention is per row, so rows of all tenants batch).
 
@@ -231,8 +246,7 @@ def _layer_many(layer: "ExpertLayer", p: dict[str, torch.Tensor], x: torch.Tenso
     (group * T)-row query block, ``mask_g`` (S * B, 1, group * T, length + T) the suffix mask
     tiled ``group`` times (`_grouped_mask`); each query row's softmax is unchanged."""
     s_, b, t, _ = x.shape
-    heads, kv, hd = layer.heads, layer.kv_heads, layer.head_dim
-    h = _rms(x, p["attn_norm.weight"], layer.attn_norm.eps)
+    h = _rms(x, p["attn_norm.weight"], attn_eps)
     q = _lin(h, p["q.weight"]).view(s_ * b, t, heads, hd).transpose(1, 2)
     k = _lin(h, p["k.weight"]).view(s_ * b, t, kv, hd).transpose(1, 2)
     v = _lin(h, p["v.weight"]).view(s_ * b, t, kv, hd).transpose(1, 2)
@@ -243,7 +257,7 @@ def _layer_many(layer: "ExpertLayer", p: dict[str, torch.Tensor], x: torch.Tenso
     a = F.scaled_dot_product_attention(q.reshape(s_ * b, kv, (heads // kv) * t, hd), kv_k, kv_v, attn_mask=mask_g)
     a = a.reshape(s_ * b, heads, t, hd)  # reshape: CUDA kernels may return it transposed in memory
     x = x + _lin(a.transpose(1, 2).reshape(s_, b, t, heads * hd), p["o.weight"])
-    h = _rms(x, p["mlp_norm.weight"], layer.mlp_norm.eps)
+    h = _rms(x, p["mlp_norm.weight"], mlp_eps)
     return x + _lin(F.gelu(_lin(h, p["gate.weight"]), approximate="tanh") * _lin(h, p["up.weight"]), p["down.weight"])
 
 
@@ -326,18 +340,18 @@ class ExpertHead(FlowMatchingHead):
             return list(bucket.run(h0).unbind(0))
 
     def _euler_many(self, p: dict[str, torch.Tensor], x: torch.Tensor, state: torch.Tensor | None,
-                    ctx: ExpertContext, length: int, mask_g: torch.Tensor) -> torch.Tensor:
+                    ctx: ExpertContext, length: int, mask_g: torch.Tensor, math: Any = None) -> torch.Tensor:
         """`euler_steps` Euler steps from noise x (S, B, H, A) with every weight stacked over S."""
         k = self.config.euler_steps
         n = x.shape[0] * x.shape[1]
         for i in range(k):
             t = torch.full((n,), i / k, device=x.device)
-            x = x + self._velocity_many(p, x, t, state, ctx, length, mask_g) / k
+            x = x + self._velocity_many(p, x, t, state, ctx, length, mask_g, math) / k
         return x
 
     def _velocity_many(self, p: dict[str, torch.Tensor], x: torch.Tensor, t: torch.Tensor,
-                       state: torch.Tensor | None, ctx: ExpertContext, length: int, mask_g: torch.Tensor
-                       ) -> torch.Tensor:
+                       state: torch.Tensor | None, ctx: ExpertContext, length: int, mask_g: torch.Tensor,
+                       math: Any = None) -> torch.Tensor:
         """`velocity` with every weight stacked over S tenants: x (S, B, H, A), state (S, B, 1, sd),
         ctx (its keys / values: `_layer_many`'s prefix + suffix buffers) and the grouped mask
         over the S * B rows in tenant order."""
@@ -352,7 +366,7 @@ class ExpertHead(FlowMatchingHead):
         tokens = torch.cat([s, a], dim=2)
         for i, (layer, pk, pv) in enumerate(zip(self.layers, ctx.keys, ctx.values)):
             tokens = _layer_many(layer, {n: p[f"layers.{i}.{n}"] for n in _LAYER_PARAMS}, tokens, pk, pv, length,
-                                 mask_g, ctx.cos, ctx.sin)
+                                 mask_g, ctx.cos, ctx.sin, math)
         return _lin(_rms(tokens[:, :, 1:], p["out_norm.weight"], self.out_norm.eps), p["out.weight"], p["out.bias"])
 
     def velocity(self, x_B_H_A: torch.Tensor, t_B: torch.Tensor, state: torch.Tensor | None,
@@ -375,6 +389,38 @@ class ExpertHead(FlowMatchingHead):
 EULER_BUCKETS = 4
 
 
+@dataclass(frozen=True)
+class EulerOptions:
+    """How a bucket's loop runs (`bench/expert_profile.py` measures each; docs/benchmarks.md).
+
+    tf32: the loop's float32 matmuls as TF32 on CUDA (the flag is set while the graph is
+          captured, so only the captured kernels use it; the rest of the process keeps its
+          setting); compile: the loop compiled by inductor before capture (fewer, fused kernels:
+          a step is ~25 small kernels per layer and bucket)."""
+
+    tf32: bool = False
+    compile: bool = False
+
+    @classmethod
+    def parse(cls, text: str) -> "EulerOptions":
+        """"fp32" (neither), "tf32", "compile" or "compile+tf32"."""
+        parts = {p.strip() for p in text.split("+") if p.strip()} - {"fp32"}
+        if parts - {"tf32", "compile"}:
+            raise ValueError(f"euler options {text!r}: unknown {sorted(parts - {'tf32', 'compile'})}; "
+                             "allowed: fp32, tf32, compile, compile+tf32")
+        return cls(tf32="tf32" in parts, compile="compile" in parts)
+
+
+_EULER = EulerOptions()
+
+
+def set_euler_options(options: EulerOptions) -> None:
+    """The options buckets created from now on take (a process-wide engine setting, like the
+    inferencer's compile flag; existing buckets keep theirs: the options are part of the key)."""
+    global _EULER
+    _EULER = options
+
+
 class EulerBucket:
     """Everything `ExpertHead._euler_many` reads for one bucket shape (expert config and dims,
     device, prefix length, S tenants x B rows), in fixed buffers: stacked weights, the noise, the
@@ -388,18 +434,22 @@ class EulerBucket:
 
     @classmethod
     def get(cls, h0: ExpertHead, tenants: int, feats0: BaseOutput, states: bool) -> "EulerBucket":
-        key = (h0.batch_key(feats0), tenants, states)
+        options = _EULER
+        key = (h0.batch_key(feats0), tenants, states, options)
         bucket = cls._cache.pop(key, None)
         if bucket is None:
             b, length = feats0.mask_B_L.shape
-            bucket = cls(h0, tenants, b, length, states)
+            bucket = cls(h0, tenants, b, length, states, options)
         cls._cache[key] = bucket
         while len(cls._cache) > EULER_BUCKETS:
             cls._cache.popitem(last=False)
         return bucket
 
-    def __init__(self, h0: ExpertHead, tenants: int, rows: int, length: int, states: bool) -> None:
+    def __init__(self, h0: ExpertHead, tenants: int, rows: int, length: int, states: bool,
+                 options: EulerOptions = EulerOptions()) -> None:
         dev, d = h0._device, h0.dims
+        self.options = options
+        self._math = _layer_math_compiled() if options.compile else None
         t = d.action_horizon + 1
         lay = h0.layers[0]
         n = tenants * rows
@@ -415,6 +465,8 @@ class EulerBucket:
                                      torch.empty(n, t, lay.head_dim, device=dev))
             self.mask_g = torch.empty(n, 1, self.group * t, length + t, dtype=torch.bool, device=dev)
         self.use_graph = dev.type == "cuda" and torch.cuda.is_available()
+        self._src: list[torch.Tensor] = []  # the parameters last stacked, and their versions
+        self._versions: list[int] = []
         self.graph: Any = None
         self.out: torch.Tensor | None = None
 
@@ -424,9 +476,11 @@ class EulerBucket:
         h0, length, t = heads[0], self.length, self.tokens
         dev = h0._device
         self.x0.copy_(x0)
-        named = [dict(h.named_parameters()) for h in heads]
-        for name, buf in self.params.items():
-            torch.stack([p[name] for p in named], out=buf)
+        src = [p for h in heads for p in h.parameters()]
+        if self._changed(src):
+            named = [dict(h.named_parameters()) for h in heads]
+            for name, buf in self.params.items():
+                torch.stack([p[name] for p in named], out=buf)
         if self.state is not None:
             self.state[:, :, 0].copy_(torch.stack([h.state(v) for h, v in zip(heads, vlas)]))
         for i, j in enumerate(h0.layer_map):
@@ -443,23 +497,43 @@ class EulerBucket:
                           h0.suffix_mask.to(dev)[None, None].expand(n, 1, t, t)], dim=-1)
         self.mask_g.copy_(mask.repeat(1, 1, self.group, 1))  # `_layer_many`'s query block g * T + t
 
+    def _changed(self, src: list[torch.Tensor]) -> bool:
+        """Do the stacked weights need restacking? Not when the same parameter tensors come in
+        unchanged since the last call (their version counters: an optimizer step or a weight
+        sync writes in place and bumps them): restacking 8 experts' layers is hundreds of copies.
+        The bucket holds the tensors it compared, so an id is never reused under it."""
+        try:
+            versions = [p._version for p in src]
+        except RuntimeError:  # an inference tensor keeps no version: always restack
+            self._src, self._versions = [], []
+            return True
+        same = (len(src) == len(self._src) and all(a is b for a, b in zip(src, self._src))
+                and versions == self._versions)
+        self._src, self._versions = src, versions
+        return not same
+
     def _sample(self, h0: ExpertHead) -> torch.Tensor:
-        return h0._euler_many(self.params, self.x0, self.state, self.ctx, self.length, self.mask_g)
+        return h0._euler_many(self.params, self.x0, self.state, self.ctx, self.length, self.mask_g, self._math)
 
     def run(self, h0: ExpertHead) -> torch.Tensor:
         """The actions (S, B, H, A) from the loaded inputs (a fresh tensor)."""
         if not self.use_graph:
             return self._sample(h0)
         if self.graph is None:
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                for _ in range(2):  # warm-up: cuBLAS handles and workspaces exist before capture
-                    self._sample(h0)
-            torch.cuda.current_stream().wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                self.out = self._sample(h0)
+            prev = torch.backends.cuda.matmul.allow_tf32
+            torch.backends.cuda.matmul.allow_tf32 = self.options.tf32 or prev
+            try:
+                stream = torch.cuda.Stream()
+                stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(stream):
+                    for _ in range(2):  # warm-up: cuBLAS handles, workspaces (and a compile) before capture
+                        self._sample(h0)
+                torch.cuda.current_stream().wait_stream(stream)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    self.out = self._sample(h0)
+            finally:
+                torch.backends.cuda.matmul.allow_tf32 = prev
             self.graph = graph
         self.graph.replay()
         return self.out.clone()
