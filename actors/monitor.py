@@ -9,7 +9,7 @@ capped series and tenants): control, learning and system (docs/observability.md 
   instance and the latest value of every metric keyed ``<signal>.<scope>``;
 * ``<prefix>.monitor.snapshot`` answers a `MonitorSnapshot` (``nexus top``): the roles and
   the retained series, newest points (and ``history`` more);
-* a Prometheus endpoint on 127.0.0.1:``NEXUS_METRICS_PORT`` (`actors.prom`);
+* a Prometheus endpoint on ``NEXUS_METRICS_HOST``:``NEXUS_METRICS_PORT`` (`actors.prom`; loopback by default);
 * TensorBoard event files per tenant under ``<data_dir>/tensorboard/`` (`actors.boards`).
 
 Run: ``python -m actors.run monitor --nats-url nats://127.0.0.1:4222``
@@ -97,9 +97,10 @@ class Monitor(Role):
         from actors.prom import serve
 
         try:
-            self._server, self.metrics_url = serve(self.store, self.mcfg.metrics_port)
+            self._server, self.metrics_url = serve(self.store, self.mcfg.metrics_port, self.mcfg.metrics_host)
         except OSError as exc:  # another deployment holds the port: run on, without the endpoint
-            self.log.warning("metrics endpoint off: cannot listen", port=self.mcfg.metrics_port, error=str(exc))
+            self.log.warning("metrics endpoint off: cannot listen", host=self.mcfg.metrics_host,
+                             port=self.mcfg.metrics_port, error=str(exc))
             return
         self.log.info("metrics endpoint", url=self.metrics_url)
 

@@ -4,7 +4,8 @@ A custom collector over the `SeriesStore` (nothing is copied into prometheus_cli
 metric objects): each scrape reads the newest point of every series. The HTTP server is
 prometheus_client's (a daemon thread); it answers OpenMetrics text when the scraper asks for
 it (``Accept: application/openmetrics-text``, as Prometheus does), the classic text otherwise.
-It listens on 127.0.0.1 only: a remote Prometheus scrapes through its host's own agent.
+It listens on 127.0.0.1 unless told otherwise (``NEXUS_METRICS_HOST``: a pod's own address,
+where a NetworkPolicy admits only Prometheus; deploy/k8s/nexus.yaml).
 """
 
 from __future__ import annotations
@@ -39,11 +40,13 @@ class SeriesCollector:
             yield fam
 
 
-def serve(store: SeriesStore, port: int) -> tuple[Any, str]:
-    """Start the endpoint on 127.0.0.1:``port`` (0: a free port); return (server, its URL).
+def serve(store: SeriesStore, port: int, host: str = HOST) -> tuple[Any, str]:
+    """Start the endpoint on ``host``:``port`` (0: a free port); return (server, its URL: the
+    loopback address when it listens on every address).
 
-    Raises OSError when the port is taken."""
+    Raises OSError when the port is taken or the address is not this host's."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SeriesCollector(store))  # type: ignore[arg-type]
-    server, _thread = start_http_server(port, addr=HOST, registry=registry)
-    return server, f"http://{HOST}:{server.server_port}/metrics"
+    server, _thread = start_http_server(port, addr=host, registry=registry)
+    shown = {"0.0.0.0": HOST, "::": "[::1]"}.get(host, f"[{host}]" if ":" in host else host)
+    return server, f"http://{shown}:{server.server_port}/metrics"

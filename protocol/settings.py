@@ -491,8 +491,23 @@ class MonitorSettings(EnvSettings):
     tenant_cap: int = Field(50, ge=1, **var(
         "NEXUS_MONITOR_TENANT_CAP", "tenants with their own label; later tenants share `tenant=\"other\"`"))
     metrics_port: int = Field(9464, ge=0, le=65535, **var(
-        "NEXUS_METRICS_PORT", "the monitor's Prometheus endpoint on 127.0.0.1 (0: a free port, shown by `nexus up`)",
-        allowed="a port, or 0 for a free one"))
+        "NEXUS_METRICS_PORT", "the monitor's Prometheus endpoint port on NEXUS_METRICS_HOST (0: a free port, shown by "
+        "`nexus up`)", allowed="a port, or 0 for a free one"))
+    # Loopback by default: on a shared host nothing else should read the series. In a pod the
+    # manifests set 0.0.0.0 (the pod's own network, a NetworkPolicy admits only Prometheus).
+    metrics_host: str = Field("127.0.0.1", **var(
+        "NEXUS_METRICS_HOST", "the address the monitor's Prometheus endpoint listens on",
+        allowed="an IPv4 or IPv6 address literal"))
+
+    @field_validator("metrics_host")
+    @classmethod
+    def _ip_literal(cls, v: str) -> str:
+        import ipaddress
+
+        try:
+            return str(ipaddress.ip_address(v.strip()))
+        except ValueError:
+            raise ValueError(f"{v!r} is not an IP address literal (e.g. 127.0.0.1, 0.0.0.0, ::1)") from None
     tensorboard: bool = Field(True, **var(
         "NEXUS_TENSORBOARD", "the monitor writes TensorBoard event files per tenant under `DATA_DIR/tensorboard/`"))
 

@@ -54,6 +54,7 @@ def test_every_manifest_validates_against_its_schema():
     docs = _docs("nexus.yaml") + _docs("autoscaling.yaml")
     kinds = [d["kind"] for d in docs]
     assert kinds.count("ScaledObject") == 3 and kinds.count("Deployment") == 6, kinds
+    assert kinds.count("Service") == 1 and kinds.count("NetworkPolicy") == 1, kinds
     for doc in docs:
         assert doc["kind"] in validators, f"no schema for {doc['kind']}"
         errors = _errors(validators[doc["kind"]], doc)
@@ -131,3 +132,31 @@ def test_scaled_pods_get_time_to_drain_before_sigkill():
 @pytest.mark.parametrize("name", ["nexus.yaml", "autoscaling.yaml"])
 def test_manifests_parse(name):
     assert _docs(name)
+
+
+def test_prometheus_can_reach_the_monitor_and_nothing_else_can():
+    """The triggers read what Prometheus scraped from the monitor: its endpoint listens on the
+    pod's address (not loopback), the Service reaches its named port, and the NetworkPolicy on
+    the same pods admits the monitoring namespace alone on that port."""
+    docs = _docs("nexus.yaml")
+    mon = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "nexus-monitor")
+    box = mon["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e["value"] for e in box.get("env", [])}
+    assert env["NEXUS_METRICS_HOST"] == "0.0.0.0"
+    port = {p["name"]: p["containerPort"] for p in box["ports"]}["metrics"]
+    assert int(env["NEXUS_METRICS_PORT"]) == port
+    labels = mon["spec"]["template"]["metadata"]["labels"]
+    svc = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "nexus-monitor")
+    assert svc["spec"]["selector"].items() <= labels.items()
+    assert [p["targetPort"] for p in svc["spec"]["ports"]] == ["metrics"]
+    assert svc["metadata"]["annotations"]["prometheus.io/port"] == str(port)
+    pol = next(d for d in docs if d["kind"] == "NetworkPolicy")
+    assert pol["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
+    (rule,) = pol["spec"]["ingress"]
+    assert [p["port"] for p in rule["ports"]] == [port]
+    (peer,) = rule["from"]
+    assert peer == {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    # the namespace the triggers' Prometheus lives in, per autoscaling.yaml's serverAddress
+    for so in _docs("autoscaling.yaml"):
+        for trig in so["spec"]["triggers"]:
+            assert ".monitoring.svc" in trig["metadata"]["serverAddress"]

@@ -53,7 +53,7 @@ def deployment(nats_server, tmp_path_factory):
     procs = _Procs(url, names.prefix, tmp_path_factory.mktemp("observe"))
     t0 = time.monotonic()
     try:
-        procs.start_all([("monitor", {"NEXUS_METRICS_PORT": "0"}), ("health", {}), ("master", {}), ("trainer", {}),
+        procs.start_all([("monitor", {"NEXUS_METRICS_PORT": "0", "NEXUS_METRICS_HOST": "127.0.0.3"}), ("health", {}), ("master", {}), ("trainer", {}),
                          ("env", {}), ("inferencer", {"NEXUS_INFER_BASE": "tiny-qwen3-vl-64"})])
 
         async def run():
@@ -101,7 +101,7 @@ def test_prometheus_endpoint_serves_every_signal(deployment):
     from prometheus_client.parser import text_string_to_metric_families
 
     url = deployment.metrics_url
-    assert url.startswith("http://127.0.0.1:") and url.endswith("/metrics")
+    assert url.startswith("http://127.0.0.3:") and url.endswith("/metrics")  # NEXUS_METRICS_HOST, as set
     ctype, text = _scrape(url)
     assert ctype.startswith("text/plain")
     print("\n".join(line for line in text.splitlines() if "o-sft" in line or "trainer" in line))

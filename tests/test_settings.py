@@ -94,6 +94,7 @@ GOOD: dict[str, tuple[str, object]] = {
     "NEXUS_MONITOR_SERIES_MAX": ("100", 100),
     "NEXUS_MONITOR_TENANT_CAP": ("3", 3),
     "NEXUS_METRICS_PORT": ("0", 0),
+    "NEXUS_METRICS_HOST": ("0.0.0.0", "0.0.0.0"),
     "NEXUS_TENSORBOARD": ("no", False),
     "NEXUS_CREDS": ("/tmp/x.creds", Path("/tmp/x.creds")),
     "NEXUS_DATA_ROOTS": ("/data/a:/data/b", "/data/a:/data/b"),
@@ -175,6 +176,7 @@ BAD: dict[str, tuple[str, str]] = {
     "NEXUS_MONITOR_SERIES_MAX": ("5", "an integer >= 10"),
     "NEXUS_MONITOR_TENANT_CAP": ("0", "an integer >= 1"),
     "NEXUS_METRICS_PORT": ("70000", "a port, or 0 for a free one"),
+    "NEXUS_METRICS_HOST": ("monitor.local", "not an IP address literal"),
     "NEXUS_TENSORBOARD": ("sometimes", "a boolean"),
     "NEXUS_NATS_PORT": ("70000", "an integer in [1, 65535]"),
     "NEXUS_TENANT_STORAGE_MB": ("0", "a number > 0"),
@@ -373,6 +375,7 @@ def test_roles_read_every_variable(tmp_path, monkeypatch):
         "NEXUS_MONITOR_SERIES_MAX": (mon.series_max, 100),
         "NEXUS_MONITOR_TENANT_CAP": (mon.tenant_cap, 3),
         "NEXUS_METRICS_PORT": (mon.metrics_port, 0),
+        "NEXUS_METRICS_HOST": (mon.metrics_host, "0.0.0.0"),
         "NEXUS_TENSORBOARD": (mon.tensorboard, False),
     }
     from actors.paths import data_roots

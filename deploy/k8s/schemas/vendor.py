@@ -19,7 +19,8 @@ from pathlib import Path
 
 VERSION = "v1.30.0"  # the oldest release kubernetes-validate 1.37 ships that KEDA 2.x supports
 KINDS = {"Deployment": "deployment-apps-v1", "ConfigMap": "configmap-v1", "Job": "job-batch-v1",
-         "HorizontalPodAutoscaler": "horizontalpodautoscaler-autoscaling-v2"}
+         "HorizontalPodAutoscaler": "horizontalpodautoscaler-autoscaling-v2", "Service": "service-v1",
+         "NetworkPolicy": "networkpolicy-networking-v1"}
 REF_PREFIX = "/api/_definitions.json#/$defs/"  # how a kind's file names a definition
 LOCAL_PREFIX = "#/$defs/"  # how one definition names another
 
