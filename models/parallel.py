@@ -26,7 +26,8 @@ generator through `models.heads.base.randn/rand`; during the step a row window m
 draw the whole batch's numbers and keep its own rows (`row_windows`), so rows get the noise one
 process would give them and every rank's generator advances alike. A rank without rows of a
 tenant draws nothing: when any tenant has fewer rows than ranks, rank 0 broadcasts those
-tenants' generator states (and metric names) before the all-reduce. Not covered: LoRA dropout
+tenants' generator states (and metric names) before the all-reduce. A forward/backward that raises on one rank raises `DataParallelStepError` on every rank,
+with no step taken (one small collective before the all-reduce). Not covered: LoRA dropout
 (`AdapterConfig.dropout > 0`) draws its masks on each rank's own slice, so masks differ from one
 process's (the estimator is the same, the numbers are not).
 """
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import json
 import time
+import zlib
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -42,11 +44,17 @@ import torch
 import torch.distributed as dist
 
 from models.base import BaseModel
-from models.errors import InputError
+from models.errors import InputError, ModelCoreError
 from models.group import StepResult, forward_backward
 from models.heads import TenantBatch
 from models.heads.base import row_windows
 from models.slot import TenantSlot
+
+
+class DataParallelStepError(ModelCoreError):
+    """A data-parallel step failed on some rank, and so on every rank: no optimizer step was
+    taken and every slot's generator is back where the step began (the caller may retry, e.g.
+    tenant by tenant, with the same collective protocol)."""
 
 
 @dataclass
@@ -111,7 +119,8 @@ def train_step_dp(base: BaseModel, shares: Sequence[RowShare], *, group: dist.Pr
     Every rank calls it with the same tenants in the same order (`shard`). Runs the grouped
     forward/backward on this rank's rows (models.group.forward_backward), all-reduces the
     row-weighted gradients, losses and metrics in one flat buffer, then every rank takes the same
-    optimizer step. Returns the whole batch's figures per tenant on every rank."""
+    optimizer step. Returns the whole batch's figures per tenant on every rank. If any rank's
+    forward/backward raises, every rank raises `DataParallelStepError` with nothing changed."""
     ids = [s.slot.tenant_id for s in shares]
     if len(set(ids)) != len(ids):
         raise InputError(f"train_step_dp: a tenant appears twice in one step: {ids}")
@@ -120,11 +129,18 @@ def train_step_dp(base: BaseModel, shares: Sequence[RowShare], *, group: dist.Pr
     local = [s for s in shares if s.batch is not None]
     for s in shares:
         s.slot.zero_grad()  # tenants without rows here contribute no gradient
+    rng = [s.slot.generator.get_state() for s in shares]
     windows = {s.slot.generator: (s.start, s.rows, s.total) for s in local}
-    with row_windows(windows):
-        results = forward_backward(base, [(s.slot, s.batch) for s in local], grouped=grouped)
+    error: Exception | None = None
+    results: list[StepResult] = []
+    try:
+        with row_windows(windows):
+            results = forward_backward(base, [(s.slot, s.batch) for s in local], grouped=grouped)
+    except Exception as exc:  # noqa: BLE001 - every rank learns of it below and raises
+        error = exc
     by_id = {r.tenant_id: r for r in results}
     t1 = time.perf_counter()
+    _agree(shares, by_id, world, error, rng, group)
     names = _metric_names(shares, by_id, world, group)
     buf = _pack(shares, by_id, names, comm_device(group))
     dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=group)
@@ -136,6 +152,32 @@ def train_step_dp(base: BaseModel, shares: Sequence[RowShare], *, group: dist.Pr
     if timings is not None:
         timings.update(forward_backward_s=t1 - t0, allreduce_s=t2 - t1, optimizer_s=time.perf_counter() - t2)
     return out
+
+
+def _agree(shares: Sequence[RowShare], by_id: dict[str, StepResult], world: int, error: Exception | None,
+           rng: list[torch.Tensor], group: dist.ProcessGroup | None) -> None:
+    """One small collective before the big one: did any rank fail its forward/backward, and do
+    the ranks agree on the buffer's layout (a digest of the metric names of the tenants every
+    rank holds rows of)? Either way every rank raises the same error instead of one rank raising
+    and the others blocking in the all-reduce until its timeout."""
+    dense = [sorted(by_id[s.slot.tenant_id].metrics) if s.slot.tenant_id in by_id else None
+             for s in shares if s.total >= world]
+    digest = zlib.crc32(json.dumps(dense).encode()) if error is None else 0
+    flags = torch.tensor([int(error is not None), digest, -digest], dtype=torch.int64, device=comm_device(group))
+    dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=group)
+    failed, high, neg_low = (int(x) for x in flags.cpu())
+    if not failed and high == -neg_low:
+        return
+    for s, state in zip(shares, rng):
+        s.slot.zero_grad()
+        s.slot.generator.set_state(state)
+    rank = dist.get_rank(group)
+    if error is not None:
+        raise DataParallelStepError(f"rank {rank}: {type(error).__name__}: {error}") from error
+    if failed:
+        raise DataParallelStepError(f"rank {rank}: another rank's forward/backward failed; no step taken")
+    raise DataParallelStepError(f"rank {rank}: ranks disagree on the tenants' metric names (a tenant's head or "
+                                "batch kind differs between ranks); no step taken")
 
 
 def _metric_names(shares: Sequence[RowShare], by_id: dict[str, StepResult], world: int,

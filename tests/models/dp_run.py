@@ -1,5 +1,9 @@
 """The data-parallel test's tenants and run (tests/models/test_data_parallel.py), importable by
-its rank processes: ``python -m tests.models.dp_run RANK WORLD INIT_FILE OUT``."""
+its rank processes: ``python -m tests.models.dp_run RANK WORLD INIT_FILE OUT [STEPS FAIL_AT]``.
+
+FAIL_AT: at that step rank 1 feeds the `mlp` tenant actions of a wrong shape, so its
+forward/backward raises there and only there (the step must then fail on every rank and change
+nothing: equal to one process that skipped that step)."""
 
 from __future__ import annotations
 
@@ -51,21 +55,37 @@ def step_items(slots: list[TenantSlot], step: int) -> list:
             for i, (s, (*_, rows)) in enumerate(zip(slots, TENANTS))]
 
 
-def run(rank: int, world: int) -> tuple[list[TenantSlot], list[list[float]]]:
-    """STEPS steps; world 1 is one process's plain grouped `train_step` (the reference)."""
-    from models.parallel import shard, train_step_dp
+def run(rank: int, world: int, steps: int = STEPS, fail_at: int = -1
+        ) -> tuple[list[TenantSlot], list[list[float]], list[str]]:
+    """``steps`` steps; world 1 is one process's plain grouped `train_step` (the reference),
+    which skips step ``fail_at``. Returns slots, losses per tenant, errors raised."""
+    from models.heads import TenantBatch
+    from models.parallel import DataParallelStepError, shard, train_step_dp
 
     torch.set_num_threads(1)
     base = load_base()
     slots = make_slots(base)
     losses: list[list[float]] = [[] for _ in slots]
-    for step in range(STEPS):
+    errors: list[str] = []
+    for step in range(steps):
         items = step_items(slots, step)
-        results = (train_step(base, items) if world == 1
-                   else train_step_dp(base, shard(items, rank, world)))
+        if world == 1:
+            if step == fail_at:
+                continue
+            results = train_step(base, items)
+        else:
+            shares = shard(items, rank, world)
+            if step == fail_at and rank == 1:
+                b = shares[0].batch
+                shares[0].batch = TenantBatch(b.features, torch.zeros(len(b), 3, 2))
+            try:
+                results = train_step_dp(base, shares)
+            except DataParallelStepError as exc:
+                errors.append(str(exc))
+                continue
         for i, r in enumerate(results):
             losses[i].append(r.loss)
-    return slots, losses
+    return slots, losses, errors
 
 
 def main() -> None:
@@ -73,16 +93,17 @@ def main() -> None:
     from safetensors.torch import save_file
 
     rank, world, init_file, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    steps, fail_at = (int(sys.argv[5]), int(sys.argv[6])) if len(sys.argv) > 6 else (STEPS, -1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=120))
     try:
-        slots, losses = run(rank, world)
+        slots, losses, errors = run(rank, world, steps, fail_at)
     finally:
         dist.destroy_process_group()
     tensors = {f"{s.tenant_id}/{n}": p.detach().contiguous() for s in slots for n, p in s.named_trainable()}
     save_file(tensors, f"{out}.safetensors")
     with open(f"{out}.json", "w") as f:
-        json.dump({"losses": losses, "versions": [s.policy_version for s in slots]}, f)
+        json.dump({"losses": losses, "versions": [s.policy_version for s in slots], "errors": errors}, f)
 
 
 if __name__ == "__main__":
