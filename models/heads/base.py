@@ -16,8 +16,10 @@ Register a new head with `@register_head("name", ConfigClass)`.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 from dataclasses import dataclass, fields
-from typing import Any, Callable
+from typing import Any, Callable, Iterator, Mapping
 
 import torch
 from torch import nn
@@ -116,12 +118,40 @@ class ActionHead(nn.Module):
         return [h.predict(f, v, g) for h, f, v, g in zip(heads, feats, vlas, generators)]
 
 
+# Data parallelism (models/parallel.py): a rank holds rows [start, start + rows) of a tenant's
+# `total` rows. While a window is set for a generator, a per-row draw (first dim == rows) draws
+# the whole batch's numbers and keeps this rank's slice, so every rank advances the generator as
+# one process would and each row gets the noise it gets on one rank. Keyed by id(generator).
+_ROW_WINDOWS: contextvars.ContextVar[Mapping[int, tuple[int, int, int]]] = contextvars.ContextVar(
+    "row_windows", default={})
+
+
+@contextlib.contextmanager
+def row_windows(windows: Mapping[torch.Generator, tuple[int, int, int]]) -> Iterator[None]:
+    """Per generator ``(start, rows, total)``: draws whose first dimension is ``rows`` are
+    drawn at ``total`` and sliced at ``start`` (see `randn`); other draws are unchanged (a draw
+    whose shape does not depend on the batch is the same on every rank)."""
+    token = _ROW_WINDOWS.set({id(g): w for g, w in windows.items()})
+    try:
+        yield
+    finally:
+        _ROW_WINDOWS.reset(token)
+
+
+def _draw(fn: Callable[..., torch.Tensor], shape: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
+    window = _ROW_WINDOWS.get().get(id(generator))
+    if window is None or not shape or shape[0] != window[1]:
+        return fn(shape, generator=generator)
+    start, rows, total = window
+    return fn((total, *shape[1:]), generator=generator)[start:start + rows]
+
+
 def randn(shape: tuple[int, ...], generator: torch.Generator, device: torch.device) -> torch.Tensor:
-    return torch.randn(shape, generator=generator).to(device)
+    return _draw(torch.randn, shape, generator).to(device)
 
 
 def rand(shape: tuple[int, ...], generator: torch.Generator, device: torch.device) -> torch.Tensor:
-    return torch.rand(shape, generator=generator).to(device)
+    return _draw(torch.rand, shape, generator).to(device)
 
 
 def mlp(sizes: list[int], act: Callable[[], nn.Module] = nn.GELU) -> nn.Sequential:
