@@ -101,10 +101,46 @@ def _err(text: str, prefix: str = "error: ") -> None:
     err(text, prefix=prefix)
 
 
-def _run(coro: Any) -> Any:
-    import asyncio
+# How often a Ctrl-C's cancellation is repeated until the command's task has ended.
+_INTERRUPT_RECANCEL_S = 0.5
 
-    return asyncio.run(coro)
+
+def _run(coro: Any) -> Any:
+    """Run a command's coroutine; Ctrl-C cancels it and raises KeyboardInterrupt here.
+
+    asyncio.run cancels the main task once on SIGINT, and Python 3.11's ``wait_for`` can swallow
+    that one cancellation when its inner future completes at the same moment (gh-86296): a
+    `workloads watch` then polled on, deaf to Ctrl-C. So the cancellation is repeated every
+    ``_INTERRUPT_RECANCEL_S`` until the task has ended."""
+    import asyncio
+    import signal
+
+    async def main() -> Any:
+        loop = asyncio.get_running_loop()
+        task = asyncio.ensure_future(coro)
+        interrupted = False
+
+        def cancel() -> None:
+            nonlocal interrupted
+            interrupted = True
+            if not task.done():
+                task.cancel()
+                loop.call_later(_INTERRUPT_RECANCEL_S, cancel)
+
+        try:
+            loop.add_signal_handler(signal.SIGINT, cancel)
+        except (NotImplementedError, RuntimeError, ValueError):  # not the main thread / no signals here
+            return await task
+        try:
+            return await task
+        except asyncio.CancelledError:
+            if interrupted:
+                raise KeyboardInterrupt from None
+            raise
+        finally:
+            loop.remove_signal_handler(signal.SIGINT)
+
+    return asyncio.run(main())
 
 
 # --creds (before the command): set by the app callback; None falls back to NEXUS_CREDS, then
