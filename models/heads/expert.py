@@ -395,8 +395,9 @@ class EulerOptions:
 
     tf32: the loop's float32 matmuls as TF32 on CUDA (the flag is set while the graph is
           captured, so only the captured kernels use it; the rest of the process keeps its
-          setting); compile: the loop compiled by inductor before capture (fewer, fused kernels:
-          a step is ~25 small kernels per layer and bucket)."""
+          setting); compile: each expert layer's math compiled by inductor before capture (one
+          trace serves every layer of a shape; fewer, fused kernels: a step was ~25 small
+          kernels per layer and bucket)."""
 
     tf32: bool = False
     compile: bool = False
