@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 from collections import Counter, deque
@@ -67,7 +68,7 @@ from actors.tracing import (
 from protocol.errors import Busy, Draining, InternalError, NexusError, QuotaExceeded
 from protocol.messages import ErrorReply, PredictReply, PredictRequest, WeightsRef, is_slot_reset
 from protocol.policy import default_quotas, usage_flush_from_env
-from protocol.settings import InferencerSettings
+from protocol.settings import BaseImageSettings, InferencerSettings
 from protocol.subjects import check_token, pool_name
 from protocol.wire import decode, encode
 
@@ -195,8 +196,10 @@ class Inferencer(Role):
         self.compile: bool | None = env.compile  # with fast on CUDA: compiled blocks (models.fast)
         self.warmup: bool | None = env.warmup
         self.euler: str | None = env.euler  # action experts' Euler loop (models.heads.expert.EulerOptions)
-        # Observation layouts whose every capture size up to the largest group has run once.
-        self._warmed: set[Any] = set()
+        self.image_size = BaseImageSettings.from_env().image_size  # None: the base's own
+        # (layout, adapter-pool generation or None, prefix-KV outputs): the graph variants whose
+        # every capture size up to the largest group has run once (`_warm`).
+        self._warmed: set[tuple[Any, int | None, bool]] = set()
         self.warmup_s = 0.0  # seconds spent warming (not charged to any tenant)
         self.pipeline_depth = env.pipeline_depth
         self.head_budget_mb = env.head_budget_mb  # 0: no budget (actors/serving.py)
@@ -255,7 +258,8 @@ class Inferencer(Role):
 
         set_euler_options(EulerOptions.parse(self.euler))
         base = await asyncio.to_thread(BaseModel.load, BaseConfig(source=self.base_source, device=self.device,
-                                                                  fast=self.fast, compile=self.fast and self.compile))
+                                                                  fast=self.fast, compile=self.fast and self.compile,
+                                                                  image_size=self.image_size))
         self.heads = ServingHeads(self.bus, self.names, base, self.base_source,
                                   budget_bytes=budget_bytes(self.head_budget_mb), log=self.log)
         await self.bus.nc.subscribe(self.names.weights_all, cb=self._on_weights)
@@ -278,16 +282,21 @@ class Inferencer(Role):
         self.spawn(self._leave_group_on_stop(), "predict-drain")
         self.log.info("serving", pool=self.pool, base=self.base_source, tenants_synced=synced, fast=self.fast,
                       compile=bool(self.fast and self.compile), warmup=self.warmup,
-                      warmed_layouts=len(self._warmed), warmup_s=round(self.warmup_s, 2),
+                      warmed_layouts=self.warmed_layouts(), warmup_s=round(self.warmup_s, 2),
                       max_batch_size=self.batching.max_batch_size,
                       batch_wait_timeout_s=self.batching.batch_wait_timeout_s)
 
     async def _warm_known(self) -> None:
-        """Before ready: the layout of every tenant of this pool (registered, trained or not)
-        through every capture size (`_warm`); distinct layouts are few, tenants may be many."""
+        """Before ready: every graph variant the tenants of this pool (registered, trained or not)
+        will use, through every capture size (`_warm`): per layout the frozen forward, the
+        adapted one where a tenant has a LoRA adapter (warmed with throwaway adapters of the
+        tenants' configs after all of them are resident, so no later rank or target grows the
+        pool and drops what was captured), and the one with the prefix-KV outputs where a
+        tenant's head is an action expert. Distinct variants are few, tenants may be many."""
         from nats.js.errors import NoKeysError
 
         from models import TenantPreprocessor, TenantSchema
+        from models.lora import warmup_adapter
 
         assert self.heads is not None and self.bus is not None
         kv = await js_retry(self.bus.js.key_value, self.names.kv_tenants)
@@ -296,37 +305,58 @@ class Inferencer(Role):
         except NoKeysError:
             keys = []
         base = self.heads.base
-        seen: set[Any] = set()
+        # (layout, expert head) -> a warm-up row and whether LoRA tenants use it; one throwaway
+        # adapter per distinct adapter config (graphs depend on ranks and targets, not weights).
+        variants: dict[tuple[Any, bool], tuple[Any, list[bool]]] = {}
+        configs: dict[str, Any] = {}
         for tenant in keys:
             try:
                 cfg = await self.heads.config(tenant)
                 schema = TenantSchema.from_dict(cfg.schema)
                 pre = TenantPreprocessor.for_base(schema, base)
+                expert = cfg.head == "expert"
+                if (pre.key.layout, expert) not in variants:
+                    variants[(pre.key.layout, expert)] = (warmup_row(pre, schema, base.device), [])
+                if cfg.base_adapter:
+                    variants[(pre.key.layout, expert)][1].append(True)
+                    text = json.dumps(cfg.base_adapter, sort_keys=True)
+                    if text not in configs:
+                        configs[text] = warmup_adapter(base, cfg.base_adapter)
             except Exception:  # another pool's tenant, or one deleted meanwhile
                 continue
-            if pre.key.layout in seen:
-                continue
-            seen.add(pre.key.layout)
-            try:
-                one = warmup_row(pre, schema, base.device)
-                await asyncio.get_running_loop().run_in_executor(self._forward_pool, self._warm, one, None)
-            except Exception as exc:  # a warm-up is an optimisation: that layout warms at its first group
-                self.log.warning("warm-up of a layout failed", tenant=tenant, error=str(exc))
+        adapters = list(configs.values())
+        loop = asyncio.get_running_loop()
+        for (layout, expert), (one, ads) in variants.items():
+            for variant in ([], adapters) if ads else ([],):
+                try:
+                    await loop.run_in_executor(self._forward_pool, self._warm, one, None, variant, expert)
+                except Exception as exc:  # a warm-up is an optimisation: the variant warms at its first group
+                    self.log.warning("warm-up of a layout failed", layout=str(layout), adapted=bool(variant),
+                                     expert=expert, error=str(exc))
 
     def warm_sizes(self) -> list[int]:
         """The capture sizes a group can be padded to: up to the first >= max_batch_size."""
         cap = next((c for c in CAPTURE_SIZES if c >= self.batching.max_batch_size), CAPTURE_SIZES[-1])
         return [c for c in CAPTURE_SIZES if c <= cap]
 
-    def _warm(self, packed: Any, ready: Any = None) -> None:
+    def _warm(self, packed: Any, ready: Any = None, adapters: list[Any] | None = None, kv: bool = False) -> None:
         """On the forward thread: run the base at every capture size for ``packed``'s layout
-        once (captures, compiles), unless done. Its time is nobody's: not metered."""
+        once (captures, compiles), unless done: frozen, or with ``adapters`` (LoRA adapters made
+        resident first; the graphs of their pool generation serve any mix of them), with the
+        prefix-KV outputs when ``kv``. Its time is nobody's: not metered."""
         import torch
 
         from models import VLABatch
+        from models.lora import Segment
 
-        layout = packed.key.layout
-        if layout in self._warmed:
+        base = self.heads.base
+        generation = None
+        if adapters:
+            generation = base.lora_generation(adapters)
+            if generation is None:
+                return  # such groups take the plain forward: nothing to capture
+        key = (packed.key.layout, generation, kv)
+        if key in self._warmed:
             return
         started = time.perf_counter()
         if ready is not None:
@@ -334,20 +364,27 @@ class Inferencer(Role):
         one = packed.index(slice(0, 1))
         with torch.inference_mode():
             for n in self.warm_sizes():
-                self.heads.base.encode(VLABatch.cat([one] * n), inference=True)
+                base.encode(VLABatch.cat([one] * n), inference=True, prefix_kv=kv,
+                            adapters=[Segment(0, n, adapters[0])] if adapters else None)
         if packed.device.type == "cuda":
             torch.cuda.synchronize(packed.device)
-        self._warmed.add(layout)
+        self._warmed.add(key)
         took = time.perf_counter() - started
         self.warmup_s += took
-        self.log.info("warmed a layout", sizes=self.warm_sizes(), seconds=round(took, 2), layouts=len(self._warmed))
+        self.log.info("warmed a layout", sizes=self.warm_sizes(), seconds=round(took, 2), adapted=generation,
+                      kv=kv, layouts=self.warmed_layouts())
+
+    def warmed_layouts(self) -> int:
+        return len({layout for layout, _, _ in self._warmed})
 
     def info_extra(self) -> dict[str, Any]:
         return {
             "pool": self.pool, "base": self.base_source,
             "engine": {"fast": self.fast, "compile": bool(self.fast and self.compile), "warmup": self.warmup,
                        "euler": self.euler,
-                       "warmed_layouts": len(self._warmed), "warmup_s": self.warmup_s,
+                       "image_size": self.heads.base.layout.image_size[0] if self.heads is not None else None,
+                       "warmed_layouts": self.warmed_layouts(), "warmed_variants": len(self._warmed),
+                       "warmup_s": self.warmup_s,
                        "warm_sizes": self.warm_sizes() if self.warmup else []},
             "max_batch_size": self.batching.max_batch_size,
             "batch_wait_timeout_s": self.batching.batch_wait_timeout_s,
@@ -800,8 +837,12 @@ class Inferencer(Role):
         one host sync at the end, not one per head."""
         if not live:
             return results
-        if self.warmup and packed.key.layout not in self._warmed:
-            self._warm(packed, ready)  # a layout first seen: every capture size once, unmetered
+        if self.warmup:
+            # A variant first seen (layout; adapted, with its pool generation; prefix-KV
+            # outputs): every capture size once, unmetered. Known variants return at once.
+            segments = _lora_segments(group, live)
+            self._warm(packed, ready, [seg.adapter for seg in segments],
+                       any(slot.head.needs_prefix_kv for _, _, slot in _slot_runs(group, live)))
         t0 = time.perf_counter()
         try:
             return self._forward_group(group, results, live, packed, ready)

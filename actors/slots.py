@@ -107,13 +107,14 @@ def fast_engine_applies(source: str, device: str | None) -> bool:
 
 class SlotStore:
     def __init__(self, bus, names: Names, device: str | None = None, max_on_device: int = 16,
-                 fast: bool = False, compile: bool = False, budget_bytes: int = 0,
+                 fast: bool = False, compile: bool = False, image_size: int | None = None, budget_bytes: int = 0,
                  in_use: Callable[[str], bool] | None = None, log: Any = None) -> None:
         self.bus = bus
         self.names = names
         self.device = device
         self.fast = fast
         self.compile = compile
+        self.image_size = image_size  # the base's canonical resolution; None: its own
         self.max_on_device = max_on_device
         # Slot memory (0: none). ``in_use(tenant)``: the trainer's loop holds a job of it.
         self.budget_bytes = budget_bytes
@@ -151,7 +152,8 @@ class SlotStore:
                 from models import BaseConfig, BaseModel
 
                 fast = self.fast and fast_engine_applies(source, self.device)
-                cfg = BaseConfig(source=source, device=self.device, fast=fast, compile=fast and self.compile)
+                cfg = BaseConfig(source=source, device=self.device, fast=fast, compile=fast and self.compile,
+                                 image_size=self.image_size)
                 # Loading a base takes seconds: off the event loop, so heartbeats keep flowing.
                 base = await asyncio.to_thread(BaseModel.load, cfg)
                 self.bases[source] = base

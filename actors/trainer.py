@@ -65,7 +65,7 @@ from protocol.messages import (
     WeightsRef,
 )
 from protocol.policy import DRAIN_RELEASE, usage_flush_from_env
-from protocol.settings import FAULT_POINTS, TrainerSettings, leases_from_env
+from protocol.settings import FAULT_POINTS, BaseImageSettings, TrainerSettings, leases_from_env
 from protocol.subjects import check_token
 
 # Fault injection for the exactly-once tests: SIGKILL this process at the named point of the
@@ -85,8 +85,9 @@ class TrainerConfig:
     cohort_wait_s: float = _ENV_DEFAULTS.cohort_wait_s  # a new group's wait for the rest of its lease
     max_on_device: int = 16  # slots kept on the accelerator; the rest wait in CPU memory
     device: str | None = None  # None: cuda if available, else cpu
-    fast: bool = _ENV_DEFAULTS.fast  # the fast engine for frozen-base forwards on CUDA
+    fast: bool = _ENV_DEFAULTS.fast  # the fast engine for the base forwards on CUDA
     compile: bool = _ENV_DEFAULTS.compile  # with fast: torch.compile its blocks
+    image_size: int | None = None  # the base's canonical resolution (NEXUS_BASE_IMAGE_SIZE); None: its own
     # MiB of tenant slots in memory (0: no budget); past it idle slots go back to their checkpoint.
     slot_budget_mb: float = _ENV_DEFAULTS.slot_budget_mb
 
@@ -94,7 +95,8 @@ class TrainerConfig:
     def from_env(cls) -> TrainerConfig:
         env = TrainerSettings.from_env()
         return cls(group_max=env.group_max, lease_s=env.lease_s, device=env.device, fast=env.fast,
-                   compile=env.compile, slot_budget_mb=env.slot_budget_mb, cohort_wait_s=env.cohort_wait_s)
+                   compile=env.compile, slot_budget_mb=env.slot_budget_mb, cohort_wait_s=env.cohort_wait_s,
+                   image_size=BaseImageSettings.from_env().image_size)
 
 
 class Trainer(Role):
@@ -136,7 +138,8 @@ class Trainer(Role):
         torch.set_num_threads(1)
         self.store = SlotStore(self.bus, self.names, device=self.tcfg.device,
                                max_on_device=self.tcfg.max_on_device, fast=self.tcfg.fast,
-                               compile=self.tcfg.compile, budget_bytes=budget_bytes(self.tcfg.slot_budget_mb),
+                               compile=self.tcfg.compile, image_size=self.tcfg.image_size,
+                               budget_bytes=budget_bytes(self.tcfg.slot_budget_mb),
                                in_use=lambda tenant: self.loop.busy(tenant), log=self.log)
         await self.bus.nc.subscribe(self.names.sched_ready, cb=self._on_ready)
         await self.bus.nc.subscribe(self.names.tenant_deleted_all, cb=self._on_tenant_deleted)

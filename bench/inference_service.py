@@ -3,6 +3,9 @@
     OMP_NUM_THREADS=1 .venv/bin/python -m bench.inference_service --preset tiny-qwen3-vl \
         --tenants 8 --clients 4 --duration-s 10 --grouping on,off --json bench/results/infer.json
 
+``--lora 8,0`` gives every other tenant a rank-8 LoRA adapter (q/k/v/o): a mixed group on one
+forward; the inferencer warms the adapted graphs before ready (its `info.extra.engine`).
+
 For each grouping mode it starts a fresh nats-server (embedded), a master and one inferencer
 process (grouping off = max_batch_size 1), creates the tenants (alternating LIBERO- and
 CALVIN-like schemas, 2 cameras), and runs tenants x clients closed-loop clients (each sends
@@ -39,15 +42,22 @@ CALVIN = {"cameras": [{"name": "static", "height": 200, "width": 200}, {"name": 
           "state_dim": 15, "action_dim": 7, "action_horizon": 8, "instruction_template": "{instruction}"}
 
 
-def tenant_cfgs(preset: str, n: int, head: str, camera_px: int = 0) -> list[TenantConfig]:
-    """Alternating LIBERO- / CALVIN-like tenants; ``camera_px`` > 0 makes every camera that size."""
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
+
+
+def tenant_cfgs(preset: str, n: int, head: str, camera_px: int = 0, lora: tuple[int, ...] = ()) -> list[TenantConfig]:
+    """Alternating LIBERO- / CALVIN-like tenants; ``camera_px`` > 0 makes every camera that size;
+    ``lora``: LoRA ranks the tenants take in turn (on q/k/v/o; 0 = frozen base)."""
     out = []
     for i in range(n):
         schema = json.loads(json.dumps(LIBERO if i % 2 == 0 else CALVIN))
         if camera_px:
             for cam in schema["cameras"]:
                 cam["height"] = cam["width"] = camera_px
-        out.append(TenantConfig(name=f"bench{i:02d}", base=preset, schema=schema, head=head, seed=i))
+        rank = lora[i % len(lora)] if lora else 0
+        adapter = {"rank": rank, "alpha": 2.0 * rank, "target_modules": LORA_TARGETS} if rank else {}
+        out.append(TenantConfig(name=f"bench{i:02d}", base=preset, schema=schema, head=head, seed=i,
+                                base_adapter=adapter))
     return out
 
 
@@ -141,7 +151,7 @@ async def run_mode(args, grouping: bool, data_dir: Path) -> list[dict]:
         procs.append(start_role("master", broker.url, prefix, data_dir, {}))
         c = await AsyncClient(broker.url, prefix, timeout_s=60).connect()
         await wait_ready(c, "master")
-        cfgs = tenant_cfgs(args.preset, max(args.curve or [args.tenants]), args.head, args.camera_px)
+        cfgs = tenant_cfgs(args.preset, max(args.curve or [args.tenants]), args.head, args.camera_px, args.lora)
         for cfg in cfgs:
             await c.create_tenant(cfg, exist_ok=True)
         procs.append(start_role("inferencer", broker.url, prefix, data_dir, env))
@@ -159,6 +169,7 @@ async def run_mode(args, grouping: bool, data_dir: Path) -> list[dict]:
         await c.close()
         for n, pt in zip(counts, points):
             pt.update({"grouping": "on" if grouping else "off", "preset": args.preset, "head": args.head,
+                       "lora_ranks": list(args.lora),
                        "fast": args.fast, "compile": args.compile, "engine": engine,
                        "tenants": n, "clients_per_tenant": args.clients,
                        "max_batch_size": args.max_batch_size if grouping else 1,
@@ -195,8 +206,9 @@ def in_process_ceiling(args, sizes: dict[int, int]) -> tuple[float, float, dict[
     torch.set_num_threads(1)
     base = BaseModel.load(BaseConfig(source=args.preset, device=args.device or None, fast=args.fast,
                                      compile=args.fast and args.compile))
-    cfgs = tenant_cfgs(args.preset, args.tenants, args.head, args.camera_px)
-    slots = [TenantSlot.create(c.name, TenantSchema.from_dict(c.schema), base, head_kind=c.head, seed=c.seed) for c in cfgs]
+    cfgs = tenant_cfgs(args.preset, args.tenants, args.head, args.camera_px, args.lora)
+    slots = [TenantSlot.create(c.name, TenantSchema.from_dict(c.schema), base, head_kind=c.head, seed=c.seed,
+                               adapter=c.base_adapter or None) for c in cfgs]
     rng = np.random.default_rng(0)
     group = []
     for k in range(max(sizes)):
@@ -268,8 +280,16 @@ def main() -> None:
                    help="square camera frames of this size (0: LIBERO 128x128 and CALVIN 200x200 / 84x84)")
     p.add_argument("--curve", default="", help="tenant counts, e.g. 1,2,4,8,16: a load-latency curve on one "
                    "deployment per grouping mode (clients per tenant from --clients; no in-process ceiling)")
+    p.add_argument("--lora", default="", help="LoRA ranks (q/k/v/o) the tenants take in turn, 0 = frozen base: "
+                   "e.g. 8,0 alternates adapted and frozen tenants (default: all frozen)")
     p.add_argument("--json", type=Path)
     args = p.parse_args()
+    try:
+        args.lora = tuple(int(x) for x in args.lora.split(",") if x.strip())
+    except ValueError:
+        p.error(f"--lora: {args.lora!r} is not a comma-separated list of ranks")
+    if any(r < 0 or r > 256 for r in args.lora):
+        p.error(f"--lora: ranks must be 0..256 (0 = frozen base), got {list(args.lora)}")
     try:
         args.curve = sorted({int(x) for x in args.curve.split(",") if x.strip()})
     except ValueError:

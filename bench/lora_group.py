@@ -12,7 +12,13 @@ Per row, on canonical batches already on the device (preprocessing excluded), me
 --repeats after --warmup runs, CUDA synchronized around each timed region:
   infer   plain base forward with every tenant's adapter (inference_mode): serial vs grouped;
   train   forward + every tenant's head loss + one backward into heads and adapters (no
-          optimizer step): serial vs grouped (the training forward keeps the plain path);
+          optimizer step): serial vs grouped on the plain path (segmented hooks), and the
+          grouped step on the fast engine (`train_forward`: uncaptured, the tenants' own A and
+          B stacked inside the autograd graph; compiled blocks with --compile) beside the same
+          rows' frozen-base step on that engine (heads only), with the largest gradient
+          difference against the plain path (relative to each gradient's largest entry) and
+          the smallest cosine between the two, beside the frozen group's own head-gradient
+          difference (fast vs plain forward: what the engine's rounding alone does);
   fast    the grouped inference forward on the fast engine (CUDA graphs on CUDA): the mixed-LoRA
           group vs the same rows with no adapter (frozen base), and their ratio (issue 27's
           target: <= 1.15); with --compile the same on the compiled engine;
@@ -35,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from bench.tenant_group import GroupRow, add_common_args, build, emit, time_ms  # noqa: E402
-from models import encode_grouped, encode_serial, forward_backward  # noqa: E402
+from models import TenantSlot, encode_grouped, encode_serial, forward_backward  # noqa: E402
 from models.fast import FastQwen3VLEncoder  # noqa: E402
 from models.lora import AdapterConfig  # noqa: E402
 
@@ -61,6 +67,14 @@ class Row(GroupRow):
     max_abs_diff_frozen_fast_vs_plain: float
     max_abs_diff_lora_fast_grouped_vs_serial: float
     pool_fallbacks: int
+    frozen_train_fast_ms: float
+    lora_train_fast_ms: float
+    frozen_train_compiled_ms: float | None
+    lora_train_compiled_ms: float | None
+    train_fast_speedup: float  # plain grouped train / the fast engine's (the compiled one's with --compile)
+    max_rel_grad_diff_train_fast_vs_plain: float
+    min_cos_grad_train_fast_vs_plain: float  # over every trainable tensor of the adapted group
+    max_rel_grad_diff_frozen_train_fast_vs_plain: float  # the yardstick: heads of a frozen-base group
 
 
 def _max_diff(outs: list, refs: list) -> float:
@@ -91,6 +105,20 @@ def run(args: argparse.Namespace) -> Row:
         with torch.inference_mode():
             return encode_grouped(base, vlas, inference=True)
 
+    frozen_slots = [TenantSlot.create(f"f{i}", s.schema, base, seed=i, head_kind="mlp")
+                    for i, s in enumerate(slots)]
+    frozen_items = list(zip(frozen_slots, group.batches))
+
+    def train(items: list) -> None:
+        forward_backward(base, items, grouped=True)
+
+    def grads(of: list | None = None) -> list:
+        return [p.grad.detach().float().clone() if p.grad is not None else torch.zeros_like(p, dtype=torch.float32)
+                for s in (slots if of is None else of) for _, p in s.named_trainable()]
+
+    def rel_diff(got: list, ref: list) -> float:
+        return max(float((g - r).abs().max()) / max(float(r.abs().max()), 1e-12) for g, r in zip(got, ref))
+
     times = {}
     for grouped in (False, True):  # the plain path (base._fast is None: the engines come below)
         name = "grouped" if grouped else "serial"
@@ -98,6 +126,10 @@ def run(args: argparse.Namespace) -> Row:
         times[f"{name}_train"] = time_ms(lambda: forward_backward(base, group.items, grouped=grouped), base.device,
                                          args.warmup, args.repeats)
     plain_lora, plain_frozen = lora(), frozen()
+    train(group.items)
+    plain_grads = grads()
+    train(frozen_items)
+    plain_frozen_grads = grads(frozen_slots)
     engines = [("fast", FastQwen3VLEncoder(base))]
     if args.compile:
         engines.append(("compiled", FastQwen3VLEncoder(base, compile=True)))
@@ -113,6 +145,18 @@ def run(args: argparse.Namespace) -> Row:
                 diffs["lora"] = _max_diff(out, plain_lora)
                 diffs["frozen"] = _max_diff(frozen(), plain_frozen)
                 diffs["serial"] = _max_diff(out, lora(grouped=False))
+            times[f"frozen_train_{name}"] = time_ms(lambda: train(frozen_items), base.device, args.warmup,
+                                                    args.repeats)
+            times[f"lora_train_{name}"] = time_ms(lambda: train(group.items), base.device, args.warmup,
+                                                  args.repeats)
+            if name == "fast":
+                train(group.items)
+                got = grads()
+                diffs["grad"] = rel_diff(got, plain_grads)
+                diffs["cos"] = min(float(torch.nn.functional.cosine_similarity(g.flatten(), r.flatten(), dim=0))
+                                   for g, r in zip(got, plain_grads) if float(r.abs().max()) > 0)
+                train(frozen_items)
+                diffs["frozen_grad"] = rel_diff(grads(frozen_slots), plain_frozen_grads)
             fallbacks += engine.lora_pool.fallbacks if engine.lora_pool is not None else 0
         finally:
             base._fast = None
@@ -125,7 +169,11 @@ def run(args: argparse.Namespace) -> Row:
                r2(times["frozen_fast"]), r2(times["lora_fast"]), round(times["lora_fast"] / times["frozen_fast"], 3),
                r2(times["frozen_compiled"]) if comp else None, r2(times["lora_compiled"]) if comp else None,
                round(times["lora_compiled"] / times["frozen_compiled"], 3) if comp else None,
-               diffs["lora"], diffs["frozen"], diffs["serial"], fallbacks)
+               diffs["lora"], diffs["frozen"], diffs["serial"], fallbacks,
+               r2(times["frozen_train_fast"]), r2(times["lora_train_fast"]),
+               r2(times["frozen_train_compiled"]) if comp else None, r2(times["lora_train_compiled"]) if comp else None,
+               r2(times["grouped_train"] / times["lora_train_compiled" if comp else "lora_train_fast"]),
+               diffs["grad"], diffs["cos"], diffs["frozen_grad"])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -295,16 +295,22 @@ class BaseModel:
         # Adapted rows on the fast engine: when nothing needs gradients or dropout (serving), the
         # row assignment goes in as a tensor and every adapter's weights as a pool slot
         # (models.lora.AdapterPool), so its graphs and compiled blocks serve any mix of tenants.
-        # A training forward keeps the plain one (gradients reach each tenant's own A and B
-        # through the segmented hooks), as does a group the pool cannot hold.
+        # A training forward runs the engine's layers uncaptured on stacks of the tenants' own
+        # A and B (`FastQwen3VLEncoder.train_forward`); adapters training with dropout keep the
+        # plain one (the segmented hooks draw it), as does a group the pool cannot hold.
         # A group with expert rows (`prefix_kv`) gets the per-layer cache from the fast engine's
         # own forward (its graph / compiled blocks, models/fast.py) whenever that forward serves
-        # the group: serving, or training without adapted rows (the base runs under no_grad
-        # then, the cache is the same tensors); a group whose adapters train keeps the plain one.
+        # the group (serving, training a frozen base under no_grad, or adapters training).
         rows = None
-        if (adapters and self._fast is not None and (inference or not torch.is_grad_enabled())
-                and all(s.gen is None for s in adapters)):
-            rows = self._fast.lora_rows(adapters, len(batch))
+        if adapters and self._fast is not None and all(s.gen is None for s in adapters):
+            if inference or not torch.is_grad_enabled():
+                rows = self._fast.lora_rows(adapters, len(batch))
+            else:
+                # Adapters training without dropout: the fast engine's layers, uncaptured, on
+                # stacks of the tenants' own A and B (autograd reaches them; issue 27 item 1).
+                out = self._fast.train_forward(batch.to(self.device), adapters, kv=prefix_kv)
+                if out is not None:
+                    return self._output(batch, out, prefix_kv)
         if adapters and rows is None:
             from models.lora import router_for
 
@@ -314,22 +320,40 @@ class BaseModel:
             route = contextlib.nullcontext()
             ctx = torch.inference_mode() if inference else torch.no_grad()
         with ctx, route:
+            if self._fast is not None and (not adapters or rows is not None):
+                return self._output(batch, self._fast(batch.to(self.device), rows, kv=prefix_kv), prefix_kv)
             prefix = None
-            fast = self._fast is not None and (not adapters or rows is not None)
-            if fast and prefix_kv:
-                hidden, mask, keys, values, next_pos = self._fast(batch.to(self.device), rows, kv=True)
-                prefix = PrefixKV(keys, values, next_pos, self.family.rope_fn(self.core))
-            elif fast:
-                hidden, mask = self._fast(batch.to(self.device), rows)
+            inputs = self.family.build_inputs(batch.to(self.device), self.lead_ids, self.dtype)
+            if prefix_kv:
+                hidden, keys, values = self.family.forward_kv(self.core, inputs)
+                prefix = PrefixKV(keys, values, self.family.next_positions(inputs), self.family.rope_fn(self.core))
             else:
-                inputs = self.family.build_inputs(batch.to(self.device), self.lead_ids, self.dtype)
-                if prefix_kv:
-                    hidden, keys, values = self.family.forward_kv(self.core, inputs)
-                    prefix = PrefixKV(keys, values, self.family.next_positions(inputs),
-                                      self.family.rope_fn(self.core))
-                else:
-                    hidden = self.family.forward(self.core, inputs)
-                mask = inputs.mask_B_L
+                hidden = self.family.forward(self.core, inputs)
+            mask = inputs.mask_B_L
+        return BaseOutput(hidden, mask, batch.key.layout.num_query_tokens, prefix)
+
+    def lora_generation(self, adapters: list) -> int | None:
+        """The fast engine's adapter-pool generation that serves groups with these
+        `models.lora.LoraAdapter`s, every one made resident (its graphs and compiled blocks are
+        keyed by it: a warm-up that runs one such group has captured what all of them replay);
+        None when such a group takes the plain forward (no fast engine, or more adapters than
+        the pool holds)."""
+        from models.lora import Segment
+
+        if self._fast is None or not adapters:
+            return None
+        with torch.inference_mode(False), torch.no_grad():
+            rows = self._fast.lora_rows([Segment(0, 1, ad) for ad in adapters], 1)
+        return None if rows is None else self._fast._lora_generation
+
+    def _output(self, batch: VLABatch, out: tuple, prefix_kv: bool) -> BaseOutput:
+        """The fast engine's (hidden, mask[, keys, values, next_pos]) as a `BaseOutput`."""
+        prefix = None
+        if prefix_kv:
+            hidden, mask, keys, values, next_pos = out
+            prefix = PrefixKV(keys, values, next_pos, self.family.rope_fn(self.core))
+        else:
+            hidden, mask = out
         return BaseOutput(hidden, mask, batch.key.layout.num_query_tokens, prefix)
 
     def attention_shape(self) -> "AttentionShape":

@@ -31,7 +31,10 @@ hundred kernel launches per call. This path:
    linear, fixed addresses, refreshed in place when a weight sync changes them), and the
    decoder layers that anything adapts run `_text_layer_lora` (gather + bmm deltas on the
    adapted projections), so one graph / compiled block per (layout, rows) serves any mix of
-   adapters and frozen-base rows. Training forwards keep the plain path (models/base.py);
+   adapters and frozen-base rows. Training forwards of adapted rows (`train_forward`) run the
+   same layers uncaptured (eager, or the compiled blocks, which torch.compile differentiates)
+   on `models.lora.training_stack`'s stacks of the tenants' own A and B, so gradients reach
+   them; adapters with dropout keep the plain path (models/base.py);
 10. serves groups with action-expert rows (issue 27 item 2): with ``kv=True`` every decoder
    layer runs `_text_layer_lora` (adapted or not) and also hands back its keys (normed,
    rotated) and values, (B, kv_heads, L, head_dim) in the base dtype as `Family.forward_kv`
@@ -366,9 +369,12 @@ class FastQwen3VLEncoder:
     # ---- the forward ------------------------------------------------------------------------
     def _forward(self, c: _Consts, layout: FeatureLayout, prompt_ids: torch.Tensor, prompt_len: torch.Tensor,
                  image_mask: torch.Tensor, images: torch.Tensor, rows: torch.Tensor | None = None,
-                 kv: bool = False) -> tuple:
+                 kv: bool = False, lora_layers: list[tuple | None] | None = None) -> tuple:
         """(hidden, mask), or with ``kv`` (hidden, mask, keys, values, next_pos_B): every decoder
-        layer's cache as `Family.forward_kv` returns it and `Family.next_positions`."""
+        layer's cache as `Family.forward_kv` returns it and `Family.next_positions`.
+        ``lora_layers``: per decoder layer the (A, B) per `LORA_LINEARS` entry that ``rows``
+        index (a training forward's `training_stack`); default the pool's."""
+        lora_layers = self._lora_layers if lora_layers is None else lora_layers
         fam, dtype = self.family, self.base.dtype
         b, s = image_mask.shape
         t = prompt_ids.shape[1]
@@ -397,7 +403,7 @@ class FastQwen3VLEncoder:
         self._stage("embed")
         keys, values = [], []
         for i, layer in enumerate(lm.layers):
-            lora = self._lora_layers[i] if rows is not None else None
+            lora = lora_layers[i] if rows is not None else None
             if kv:
                 # Expert rows: every layer through the function that also hands back its cache
                 # (frozen and LoRA rows of the same group go through it too).
@@ -470,6 +476,30 @@ class FastQwen3VLEncoder:
             self._graphs = {k: g for k, g in self._graphs.items() if k[2] is None}
             self._lora_generation = pool.generation
         return idx.to(self.base.device) if self._lora_complete else None
+
+    def train_forward(self, batch: VLABatch, segments: list, kv: bool = False) -> tuple | None:
+        """The encode of ``batch`` with each segment's adapter on its rows, recording autograd into
+        the adapters' own parameters (never the base's: its weights do not require grad), as
+        `__call__` returns it; None when an adapted linear is one `_text_layer_lora` does not run
+        (the caller takes the plain forward). Not captured: a CUDA graph replays no autograd
+        graph, and a training group's rows change with every step; with ``compile`` the blocks
+        are compiled (forward and backward) once per shape and grad mode."""
+        from models.lora import training_stack
+
+        layout, b = batch.key.layout, len(batch)
+        stack, rows = training_stack(segments, b, self.base.dtype)
+        prefix = f"{self.family.text_decoder}.layers."
+        layers: list[tuple | None] = []
+        used = 0
+        for i in range(len(self.core.language_model.layers)):
+            mods = tuple(stack.get(f"{prefix}{i}.{name}") for name in LORA_LINEARS)
+            used += sum(m is not None for m in mods)
+            layers.append(mods if any(m is not None for m in mods) else None)
+        if used != len(stack):
+            return None
+        inputs = [batch.prompt_ids_B_T, batch.prompt_len_B, batch.image_mask_B_S, batch.images_B_S_C_H_W]
+        return self._forward(self.consts(layout, b), layout, *inputs, rows.to(self.base.device), kv=kv,
+                             lora_layers=layers)
 
     # ---- entry point --------------------------------------------------------------------------
     def __call__(self, batch: VLABatch, rows: torch.Tensor | None = None, kv: bool = False) -> tuple:

@@ -34,8 +34,10 @@ adapter index per row (0 = frozen base) and an `AdapterPool` holding every resid
 A and B (scaled) stacked per adapted linear at fixed addresses, refreshed in place whenever an
 adapter's weights change (a weight sync's `load_params`, a checkpoint, an optimizer step: the
 tensors' version counters say so); the delta is gather + bmm (`pooled_delta`) and the hooks
-compute nothing. Training forwards (gradients into each tenant's own A and B, dropout) keep
-the segmented hooks.
+compute nothing. Training forwards on the fast engine (issue 27 item 1) take the same layout
+built from the tenants' own parameters (`training_stack`: stacked, padded and cast inside the
+autograd graph), uncaptured (eager or compiled blocks), so each adapter's gradient reaches its
+own A and B; adapters that train with dropout keep the segmented hooks.
 """
 
 from __future__ import annotations
@@ -116,6 +118,15 @@ def decoder_linears(core: nn.Module, decoder: str) -> dict[str, nn.Linear]:
     prefix = f"{decoder}.layers."
     return {name: mod for name, mod in core.named_modules()
             if isinstance(mod, nn.Linear) and name.startswith(prefix)}
+
+
+def warmup_adapter(base: Any, cfg: dict[str, Any] | AdapterConfig) -> "LoraAdapter":
+    """A throwaway adapter of a tenant's config on ``base`` (B zeros, as peft starts): what an
+    inferencer warms its adapted graphs with before the tenant's weights are there; the pool
+    keys graphs by rank and adapted linears, never by the weights."""
+    acfg = AdapterConfig.from_dict(cfg) if isinstance(cfg, dict) else cfg
+    shapes = router_for(base).shapes
+    return LoraAdapter(acfg, {p: shapes[p] for p in target_paths(shapes, acfg)}, device=base.device)
 
 
 def _matches(path: str, target: str) -> bool:
@@ -402,6 +413,44 @@ def pooled_delta(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Ten
     frozen one on a GPU. Index 0 is all zeros: a frozen-base row's ``x @ 0`` is exact zeros (its
     input is finite), and ``y + 0`` is ``y`` bit for bit."""
     return torch.baddbmm(y, torch.bmm(x, a[rows].transpose(1, 2)), b[rows].transpose(1, 2))
+
+
+def training_stack(segments: Sequence[Segment], rows: int, dtype: torch.dtype
+                   ) -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor]], torch.Tensor]:
+    """The `AdapterPool` layout built from the segments' own parameters, for a training forward
+    on the fast engine: per adapted linear ``path`` (A (S, r_max, in), B (S, out, r_max) times
+    alpha / r) in ``dtype``, S = 1 + the distinct adapters in segment order, index 0 zeros, smaller
+    ranks and linears an adapter does not adapt zero-padded; and each row's index (int64, CPU).
+    Unlike the pool these are fresh tensors that autograd records (stack, pad, scale and cast
+    are differentiable), so `pooled_delta`'s gather + bmm sends each row's gradient to its own
+    tenant's A and B, and a frozen row's (index 0: constants) to nothing. No dropout here: the
+    caller keeps the segmented hooks for adapters that train with it."""
+    adapters: dict[int, LoraAdapter] = {}
+    for s in segments:
+        adapters.setdefault(id(s.adapter), s.adapter)
+    order = {key: i + 1 for i, key in enumerate(adapters)}
+    rank = max(a.config.rank for a in adapters.values())
+    shapes: dict[str, tuple[int, int]] = {}
+    for ad in adapters.values():
+        shapes.update({p: ad.shapes[p] for p in ad.paths})
+    out: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    for p, (n_in, n_out) in shapes.items():
+        a_parts = [torch.zeros(rank, n_in, device=next(iter(adapters.values())).lora_A[0].device)]
+        b_parts = [torch.zeros(n_out, rank, device=a_parts[0].device)]
+        for ad in adapters.values():
+            j, r = ad.index.get(p), ad.config.rank
+            if j is None:
+                a_parts.append(a_parts[0])
+                b_parts.append(b_parts[0])
+                continue
+            a, b = ad.lora_A[j], ad.lora_B[j] * ad.scaling
+            a_parts.append(a if r == rank else torch.nn.functional.pad(a, (0, 0, 0, rank - r)))
+            b_parts.append(b if r == rank else torch.nn.functional.pad(b, (0, rank - r)))
+        out[p] = (torch.stack(a_parts).to(dtype), torch.stack(b_parts).to(dtype))
+    idx = torch.zeros(rows, dtype=torch.int64)
+    for s in segments:
+        idx[s.start:s.end] = order[id(s.adapter)]
+    return out, idx
 
 
 @dataclass

@@ -253,8 +253,9 @@ class TrainerSettings(EnvSettings):
         default_text="cuda if available, else cpu"))
     # Off by default, like the inferencer's: each new group size captures a CUDA graph.
     fast: bool = Field(False, **var(
-        "NEXUS_TRAINER_FAST", "on CUDA, the frozen-base forward of tenants without a LoRA adapter through the "
-        "fast engine (models.fast: CUDA graphs; Qwen3-VL bases)"))
+        "NEXUS_TRAINER_FAST", "on CUDA, the base forward of training steps through the fast engine (models.fast; "
+        "Qwen3-VL bases): CUDA graphs for frozen-base tenants, the engine's layers uncaptured for LoRA tenants "
+        "(their gradients reach their adapters; adapters with dropout keep the plain forward)"))
     # Off by default: compiling the blocks costs a minute or more at the first step of each shape.
     compile: bool = Field(False, **var(
         "NEXUS_TRAINER_COMPILE", "with NEXUS_TRAINER_FAST on CUDA: torch.compile the fast engine's vision "
@@ -268,6 +269,22 @@ class TrainerSettings(EnvSettings):
     fault: Literal[FAULT_POINTS] | None = Field(None, **var(  # type: ignore[valid-type]
         "NEXUS_TRAINER_FAULT", "tests only: SIGKILL the trainer at this point of its first job",
         default_text="unset"))
+
+
+class BaseImageSettings(EnvSettings):
+    """The shared base's canonical camera resolution: every role that runs the base must agree
+    (a tenant's features, and so its trained head, depend on it). Fewer pixels are fewer vision
+    tokens: on an H200 the 8 x 4 grouped forward of `qwen3-vl-4b` takes 82.5 ms at 224 px and
+    62.0 at 192 (docs/benchmarks.md); tenants whose cameras are at most that size lose nothing."""
+
+    roles = ("trainer", "inferencer")
+    readers = "trainer, inferencer"
+
+    image_size: int | None = Field(None, ge=32, le=1024, multiple_of=32, **var(
+        "NEXUS_BASE_IMAGE_SIZE", "the base's canonical camera resolution (px, square) in the trainer and the "
+        "inferencer alike: frames are resized to it, so fewer pixels mean fewer vision tokens and a faster "
+        "forward; set the same on every trainer and inferencer", allowed="a multiple of 32 in 32..1024",
+        default_text="the base's own (a preset's default, 224 for qwen3-vl-4b; a checkpoint's vision tower)"))
 
 
 class InferencerSettings(EnvSettings):
@@ -592,7 +609,7 @@ class CliSettings(EnvSettings):
 
 GROUPS: tuple[type[EnvSettings], ...] = (
     RoleSettings, HealthSettings, LeaseSettings, RetentionSettings, MasterSettings, TrainerSettings,
-    InferencerSettings, EnvWorkerSettings, SimulatorSettings, SimCallSettings, UsageSettings, QuotaSettings,
+    BaseImageSettings, InferencerSettings, EnvWorkerSettings, SimulatorSettings, SimCallSettings, UsageSettings, QuotaSettings,
     TelemetrySettings, MonitorSettings, AuthSettings, ScaleSettings, CliSettings,
 )
 

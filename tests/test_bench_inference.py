@@ -12,7 +12,7 @@ def test_in_process_ceiling_runs_the_group_path():
     from bench.inference_service import in_process_ceiling
 
     args = argparse.Namespace(preset="tiny-qwen3-vl", device="cpu", fast=False, compile=False, tenants=2,
-                              head="mlp", camera_px=0)
+                              head="mlp", camera_px=0, lora=(4, 0))  # one LoRA tenant, one frozen
     full_rps, forward_rps, per = in_process_ceiling(args, {1: 2, 2: 1})
     assert set(per) == {1, 2}
     assert full_rps > 0 and forward_rps > 0
@@ -28,7 +28,9 @@ def test_curve_counts_are_checked_before_anything_starts():
 
     from tests.conftest import ROOT, python_env
 
-    for bad, why in (("1,x", "comma-separated list"), ("0,4", "1..256"), ("300", "1..256")):
-        r = subprocess.run([sys.executable, "-m", "bench.inference_service", "--curve", bad], cwd=ROOT,
+    for flag, bad, why in (("--curve", "1,x", "comma-separated list"), ("--curve", "0,4", "1..256"),
+                           ("--curve", "300", "1..256"), ("--lora", "8,x", "comma-separated list"),
+                           ("--lora", "8,-1", "0..256")):
+        r = subprocess.run([sys.executable, "-m", "bench.inference_service", flag, bad], cwd=ROOT,
                            env=python_env(), capture_output=True, text=True, timeout=120)
-        assert r.returncode == 2 and "--curve" in r.stderr and why in r.stderr, (bad, r.stderr[-500:])
+        assert r.returncode == 2 and flag in r.stderr and why in r.stderr, (bad, r.stderr[-500:])

@@ -213,11 +213,13 @@ def test_add_and_remove_an_instance_under_load_without_failures(roles):
 def test_engine_defaults_and_warmup_per_layout(roles):
     """Unset NEXUS_INFER_FAST / COMPILE / WARMUP mean auto: off on a CPU. With the fast engine
     (forced here; on CPU it runs without graphs) every registered tenant's layout runs every
-    capture size up to the largest group before the inferencer is ready, unmetered; a layout
-    first seen later warms before its first group."""
+    capture size up to the largest group before the inferencer is ready, unmetered, and so does
+    the adapted variant of a layout a LoRA tenant uses (its first request then warms nothing);
+    a layout first seen later warms before its first group."""
     roles.start("master")
     plain = roles.start("inferencer", NEXUS_INFER_BASE=BASE)
     a, wide = tenant("wa", seed=1), tenant("wwide", schema=THREE_CAMERAS, seed=3)
+    lora = tenant("wlora", seed=2, base_adapter={"rank": 4, "target_modules": ["q_proj", "v_proj"]})
     four = tenant("wfour", schema={**THREE_CAMERAS, "cameras": THREE_CAMERAS["cameras"] + [
         {"name": "top", "height": 16, "width": 16}]}, seed=4)  # 4 camera slots: a third layout
 
@@ -230,17 +232,20 @@ def test_engine_defaults_and_warmup_per_layout(roles):
         try:
             await c.create_tenant(a)
             await c.create_tenant(wide)
+            await c.create_tenant(lora)
             return await info(c, plain)
         finally:
             await c.close()
 
     before = asyncio.run(go())
-    assert before["engine"] == {"fast": False, "compile": False, "warmup": False, "euler": "fp32", "warmed_layouts": 0,
-                                "warmup_s": 0.0, "warm_sizes": []}
+    assert before["engine"] == {"fast": False, "compile": False, "warmup": False, "euler": "fp32", "image_size": 224,
+                                "warmed_layouts": 0,
+                                "warmed_variants": 0, "warmup_s": 0.0, "warm_sizes": []}
     plain.terminate()  # one inferencer in the pool: the fast one below serves the requests
     plain.wait(timeout=30)
+    # NEXUS_BASE_IMAGE_SIZE: frames canonicalised at 32 px instead of the preset's 224 (fewer tokens).
     fast = roles.start("inferencer", NEXUS_INFER_BASE=BASE, NEXUS_INFER_FAST="1", NEXUS_INFER_MAX_BATCH_SIZE="3",
-                       NEXUS_INFER_EULER="compile")
+                       NEXUS_INFER_EULER="compile", NEXUS_BASE_IMAGE_SIZE="32")
 
     async def go2():
         c = await AsyncClient(roles.nats_url, roles.prefix, timeout_s=60).connect()
@@ -248,22 +253,26 @@ def test_engine_defaults_and_warmup_per_layout(roles):
             ready = await info(c, fast)
             r1 = await predict(c, a, 1)
             r2 = await predict(c, wide, 1)
+            r4 = await predict(c, lora, 1)
             served = await info(c, fast)
             await c.create_tenant(four)
             r3 = await predict(c, four, 1)
             late = await info(c, fast)
-            return (r1, r2, r3), ready, served, late
+            return (r1, r2, r3, r4), ready, served, late
         finally:
             await c.close()
 
     replies, ready, served, late = asyncio.run(go2())
-    assert [r.version for r in replies] == [0, 0, 0]
+    assert [r.version for r in replies] == [0, 0, 0, 0]
     e1, e2, e3 = ready["engine"], served["engine"], late["engine"]
     assert e1["fast"] is True and e1["compile"] is False and e1["warmup"] is True  # no CUDA: no compile
     assert e1["euler"] == "compile"  # as set (no expert tenant here: nothing compiles)
+    assert e1["image_size"] == 32
     assert e1["warm_sizes"] == [1, 2, 4]  # 3 rows pad to the 4-row capture size
     assert e1["warmed_layouts"] == 2 and e1["warmup_s"] > 0  # both registered layouts, before ready
+    assert e1["warmed_variants"] == 3  # and the LoRA tenant's adapted forward of its layout
     assert ready["usage"]["busy_s"]["infer"] == 0  # warm-up forwards are nobody's: not metered
     assert e2["warmed_layouts"] == 2 and e2["warmup_s"] == e1["warmup_s"]  # requests warmed nothing more
+    assert e2["warmed_variants"] == 3
     assert e3["warmed_layouts"] == 3 and e3["warmup_s"] > e2["warmup_s"]  # a new layout, at its first group
     assert "warmed a layout" in roles.log(fast.instance)

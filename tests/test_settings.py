@@ -60,6 +60,7 @@ GOOD: dict[str, tuple[str, object]] = {
     "NEXUS_INFER_EULER": ("compile+tf32", "compile+tf32"),
     "NEXUS_TRAINER_FAST": ("on", True),
     "NEXUS_TRAINER_COMPILE": ("yes", True),
+    "NEXUS_BASE_IMAGE_SIZE": ("192", 192),
     "NEXUS_TRAINER_SLOT_BUDGET_MB": ("512.5", 512.5),
     "NEXUS_INFER_HEAD_BUDGET_MB": ("64", 64.0),
     "NEXUS_INFER_MAX_BATCH_SIZE": ("17", 17),
@@ -140,6 +141,7 @@ BAD: dict[str, tuple[str, str]] = {
     "NEXUS_INFER_WARMUP": ("sometimes", "true, false or auto"),
     "NEXUS_INFER_EULER": ("bf16", "auto, fp32, tf32, compile or compile+tf32"),
     "NEXUS_TRAINER_FAST": ("sometimes", "a boolean"),
+    "NEXUS_BASE_IMAGE_SIZE": ("200", "a multiple of 32 in 32..1024"),
     "NEXUS_TRAINER_COMPILE": ("maybe", "a boolean"),
     "NEXUS_TRAINER_SLOT_BUDGET_MB": ("-1", "a number >= 0 (0 = no budget)"),
     "NEXUS_INFER_HEAD_BUDGET_MB": ("1GB", "a number >= 0 (0 = no budget)"),
@@ -316,6 +318,7 @@ def test_roles_read_every_variable(tmp_path, monkeypatch):
         "NEXUS_TRAINER_COMPILE": (trainer.tcfg.compile, True),
         "NEXUS_TRAINER_SLOT_BUDGET_MB": (trainer.tcfg.slot_budget_mb, 512.5),
         "NEXUS_TRAINER_FAULT": (trainer.fault, "after_commit"),
+        "NEXUS_BASE_IMAGE_SIZE (trainer)": (trainer.tcfg.image_size, 192),
     }
     inf = Inferencer(cfg)
     try:
@@ -326,6 +329,7 @@ def test_roles_read_every_variable(tmp_path, monkeypatch):
             "NEXUS_INFER_COMPILE": (inf.compile, True),
             "NEXUS_INFER_WARMUP": (inf.warmup, False),
             "NEXUS_INFER_EULER": (inf.euler, "compile+tf32"),
+            "NEXUS_BASE_IMAGE_SIZE (inferencer)": (inf.image_size, 192),
             "NEXUS_INFER_MAX_BATCH_SIZE": (inf.batching.max_batch_size, 17),
             "NEXUS_INFER_BATCH_WAIT_TIMEOUT_S": (inf.batching.batch_wait_timeout_s, 0.25),
             "NEXUS_INFER_PIPELINE_DEPTH": (inf.pipeline_depth, 3),

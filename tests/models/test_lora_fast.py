@@ -3,7 +3,8 @@ group mixing adapters of different ranks and target modules with frozen-base row
 encoder (per-row adapter index tensor, stacked pool weights, gather + bmm deltas) and gives what
 the plain segmented forward gives, grouped and per tenant (CPU fp32, 1e-5), in the plain and the
 fused decoder layer; frozen rows are bit for bit the fast forward without adapters; a weight
-sync (`load_params`) reaches the next forward; the pool's capacity bounds what it holds."""
+sync (`load_params`) reaches the next forward; the pool's capacity bounds what it holds. A
+training step of such a group on the engine gives the plain path's losses and gradients."""
 
 from __future__ import annotations
 
@@ -19,10 +20,10 @@ import torch
 from models import BaseConfig, BaseModel, SchemaError, TenantSlot
 from models.fast import FastQwen3VLEncoder
 from models.features import VLABatch
-from models.group import encode_grouped, encode_serial
+from models.group import encode_grouped, encode_serial, forward_backward
 from models.lora import AdapterConfig, router_for
 from models.testing import calvin_schema, libero_schema, random_batch
-from tests.models.grouping import rel, start_adapters_off_zero
+from tests.models.grouping import assert_losses_match, rel, start_adapters_off_zero
 
 torch.set_num_threads(1)
 
@@ -154,17 +155,61 @@ def test_pool_capacity_evicts_idle_adapters_and_falls_back_when_a_group_needs_mo
     assert len(pool._entries) == 2 and all(e.ref() is not None for e in pool._entries.values())
 
 
-def test_training_forward_keeps_the_plain_path_and_its_gradients(fast: BaseModel) -> None:
-    slots = make_slots(fast)
-    vlas = vlas_for(slots, 3)
+def train_items(slots: list[TenantSlot], step: int = 3) -> list:
+    return [(s, random_batch(s.preprocessor, 2, seed=100 * i + step)) for i, s in enumerate(slots)]
+
+
+def grads(slots: list[TenantSlot]) -> list[torch.Tensor]:
+    """Every trainable parameter's gradient, adapters and heads, in a fixed order (zeros where none)."""
+    out = []
+    for s in slots:
+        for _, p in s.named_trainable():
+            out.append(p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p))
+    return out
+
+
+def check_training_step(base: BaseModel, fast: BaseModel, tol: float = TOL) -> None:
+    """One `forward_backward` of the mixed group on the fast engine (grouped and serial) against
+    the plain segmented path: the same losses, and the same gradient on every adapter's A and B
+    and every head (relative to the gradient's norm), with no segmented hook running."""
+    plain_slots, fast_slots = make_slots(base), make_slots(fast)
     router = router_for(fast)
     calls = router.calls
-    feats = encode_grouped(fast, vlas, slots=slots, train=True)
-    assert router.calls > calls  # the segmented hooks: gradients reach each tenant's own A and B
-    feats[2].hidden_B_L_D.sum().backward()
-    assert all(a.grad is not None for a in slots[2].adapter.lora_A)
-    assert all(a.grad is None or float(a.grad.abs().max()) == 0.0 for a in slots[0].adapter.lora_A)
-    assert all(p.grad is None for p in fast.core.parameters())
+    losses = [r.loss for r in forward_backward(fast, train_items(fast_slots), grouped=True)]
+    got = grads(fast_slots)
+    assert router.calls == calls  # the engine's deltas, not the hooks
+    ref_losses = [r.loss for r in forward_backward(base, train_items(plain_slots), grouped=True)]
+    ref = grads(plain_slots)
+    assert_losses_match(losses, ref_losses, tol, "fast vs plain")
+    assert len(got) == len(ref)
+    for i, (g, r) in enumerate(zip(got, ref)):
+        assert float((g - r).abs().max()) <= tol * max(1.0, float(r.abs().max())), (i, float((g - r).abs().max()))
+    # Every adapter got a gradient of its own (else the comparison could pass on zeros) ...
+    for s in fast_slots:
+        if s.adapter is not None:
+            assert all(float(a.grad.abs().max()) > 0 for a in s.adapter.lora_A)
+            assert all(float(b.grad.abs().max()) > 0 for b in s.adapter.lora_B)
+    assert all(p.grad is None for p in fast.core.parameters())  # ... and the base none
+    serial_losses = [r.loss for r in forward_backward(fast, train_items(fast_slots), grouped=False)]
+    assert_losses_match(serial_losses, losses, tol, "serial vs grouped")
+    for i, (g, r) in enumerate(zip(grads(fast_slots), got)):
+        assert float((g - r).abs().max()) <= tol * max(1.0, float(r.abs().max())), ("serial", i)
+
+
+def test_training_step_on_the_engine_gives_the_plain_gradients(base: BaseModel, fast: BaseModel) -> None:
+    check_training_step(base, fast)
+
+
+def test_training_with_dropout_keeps_the_segmented_hooks(fast: BaseModel) -> None:
+    """Dropout masks are drawn per segment by the hooks (grouped == serial); the engine has no
+    dropout, so such a group takes the plain forward, and its gradients still reach the adapters."""
+    tenants = [(libero_schema(), AdapterConfig(rank=4, target_modules=("q_proj",), dropout=0.1)), TENANTS[0]]
+    slots = make_slots(fast, tenants)
+    router = router_for(fast)
+    calls = router.calls
+    forward_backward(fast, train_items(slots), grouped=True)
+    assert router.calls > calls
+    assert all(a.grad is not None and float(a.grad.abs().max()) > 0 for s in slots for a in s.adapter.lora_A)
 
 
 @pytest.mark.slow
@@ -184,6 +229,17 @@ def test_compiled_engine_serves_lora_rows(base: BaseModel) -> None:
     assert router_for(compiled).calls == calls
     assert counters["stats"]["unique_graphs"] >= 2, dict(counters["stats"])
     assert_same(out, encode_grouped(base, vlas, slots=plain_slots, inference=True))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which(os.environ.get("CC", "gcc")) is None,
+                    reason="torch.compile's inductor needs a C compiler (gcc, or $CC) on PATH")
+def test_compiled_engine_trains_lora_rows(base: BaseModel) -> None:
+    """compile=True: the training forward runs the compiled blocks (forward and backward) and
+    gives the plain path's losses and gradients (a minute or two of CPU)."""
+    torch._dynamo.reset()
+    compiled = BaseModel.load(BaseConfig("tiny-qwen3-vl", image_size=64, device="cpu", fast=True, compile=True))
+    check_training_step(base, compiled, tol=1e-4)
 
 
 def test_a_pool_made_under_inference_mode_is_refreshed_outside_it(base: BaseModel) -> None:
