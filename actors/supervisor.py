@@ -57,6 +57,7 @@ from protocol.messages import (
     StatusRequest,
 )
 from protocol.policy import GLOBAL_RESTART, ROLE_RESTART, RestartBudget
+from protocol.placement import Placement
 from protocol.scaling import DEFAULT_BOUNDS, MAX_INSTANCES, Bounds, check_count
 from protocol.subjects import DEFAULT_PREFIX, ROLES, Names, pool_name
 from protocol.wire import decode, encode
@@ -244,6 +245,9 @@ class SupervisorConfig:
     # bounds (NEXUS_SCALE_BOUNDS, protocol/scaling.py) every count must stay within.
     counts: dict[str, int] = field(default_factory=dict)
     bounds: dict[str, Bounds] = field(default_factory=lambda: dict(DEFAULT_BOUNDS))
+    # Devices per worker role (`nexus up --devices`, protocol/placement.py): each instance gets
+    # one through CUDA_VISIBLE_DEVICES; a role listed there and not in counts runs one per device.
+    placement: Placement = field(default_factory=Placement)
 
     def __post_init__(self) -> None:
         self.data_dir = Path(self.data_dir).resolve()
@@ -254,7 +258,10 @@ class SupervisorConfig:
         named = [r for r in self.counts if r not in self.roles]
         if named:
             raise ValueError(f"--roles: {named} not started by this supervisor; roles: {list(self.roles)}")
-        self.counts = {r: self.counts.get(r, 1) for r in self.roles}
+        placed = [r for r in self.placement.devices if r not in self.roles]
+        if placed:
+            raise ValueError(f"--devices: {placed} not started by this supervisor; roles: {list(self.roles)}")
+        self.counts = {r: self.counts.get(r, self.placement.count(r) or 1) for r in self.roles}
         for role, n in self.counts.items():
             if role in self.bounds:
                 check_count(role, n, self.bounds, field="--roles")  # InvalidField (a ValueError)
@@ -470,6 +477,9 @@ class Supervisor:
         )
         if role == POOLED and base:
             env["NEXUS_INFER_BASE"] = base  # another pool than the default
+        device = self.cfg.placement.device_for(role, slot_of(key))
+        if device is not None:
+            env["CUDA_VISIBLE_DEVICES"] = device  # its one device, seen as cuda:0 (a restart keeps it)
         ids = self.role_users.get(role)
         if ids is not None:
             env["HOME"] = str(self.cfg.data_dir / "home" / str(ids[0]))  # root's is not theirs
@@ -982,13 +992,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tq-max-bytes", type=int, default=DEFAULT_TQ_MAX_BYTES)
     p.add_argument("--prefix", default=DEFAULT_PREFIX)
     p.add_argument("--roles", default="", help="instances per role, e.g. env=4,inferencer=2,trainer=1")
+    p.add_argument("--devices", default="", help="CUDA ids per worker role, as `nexus up --devices` resolved them "
+                   "(e.g. 'trainer=0,1 env=2')")
     args = p.parse_args(argv)
     from protocol.scaling import parse_counts
 
     cfg = SupervisorConfig(data_dir=args.data_dir, nats_port=args.nats_port,
                            nats_url=args.nats_url, prefix=args.prefix,
                            nats_cluster=args.nats_cluster, tq_max_bytes=args.tq_max_bytes,
-                           counts=parse_counts(args.roles), bounds=scale_bounds())
+                           counts=parse_counts(args.roles), bounds=scale_bounds(),
+                           placement=Placement.from_text(args.devices))
     return asyncio.run(Supervisor(cfg).run())
 
 

@@ -1,6 +1,7 @@
 """The `nexus` command (typer + rich).
 
-    nexus up [--data-dir DIR] [--nats-port PORT | --nats-url URL] [--nats-cluster 3] [--roles env=4,trainer=1] [--detach]
+    nexus up [--data-dir DIR] [--nats-port PORT | --nats-url URL] [--nats-cluster 3] [--roles env=4,trainer=1]
+             [--devices 'trainer=0,1 inferencer=2,3 env=4-7'] [--detach]
     nexus status [--json]                  nexus down [--data-dir DIR]
     nexus scale ROLE N [--drain INSTANCE] [--pool BASE] (env, inferencer, trainer; within NEXUS_SCALE_BOUNDS)
     nexus top [--once] [--json]
@@ -217,6 +218,11 @@ def up(
         "--roles", metavar="ROLE=N,...",
         help="instances per role, e.g. env=4,inferencer=2,trainer=1 (a role not named: 1; env, inferencer and "
              "trainer scale within NEXUS_SCALE_BOUNDS, the others run once)")] = "",
+    devices: Annotated[str, typer.Option(
+        "--devices", metavar="'ROLE=LIST ...'",
+        help="GPUs per worker role, e.g. 'trainer=0,1 inferencer=2,3 env=4-7': each instance gets one "
+             "(CUDA_VISIBLE_DEVICES), a role named here runs one instance per device unless --roles says "
+             "otherwise (then round-robin); indices are of the devices this machine shows")] = "",
 ) -> int:
     """Start nats-server and every role under a supervisor."""
     from actors.broker import PortTaken, port_is_free
@@ -236,6 +242,7 @@ def up(
                        f"the server there with --nats-url nats://127.0.0.1:{nats_port})").message)
         return EXIT_BAD_INPUT
     from actors.supervisor import scale_bounds
+    from protocol.placement import parse_devices, visible_devices
     from protocol.scaling import parse_counts
     from protocol.settings import SettingsError, check_supervised_roles, unknown_variables
 
@@ -244,7 +251,8 @@ def up(
                                prefix=prefix or DEFAULT_PREFIX, ready_timeout_s=ready_timeout_s,
                                nats_cluster=nats_cluster,
                                tq_max_bytes=DEFAULT_TQ_MAX_BYTES if tq_max_bytes is None else tq_max_bytes,
-                               counts=parse_counts(roles), bounds=scale_bounds())
+                               counts=parse_counts(roles), bounds=scale_bounds(),
+                               placement=parse_devices(devices, visible_devices()))
     except SettingsError as exc:
         for line in exc.lines:
             _err(line)
@@ -277,7 +285,8 @@ def _up_detached(shown_dir: Path, cfg: Any, ready_timeout_s: float) -> int:
     cmd = [sys.executable, "-m", "actors.supervisor", "--data-dir", str(cfg.data_dir),
            "--nats-port", str(cfg.nats_port), "--prefix", cfg.prefix,
            "--nats-cluster", str(cfg.nats_cluster), "--tq-max-bytes", str(cfg.tq_max_bytes),
-           "--roles", ",".join(f"{r}={n}" for r, n in cfg.counts.items())]
+           "--roles", ",".join(f"{r}={n}" for r, n in cfg.counts.items()),
+           "--devices", cfg.placement.text()]
     if cfg.nats_url:
         cmd += ["--nats-url", cfg.nats_url]
     with open(log_path, "ab") as log:

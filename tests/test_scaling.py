@@ -121,23 +121,49 @@ def _wait_alive(data_dir, role: str, n: int, timeout_s: float = 30) -> dict:
         time.sleep(0.5)
 
 
-ENV = {"NEXUS_SCALE_BOUNDS": "env=1:2,inferencer=1:2,trainer=0:2", "NEXUS_INFER_BASE": BASE}
+# CUDA_VISIBLE_DEVICES: the devices the supervisor shows (ids 7, 6, 5, 4; nothing here runs CUDA,
+# the roles' torch is a CPU build): `--devices` hands them out by index (protocol/placement.py).
+ENV = {"NEXUS_SCALE_BOUNDS": "env=1:2,inferencer=1:2,trainer=0:2", "NEXUS_INFER_BASE": BASE,
+       "CUDA_VISIBLE_DEVICES": "7,6,5,4"}
+DEVICES = "trainer=0,1 env=2-3"  # trainer slots 0, 1 -> ids 7, 6; env slots 0, 1 -> 5, 4
 
 
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory):
-    """`nexus up --roles env=2,trainer=2` with bounds env 1:2, inferencer 1:2, trainer 0:2."""
+    """`nexus up --roles env=2,trainer=2 --devices 'trainer=0,1 env=2-3'` with bounds env 1:2,
+    inferencer 1:2, trainer 0:2."""
     from actors.broker import free_port
 
     data = tmp_path_factory.mktemp("scaling") / "d"
     up = nexus_run("up", "--detach", "--data-dir", str(data), "--nats-port", str(free_port()),
-                   "--roles", "env=2,trainer=2", timeout=300, **ENV)
+                   "--roles", "env=2,trainer=2", "--devices", DEVICES, timeout=300, **ENV)
     assert up.returncode == 0, up.stdout + up.stderr
     try:
         yield data
     finally:
         down = nexus_run("down", "--data-dir", str(data), timeout=180)
         assert down.returncode == 0, down.stdout + down.stderr
+
+
+def device_of(pid: int) -> str | None:
+    """The CUDA_VISIBLE_DEVICES a role process was started with (its environment, from /proc)."""
+    env = dict(e.split("=", 1) for e in open(f"/proc/{pid}/environ").read().split("\0") if "=" in e)
+    return env.get("CUDA_VISIBLE_DEVICES")
+
+
+def devices_now(data) -> dict[str, list[str | None]]:
+    out: dict[str, list[str | None]] = {}
+    for r in ClusterState.read(data).roles:
+        out.setdefault(r.role, []).append(device_of(r.pid))
+    return out
+
+
+def test_every_instance_runs_on_its_listed_device(deployment):
+    """`--devices`: each trainer and env worker got one device of its list (CUDA_VISIBLE_DEVICES,
+    by index of the supervisor's own), roles not listed got the supervisor's whole list unchanged."""
+    got = devices_now(deployment)
+    assert sorted(got["trainer"]) == ["6", "7"] and sorted(got["env"]) == ["4", "5"], got
+    assert got["inferencer"] == ["7,6,5,4"] and got["master"] == ["7,6,5,4"], got
 
 
 @pytest.mark.timeout(400)
@@ -279,6 +305,7 @@ def test_a_killed_extra_instance_comes_back_in_its_slot(deployment):
     before = [r for r in ClusterState.read(data).roles if r.role == "env"]
     assert len(before) == 2, before
     victim, other = before[1], before[0]
+    victim_device = device_of(victim.pid)
     os.kill(victim.pid, signal.SIGKILL)
     deadline = time.monotonic() + 60
     while True:
@@ -289,6 +316,9 @@ def test_a_killed_extra_instance_comes_back_in_its_slot(deployment):
         time.sleep(0.3)
     assert other.instance in {r.instance for r in now}  # the other slot was not touched
     new = next(r.instance for r in now if r.instance != other.instance)
+    # The new instance took its slot's device (`--devices`), the other kept its own.
+    assert device_of(next(r.pid for r in now if r.instance == new)) == victim_device
+    assert device_of(other.pid) != victim_device
     deadline = time.monotonic() + 60
     while True:  # the monitor: the new instance alive, the killed one not (3 s without beats)
         code, out = nexus("status", "--json", "--data-dir", str(data))
