@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import json
 import time
@@ -197,9 +198,10 @@ class Inferencer(Role):
         self.warmup: bool | None = env.warmup
         self.euler: str | None = env.euler  # action experts' Euler loop (models.heads.expert.EulerOptions)
         self.image_size = BaseImageSettings.from_env().image_size  # None: the base's own
-        # (layout, adapter-pool generation or None, prefix-KV outputs): the graph variants whose
-        # every capture size up to the largest group has run once (`_warm`).
-        self._warmed: set[tuple[Any, int | None, bool]] = set()
+        # (layout, adapter-pool generation or None, prefix-KV outputs, head-pool generation or
+        # None): the graph variants whose every capture size up to the largest group has run
+        # once (`_warm`).
+        self._warmed: set[tuple[Any, int | None, bool, int | None]] = set()
         self.warmup_s = 0.0  # seconds spent warming (not charged to any tenant)
         self.pipeline_depth = env.pipeline_depth
         self.head_budget_mb = env.head_budget_mb  # 0: no budget (actors/serving.py)
@@ -212,6 +214,7 @@ class Inferencer(Role):
         self.busy_s = 0.0  # seconds in forwards (the device's busy time)
         self.batch_wait_s = 0.0  # summed over served requests: arrival to their group's start
         self.groups = 0
+        self.heads_in_forward = 0  # groups whose heads ran inside the base's forward (models.heads.pool)
         self.dropped = 0
         # Bounded work and dedup (see the module docstring).
         self.held = 0  # requests admitted and not yet answered
@@ -295,7 +298,8 @@ class Inferencer(Role):
         tenant's head is an action expert. Distinct variants are few, tenants may be many."""
         from nats.js.errors import NoKeysError
 
-        from models import TenantPreprocessor, TenantSchema
+        from models import TenantPreprocessor, TenantSchema, TenantSlot
+        from models.heads.pool import poolable
         from models.lora import warmup_adapter
 
         assert self.heads is not None and self.bus is not None
@@ -305,45 +309,61 @@ class Inferencer(Role):
         except NoKeysError:
             keys = []
         base = self.heads.base
-        # (layout, expert head) -> a warm-up row and whether LoRA tenants use it; one throwaway
-        # adapter per distinct adapter config (graphs depend on ranks and targets, not weights).
-        variants: dict[tuple[Any, bool], tuple[Any, list[bool]]] = {}
+        # (layout, expert head) -> a warm-up row, whether LoRA tenants use it, whether plain `mlp`
+        # heads (inside the graph) and other heads (after it) serve it. One throwaway adapter per
+        # distinct adapter config and one throwaway head per distinct head config: graphs depend
+        # on ranks, targets and head shapes, never on weights.
+        variants: dict[tuple[Any, bool], tuple[Any, list[bool], list[bool], list[bool]]] = {}
         configs: dict[str, Any] = {}
+        head_of: dict[str, Any] = {}
         for tenant in keys:
             try:
                 cfg = await self.heads.config(tenant)
                 schema = TenantSchema.from_dict(cfg.schema)
                 pre = TenantPreprocessor.for_base(schema, base)
                 expert = cfg.head == "expert"
-                if (pre.key.layout, expert) not in variants:
-                    variants[(pre.key.layout, expert)] = (warmup_row(pre, schema, base.device), [])
+                v = variants.setdefault((pre.key.layout, expert), (warmup_row(pre, schema, base.device), [], [], []))
                 if cfg.base_adapter:
-                    variants[(pre.key.layout, expert)][1].append(True)
+                    v[1].append(True)
                     text = json.dumps(cfg.base_adapter, sort_keys=True)
                     if text not in configs:
                         configs[text] = warmup_adapter(base, cfg.base_adapter)
+                if not expert:
+                    text = json.dumps([cfg.schema, cfg.head, cfg.head_params], sort_keys=True)
+                    if text not in head_of:
+                        head_of[text] = TenantSlot.create(f"warm-{len(head_of)}", schema, base, head_kind=cfg.head,
+                                                          head_options=cfg.head_params).head
+                    (v[2] if poolable(head_of[text]) else v[3]).append(True)
             except Exception:  # another pool's tenant, or one deleted meanwhile
                 continue
         adapters = list(configs.values())
+        # Every known head resident first (the pool's buckets and generation final), then warm.
+        plan = base.head_plan([(0, 0, h) for h in head_of.values() if poolable(h)], 1) if head_of else None
         loop = asyncio.get_running_loop()
-        for (layout, expert), (one, ads) in variants.items():
+        for (layout, expert), (one, ads, pooled, other) in variants.items():
+            with_heads = [plan] if (pooled and plan is not None) else []
+            without = [None] if (expert or other or not with_heads) else []
             for variant in ([], adapters) if ads else ([],):
-                try:
-                    await loop.run_in_executor(self._forward_pool, self._warm, one, None, variant, expert)
-                except Exception as exc:  # a warm-up is an optimisation: the variant warms at its first group
-                    self.log.warning("warm-up of a layout failed", layout=str(layout), adapted=bool(variant),
-                                     expert=expert, error=str(exc))
+                for heads_plan in with_heads + without:
+                    try:
+                        await loop.run_in_executor(self._forward_pool, self._warm, one, None, variant, expert,
+                                                   heads_plan)
+                    except Exception as exc:  # a warm-up is an optimisation: the variant warms at its first group
+                        self.log.warning("warm-up of a layout failed", layout=str(layout), adapted=bool(variant),
+                                         expert=expert, heads=heads_plan is not None, error=str(exc))
 
     def warm_sizes(self) -> list[int]:
         """The capture sizes a group can be padded to: up to the first >= max_batch_size."""
         cap = next((c for c in CAPTURE_SIZES if c >= self.batching.max_batch_size), CAPTURE_SIZES[-1])
         return [c for c in CAPTURE_SIZES if c <= cap]
 
-    def _warm(self, packed: Any, ready: Any = None, adapters: list[Any] | None = None, kv: bool = False) -> None:
+    def _warm(self, packed: Any, ready: Any = None, adapters: list[Any] | None = None, kv: bool = False,
+              plan: Any = None) -> None:
         """On the forward thread: run the base at every capture size for ``packed``'s layout
         once (captures, compiles), unless done: frozen, or with ``adapters`` (LoRA adapters made
         resident first; the graphs of their pool generation serve any mix of them), with the
-        prefix-KV outputs when ``kv``. Its time is nobody's: not metered."""
+        prefix-KV outputs when ``kv``, with the heads inside when ``plan`` (a head-pool plan: its
+        generation's graphs serve any mix of resident heads). Its time is nobody's: not metered."""
         import torch
 
         from models import VLABatch
@@ -355,7 +375,7 @@ class Inferencer(Role):
             generation = base.lora_generation(adapters)
             if generation is None:
                 return  # such groups take the plain forward: nothing to capture
-        key = (packed.key.layout, generation, kv)
+        key = (packed.key.layout, generation, kv, plan.generation if plan is not None else None)
         if key in self._warmed:
             return
         started = time.perf_counter()
@@ -364,7 +384,9 @@ class Inferencer(Role):
         one = packed.index(slice(0, 1))
         with torch.inference_mode():
             for n in self.warm_sizes():
-                base.encode(VLABatch.cat([one] * n), inference=True, prefix_kv=kv,
+                heads = None if plan is None else dataclasses.replace(
+                    plan, idx=[torch.zeros(n, dtype=torch.int64) for _ in plan.idx])  # any index: same graph
+                base.encode(VLABatch.cat([one] * n), inference=True, prefix_kv=kv, heads=heads,
                             adapters=[Segment(0, n, adapters[0])] if adapters else None)
         if packed.device.type == "cuda":
             torch.cuda.synchronize(packed.device)
@@ -372,10 +394,10 @@ class Inferencer(Role):
         took = time.perf_counter() - started
         self.warmup_s += took
         self.log.info("warmed a layout", sizes=self.warm_sizes(), seconds=round(took, 2), adapted=generation,
-                      kv=kv, layouts=self.warmed_layouts())
+                      kv=kv, heads=key[3], layouts=self.warmed_layouts())
 
     def warmed_layouts(self) -> int:
-        return len({layout for layout, _, _ in self._warmed})
+        return len({key[0] for key in self._warmed})
 
     def info_extra(self) -> dict[str, Any]:
         return {
@@ -384,6 +406,7 @@ class Inferencer(Role):
                        "euler": self.euler,
                        "image_size": self.heads.base.layout.image_size[0] if self.heads is not None else None,
                        "warmed_layouts": self.warmed_layouts(), "warmed_variants": len(self._warmed),
+                       "heads_in_forward": self.heads_in_forward,
                        "warmup_s": self.warmup_s,
                        "warm_sizes": self.warm_sizes() if self.warmup else []},
             "max_batch_size": self.batching.max_batch_size,
@@ -837,15 +860,20 @@ class Inferencer(Role):
         one host sync at the end, not one per head."""
         if not live:
             return results
+        runs = _slot_runs(group, live)
+        kv = any(slot.head.needs_prefix_kv for _, _, slot in runs)
+        # The group's heads inside the base's graph where they are all plain `mlp` heads
+        # (models.heads.pool; None: they run after the forward, one tenant at a time).
+        plan = None if kv else self.heads.base.head_plan([(a, b, slot.head) for a, b, slot in runs], len(packed))
         if self.warmup:
             # A variant first seen (layout; adapted, with its pool generation; prefix-KV
-            # outputs): every capture size once, unmetered. Known variants return at once.
+            # outputs; heads, with theirs): every capture size once, unmetered. Known variants
+            # return at once.
             segments = _lora_segments(group, live)
-            self._warm(packed, ready, [seg.adapter for seg in segments],
-                       any(slot.head.needs_prefix_kv for _, _, slot in _slot_runs(group, live)))
+            self._warm(packed, ready, [seg.adapter for seg in segments], kv, plan)
         t0 = time.perf_counter()
         try:
-            return self._forward_group(group, results, live, packed, ready)
+            return self._forward_group(group, results, live, packed, ready, plan)
         finally:
             # Metered: the wall time of the device work (ended by a synchronize on CUDA),
             # charged to the group's tenants by their rows; padding rows (capture sizes) are
@@ -867,7 +895,7 @@ class Inferencer(Role):
             self.meter.charge("infer", busy_s, rows, requests=answered)
 
     def _forward_group(self, group: list[_Pending], results: list[Any], live: list[int], packed: Any,
-                       ready: Any = None) -> list[Any]:
+                       ready: Any = None, plan: Any = None) -> list[Any]:
         import torch
 
         heads = self.heads
@@ -887,11 +915,17 @@ class Inferencer(Role):
                 # the memory before this stream is done with it.
                 packed.images_B_S_C_H_W.record_stream(current)
             # Action-expert tenants in the group: the same forward returns the per-layer KV cache.
+            runs = _slot_runs(group, live)
             feats = heads.base.encode(packed, inference=True, adapters=_lora_segments(group, live),
-                                      prefix_kv=any(slot.head.needs_prefix_kv for _, _, slot in _slot_runs(group, live)))
+                                      prefix_kv=any(slot.head.needs_prefix_kv for _, _, slot in runs), heads=plan)
             stamps["fwd_end"] = now_ns()
             outs = []
-            for start, end, slot in _slot_runs(group, live):
+            if feats.head_actions is not None:  # the heads ran inside the forward's graph
+                self.heads_in_forward += 1
+                for k, (start, end, _) in enumerate(runs):
+                    outs.append((live[start:end], feats.head_actions[plan.bucket_of_run[k]][start:end], None, None))
+                runs = []
+            for start, end, slot in runs:
                 f = feats.split([start, end - start, len(feats) - end])[1]
                 vla = packed.index(slice(start, end))
                 head = slot.head

@@ -232,6 +232,7 @@ def in_process_ceiling(args, sizes: dict[int, int]) -> tuple[float, float, dict[
     from actors.metering import Meter
 
     fake.meter = Meter()  # the group path charges each forward to its tenants
+    fake.heads_in_forward = 0  # groups whose heads ran inside the forward (the group path counts them)
 
     def timed(fn, batch: int) -> float:
         """Seconds per call."""

@@ -114,6 +114,9 @@ class BaseOutput:
     mask_B_L: torch.Tensor
     num_queries: int
     prefix: PrefixKV | None = None
+    # With `encode(heads=plan)` on the fast engine: every head bucket's actions for all rows
+    # (models.heads.pool), computed inside the base's graph; None: run the heads after.
+    head_actions: tuple | None = None
 
     def __len__(self) -> int:
         return self.hidden_B_L_D.shape[0]
@@ -280,12 +283,15 @@ class BaseModel:
         return self.family.build_inputs(batch.to(self.device), self.lead_ids, self.dtype)
 
     def encode(self, batch: VLABatch, *, inference: bool = False, adapters: list | None = None,
-               prefix_kv: bool = False) -> BaseOutput:
+               prefix_kv: bool = False, heads: Any = None) -> BaseOutput:
         """Hidden states of the frozen base. `inference=True` uses inference_mode (serving only:
         its tensors cannot be saved for a head's backward).
 
         prefix_kv: also return every decoder layer's keys and values (`BaseOutput.prefix`), from
         the same forward, for action-expert tenants (models/heads/expert.py).
+
+        heads: a `head_plan` of the rows' plain `mlp` heads: where the fast engine serves the
+        group (not with prefix_kv), their actions come from the same forward (`head_actions`).
 
         adapters: `models.lora.Segment`s (row ranges of this batch and their tenant's adapter).
         Unless the caller disabled grad (or asked for inference), the forward then records
@@ -321,6 +327,9 @@ class BaseModel:
             ctx = torch.inference_mode() if inference else torch.no_grad()
         with ctx, route:
             if self._fast is not None and (not adapters or rows is not None):
+                if heads is not None and not prefix_kv:
+                    hidden, mask, acts = self._fast(batch.to(self.device), rows, heads=heads)
+                    return BaseOutput(hidden, mask, batch.key.layout.num_query_tokens, head_actions=acts)
                 return self._output(batch, self._fast(batch.to(self.device), rows, kv=prefix_kv), prefix_kv)
             prefix = None
             inputs = self.family.build_inputs(batch.to(self.device), self.lead_ids, self.dtype)
@@ -331,6 +340,19 @@ class BaseModel:
                 hidden = self.family.forward(self.core, inputs)
             mask = inputs.mask_B_L
         return BaseOutput(hidden, mask, batch.key.layout.num_query_tokens, prefix)
+
+    def head_plan(self, runs: list, rows: int) -> Any:
+        """For a serving group whose rows [start, end) each run's head serves (``runs``: (start,
+        end, head)): the fast engine's `models.heads.pool.HeadPlan` (heads made resident), or
+        None where the heads run after the forward (no fast engine, a head that is not a plain
+        `mlp`, a full pool)."""
+        if self._fast is None:
+            return None
+        if self._fast.head_pool is None:
+            from models.heads.pool import HeadPool
+
+            self._fast.head_pool = HeadPool(self.device)
+        return self._fast.head_pool.plan(runs, rows)
 
     def lora_generation(self, adapters: list) -> int | None:
         """The fast engine's adapter-pool generation that serves groups with these

@@ -289,6 +289,9 @@ class FastQwen3VLEncoder:
         # LoRA rows (models.lora.AdapterPool, built at the first adapted group): per decoder layer
         # the pool's (A, B) per `LORA_LINEARS` entry, None for a layer nothing adapts.
         self.lora_pool = None
+        # Tenants' plain `mlp` heads stacked per shape (models.heads.pool.HeadPool, built at the
+        # first group that brings them), so a serving group's heads run inside its graph.
+        self.head_pool = None
         self._lora_layers: list[tuple | None] = []
         self._lora_generation = -1
         self._lora_complete = False
@@ -369,11 +372,14 @@ class FastQwen3VLEncoder:
     # ---- the forward ------------------------------------------------------------------------
     def _forward(self, c: _Consts, layout: FeatureLayout, prompt_ids: torch.Tensor, prompt_len: torch.Tensor,
                  image_mask: torch.Tensor, images: torch.Tensor, rows: torch.Tensor | None = None,
-                 kv: bool = False, lora_layers: list[tuple | None] | None = None) -> tuple:
+                 kv: bool = False, lora_layers: list[tuple | None] | None = None, heads=None,
+                 state: torch.Tensor | None = None, head_idx: list[torch.Tensor] | None = None) -> tuple:
         """(hidden, mask), or with ``kv`` (hidden, mask, keys, values, next_pos_B): every decoder
         layer's cache as `Family.forward_kv` returns it and `Family.next_positions`.
         ``lora_layers``: per decoder layer the (A, B) per `LORA_LINEARS` entry that ``rows``
-        index (a training forward's `training_stack`); default the pool's."""
+        index (a training forward's `training_stack`); default the pool's. ``heads`` (a
+        `models.heads.pool.HeadPlan`) with ``state`` and ``head_idx``: also every bucket's
+        actions for all rows, (hidden, mask, actions per bucket)."""
         lora_layers = self._lora_layers if lora_layers is None else lora_layers
         fam, dtype = self.family, self.base.dtype
         b, s = image_mask.shape
@@ -424,6 +430,12 @@ class FastQwen3VLEncoder:
                 h = h.reshape(-1, d).index_add(0, c.img_flat_idx, deepstack[i].to(h.dtype)).view(b, -1, d)
         h = lm.norm(h)
         self._stage("text")
+        if heads is not None:
+            from models.heads.pool import pooled_mlp
+
+            q = h[:, -layout.num_query_tokens:]
+            acts = tuple(pooled_mlp(t, shape, q, state, i) for t, shape, i in zip(heads.tensors, heads.shapes, head_idx))
+            return h, mask, acts
         if kv:
             # As Family.next_positions: the largest position id of the row (any axis) + 1.
             return h, mask, tuple(keys), tuple(values), pos3.amax(dim=(0, 2)) + 1
@@ -502,26 +514,36 @@ class FastQwen3VLEncoder:
                              lora_layers=layers)
 
     # ---- entry point --------------------------------------------------------------------------
-    def __call__(self, batch: VLABatch, rows: torch.Tensor | None = None, kv: bool = False) -> tuple:
+    def __call__(self, batch: VLABatch, rows: torch.Tensor | None = None, kv: bool = False, heads=None) -> tuple:
         """The encode of ``batch``: (hidden, mask); ``rows`` (from `lora_rows`): each row's LoRA
         adapter index, for a group with adapted rows (a graph of its own per pool generation,
         the row assignment one of its static inputs). ``kv``: also every decoder layer's keys
         and values and each row's next position, (hidden, mask, keys, values, next_pos_B), from
-        the same forward (a graph of its own: the cache is more static outputs)."""
+        the same forward (a graph of its own: the cache is more static outputs). ``heads`` (a
+        `models.heads.pool.HeadPlan`, not with ``kv``): the group's plain `mlp` heads inside the
+        same graph, (hidden, mask, actions per bucket) (a graph per head-pool generation)."""
+        if heads is not None and kv:
+            raise ValueError("heads inside the graph: not with the prefix-KV outputs (expert rows)")
         layout, b = batch.key.layout, len(batch)
         c = self.consts(layout, b)
         inputs = [batch.prompt_ids_B_T, batch.prompt_len_B, batch.image_mask_B_S, batch.images_B_S_C_H_W]
         # (layout, rows, LoRA pool generation or None, cache outputs)
-        key: tuple = (layout, b, None, kv)
+        key: tuple = (layout, b, None, kv, heads.generation if heads is not None else None)
         if rows is not None:
-            key = (layout, b, self._lora_generation, kv)
+            key = (layout, b, self._lora_generation, kv, key[4])
         inputs.append(rows)
+        extra: dict = {}
+        if heads is not None:
+            extra = {"heads": heads, "state": batch.state_B_D,
+                     "head_idx": [i.to(self.base.device) for i in heads.idx]}
         if not self.use_graphs:
-            return self._forward(c, layout, *inputs, kv=kv)
+            return self._forward(c, layout, *inputs, kv=kv, **extra)
         with torch.inference_mode(False), torch.no_grad():
+            if heads is not None:
+                inputs = [*inputs, extra["state"], *extra["head_idx"]]
             g = self._graphs.get(key)
             if g is None:
-                g = self._capture(c, layout, inputs, kv)
+                g = self._capture(c, layout, inputs, kv, heads)
                 self._graphs[key] = g
             graph, static_in, static_out = g
             for dst, src in zip(static_in, inputs):
@@ -529,21 +551,27 @@ class FastQwen3VLEncoder:
                     dst.copy_(src)
             graph.replay()
             # Outputs live in the graph's pool and are overwritten by the next replay.
+            if heads is not None:
+                return static_out[0].clone(), static_out[1].clone(), tuple(a.clone() for a in static_out[2])
             if not kv:
                 return static_out[0].clone(), static_out[1].clone()
             h, mask, keys, values, next_pos = static_out
             return (h.clone(), mask.clone(), tuple(k.clone() for k in keys), tuple(v.clone() for v in values),
                     next_pos.clone())
 
-    def _capture(self, c: _Consts, layout: FeatureLayout, inputs: list[torch.Tensor | None], kv: bool = False):
+    def _capture(self, c: _Consts, layout: FeatureLayout, inputs: list[torch.Tensor | None], kv: bool = False,
+                 heads=None):
         static_in = [x.clone() if x is not None else None for x in inputs]
+        base_in, extra = static_in[:5], {}
+        if heads is not None:  # the state and each bucket's row indices follow the base's inputs
+            extra = {"heads": heads, "state": static_in[5], "head_idx": static_in[6:]}
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(2):  # warm-up: cuBLAS handles and workspaces exist before capture
-                self._forward(c, layout, *static_in, kv=kv)
+                self._forward(c, layout, *base_in, kv=kv, **extra)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            static_out = self._forward(c, layout, *static_in, kv=kv)
+            static_out = self._forward(c, layout, *base_in, kv=kv, **extra)
         return graph, static_in, static_out

@@ -14,6 +14,10 @@ def test_in_process_ceiling_runs_the_group_path():
     args = argparse.Namespace(preset="tiny-qwen3-vl", device="cpu", fast=False, compile=False, tenants=2,
                               head="mlp", camera_px=0, lora=(4, 0))  # one LoRA tenant, one frozen
     full_rps, forward_rps, per = in_process_ceiling(args, {1: 2, 2: 1})
+    # The fast engine (no graphs on a CPU) with the heads inside its forward: the same path runs.
+    args.fast = True
+    args.lora = ()
+    assert in_process_ceiling(args, {2: 1})[0] > 0
     assert set(per) == {1, 2}
     assert full_rps > 0 and forward_rps > 0
     # every size was timed on both paths; no ratio between them is asserted: two timings on a

@@ -240,7 +240,7 @@ def test_engine_defaults_and_warmup_per_layout(roles):
     before = asyncio.run(go())
     assert before["engine"] == {"fast": False, "compile": False, "warmup": False, "euler": "fp32", "image_size": 224,
                                 "warmed_layouts": 0,
-                                "warmed_variants": 0, "warmup_s": 0.0, "warm_sizes": []}
+                                "warmed_variants": 0, "heads_in_forward": 0, "warmup_s": 0.0, "warm_sizes": []}
     plain.terminate()  # one inferencer in the pool: the fast one below serves the requests
     plain.wait(timeout=30)
     # NEXUS_BASE_IMAGE_SIZE: frames canonicalised at 32 px instead of the preset's 224 (fewer tokens).
@@ -274,5 +274,7 @@ def test_engine_defaults_and_warmup_per_layout(roles):
     assert ready["usage"]["busy_s"]["infer"] == 0  # warm-up forwards are nobody's: not metered
     assert e2["warmed_layouts"] == 2 and e2["warmup_s"] == e1["warmup_s"]  # requests warmed nothing more
     assert e2["warmed_variants"] == 3
+    # The tenants' plain mlp heads ran inside the forward (models.heads.pool): one group each.
+    assert e2["heads_in_forward"] == 3 and e3["heads_in_forward"] == 4
     assert e3["warmed_layouts"] == 3 and e3["warmup_s"] > e2["warmup_s"]  # a new layout, at its first group
     assert "warmed a layout" in roles.log(fast.instance)
