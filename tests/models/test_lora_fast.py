@@ -200,6 +200,29 @@ def test_training_step_on_the_engine_gives_the_plain_gradients(base: BaseModel, 
     check_training_step(base, fast)
 
 
+def test_expert_and_lora_rows_train_on_the_engine(base: BaseModel, fast: BaseModel) -> None:
+    """An action expert with a LoRA adapter reads the prefix cache of the engine's training
+    forward (`train_forward(kv=True)`): the same losses and gradients as the plain path."""
+    specs = [(libero_schema(), "expert", AdapterConfig(rank=4, target_modules=("q_proj", "v_proj"))),
+             (calvin_schema(), "mlp", AdapterConfig(rank=2, target_modules=("k_proj",))),
+             (libero_schema(), "expert", None)]
+
+    def run(b: BaseModel) -> tuple[list[float], list[torch.Tensor]]:
+        slots = start_adapters_off_zero([TenantSlot.create(f"x{i}", schema, b, head_kind=kind,
+                                                           head_options={"width": 32}, seed=5 + i, adapter=a)
+                                         for i, (schema, kind, a) in enumerate(specs)])
+        losses = [r.loss for r in forward_backward(b, train_items(slots), grouped=True)]
+        return losses, grads(slots)
+
+    calls = router_for(fast).calls
+    got_l, got = run(fast)
+    assert router_for(fast).calls == calls
+    ref_l, ref = run(base)
+    assert_losses_match(got_l, ref_l, TOL, "expert + LoRA")
+    for i, (g, r) in enumerate(zip(got, ref, strict=True)):
+        assert float((g - r).abs().max()) <= TOL * max(1.0, float(r.abs().max())), i
+
+
 def test_training_with_dropout_keeps_the_segmented_hooks(fast: BaseModel) -> None:
     """Dropout masks are drawn per segment by the hooks (grouped == serial); the engine has no
     dropout, so such a group takes the plain forward, and its gradients still reach the adapters."""
