@@ -51,9 +51,11 @@ def sft_spec(example: dict[str, Any], tenant: str, seed: int, root: Path, steps:
     return spec
 
 
-def rl_spec(sft: dict[str, Any], env: dict[str, Any], episodes: int, max_wall_s: float) -> dict[str, Any]:
+def rl_spec(sft: dict[str, Any], env: dict[str, Any], episodes: int, max_wall_s: float,
+            value_warmup_episodes: int = 0) -> dict[str, Any]:
     spec = {k: copy.deepcopy(sft[k]) for k in ("tenant", "base", "seed", "action_module", "observation", "action")}
-    spec.update(task="rl", env=copy.deepcopy(env), algorithm=dict(PPO),
+    algorithm = {**PPO, **({"value_warmup_episodes": value_warmup_episodes} if value_warmup_episodes else {})}
+    spec.update(task="rl", env=copy.deepcopy(env), algorithm=algorithm,
                 schedule={"max_inflight_jobs": 2, "staleness_bound": 64,
                           "budget": {"max_episodes": episodes, "max_wall_s": max_wall_s}})
     return spec
@@ -69,6 +71,7 @@ def run(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
     env = copy.deepcopy(ev_example["env"])
     report: dict[str, Any] = {"task": args.task, "env": env, "seeds": args.seeds, "sft_steps": args.sft_steps,
                               "rounds": args.rounds, "round_episodes": args.round_episodes,
+                              "value_warmup_episodes": args.value_warmup_episodes,
                               "eval_episodes": args.eval_episodes, "eval_seed": args.eval_seed,
                               "action_module": GAUSSIAN, "ppo": PPO, "cpu_threads": os.environ.get("OMP_NUM_THREADS")}
     root = args.dataset or data_dir.parent / f"{data_dir.name}-demos"
@@ -103,7 +106,10 @@ def run(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
                 episodes = 0
                 for i in range(args.rounds):
                     t0 = time.monotonic()
-                    rl = client.submit(rl_spec(sft, env, args.round_episodes, args.round_wall_s)).wait(
+                    # The value warm-up (if asked) in the first round only: the policy then starts
+                    # from its SFT version with a value head that has seen that policy's returns.
+                    warm = args.value_warmup_episodes if i == 0 else 0
+                    rl = client.submit(rl_spec(sft, env, args.round_episodes, args.round_wall_s, warm)).wait(
                         timeout_s=args.timeout_s)
                     episodes += rl.episodes or 0
                     rnd = {"round": i + 1, "state": rl.state, "message": rl.message, "version": rl.step,
@@ -150,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--round-episodes", type=int, default=100, help="rollout episodes per PPO round")
     p.add_argument("--round-wall-s", type=float, default=1200.0, help="each PPO round's wall-clock cap")
     p.add_argument("--eval-episodes", type=int, default=30)
+    p.add_argument("--value-warmup-episodes", type=int, default=0,
+                   help="the first round's first episodes train the value head only (algorithm.value_warmup_episodes)")
     p.add_argument("--eval-seed", type=int, default=100_000, help="held-out reset seeds start here")
     p.add_argument("--timeout-s", type=float, default=3600.0, help="per workload wait")
     p.add_argument("--data-dir", type=Path, default=None)
@@ -159,6 +167,9 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("sft_steps", "rounds", "round_episodes", "eval_episodes"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} {getattr(args, name)}: must be >= 1")
+    if not 0 <= args.value_warmup_episodes < args.round_episodes:
+        p.error(f"--value-warmup-episodes {args.value_warmup_episodes}: allowed 0..{args.round_episodes - 1} "
+                "(within the first round, leaving it policy updates)")
     data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="nexus-maniskill-rl-"))
     t0 = time.monotonic()
     report = run(args, data_dir)

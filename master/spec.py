@@ -388,6 +388,11 @@ class PPOAlgorithm(_Section):
                                    "max_grad_norm", 0.5, gt=0)
     warmup_steps: Int = _doc("linear LR warmup steps. Default 0: the clip ratio already bounds early "
                              "updates", 0, ge=0)
+    value_warmup_episodes: Int = _doc("the workload's first episodes (the updates that end within them) "
+                                      "train the value head only: their advantages are queued as zeros, so "
+                                      "the policy takes no PPO step until the value head has seen its "
+                                      "returns. For a tenant starting from an SFT version. Default 0: none",
+                                      0, ge=0, le=1_000_000)
 
     @model_validator(mode="before")
     @classmethod

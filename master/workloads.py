@@ -148,6 +148,7 @@ def compile_producer(spec: Any, workload: str, eval_version: int = -1, start_ver
         p.algo = {k: algo[k] for k in ("gamma", "gae_lambda", "episodes_per_update", "steps_per_update",
                                        "micro_batch", "epochs", "parallel_envs") if algo.get(k) is not None}
         p.algo["normalize_advantages"] = bool(algo["normalize_advantages"])
+        p.algo["value_warmup_episodes"] = int(algo["value_warmup_episodes"])
     else:
         p.policy_tenant, _ = policy_pin(spec)
         p.eval_version = eval_version

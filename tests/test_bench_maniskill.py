@@ -26,6 +26,9 @@ def test_sft_ppo_and_eval_specs_are_valid_and_name_one_tenant(task):
     assert compile_tenant(specs[0]).signature == compile_tenant(specs[1]).signature
     assert specs[1].schedule.budget.max_episodes == 100 and specs[1].env.id == ev_example["env"]["id"]
     assert specs[0].algorithm.steps == 300 and specs[2].eval.sample is False
+    assert specs[1].algorithm.value_warmup_episodes == 0
+    warm = parse_spec(maniskill_rl.rl_spec(sft, ev_example["env"], 100, 600.0, value_warmup_episodes=32))
+    assert warm.algorithm.value_warmup_episodes == 32
     # The example is not changed by building a spec from it.
     assert load_document(sft_path.read_text()) == sft_example
 

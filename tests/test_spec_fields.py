@@ -110,6 +110,7 @@ VALUES: dict[str, tuple[str, Any]] = {
     "PPOAlgorithm.weight_decay": ("rl", 0.01),
     "PPOAlgorithm.grad_clip": ("rl", None),
     "PPOAlgorithm.warmup_steps": ("rl", 3),
+    "PPOAlgorithm.value_warmup_episodes": ("rl", 32),
     "schedule.priority": ("sft", 3),
     "schedule.max_inflight_jobs": ("sft", 4),
     "schedule.staleness_bound": ("rl", 8),

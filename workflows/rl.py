@@ -26,8 +26,37 @@ RL_DEFAULTS = {
     "normalize_advantages": True,  # standardise over each rollout (master/spec.py)
     "parallel_envs": 1,  # episodes rolled out at once (their requests share inferencer groups)
     "exec_steps": 0,  # env steps per predicted chunk; 0 = the whole chunk
+    "value_warmup_episodes": 0,  # the first episodes train the value head only (master/spec.py)
 }
 MAX_PARALLEL_ENVS = 256  # the spec's bound (master/spec.py PPOAlgorithm.parallel_envs)
+
+
+def rollout_rows(segments: list[list[dict[str, Any]]], algo: dict[str, Any], episodes_done: int
+                 ) -> list[dict[str, Any]]:
+    """An update's transitions with their GAE advantage (``adv``) and return (``ret``).
+    ``episodes_done``: the workload's episodes so far, this update's included. While that is at
+    most ``value_warmup_episodes`` the advantages are zeros: PPO's policy term then has no
+    gradient and the update trains the value head alone (on the policy the tenant starts from,
+    e.g. its SFT version), so the first policy steps are taken on advantages of a value head
+    that has seen this policy's returns, not on an untrained one's noise (docs/results.md: the
+    first PPO round from an SFT start lost the most)."""
+    rows: list[dict[str, Any]] = []
+    for steps in segments:
+        rewards = np.array([s["reward"] for s in steps], np.float32)
+        values = np.array([s["value"] for s in steps], np.float32)
+        dones = np.array([s["terminated"] for s in steps], bool)
+        # A truncated episode bootstraps from its last value estimate (time limit, not failure).
+        last_value = 0.0 if steps[-1]["terminated"] else float(values[-1])
+        adv, ret = gae(rewards, values, dones, last_value, float(algo["gamma"]), float(algo["gae_lambda"]))
+        for s, a, r in zip(steps, adv, ret):
+            rows.append({**s, "adv": a, "ret": r})
+    if episodes_done <= int(algo.get("value_warmup_episodes", 0)):
+        return [{**r, "adv": np.float32(0.0)} for r in rows]
+    if algo.get("normalize_advantages", True) and len(rows) > 1:
+        adv_all = np.array([r["adv"] for r in rows], np.float32)
+        mean, std = float(adv_all.mean()), float(adv_all.std())
+        rows = [{**r, "adv": (r["adv"] - mean) / (std + 1e-8)} for r in rows]
+    return rows
 
 
 class RLWorkflow(Workflow):
@@ -107,22 +136,9 @@ class RLWorkflow(Workflow):
                 await asyncio.sleep(float(exc.details.get("retry_after_s", 0.5)))
 
     async def _queue_rl(self, segments: list[list[dict[str, Any]]], algo: dict[str, Any]) -> None:
-        rows: list[dict[str, Any]] = []
-        for steps in segments:
-            rewards = np.array([s["reward"] for s in steps], np.float32)
-            values = np.array([s["value"] for s in steps], np.float32)
-            dones = np.array([s["terminated"] for s in steps], bool)
-            # A truncated episode bootstraps from its last value estimate (time limit, not failure).
-            last_value = 0.0 if steps[-1]["terminated"] else float(values[-1])
-            adv, ret = gae(rewards, values, dones, last_value, float(algo["gamma"]), float(algo["gae_lambda"]))
-            for s, a, r in zip(steps, adv, ret):
-                rows.append({**s, "adv": a, "ret": r})
+        rows = rollout_rows(segments, algo, self.progress.episodes)
         if not rows:
             return
-        if algo.get("normalize_advantages", True) and len(rows) > 1:
-            adv_all = np.array([r["adv"] for r in rows], np.float32)
-            mean, std = float(adv_all.mean()), float(adv_all.std())
-            rows = [{**r, "adv": (r["adv"] - mean) / (std + 1e-8)} for r in rows]
         # PPO epochs: each pass over the rollout, in a fresh order, is more micro-batches of
         # the same job (the trainer applies them in order, one step each).
         order_rng = np.random.default_rng(self.progress.episodes)
