@@ -27,7 +27,10 @@ import torch.nn.functional as F
 
 from models.errors import SchemaError
 
-HEAD_POOL = 64  # heads resident per shape; a group with more of one shape keeps the per-tenant path
+# Heads resident per shape: a group has at most 32 rows by default (NEXUS_INFER_MAX_BATCH_SIZE),
+# so at most 32 heads; a group with more of one shape keeps the per-tenant path. Each place
+# costs the head's parameters once more in float32 (~5 MB for a width-256 head on qwen3-vl-4b).
+HEAD_POOL = 32
 
 
 @dataclass(frozen=True)
