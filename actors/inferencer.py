@@ -292,14 +292,16 @@ class Inferencer(Role):
     async def _warm_known(self) -> None:
         """Before ready: every graph variant the tenants of this pool (registered, trained or not)
         will use, through every capture size (`_warm`): per layout the frozen forward, the
-        adapted one where a tenant has a LoRA adapter (warmed with throwaway adapters of the
-        tenants' configs after all of them are resident, so no later rank or target grows the
-        pool and drops what was captured), and the one with the prefix-KV outputs where a
-        tenant's head is an action expert. Distinct variants are few, tenants may be many."""
+        adapted one where a tenant has a LoRA adapter (warmed with one throwaway adapter at the
+        tenants' largest rank over all their targets, so no later rank or target grows the pool
+        and drops what was captured), with the plain `mlp` heads inside where tenants have them
+        (their shapes' buckets made first) and without where others do, and the one with the
+        prefix-KV outputs where a tenant's head is an action expert. Distinct variants are few,
+        tenants may be many."""
         from nats.js.errors import NoKeysError
 
         from models import TenantPreprocessor, TenantSchema, TenantSlot
-        from models.heads.pool import poolable
+        from models.heads.pool import HEAD_SHAPES_MAX, poolable, shape_of
         from models.lora import warmup_adapter
 
         assert self.heads is not None and self.bus is not None
@@ -310,12 +312,15 @@ class Inferencer(Role):
             keys = []
         base = self.heads.base
         # (layout, expert head) -> a warm-up row, whether LoRA tenants use it, whether plain `mlp`
-        # heads (inside the graph) and other heads (after it) serve it. One throwaway adapter per
-        # distinct adapter config and one throwaway head per distinct head config: graphs depend
-        # on ranks, targets and head shapes, never on weights.
+        # heads (inside the graph) and other heads (after it) serve it. Graphs depend on ranks,
+        # targets and head shapes, never on weights, and what a tenant registered is its own
+        # choice: one throwaway adapter at the largest rank over every target any tenant adapts
+        # (what the pool grows to), and one throwaway head per head shape, at most
+        # HEAD_SHAPES_MAX of them and WARM_HEAD_BUILDS builds (the rest warm at their first group).
         variants: dict[tuple[Any, bool], tuple[Any, list[bool], list[bool], list[bool]]] = {}
-        configs: dict[str, Any] = {}
-        head_of: dict[str, Any] = {}
+        rank, targets = 0, set()
+        heads_by_shape: dict[Any, Any] = {}
+        seen_heads: set[str] = set()
         for tenant in keys:
             try:
                 cfg = await self.heads.config(tenant)
@@ -325,20 +330,28 @@ class Inferencer(Role):
                 v = variants.setdefault((pre.key.layout, expert), (warmup_row(pre, schema, base.device), [], [], []))
                 if cfg.base_adapter:
                     v[1].append(True)
-                    text = json.dumps(cfg.base_adapter, sort_keys=True)
-                    if text not in configs:
-                        configs[text] = warmup_adapter(base, cfg.base_adapter)
-                if not expert:
-                    text = json.dumps([cfg.schema, cfg.head, cfg.head_params], sort_keys=True)
-                    if text not in head_of:
-                        head_of[text] = TenantSlot.create(f"warm-{len(head_of)}", schema, base, head_kind=cfg.head,
-                                                          head_options=cfg.head_params).head
-                    (v[2] if poolable(head_of[text]) else v[3]).append(True)
+                    rank = max(rank, int(cfg.base_adapter["rank"]))
+                    targets |= set(cfg.base_adapter.get("target_modules", ("q_proj", "v_proj")))
+                if expert:
+                    continue
+                text = json.dumps([cfg.schema, cfg.head, cfg.head_params], sort_keys=True)
+                if text in seen_heads or len(seen_heads) >= WARM_HEAD_BUILDS:
+                    v[2].append(True)  # warmed with the shapes found (or at its first group)
+                    continue
+                seen_heads.add(text)
+                head = TenantSlot.create(f"warm-{len(seen_heads)}", schema, base, head_kind=cfg.head,
+                                         head_options=cfg.head_params).head
+                if not poolable(head):
+                    v[3].append(True)
+                    continue
+                v[2].append(True)
+                if len(heads_by_shape) < HEAD_SHAPES_MAX:
+                    heads_by_shape.setdefault(shape_of(head), head)
             except Exception:  # another pool's tenant, or one deleted meanwhile
                 continue
-        adapters = list(configs.values())
-        # Every known head resident first (the pool's buckets and generation final), then warm.
-        plan = base.head_plan([(0, 0, h) for h in head_of.values() if poolable(h)], 1) if head_of else None
+        adapters = [warmup_adapter(base, {"rank": rank, "target_modules": sorted(targets)})] if rank else []
+        # Every known head shape resident first (the pool's buckets and generation final), then warm.
+        plan = base.head_plan([(0, 0, h) for h in heads_by_shape.values()], 1) if heads_by_shape else None
         loop = asyncio.get_running_loop()
         for (layout, expert), (one, ads, pooled, other) in variants.items():
             with_heads = [plan] if (pooled and plan is not None) else []
@@ -974,6 +987,9 @@ class Inferencer(Role):
 # Steps of 1.5x above 8: a group of 17-24 rows (common at 8 tenants x 8 clients) no longer pays
 # for the 32-row graph.
 CAPTURE_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
+# Throwaway heads the warm-up builds to learn the registered tenants' head shapes (one per
+# distinct head config): tenants may register many configs; the rest warm at their first group.
+WARM_HEAD_BUILDS = 64
 
 
 def fast_engine_for(source: str) -> bool:

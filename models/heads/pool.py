@@ -31,6 +31,10 @@ from models.errors import SchemaError
 # so at most 32 heads; a group with more of one shape keeps the per-tenant path. Each place
 # costs the head's parameters once more in float32 (~5 MB for a width-256 head on qwen3-vl-4b).
 HEAD_POOL = 32
+# Shapes (buckets) per engine: tenants choose their heads' widths, depths and action shapes, so
+# without a bound their variety alone would allocate bucket after bucket; past it a group with
+# a new shape runs its heads after the forward.
+HEAD_SHAPES_MAX = 8
 
 
 @dataclass(frozen=True)
@@ -150,23 +154,28 @@ class HeadPool:
     rows, `generation`) serves any mix of resident heads; a new shape adds a bucket and bumps
     the generation (the engine captures again, as for a grown adapter pool)."""
 
-    def __init__(self, device: torch.device, capacity: int = HEAD_POOL) -> None:
+    def __init__(self, device: torch.device, capacity: int = HEAD_POOL, max_shapes: int = HEAD_SHAPES_MAX) -> None:
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
             raise SchemaError(f"head pool capacity={capacity!r}: must be an integer >= 1")
         self.device = torch.device(device)
         self.capacity = capacity
+        self.max_shapes = max_shapes
         self.buckets: dict[HeadShape, HeadBucket] = {}
         self.generation = 0
         self.fallbacks = 0  # groups refused (a bucket full)
 
     def plan(self, runs: Sequence[tuple[int, int, Any]], rows: int) -> "HeadPlan | None":
         """For rows [start, end) served by each run's head: every bucket's per-row indices and
-        which bucket holds each run's head; None when a head is not poolable or a bucket is full."""
+        which bucket holds each run's head; None when a head is not poolable, a bucket is full or
+        a new shape would pass `max_shapes`."""
         by_shape: dict[HeadShape, list[tuple[int, int, Any]]] = {}
         for start, end, head in runs:
             if not poolable(head):
                 return None
             by_shape.setdefault(shape_of(head), []).append((start, end, head))
+        if len(self.buckets.keys() | by_shape.keys()) > self.max_shapes:
+            self.fallbacks += 1
+            return None
         with torch.inference_mode(False), torch.no_grad():
             for shape in by_shape:
                 if shape not in self.buckets:

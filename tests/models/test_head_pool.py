@@ -95,5 +95,11 @@ def test_other_heads_and_a_full_bucket_run_after_the_forward(fast: BaseModel) ->
     packed, runs = group(slots, [1, 1])
     assert small.plan(runs, len(packed)) is None and small.fallbacks == 1
     assert small.plan(runs[:1], 1) is not None
+    # Tenants choose their head shapes: past max_shapes a new one is refused, not allocated.
+    one_shape = HeadPool(torch.device("cpu"), max_shapes=1)
+    two = make(fast, [SPECS[0], SPECS[1]])
+    packed, runs = group(two, [1, 1])
+    assert one_shape.plan(runs[:1], 1) is not None and one_shape.plan(runs, 2) is None
+    assert len(one_shape.buckets) == 1 and one_shape.fallbacks == 1
     plain = BaseModel.load(BaseConfig("tiny-qwen3-vl", image_size=64, device="cpu"))
     assert plain.head_plan(runs, len(packed)) is None  # no fast engine: nothing to hold the heads
