@@ -256,6 +256,9 @@ def test_cross_field_rules():
     assert "not both" in errs["algorithm.steps_per_update"]
     errs = errors_of(mutate(minimal("rl"), {"action_module.params": {"clip_ratio": 0.1}}))
     assert "under algorithm" in errs["action_module.params"]
+    for bad in (-1, 10**7, "many"):  # a tenant's own field, still bounded
+        assert "algorithm.value_warmup_episodes" in errors_of(
+            mutate(minimal("rl"), {"algorithm": {"value_warmup_episodes": bad}}))
     two_tops = {"root": "/d", "camera_map": {"cam.a": "top", "cam.b": "top"}}
     lerobot = mutate(minimal(), {"env": DELETE, "dataset": two_tops})
     errs = errors_of(lerobot)
