@@ -5,7 +5,8 @@
     .venv/bin/python -m bench.multitenant --scaling 1,2,4,8,16                       # shared side only
     .venv/bin/python -m bench.multitenant --replot bench/results/multitenant.json    # figures from a JSON
     NEXUS_SIM_TIMEOUT_S=600 .venv/bin/python -m bench.multitenant --seeds 1,2 \
-        --mix rl-reach:600,rl-reach-easy:300,rl-reach-top:600,sft-pick:1500 --pick-dataset DIR   # with learning
+        --mix rl-reach:1300,rl-reach-easy:600,rl-reach-top:1300,sft-pick:3000 \
+        --rl-steps-per-update 512 --rl-parallel-envs 8 --rl-epochs 2 --pick-dataset DIR   # with learning
     python3 -m bench.multitenant --base qwen3-vl-4b --fast ...                       # on a GPU (docs/results.md)
 
 What it does (issue 14, items 3-6):
@@ -14,8 +15,8 @@ What it does (issue 14, items 3-6):
      ``sft-pick``: SFT on ManiSkill's PickCube from the scripted expert's demos, recorded once per
      invocation with `nexus dataset record` or given with ``--pick-dataset``, published into each
      deployment that holds it, then an eval workload on held-out seeds), the budget a fixed
-     amount of work: episodes for an RL tenant, optimizer steps for an SFT one (never wall time). Default 3 RL + 1 SFT, as in the reference system; where ManiSkill
-     cannot run (no package or no Vulkan device), ``rl-push`` becomes ``rl-reach-top`` and the
+     amount of work: episodes for an RL tenant, optimizer steps for an SFT one (never wall
+     time). Default 3 RL + 1 SFT, as in the reference system; where ManiSkill cannot run (no package or no Vulkan device), ``rl-push`` becomes ``rl-reach-top`` and the
      report says so (``--maniskill on`` makes that an error instead).
   2. (a) **shared**: one ``nexus up`` (a fresh temp data dir, a free port), every tenant
      submitted at once; (b) **alone**: for each tenant, a fresh ``nexus up`` holding only it,
@@ -52,6 +53,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -199,7 +201,6 @@ TENANT_KINDS: dict[str, Callable[..., dict[str, Any]]] = {
     "sft-reach": _sft,
     "sft-pick": _sft_pick,
 }
-MANISKILL_KINDS = ("rl-push", "sft-pick")
 DEFAULT_MIX = "rl-reach:8,rl-reach-easy:8,rl-push:4,sft-reach:32"
 DEFAULT_BUDGET = {"rl": 16, "sft": 48}  # sft-pick learns at ~3,000 (docs/results.md)
 MANISKILL_STANDIN = "rl-reach-top"
@@ -646,8 +647,6 @@ def one_run(name: str, plans: list[TenantPlan], cfg: Config, n_for_settings: int
         notes = dep.cleanup()
         LIVE.remove(dep)
         if not cfg.keep_data:
-            import shutil
-
             shutil.rmtree(data_dir, ignore_errors=True)
     out = asdict(rec)
     out["cleanup"] = notes
@@ -796,12 +795,16 @@ def prepare_datasets(cfg: Config) -> None:
         env_id, options = pick_env()
         print(f"[multitenant] recording {cfg.pick_demos} PickCube demos into {root} (reuse: --pick-dataset {root})",
               flush=True)
-        facts["record"] = record_demos(root, cfg.pick_demos, PICK_DEMO_SEED, PICK_DEMO_NOISE, options, env_id,
-                                       timeout_s=6 * 3600)
+        try:
+            facts["record"] = record_demos(root, cfg.pick_demos, PICK_DEMO_SEED, PICK_DEMO_NOISE, options, env_id,
+                                           timeout_s=6 * 3600)
+            problem = pick_dataset_problem(root)
+            if problem:
+                raise RuntimeError(f"the recorded dataset: {problem}")
+        except BaseException:
+            shutil.rmtree(root, ignore_errors=True)  # nothing half-written left behind (Ctrl-C too)
+            raise
         print(f"[multitenant] {facts['record']['summary']} ({facts['record']['wall_s']} s)", flush=True)
-        problem = pick_dataset_problem(root)
-        if problem:
-            raise RuntimeError(f"the recorded dataset: {problem}")
     last_demo_seed = PICK_DEMO_SEED + 2 * dataset_facts(root)["episodes"] + 10  # record's attempt cap
     if last_demo_seed > PICK_EVAL_SEED:
         raise BadArgument(f"--pick-demos: demo seeds up to {last_demo_seed} would reach the eval seeds {PICK_EVAL_SEED}..")
