@@ -355,3 +355,27 @@ def test_fig12_curves_every_tenant_shared_solid_alone_dashed_one_colour(tmp_path
     assert fig.axes[1].get_yscale() == "log"
     plt.close(fig)
     assert plot(report, tmp_path / "f.png").stat().st_size > 1000
+
+
+def test_pick_recording_that_fails_leaves_nothing_behind(tmp_path, monkeypatch):
+    import bench.maniskill_sft as ms
+
+    target = tmp_path / "rec"
+
+    def mkdtemp(prefix=""):
+        target.mkdir()
+        return str(target)
+
+    def record_fails(root, *args, **kwargs):
+        (root / "meta").mkdir()  # half-written
+        raise RuntimeError("`nexus dataset record` failed (1): no expert")
+
+    monkeypatch.setattr(mt.tempfile, "mkdtemp", mkdtemp)
+    monkeypatch.setattr(ms, "record_demos", record_fails)
+    plans, _ = mt.parse_mix("sft-pick:4", problem=no_problem)
+    with pytest.raises(RuntimeError, match="no expert"):
+        mt.prepare_datasets(mt.Config(plans=plans))
+    assert not target.exists()
+    cfg = mt.Config(plans=mt.parse_mix("rl-reach:2", problem=no_problem)[0])
+    mt.prepare_datasets(cfg)  # no sft-pick: nothing recorded
+    assert cfg.datasets == {}
