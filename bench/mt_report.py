@@ -246,6 +246,35 @@ def seed_runs(report: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
     return [(e["seed"], report["runs"] if k == 0 else e["runs"]) for k, e in enumerate(seeds) if e.get("runs")]
 
 
+def seed_entries(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every seed of a compare report as ``{"seed", "runs", "comparison", "refused"}`` (a file
+    from before ``seeds`` existed: one seed, its config's)."""
+    runs = dict(seed_runs(report))
+    seeds = report.get("seeds") or [{"seed": seed_runs(report)[0][0], "comparison": report.get("comparison"),
+                                     "refused": report.get("refused", [])}]
+    return [{"seed": e["seed"], "runs": runs.get(e["seed"]), "comparison": e.get("comparison"),
+             "refused": e.get("refused", [])} for e in seeds]
+
+
+def merge_compare(reports: list[dict[str, Any]], sources: list[str]) -> dict[str, Any]:
+    """Compare reports of the same mix run in separate invocations (e.g. one seed each) as one
+    report of all their seeds, in the single-invocation layout. Raises ValueError when the
+    mixes differ or a seed repeats."""
+    plans = [[(p["name"], p["kind"], p["budget"]) for p in (r.get("config") or {}).get("plans", [])] for r in reports]
+    if any(pl != plans[0] for pl in plans):
+        raise ValueError(f"the files' tenant mixes differ: {plans}")
+    entries = [e for r in reports for e in seed_entries(r)]
+    seeds = [e["seed"] for e in entries]
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"a seed repeats across the files: {seeds}")
+    first = entries[0]
+    return {"kind": "compare", "config": reports[0]["config"], "configs": [r["config"] for r in reports],
+            "runs": first["runs"], "comparison": first["comparison"],
+            "refused": list(first["refused"]) + [f"seed {e['seed']}: {x}" for e in entries[1:] for x in e["refused"]],
+            "seeds": [{**{k: v for k, v in first.items() if k != "runs"}, "runs": "top-level runs"}, *entries[1:]],
+            "summary": summarize(entries), "merged_from": list(sources)}
+
+
 # -- text --------------------------------------------------------------------------------------
 def _f(x: Any, fmt: str = "{:.2f}") -> str:
     return "-" if x is None else fmt.format(x)

@@ -64,8 +64,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from bench.chaos import ROOT, Deployment, Poll, _example
-from bench.mt_report import (compare, failures, planned_tenants, plot, plot_scaling, scaling, scaling_table,
-                              summarize, summary_table, table)
+from bench.mt_report import (compare, failures, merge_compare, planned_tenants, plot, plot_scaling, scaling,
+                              scaling_table, summarize, summary_table, table)
 
 RESULTS = ROOT / "bench" / "results"
 TERMINAL = ("completed", "failed", "cancelled")
@@ -815,15 +815,27 @@ def prepare_datasets(cfg: Config) -> None:
 
 def replot(paths: list[Path], out: Path | None = None) -> int:
     """The PNG and table again from saved JSON. Several scaling files (counts run in separate
-    invocations) merge into one curve, written to ``out``."""
+    invocations) merge into one curve, several compare files of one mix (seeds run in separate
+    invocations) into one report with the summary across their seeds; written to ``out``."""
     reports = [json.loads(p.read_text()) for p in paths]
     if len(reports) > 1:
-        if any(r.get("kind") != "scaling" for r in reports):
-            print("error: --replot: only scaling files (--scaling runs) can be merged", file=sys.stderr)
+        kinds = {r.get("kind") for r in reports}
+        if len(kinds) != 1 or kinds - {"scaling", "compare"}:
+            print("error: --replot: only files of one kind can be merged: scaling files (--scaling runs), or "
+                  "compare files of the same mix (e.g. one seed each)", file=sys.stderr)
             return 2
         if out is None or out.suffix != ".json":
             print("error: --out: merging several files needs --out FILE.json", file=sys.stderr)
             return 2
+    if len(reports) > 1 and reports[0].get("kind") == "compare":
+        try:
+            merged = merge_compare(reports, [str(p) for p in paths])
+        except ValueError as exc:
+            print(f"error: --replot: {exc}", file=sys.stderr)
+            return 2
+        _write(merged, out)
+        reports, paths = [merged], [out]
+    elif len(reports) > 1:
         runs = [run for r in reports for run in r["runs"]]
         good = {run["name"] for run in runs if not failures([run])}
         # A count that failed in one invocation and ran clean in another: the clean run counts.

@@ -379,3 +379,34 @@ def test_pick_recording_that_fails_leaves_nothing_behind(tmp_path, monkeypatch):
     cfg = mt.Config(plans=mt.parse_mix("rl-reach:2", problem=no_problem)[0])
     mt.prepare_datasets(cfg)  # no sft-pick: nothing recorded
     assert cfg.datasets == {}
+
+
+def test_replot_merges_compare_files_of_one_mix_into_a_summary_across_seeds(tmp_path, capsys):
+    plans = [{"name": "a", "kind": "rl-reach", "budget": 40}, {"name": "b", "kind": "sft-pick", "budget": 40}]
+
+    def report(seed, *results):
+        e = _seed_entry(seed, *results)
+        return {"kind": "compare", "config": {"seed": seed, "plans": plans}, "runs": e["runs"],
+                "comparison": e["comparison"], "refused": [],
+                "seeds": [{"seed": seed, "comparison": e["comparison"], "refused": [], "runs": "top-level runs"}]}
+
+    a, b, old = tmp_path / "s1.json", tmp_path / "s2.json", tmp_path / "old.json"
+    a.write_text(json.dumps(report(1, 0.9, 1.0, 1.0, 0.7)))
+    b.write_text(json.dumps(report(2, 0.96, 0.9, 0.8, 0.9)))
+    out = tmp_path / "both.json"
+    assert mt.replot([a, b], out) == 0
+    merged = json.loads(out.read_text())
+    assert merged["summary"]["compared_seeds"] == [1, 2] and merged["merged_from"] == [str(a), str(b)]
+    assert merged["summary"]["tenants"]["a"]["shared_mean"] == pytest.approx(93.0)
+    assert merged["seeds"][0]["runs"] == "top-level runs" and merged["seeds"][1]["runs"]["shared"]["name"] == "shared"
+    assert "across seeds 1, 2" in capsys.readouterr().out and (tmp_path / "both.png").stat().st_size > 1000
+    assert mt.replot([a, a], out) == 2 and "a seed repeats" in capsys.readouterr().err
+    # a file from before --seeds (no "seeds" key): one seed, its config's
+    legacy = report(3, 0.5, 0.5, 0.5, 0.5)
+    del legacy["seeds"]
+    old.write_text(json.dumps(legacy))
+    assert mt.replot([a, old], out) == 0 and json.loads(out.read_text())["summary"]["compared_seeds"] == [1, 3]
+    other = report(4, 0.5, 0.5, 0.5, 0.5)
+    other["config"]["plans"] = plans[:1]
+    b.write_text(json.dumps(other))
+    assert mt.replot([a, b], out) == 2 and "mixes differ" in capsys.readouterr().err
