@@ -390,8 +390,8 @@ def plot(report: dict[str, Any], path: Path, bin_s: float = 2.0) -> Path:
     shared = report["runs"]["shared"]
     alone = report["runs"]["alone"]
     tenants = list(shared["tenants"]) if shared else []
-    fig = plt.figure(figsize=(9, 10))
-    grid = fig.add_gridspec(3, 2, height_ratios=[1, 1, 1.6])
+    fig = plt.figure(figsize=(10, 11))
+    grid = fig.add_gridspec(3, 2, height_ratios=[1, 1, 2.0])
     axes = [fig.add_subplot(grid[0, :]), fig.add_subplot(grid[1, :])]
     for ax, svc in zip(axes, SERVICES):
         if shared:
@@ -471,7 +471,8 @@ def learning_curves(ax: Any, report: dict[str, Any]) -> None:
         h2, l2 = ax_loss.get_legend_handles_labels()
         handles, labels = handles + h2, labels + l2
     if handles:
-        ax.legend(handles, labels, fontsize=6, loc="center right", ncol=2)
+        # Below the axis: the curves cover the whole plot area.
+        ax.legend(handles, labels, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=4)
 
 
 def plot_scaling(rows: list[dict[str, Any]], runs: list[dict[str, Any]], path: Path, bin_s: float = 2.0) -> Path:
