@@ -660,18 +660,22 @@ def _write(report: dict[str, Any], out: Path) -> None:
     out.write_text(json.dumps(report, indent=1, default=str))
 
 
-def compare_seed(cfg: Config, seed: int) -> dict[str, Any]:
-    """One seed: the shared run, then each tenant alone (stops at the first failed run)."""
+def compare_seed(cfg: Config, seed: int, saved: Callable[[dict[str, Any]], None] = lambda entry: None
+                 ) -> dict[str, Any]:
+    """One seed: the shared run, then each tenant alone (stops at the first failed run);
+    ``saved`` gets the seed's entry after each run (to put it on disk)."""
     entry: dict[str, Any] = {"seed": seed, "runs": {"shared": None, "alone": []}, "comparison": None, "refused": []}
     n = len(cfg.plans)
     tag = f" s{seed}" if len(cfg.run_seeds) > 1 else ""
     shared = one_run("shared" + tag, cfg.plans, cfg, n, seed)
     entry["runs"]["shared"] = shared
+    saved(entry)
     if not failures([shared]):
         for p in cfg.plans:
             # Same settings as the shared run: only the number of tenants differs.
             r = one_run(f"alone:{p.name}" + tag, [p], cfg, n, seed)
             entry["runs"]["alone"].append(r)
+            saved(entry)
             if failures([r]):
                 break
     try:
@@ -684,30 +688,45 @@ def compare_seed(cfg: Config, seed: int) -> dict[str, Any]:
     return entry
 
 
-def run_compare(cfg: Config) -> tuple[int, dict[str, Any]]:
-    """Every seed a full shared + alone pair. The first seed's runs, comparison and refusals stay
+def assemble(cfg: Config, entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """The compare report of these seeds. The first seed's runs, comparison and refusals stay
     at the top level (the single-seed layout other code reads); ``seeds`` lists every seed (the
     first one's runs are not repeated there), ``summary`` the per-tenant means across seeds."""
     report: dict[str, Any] = {"kind": "compare", "config": _config_json(cfg),
                               "runs": {"shared": None, "alone": []}, "comparison": None, "refused": [],
-                              "seeds": [], "summary": None}
-    entries = []
-    for k, seed in enumerate(cfg.run_seeds):
-        entry = compare_seed(cfg, seed)
-        entries.append(entry)
+                              "seeds": [], "summary": summarize(entries)}
+    for k, entry in enumerate(entries):
         if k == 0:
             report.update(runs=entry["runs"], comparison=entry["comparison"], refused=list(entry["refused"]))
             report["seeds"].append({**{key: v for key, v in entry.items() if key != "runs"}, "runs": "top-level runs"})
         else:
             report["seeds"].append(entry)
-            report["refused"] += [f"seed {seed}: {r}" for r in entry["refused"]]
-        report["summary"] = summarize(entries)
-        _write(report, cfg.out)  # each seed on disk as soon as it is done
+            report["refused"] += [f"seed {entry['seed']}: {r}" for r in entry["refused"]]
+    return report
+
+
+def run_compare(cfg: Config) -> tuple[int, dict[str, Any]]:
+    """Every seed a full shared + alone pair (`assemble` says where each lands in the JSON).
+    The JSON is rewritten after every run, so an invocation stopped half-way keeps the runs
+    it finished (the unfinished seed marked incomplete)."""
+    entries: list[dict[str, Any]] = []
+    runs_per_seed = 1 + len(cfg.plans)
+
+    def saved(entry: dict[str, Any]) -> None:
+        done = (entry["runs"]["shared"] is not None) + len(entry["runs"]["alone"])
+        partial = {**entry, "refused": [f"incomplete: {done} of {runs_per_seed} runs done (the invocation was "
+                                        "still running, or was stopped)"]}
+        _write(assemble(cfg, [*entries, partial]), cfg.out)
+
+    for seed in cfg.run_seeds:
+        entry = compare_seed(cfg, seed, saved)
+        entries.append(entry)
         if entry["comparison"] is None:
-            rest = cfg.run_seeds[k + 1:]
-            if rest:
-                report["refused"].append(f"not run (seed {seed} failed): seeds {rest}")
             break
+    report = assemble(cfg, entries)
+    rest = cfg.run_seeds[len(entries):]
+    if rest:
+        report["refused"].append(f"not run (seed {entries[-1]['seed']} failed): seeds {rest}")
     _write(report, cfg.out)
     png = _plotted(plot, report, cfg.out)
     if report["comparison"] is not None:
@@ -979,7 +998,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         for dep in list(LIVE):  # a deployment whose own finally was cut short
             dep.cleanup()
-        print("[multitenant] interrupted; every deployment it started was stopped", file=sys.stderr)
+        print(f"[multitenant] interrupted; every deployment it started was stopped; the runs it finished are in "
+              f"{cfg.out}", file=sys.stderr)
         return 130
     return code
 

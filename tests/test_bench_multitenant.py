@@ -410,3 +410,43 @@ def test_replot_merges_compare_files_of_one_mix_into_a_summary_across_seeds(tmp_
     other["config"]["plans"] = plans[:1]
     b.write_text(json.dumps(other))
     assert mt.replot([a, b], out) == 2 and "mixes differ" in capsys.readouterr().err
+
+
+def test_run_compare_over_seeds_writes_every_run_as_it_finishes(tmp_path, monkeypatch):
+    """The seeds loop without a deployment (one_run faked): the JSON after each run, the summary
+    at the end; an invocation stopped half-way keeps what it finished."""
+    results = {("shared", 1): {"a": 0.9, "b": 1.0}, ("alone", 1): {"a": 1.0, "b": 0.9},
+               ("shared", 2): {"a": 0.8, "b": 1.0}, ("alone", 2): {"a": 0.9, "b": 1.0}}
+    calls = []
+
+    def fake_run(name, plans, cfg, n, seed=None):
+        side = "shared" if name.startswith("shared") else "alone"
+        calls.append((name, seed))
+        if len(calls) == stop_at:
+            on_disk.append(json.loads(cfg.out.read_text()))
+            raise KeyboardInterrupt
+        tenants = {p.name: _tenant(p.kind, p.task, results[(side, seed)][p.name]) for p in plans}
+        return _run(name, tenants, held=100.0 if side == "shared" else 80.0, busy={"trainer": 40.0, "inferencer": 20.0})
+
+    monkeypatch.setattr(mt, "one_run", fake_run)
+    plans = [mt.TenantPlan("a", "rl-reach", 4), mt.TenantPlan("b", "sft-reach", 8)]
+    cfg = mt.Config(plans=plans, seeds=[1, 2], out=tmp_path / "mt.json")
+    stop_at, on_disk = 0, []
+    code, report = mt.run_compare(cfg)
+    assert code == 0 and [c[1] for c in calls] == [1, 1, 1, 2, 2, 2]
+    assert [c[0] for c in calls[:3]] == ["shared s1", "alone:a s1", "alone:b s1"]
+    saved = json.loads(cfg.out.read_text())
+    assert saved["runs"]["shared"]["name"] == "shared s1" and saved["comparison"]["tenants"]["a"]["delta_points"] == pytest.approx(-10)
+    assert [e["seed"] for e in saved["seeds"]] == [1, 2] and saved["seeds"][1]["runs"]["shared"]["name"] == "shared s2"
+    assert saved["summary"]["tenants"]["a"]["shared_mean"] == pytest.approx(85.0) and saved["refused"] == []
+    assert saved["summary"]["efficiency"]["per_seed"]["2"]["total"] == pytest.approx(160 / 100)
+    # stopped during seed 2's second run: seed 1 complete on disk, seed 2's shared run kept, marked incomplete
+    calls.clear()
+    stop_at = 5
+    with pytest.raises(KeyboardInterrupt):
+        mt.run_compare(cfg)
+    partial = on_disk[0]
+    assert partial["comparison"] is not None and partial["seeds"][1]["runs"]["shared"]["name"] == "shared s2"
+    assert partial["seeds"][1]["refused"] == ["incomplete: 1 of 3 runs done (the invocation was still running, "
+                                              "or was stopped)"]
+    assert partial["summary"]["compared_seeds"] == [1]
