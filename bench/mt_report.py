@@ -194,6 +194,87 @@ def scaling(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+def _mean(values: list[float]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
+def summarize(entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """Across seeds (each ``{"seed", "comparison", ...}``, a comparison None where a run of that
+    seed failed): per tenant its result (points) shared and alone per seed, their means, the
+    difference of the means and whether it is within ``TARGETS["learning_points"]``; the
+    efficiency (total and from ready) per seed and its mean. Only compared seeds count."""
+    done = [e for e in entries if e.get("comparison")]
+    eff = {str(e["seed"]): {"total": e["comparison"]["device_s"]["efficiency"],
+                            "ready": e["comparison"]["device_s"]["efficiency_ready"]} for e in done}
+    tenants: dict[str, dict[str, Any]] = {}
+    for e in done:
+        for name, t in e["comparison"]["tenants"].items():
+            row = tenants.setdefault(name, {"kind": t.get("kind"), "task": t.get("task"), "shared": {}, "alone": {},
+                                            "loss_shared": {}, "loss_alone": {}})
+            for side in ("shared", "alone"):
+                v = learning_value(t[side])
+                if v is not None:
+                    row[side][str(e["seed"])] = v
+                if t[side].get("loss") is not None:
+                    row["loss_" + side][str(e["seed"])] = float(t[side]["loss"])
+    limit = TARGETS["learning_points"]
+    for row in tenants.values():
+        ma, mb = _mean(list(row["shared"].values())), _mean(list(row["alone"].values()))
+        row.update(shared_mean=ma, alone_mean=mb, delta_points=None if ma is None or mb is None else ma - mb)
+        row["within_target"] = None if row["delta_points"] is None else abs(row["delta_points"]) <= limit
+    mean_total = _mean([v["total"] for v in eff.values() if v["total"] is not None])
+    mean_ready = _mean([v["ready"] for v in eff.values() if v["ready"] is not None])
+    verdicts = [r["within_target"] for r in tenants.values()]
+    return {"seeds": [e["seed"] for e in entries], "compared_seeds": [e["seed"] for e in done],
+            "efficiency": {"per_seed": eff, "mean": {"total": mean_total, "ready": mean_ready}},
+            "tenants": tenants,
+            "targets": {
+                "efficiency_ready": {"value": mean_ready, "target": TARGETS["efficiency"],
+                                     "met": mean_ready is not None and mean_ready >= TARGETS["efficiency"]},
+                "learning_points": {"value": max((abs(r["delta_points"]) for r in tenants.values()
+                                                  if r["delta_points"] is not None), default=None),
+                                    "target": limit, "met": bool(verdicts) and all(v is True for v in verdicts)}}}
+
+
+def seed_runs(report: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
+    """(seed, runs) of every seed in a compare report; a file from before ``seeds`` existed is
+    one seed (its config's)."""
+    seed0 = (report.get("config") or {}).get("seed", 0) if isinstance(report.get("config"), dict) else 0
+    seeds = report.get("seeds") or []
+    if not seeds:
+        return [(seed0, report["runs"])]
+    return [(e["seed"], report["runs"] if k == 0 else e["runs"]) for k, e in enumerate(seeds) if e.get("runs")]
+
+
+def seed_entries(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every seed of a compare report as ``{"seed", "runs", "comparison", "refused"}`` (a file
+    from before ``seeds`` existed: one seed, its config's)."""
+    runs = dict(seed_runs(report))
+    seeds = report.get("seeds") or [{"seed": seed_runs(report)[0][0], "comparison": report.get("comparison"),
+                                     "refused": report.get("refused", [])}]
+    return [{"seed": e["seed"], "runs": runs.get(e["seed"]), "comparison": e.get("comparison"),
+             "refused": e.get("refused", [])} for e in seeds]
+
+
+def merge_compare(reports: list[dict[str, Any]], sources: list[str]) -> dict[str, Any]:
+    """Compare reports of the same mix run in separate invocations (e.g. one seed each) as one
+    report of all their seeds, in the single-invocation layout. Raises ValueError when the
+    mixes differ or a seed repeats."""
+    plans = [[(p["name"], p["kind"], p["budget"]) for p in (r.get("config") or {}).get("plans", [])] for r in reports]
+    if any(pl != plans[0] for pl in plans):
+        raise ValueError(f"the files' tenant mixes differ: {plans}")
+    entries = [e for r in reports for e in seed_entries(r)]
+    seeds = [e["seed"] for e in entries]
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"a seed repeats across the files: {seeds}")
+    first = entries[0]
+    return {"kind": "compare", "config": reports[0]["config"], "configs": [r["config"] for r in reports],
+            "runs": first["runs"], "comparison": first["comparison"],
+            "refused": list(first["refused"]) + [f"seed {e['seed']}: {x}" for e in entries[1:] for x in e["refused"]],
+            "seeds": [{**{k: v for k, v in first.items() if k != "runs"}, "runs": "top-level runs"}, *entries[1:]],
+            "summary": summarize(entries), "merged_from": list(sources)}
+
+
 # -- text --------------------------------------------------------------------------------------
 def _f(x: Any, fmt: str = "{:.2f}") -> str:
     return "-" if x is None else fmt.format(x)
@@ -227,6 +308,30 @@ def table(cmp: dict[str, Any]) -> str:
     for name, t in cmp["targets"].items():
         op = "<=" if name == "learning_points" else ">="
         lines.append(f"| {name} | {_f(t['value'])} | {op} {t['target']} | {'yes' if t['met'] else 'NO'} |")
+    return "\n".join(lines)
+
+
+def summary_table(summary: dict[str, Any] | None) -> str:
+    """Per tenant: results shared / alone per seed, their means and the verdict; efficiency."""
+    if not summary:
+        return "no summary (no seed ran)"
+    seeds = [str(s) for s in summary["compared_seeds"]]
+    lines = [f"across seeds {', '.join(seeds) or '(none compared)'} (of {', '.join(map(str, summary['seeds']))}):",
+             "| tenant | kind | " + " | ".join(f"seed {s} shared / alone" for s in seeds)
+             + " | mean shared / alone | delta (points) | within 10 |",
+             "|---|---|" + "---:|" * len(seeds) + "---:|---:|---|"]
+    for name, t in summary["tenants"].items():
+        per = [f"{_f(t['shared'].get(s), '{:.0f}')} / {_f(t['alone'].get(s), '{:.0f}')}" for s in seeds]
+        verdict = "-" if t["within_target"] is None else ("yes" if t["within_target"] else "NO")
+        lines.append(f"| {name} | {t['kind']} | " + " | ".join(per) + f" | {_f(t['shared_mean'], '{:.1f}')} / "
+                     f"{_f(t['alone_mean'], '{:.1f}')} | {_f(t['delta_points'], '{:+.1f}')} | {verdict} |")
+    eff = summary["efficiency"]
+    lines += ["", "efficiency (total / from ready): " + ", ".join(
+        f"seed {s} {_f(v['total'])}x / {_f(v['ready'])}x" for s, v in eff["per_seed"].items())
+        + f"; mean {_f(eff['mean']['total'])}x / {_f(eff['mean']['ready'])}x"]
+    for name, t in summary["targets"].items():
+        op = "<=" if name == "learning_points" else ">="
+        lines.append(f"target {name}: {_f(t['value'])} (needed {op} {t['target']}): {'met' if t['met'] else 'NOT met'}")
     return "\n".join(lines)
 
 
@@ -285,8 +390,8 @@ def plot(report: dict[str, Any], path: Path, bin_s: float = 2.0) -> Path:
     shared = report["runs"]["shared"]
     alone = report["runs"]["alone"]
     tenants = list(shared["tenants"]) if shared else []
-    fig = plt.figure(figsize=(9, 8.5))
-    grid = fig.add_gridspec(3, 2, height_ratios=[1, 1, 1.1])
+    fig = plt.figure(figsize=(10, 11))
+    grid = fig.add_gridspec(3, 2, height_ratios=[1, 1, 2.0])
     axes = [fig.add_subplot(grid[0, :]), fig.add_subplot(grid[1, :])]
     for ax, svc in zip(axes, SERVICES):
         if shared:
@@ -299,31 +404,75 @@ def plot(report: dict[str, Any], path: Path, bin_s: float = 2.0) -> Path:
                     label="isolated, one after another" if i == 0 else None)
             ax.axvline(offset, color="grey", lw=0.4, ls=":")
             offset += float(r.get("wall_s", x[-1] if x else 0.0))
-        ax.set(ylim=(0, 1.05), ylabel="busy fraction", title=f"{svc}: metered busy time per {bin_s:g} s")
+        first = seed_runs(report)[0][0] if len(seed_runs(report)) > 1 else None
+        ax.set(ylim=(0, 1.05), ylabel="busy fraction", title=f"{svc}: metered busy time per {bin_s:g} s"
+               + ("" if first is None else f" (seed {first})"))
         ax.legend(loc="upper right", fontsize=8)
     axes[1].set_xlabel("seconds since the run's `nexus up` (isolated runs back to back)")
-    ax_rl, ax_sft = fig.add_subplot(grid[2, 0]), fig.add_subplot(grid[2, 1])
-    for i, name in enumerate(tenants):
-        for run, style in ((shared, "-"), (next((r for r in alone if name in r["tenants"]), None), "--")):
-            if not run:
-                continue
-            t = run["tenants"][name]
-            curve = t.get("curve") or []
-            if not curve:
-                continue
-            rl = t.get("task") == "rl"
-            # [t, step, episodes, value]; older files have [t, step, value] (then: wall time)
-            x = [c[2] if rl else c[1] for c in curve] if len(curve[0]) == 4 else [c[0] for c in curve]
-            (ax_rl if rl else ax_sft).plot(x, [c[-1] for c in curve], style, color=f"C{i}", marker=".",
-                                            label=f"{name} ({'shared' if run is shared else 'alone'})")
-    old_format = any(len((t.get("curve") or [[0, 0, 0, 0]])[0]) == 3 for t in shared["tenants"].values()) if shared else False
-    ax_rl.set(xlabel="seconds since `nexus up`" if old_format else "episodes", ylabel="success rate (training episodes)",
-              title="RL tenants (solid: shared, dashed: alone)")
-    ax_sft.set(xlabel="seconds since `nexus up`" if old_format else "optimizer steps", ylabel="loss", title="SFT tenants")
-    for ax in (ax_rl, ax_sft):
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=6)
+    learning_curves(fig.add_subplot(grid[2, :]), report)
     return _save(plt, fig, path)
+
+
+def curve_xy(t: dict[str, Any]) -> tuple[list[float], list[float], str]:
+    """A tenant's curve as (fraction of its budget, value, x unit): RL episodes / SFT optimizer
+    steps over the budget (tenants of different budgets on one axis). Older files' curves,
+    [t, step, value], have no work column: x is then wall seconds."""
+    curve = t.get("curve") or []
+    if not curve:
+        return [], [], ""
+    rl = t.get("task") == "rl"
+    if len(curve[0]) < 4:
+        return [c[0] for c in curve], [c[-1] for c in curve], "s"
+    budget = float(t.get("budget") or 0) or max(c[2] if rl else c[1] for c in curve) or 1.0
+    return [(c[2] if rl else c[1]) / budget for c in curve], [c[-1] for c in curve], "budget"
+
+
+def learning_curves(ax: Any, report: dict[str, Any]) -> None:
+    """The reference paper's Fig. 12 view on one axis: every tenant's learning curve, shared
+    (solid) and alone (dashed), one colour per tenant; RL: success rate of the last 50 training
+    episodes (left axis), SFT: training loss (right axis, log). x: the tenant's budget done.
+    Every seed is drawn (later seeds thinner)."""
+    per_seed = seed_runs(report)
+    shared0 = per_seed[0][1].get("shared") if per_seed else None
+    tenants = list(shared0["tenants"]) if shared0 else []
+    ax_loss = None
+    units = set()
+    for k, (seed, runs) in enumerate(per_seed):
+        for i, name in enumerate(tenants):
+            alone = next((r for r in runs.get("alone", []) if name in r.get("tenants", {})), None)
+            for run, style in ((runs.get("shared"), "-"), (alone, "--")):
+                if not run or name not in run.get("tenants", {}):
+                    continue
+                t = run["tenants"][name]
+                x, y, unit = curve_xy(t)
+                if not x:
+                    continue
+                units.add(unit)
+                if t.get("task") == "rl":
+                    target = ax
+                else:
+                    ax_loss = ax_loss or ax.twinx()
+                    target = ax_loss
+                side = "shared" if style == "-" else "alone"
+                label = f"{name} ({side}{', ' + t['task'].upper() + ' loss' if t.get('task') == 'sft' else ''})" if k == 0 else None
+                target.plot(x, y, style, color=f"C{i}", lw=1.6 if k == 0 else 0.8, alpha=1.0 if k == 0 else 0.6,
+                            marker="." if len(x) <= 20 else None, label=label)  # a short curve: its points
+    if units == {"budget"}:
+        ax.set_xlim(0, 1.02)
+    ax.set(ylim=(-0.02, 1.05), ylabel="RL: success rate, last 50 training episodes",
+           xlabel="fraction of the tenant's budget (RL: episodes, SFT: optimizer steps)" if units == {"budget"}
+           else "seconds since `nexus up`",
+           title="per-tenant learning curves (paper's Fig. 12 view): solid shared, dashed alone"
+                 + (f"; seeds {', '.join(str(s) for s, _ in per_seed)}" if len(per_seed) > 1 else ""))
+    handles, labels = ax.get_legend_handles_labels()
+    if ax_loss is not None:
+        ax_loss.set_yscale("log")
+        ax_loss.set_ylabel("SFT: training loss (log)")
+        h2, l2 = ax_loss.get_legend_handles_labels()
+        handles, labels = handles + h2, labels + l2
+    if handles:
+        # Below the axis: the curves cover the whole plot area.
+        ax.legend(handles, labels, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=4)
 
 
 def plot_scaling(rows: list[dict[str, Any]], runs: list[dict[str, Any]], path: Path, bin_s: float = 2.0) -> Path:

@@ -4,14 +4,19 @@
     .venv/bin/python -m bench.multitenant --mix rl-reach:12,sft-reach:32 --out /tmp/mt.json
     .venv/bin/python -m bench.multitenant --scaling 1,2,4,8,16                       # shared side only
     .venv/bin/python -m bench.multitenant --replot bench/results/multitenant.json    # figures from a JSON
+    NEXUS_SIM_TIMEOUT_S=600 .venv/bin/python -m bench.multitenant --seeds 1,2 \
+        --mix rl-reach:1300,rl-reach-easy:600,rl-reach-top:1300,sft-pick:3000 \
+        --rl-steps-per-update 512 --rl-parallel-envs 8 --rl-epochs 2 --pick-dataset DIR   # with learning
     python3 -m bench.multitenant --base qwen3-vl-4b --fast ...                       # on a GPU (docs/results.md)
 
 What it does (issue 14, items 3-6):
   1. The tenant mix (``--mix``): each entry ``KIND[:BUDGET]``, KIND one of `TENANT_KINDS`
-     (RL tenants on different tasks / task variants, ``rl-push`` on ManiSkill's PushCube), the
-     budget a fixed amount of work: episodes for an RL tenant, optimizer steps for an SFT one
-     (never wall time). Default 3 RL + 1 SFT, as in the reference system; where ManiSkill
-     cannot run (no package or no Vulkan device), ``rl-push`` becomes ``rl-reach-top`` and the
+     (RL tenants on different tasks / task variants, ``rl-push`` on ManiSkill's PushCube,
+     ``sft-pick``: SFT on ManiSkill's PickCube from the scripted expert's demos, recorded once per
+     invocation with `nexus dataset record` or given with ``--pick-dataset``, published into each
+     deployment that holds it, then an eval workload on held-out seeds), the budget a fixed
+     amount of work: episodes for an RL tenant, optimizer steps for an SFT one (never wall
+     time). Default 3 RL + 1 SFT, as in the reference system; where ManiSkill cannot run (no package or no Vulkan device), ``rl-push`` becomes ``rl-reach-top`` and the
      report says so (``--maniskill on`` makes that an error instead).
   2. (a) **shared**: one ``nexus up`` (a fresh temp data dir, a free port), every tenant
      submitted at once; (b) **alone**: for each tenant, a fresh ``nexus up`` holding only it,
@@ -26,8 +31,13 @@ What it does (issue 14, items 3-6):
      rows, curves from the workload events; then ``nexus down``.
   5. `bench.mt_report.compare`: device time shared vs the sum of the isolated runs
      (efficiency), utilisation per service and its gain, learning deltas, against issue 14's
-     targets; JSON (``--out``), a PNG beside it (busy timelines of both runs, per-tenant curves),
-     and a table on stdout.
+     targets; JSON (``--out``), a PNG beside it (busy timelines of both runs; every tenant's
+     learning curve, shared solid and alone dashed, on one axis: the paper's Fig. 12 view), and
+     a table on stdout.
+  6. ``--seeds 1,2``: steps 2-5 once per seed (each as ``--seed``); the JSON keeps the first
+     seed's runs and comparison where a single-seed file has them, lists every seed under
+     ``seeds`` and adds ``summary`` (`bench.mt_report.summarize`): per tenant the mean result
+     shared vs alone and whether they are within 10 points, efficiency per seed and its mean.
 
 Bad input: the mix, budgets, base and scaling list are checked before anything starts (exit 2,
 one line naming the argument). Every deployment is stopped on the way out, on failure, Ctrl-C
@@ -43,6 +53,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -53,7 +64,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from bench.chaos import ROOT, Deployment, Poll, _example
-from bench.mt_report import compare, failures, planned_tenants, plot, plot_scaling, scaling, scaling_table, table
+from bench.mt_report import (compare, failures, merge_compare, planned_tenants, plot, plot_scaling, scaling,
+                              scaling_table, summarize, summary_table, table)
 
 RESULTS = ROOT / "bench" / "results"
 TERMINAL = ("completed", "failed", "cancelled")
@@ -82,6 +94,9 @@ class Sizes:
     rl_parallel_envs: int = 4
     rl_micro_batch: int = 32
     rl_epochs: int = 1
+    pick_eval_episodes: int = 30  # sft-pick's closing eval on held-out PickCube seeds (30: as docs/results.md)
+    pick_batch: int = 64  # rows per step: what took PickCube SFT to 100 % held-out (docs/results.md)
+    pick_items_per_job: int = 16
 
 
 def _rl(kind: str, env_id: str, options: dict[str, Any], cameras: list[dict[str, Any]] | None = None,
@@ -123,6 +138,51 @@ def _sft(tenant: str, budget: int, base: str, seed: int, sz: Sizes) -> dict[str,
 
 
 _sft.kind, _sft.task, _sft.env_id = "sft-reach", "sft", "builtin/reach-v0"  # type: ignore[attr-defined]
+
+# sft-pick: SFT on ManiSkill3 PickCube-v1 from the scripted expert's demos (a LeRobot dataset,
+# recorded once per invocation or given with --pick-dataset, published into every deployment that
+# holds the tenant), then a read-only eval workload of its final export on held-out seeds: a
+# dataset SFT cannot carry a closing eval (a spec has a dataset or an env, not both), so the
+# runner submits the eval once the SFT completed; the tenant's result is that eval's success.
+PICK_SFT, PICK_EVAL = "sft_maniskill_pickcube.yaml", "eval_maniskill_pickcube.yaml"
+PICK_DATASET_NAME = "pickcube-demos"  # its name under <data dir>/datasets/published/
+PICK_DEMO_SEED, PICK_DEMO_NOISE = 0, 0.1  # as docs/results.md's PickCube runs (DART noise 0.1)
+PICK_EVAL_SEED = 100_000  # held-out: demo attempt i resets with PICK_DEMO_SEED + i, far below this
+PICK_DEMOS = 150
+
+
+def pick_published(data_dir: Path) -> Path:
+    return data_dir / "datasets" / "published" / PICK_DATASET_NAME
+
+
+def _sft_pick(tenant: str, budget: int, base: str, seed: int, sz: Sizes, data_dir: Path | None = None) -> dict[str, Any]:
+    sft = _example(PICK_SFT)
+    sft.update(tenant=tenant, base=base, seed=seed)
+    if data_dir is not None:  # None: a spec to check (the example's placeholder root)
+        sft["dataset"]["root"] = str(pick_published(data_dir))
+    sft["algorithm"].update(steps=budget, batch_size=sz.pick_batch, items_per_job=min(sz.pick_items_per_job, budget),
+                            warmup_steps=min(sft["algorithm"]["warmup_steps"], budget // 10))
+    sft["schedule"]["budget"] = {}  # the steps are the budget (never wall time)
+    sft["outputs"] = {"export_every_steps": min(sft["outputs"]["export_every_steps"], budget)}  # the last job exports
+    return sft
+
+
+def _pick_eval(tenant: str, sz: Sizes) -> dict[str, Any]:
+    ev = _example(PICK_EVAL)
+    ev["tenant"] = tenant
+    ev["eval"].update(version="latest", episodes=sz.pick_eval_episodes, seed=PICK_EVAL_SEED)
+    return ev
+
+
+def pick_env() -> tuple[str, dict[str, Any]]:
+    """The env id and options the eval (and so the demos) use."""
+    ev = _example(PICK_EVAL)
+    return ev["env"]["id"], dict(ev["env"]["options"])
+
+
+_sft_pick.kind, _sft_pick.task, _sft_pick.env_id = "sft-pick", "sft", "maniskill/PickCube-v1"  # type: ignore[attr-defined]
+_sft_pick.dataset = PICK_DATASET_NAME  # type: ignore[attr-defined]
+_sft_pick.followup = _pick_eval  # type: ignore[attr-defined]
 _CAM64 = {"height": 64, "width": 64}
 TENANT_KINDS: dict[str, Callable[..., dict[str, Any]]] = {
     "rl-reach": _rl("rl-reach", "builtin/reach-v0", {"cameras": ["top", "wrist"], "image_size": 64, "reward": "dense"}),
@@ -139,9 +199,10 @@ TENANT_KINDS: dict[str, Callable[..., dict[str, Any]]] = {
                    {"obs_mode": "rgb", "image_size": 64, "control_mode": "pd_joint_delta_pos"},
                    cameras=[{"name": "base_camera", **_CAM64}], state_dim=25, action_dim=8),
     "sft-reach": _sft,
+    "sft-pick": _sft_pick,
 }
 DEFAULT_MIX = "rl-reach:8,rl-reach-easy:8,rl-push:4,sft-reach:32"
-DEFAULT_BUDGET = {"rl": 16, "sft": 48}
+DEFAULT_BUDGET = {"rl": 16, "sft": 48}  # sft-pick learns at ~3,000 (docs/results.md)
 MANISKILL_STANDIN = "rl-reach-top"
 DEFAULT_SCALING_KINDS = "rl-reach:8,sft-reach:24"
 
@@ -156,8 +217,20 @@ class TenantPlan:
     def task(self) -> str:
         return TENANT_KINDS[self.kind].task  # type: ignore[attr-defined]
 
-    def spec(self, base: str, seed: int, sizes: Sizes) -> dict[str, Any]:
-        return TENANT_KINDS[self.kind](self.name, self.budget, base, seed, sizes)
+    @property
+    def dataset(self) -> str | None:
+        """The published dataset this tenant trains from (None: none)."""
+        return getattr(TENANT_KINDS[self.kind], "dataset", None)
+
+    def spec(self, base: str, seed: int, sizes: Sizes, data_dir: Path | None = None) -> dict[str, Any]:
+        build = TENANT_KINDS[self.kind]
+        extra = {"data_dir": data_dir} if self.dataset else {}
+        return build(self.name, self.budget, base, seed, sizes, **extra)
+
+    def followup(self, sizes: Sizes) -> dict[str, Any] | None:
+        """The workload submitted once this tenant's first completed (its closing eval), if any."""
+        build = getattr(TENANT_KINDS[self.kind], "followup", None)
+        return None if build is None else build(self.name, sizes)
 
 
 class BadArgument(ValueError):
@@ -177,9 +250,11 @@ def maniskill_problem() -> str | None:
     return None
 
 
-def parse_mix(text: str, maniskill: str = "auto", problem: Callable[[], str | None] = maniskill_problem
+def parse_mix(text: str, maniskill: str = "auto", problem: Callable[[], str | None] | None = None
               ) -> tuple[list[TenantPlan], list[str]]:
-    """``KIND[:BUDGET],...`` -> tenant plans (names unique: ``mt-<i>-<kind>``) and notes."""
+    """``KIND[:BUDGET],...`` -> tenant plans (names unique: ``mt-<i>-<kind>``) and notes.
+    ``problem``: why ManiSkill cannot run (default `maniskill_problem`, looked up at call time)."""
+    problem = problem or maniskill_problem
     if maniskill not in ("auto", "on", "off"):
         raise BadArgument(f"--maniskill: {maniskill!r}; allowed: auto, on, off")
     entries = [e.strip() for e in (text or "").split(",")]
@@ -207,6 +282,14 @@ def parse_mix(text: str, maniskill: str = "auto", problem: Callable[[], str | No
         if not 1 <= budget <= MAX_BUDGET:
             raise BadArgument(f"--mix entry {i + 1} {entry!r}: budget {budget} is outside 1..{MAX_BUDGET} "
                               f"({'episodes' if task == 'rl' else 'optimizer steps'})")
+        if kind == "sft-pick":
+            # No stand-in: the SFT trains on PickCube demos and is scored in PickCube.
+            if maniskill == "off":
+                raise BadArgument(f"--mix entry {i + 1} {entry!r}: sft-pick needs ManiSkill (--maniskill off)")
+            why_not = why_not if why_not is not None else (problem() or "")
+            if why_not:
+                raise BadArgument(f"--mix entry {i + 1} {entry!r}: sft-pick needs ManiSkill, which cannot run "
+                                  f"here: {why_not}")
         if kind == "rl-push":
             if maniskill == "off":
                 kind = MANISKILL_STANDIN
@@ -299,11 +382,14 @@ def _busy(info: Any) -> float | None:
 
 
 class Runner:
-    def __init__(self, name: str, plans: list[TenantPlan], cfg: "Config", dep: MtDeployment) -> None:
+    def __init__(self, name: str, plans: list[TenantPlan], cfg: "Config", dep: MtDeployment, seed: int | None = None) -> None:
         self.rec = RunRecord(name=name, settings=dict(dep.settings))
         self.plans, self.cfg, self.dep = plans, cfg, dep
+        self.seed = cfg.seed if seed is None else seed
         self.t0 = 0.0
         self.pids: dict[str, int] = {}
+        self.first: dict[str, str] = {}  # tenant -> its first workload (the one that trains)
+        self.followed: dict[str, str] = {}  # tenant -> its follow-up workload (a closing eval), once submitted
 
     def log(self, text: str) -> None:
         print(f"[multitenant {self.rec.name}] {text}", flush=True)
@@ -330,10 +416,12 @@ class Runner:
         await client.connect()
         try:
             await self._watch_sync(client)
+            await self._publish()
             ids = {}
             for i, p in enumerate(self.plans):
-                spec = p.spec(self.cfg.base, seed=1 + i + self.cfg.seed, sizes=self.cfg.sizes)
+                spec = p.spec(self.cfg.base, seed=1 + i + self.seed, sizes=self.cfg.sizes, data_dir=self.dep.data_dir)
                 ids[p.name] = (await client.submit(spec)).id
+            self.first = dict(ids)
             self.log(f"submitted {len(ids)} workloads")
             records = await self._sample_until_done(client, ids)
             end_at = time.time()
@@ -366,6 +454,20 @@ class Runner:
         finally:
             await client.close()
         return self.rec
+
+    async def _publish(self) -> None:
+        """`nexus dataset publish` of each dataset a tenant of this run trains from (its time
+        counts: the deployment is up and held while it copies)."""
+        for name in sorted({p.dataset for p in self.plans if p.dataset}):
+            root = self.cfg.datasets.get(name)
+            if root is None:
+                raise RuntimeError(f"dataset {name!r}: none prepared (a bench bug: prepare_datasets runs first)")
+            t = time.time()
+            res = await asyncio.to_thread(self.dep.nexus, "dataset", "publish", str(root), name, "--data-dir",
+                                          str(self.dep.data_dir), "--overwrite", timeout=600)
+            if res.returncode != 0:
+                raise RuntimeError(f"`nexus dataset publish {root} {name}` failed: {(res.stderr or res.stdout)[-1000:]}")
+            self.log(f"published {name} in {time.time() - t:.1f} s")
 
     async def _info(self, client: Any, role: str) -> Any:
         """The role's info, retried on an internal error; when no instance answers, say
@@ -429,6 +531,16 @@ class Runner:
                     self.rec.timeline[role].append([now - self.t0, busy])
             for name, wid in ids.items():
                 records[name] = await client.workload(wid)
+            for p in self.plans:
+                # A tenant's closing eval goes in once its training completed (not on a failure:
+                # the run is refused anyway); the tenant is done when that one is.
+                if p.name not in self.followed and records[p.name].state == "completed":
+                    follow = p.followup(self.cfg.sizes)
+                    if follow is not None:
+                        trained = records[p.name]
+                        ids[p.name] = self.followed[p.name] = (await client.submit(follow)).id
+                        records[p.name] = await client.workload(ids[p.name])
+                        self.log(f"{p.name}: trained to v{trained.step}; its eval submitted")
             if all(r.state in TERMINAL for r in records.values()):
                 return records
             if now - last_note > 15:
@@ -445,23 +557,38 @@ class Runner:
         from sdk.report import workload_events, workload_usage
 
         for p in self.plans:
-            rec, wid = records[p.name], ids[p.name]
-            usage = await workload_usage(client, wid)
+            wid = self.first.get(p.name, ids[p.name])
+            rec = records[p.name] if wid == ids[p.name] else await client.workload(wid)  # the training workload
+            ev_rec = records[p.name] if p.name in self.followed else None  # its closing eval workload, if any
+            usages = [await workload_usage(client, w) for w in (wid, self.followed.get(p.name)) if w]
             m = rec.metrics or {}
-            success = m.get("eval_success_rate") if p.task == "sft" else m.get("success_rate")
+            if ev_rec is not None:
+                success = (ev_rec.metrics or {}).get("success_rate", (ev_rec.metrics or {}).get("eval_success_rate"))
+            else:
+                success = m.get("eval_success_rate") if p.task == "sft" else m.get("success_rate")
             curve = []
             for ev in await workload_events(client, wid):
                 value = (ev.metrics or {}).get("loss" if p.task == "sft" else "success_rate")
                 if ev.kind == "progress" and value is not None:
                     curve.append([ev.at - self.t0, float(ev.step), float(ev.episodes), float(value)])
+            state, message = rec.state, rec.message
+            if p.followup(self.cfg.sizes) is not None:
+                # Both workloads must complete; a tenant whose eval never went in did not.
+                state = ev_rec.state if ev_rec is not None and rec.state == "completed" else (
+                    rec.state if rec.state != "completed" else "no eval")
+                message = f"train: {rec.message}; eval: {ev_rec.message if ev_rec is not None else 'not submitted'}"
             self.rec.tenants[p.name] = {
-                "kind": p.kind, "task": p.task, "budget": p.budget, "workload": wid, "state": rec.state,
-                "message": rec.message, "version": rec.step, "episodes": rec.episodes,
+                "kind": p.kind, "task": p.task, "budget": p.budget, "workload": wid, "state": state,
+                "message": message, "version": rec.step, "episodes": rec.episodes if ev_rec is None else ev_rec.episodes,
                 "success": None if success is None else float(success),
                 "loss": None if m.get("loss") is None else float(m["loss"]),
-                "train_rows": usage.get("train_rows", 0), "infer_rows": usage.get("infer_rows", 0),
-                "train_device_s": usage.get("train_device_s", 0.0), "infer_device_s": usage.get("infer_device_s", 0.0),
+                "train_rows": sum(u.get("train_rows", 0) for u in usages),
+                "infer_rows": sum(u.get("infer_rows", 0) for u in usages),
+                "train_device_s": sum(u.get("train_device_s", 0.0) for u in usages),
+                "infer_device_s": sum(u.get("infer_device_s", 0.0) for u in usages),
                 "curve": curve}
+            if ev_rec is not None:
+                self.rec.tenants[p.name]["eval_workload"] = self.followed[p.name]
 
 
 # -- the experiment -----------------------------------------------------------------------------
@@ -483,6 +610,15 @@ class Config:
     # slots' memory while a step thread runs (a race: docs/results.md), so fewer polls = less
     # exposure, at a coarser busy timeline.
     poll_s: float = POLL.every_s
+    seeds: list[int] = field(default_factory=list)  # each a full shared + alone pair; [] = [seed]
+    pick_dataset: Path | None = None  # --pick-dataset: a recorded PickCube dataset (None: record one)
+    pick_demos: int = PICK_DEMOS  # episodes to record when there is none
+    datasets: dict[str, Path] = field(default_factory=dict)  # published name -> recorded root (prepare_datasets)
+    dataset_facts: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> episodes, frames, how recorded
+
+    @property
+    def run_seeds(self) -> list[int]:
+        return self.seeds or [self.seed]
 
     def settings(self, n_tenants: int) -> dict[str, str]:
         """The deployment's settings: the same for the shared and every isolated run, except
@@ -500,18 +636,17 @@ class Config:
 LIVE: list[MtDeployment] = []
 
 
-def one_run(name: str, plans: list[TenantPlan], cfg: Config, n_for_settings: int) -> dict[str, Any]:
+def one_run(name: str, plans: list[TenantPlan], cfg: Config, n_for_settings: int, seed: int | None = None
+            ) -> dict[str, Any]:
     data_dir = Path(tempfile.mkdtemp(prefix=f"nexus-mt-{name.replace(':', '-')}-")).resolve()
     dep = MtDeployment(data_dir, cfg.settings(n_for_settings))
     LIVE.append(dep)
     try:
-        rec = asyncio.run(Runner(name, plans, cfg, dep).run())
+        rec = asyncio.run(Runner(name, plans, cfg, dep, seed=seed).run())
     finally:
         notes = dep.cleanup()
         LIVE.remove(dep)
         if not cfg.keep_data:
-            import shutil
-
             shutil.rmtree(data_dir, ignore_errors=True)
     out = asdict(rec)
     out["cleanup"] = notes
@@ -525,35 +660,85 @@ def _write(report: dict[str, Any], out: Path) -> None:
     out.write_text(json.dumps(report, indent=1, default=str))
 
 
-def run_compare(cfg: Config) -> tuple[int, dict[str, Any]]:
-    report: dict[str, Any] = {"kind": "compare", "config": _config_json(cfg),
-                              "runs": {"shared": None, "alone": []}, "comparison": None, "refused": []}
+def compare_seed(cfg: Config, seed: int, saved: Callable[[dict[str, Any]], None] = lambda entry: None
+                 ) -> dict[str, Any]:
+    """One seed: the shared run, then each tenant alone (stops at the first failed run);
+    ``saved`` gets the seed's entry after each run (to put it on disk)."""
+    entry: dict[str, Any] = {"seed": seed, "runs": {"shared": None, "alone": []}, "comparison": None, "refused": []}
     n = len(cfg.plans)
-    shared = one_run("shared", cfg.plans, cfg, n)
-    report["runs"]["shared"] = shared
+    tag = f" s{seed}" if len(cfg.run_seeds) > 1 else ""
+    shared = one_run("shared" + tag, cfg.plans, cfg, n, seed)
+    entry["runs"]["shared"] = shared
+    saved(entry)
     if not failures([shared]):
         for p in cfg.plans:
             # Same settings as the shared run: only the number of tenants differs.
-            r = one_run(f"alone:{p.name}", [p], cfg, n)
-            report["runs"]["alone"].append(r)
+            r = one_run(f"alone:{p.name}" + tag, [p], cfg, n, seed)
+            entry["runs"]["alone"].append(r)
+            saved(entry)
             if failures([r]):
                 break
     try:
-        report["comparison"] = compare(shared, report["runs"]["alone"])
+        entry["comparison"] = compare(shared, entry["runs"]["alone"])
     except ValueError as exc:
-        report["refused"] = failures([shared, *report["runs"]["alone"]]) or [str(exc)]
-        skipped = [p.name for p in cfg.plans][len(report["runs"]["alone"]):]
+        entry["refused"] = failures([shared, *entry["runs"]["alone"]]) or [str(exc)]
+        skipped = [p.name for p in cfg.plans][len(entry["runs"]["alone"]):]
         if skipped:
-            report["refused"].append(f"not run (an earlier run failed): alone runs of {skipped}")
+            entry["refused"].append(f"not run (an earlier run failed): alone runs of {skipped}")
+    return entry
+
+
+def assemble(cfg: Config, entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """The compare report of these seeds. The first seed's runs, comparison and refusals stay
+    at the top level (the single-seed layout other code reads); ``seeds`` lists every seed (the
+    first one's runs are not repeated there), ``summary`` the per-tenant means across seeds."""
+    report: dict[str, Any] = {"kind": "compare", "config": _config_json(cfg),
+                              "runs": {"shared": None, "alone": []}, "comparison": None, "refused": [],
+                              "seeds": [], "summary": summarize(entries)}
+    for k, entry in enumerate(entries):
+        if k == 0:
+            report.update(runs=entry["runs"], comparison=entry["comparison"], refused=list(entry["refused"]))
+            report["seeds"].append({**{key: v for key, v in entry.items() if key != "runs"}, "runs": "top-level runs"})
+        else:
+            report["seeds"].append(entry)
+            report["refused"] += [f"seed {entry['seed']}: {r}" for r in entry["refused"]]
+    return report
+
+
+def run_compare(cfg: Config) -> tuple[int, dict[str, Any]]:
+    """Every seed a full shared + alone pair (`assemble` says where each lands in the JSON).
+    The JSON is rewritten after every run, so an invocation stopped half-way keeps the runs
+    it finished (the unfinished seed marked incomplete)."""
+    entries: list[dict[str, Any]] = []
+    runs_per_seed = 1 + len(cfg.plans)
+
+    def saved(entry: dict[str, Any]) -> None:
+        done = (entry["runs"]["shared"] is not None) + len(entry["runs"]["alone"])
+        partial = {**entry, "refused": [f"incomplete: {done} of {runs_per_seed} runs done (the invocation was "
+                                        "still running, or was stopped)"]}
+        _write(assemble(cfg, [*entries, partial]), cfg.out)
+
+    for seed in cfg.run_seeds:
+        entry = compare_seed(cfg, seed, saved)
+        entries.append(entry)
+        if entry["comparison"] is None:
+            break
+    report = assemble(cfg, entries)
+    rest = cfg.run_seeds[len(entries):]
+    if rest:
+        report["refused"].append(f"not run (seed {entries[-1]['seed']} failed): seeds {rest}")
     _write(report, cfg.out)
     png = _plotted(plot, report, cfg.out)
-    if report["comparison"] is None:
-        print("\nNO COMPARISON: a run failed\n  " + "\n  ".join(report["refused"]), file=sys.stderr)
-        return 1, report
-    print("\n" + table(report["comparison"]))
+    if report["comparison"] is not None:
+        print("\n" + table(report["comparison"]))
+    if len(cfg.run_seeds) > 1 or any(p.dataset for p in cfg.plans):
+        print("\n" + summary_table(report["summary"]))
     for note in cfg.notes:
         print(f"note: {note}")
     print(f"\nJSON: {cfg.out}\nPNG:  {png}")
+    if report["refused"]:
+        print("\nNO COMPARISON for a seed: a run failed\n  " + "\n  ".join(report["refused"]), file=sys.stderr)
+        return 1, report
     return 0, report
 
 
@@ -589,20 +774,87 @@ def run_scaling(cfg: Config) -> tuple[int, dict[str, Any]]:
 def _config_json(cfg: Config) -> dict[str, Any]:
     return {"plans": [asdict(p) for p in cfg.plans], "base": cfg.base, "fast": cfg.fast, "sizes": asdict(cfg.sizes),
             "run_timeout_s": cfg.run_timeout_s, "poll_s": cfg.poll_s, "seed": cfg.seed, "scaling": cfg.scaling, "notes": cfg.notes,
-            "settings_shared": cfg.settings(max([len(cfg.plans), *cfg.scaling]))}
+            "settings_shared": cfg.settings(max([len(cfg.plans), *cfg.scaling])), "seeds": cfg.run_seeds,
+            "datasets": {k: str(v) for k, v in cfg.datasets.items()}, "dataset_facts": cfg.dataset_facts}
+
+
+# -- the PickCube dataset (sft-pick) -----------------------------------------------------------
+def pick_dataset_problem(root: Path) -> str | None:
+    """Why ``root`` cannot train sft-pick (None: it can): no LeRobot dataset there, or features
+    that do not fit the tenant's spec (the master's own check, before anything starts)."""
+    from master.spec import dataset_errors, parse_spec
+
+    info = root / "meta" / "info.json"
+    if not info.is_file():
+        return f"{str(root)!r} holds no LeRobot dataset (no meta/info.json); record one with --pick-demos, or give its root"
+    try:
+        json.loads(info.read_text())
+    except ValueError as exc:
+        return f"{str(info)!r} is not JSON: {exc}"
+    errors = dataset_errors(parse_spec(_sft_pick("check", 1, "tiny-qwen3-vl-64", 0, Sizes())), root)
+    if errors:
+        return (f"{str(root)!r} does not fit sft-pick ({PICK_SFT}): "
+                + "; ".join(f"{field}: {why}" for field, why, _ in errors)
+                + " (record it with --env-option 'state_keys=[\"extra\"]', as bench.maniskill_sft does)")
+    return None
+
+
+def prepare_datasets(cfg: Config) -> None:
+    """The PickCube demos, once per invocation: --pick-dataset as given (checked in
+    build_config), else recorded now with `nexus dataset record` (every seed and run publishes
+    the same one)."""
+    if not any(p.dataset == PICK_DATASET_NAME for p in cfg.plans):
+        return
+    from bench.maniskill_sft import dataset_facts, record_demos
+
+    root = cfg.pick_dataset
+    facts: dict[str, Any] = {}
+    if root is None:
+        root = Path(tempfile.mkdtemp(prefix="nexus-mt-pick-demos-")).resolve()
+        env_id, options = pick_env()
+        print(f"[multitenant] recording {cfg.pick_demos} PickCube demos into {root} (reuse: --pick-dataset {root})",
+              flush=True)
+        try:
+            facts["record"] = record_demos(root, cfg.pick_demos, PICK_DEMO_SEED, PICK_DEMO_NOISE, options, env_id,
+                                           timeout_s=6 * 3600)
+            problem = pick_dataset_problem(root)
+            if problem:
+                raise RuntimeError(f"the recorded dataset: {problem}")
+        except BaseException:
+            shutil.rmtree(root, ignore_errors=True)  # nothing half-written left behind (Ctrl-C too)
+            raise
+        print(f"[multitenant] {facts['record']['summary']} ({facts['record']['wall_s']} s)", flush=True)
+    last_demo_seed = PICK_DEMO_SEED + 2 * dataset_facts(root)["episodes"] + 10  # record's attempt cap
+    if last_demo_seed > PICK_EVAL_SEED:
+        raise BadArgument(f"--pick-demos: demo seeds up to {last_demo_seed} would reach the eval seeds {PICK_EVAL_SEED}..")
+    facts.update(root=str(root), **dataset_facts(root))
+    cfg.datasets[PICK_DATASET_NAME] = root
+    cfg.dataset_facts[PICK_DATASET_NAME] = facts
 
 
 def replot(paths: list[Path], out: Path | None = None) -> int:
     """The PNG and table again from saved JSON. Several scaling files (counts run in separate
-    invocations) merge into one curve, written to ``out``."""
+    invocations) merge into one curve, several compare files of one mix (seeds run in separate
+    invocations) into one report with the summary across their seeds; written to ``out``."""
     reports = [json.loads(p.read_text()) for p in paths]
     if len(reports) > 1:
-        if any(r.get("kind") != "scaling" for r in reports):
-            print("error: --replot: only scaling files (--scaling runs) can be merged", file=sys.stderr)
+        kinds = {r.get("kind") for r in reports}
+        if len(kinds) != 1 or kinds - {"scaling", "compare"}:
+            print("error: --replot: only files of one kind can be merged: scaling files (--scaling runs), or "
+                  "compare files of the same mix (e.g. one seed each)", file=sys.stderr)
             return 2
         if out is None or out.suffix != ".json":
             print("error: --out: merging several files needs --out FILE.json", file=sys.stderr)
             return 2
+    if len(reports) > 1 and reports[0].get("kind") == "compare":
+        try:
+            merged = merge_compare(reports, [str(p) for p in paths])
+        except ValueError as exc:
+            print(f"error: --replot: {exc}", file=sys.stderr)
+            return 2
+        _write(merged, out)
+        reports, paths = [merged], [out]
+    elif len(reports) > 1:
         runs = [run for r in reports for run in r["runs"]]
         good = {run["name"] for run in runs if not failures([run])}
         # A count that failed in one invocation and ran clean in another: the clean run counts.
@@ -622,6 +874,8 @@ def replot(paths: list[Path], out: Path | None = None) -> int:
     else:
         print(table(report["comparison"]) if report.get("comparison")
               else "NO COMPARISON: " + " | ".join(report.get("refused", [])))
+        if report.get("summary"):
+            print("\n" + summary_table(report["summary"]))
         print(f"PNG: {_plotted(plot, report, path)}")
     return 0
 
@@ -635,13 +889,29 @@ def build_config(args: argparse.Namespace) -> Config:
     mix = args.mix or (DEFAULT_SCALING_KINDS if scaling_counts else DEFAULT_MIX)
     plans, notes = parse_mix(mix, args.maniskill)
     sizes = Sizes(sft_demos=args.sft_demos, sft_eval_episodes=args.sft_eval_episodes,
-                  rl_steps_per_update=args.rl_steps_per_update, rl_parallel_envs=args.rl_parallel_envs)
+                  rl_steps_per_update=args.rl_steps_per_update, rl_parallel_envs=args.rl_parallel_envs,
+                  rl_epochs=args.rl_epochs, pick_eval_episodes=args.pick_eval_episodes)
     for name, value, lo, hi in (("--sft-demos", sizes.sft_demos, 1, 10_000),
                                 ("--sft-eval-episodes", sizes.sft_eval_episodes, 1, 1000),
                                 ("--rl-steps-per-update", sizes.rl_steps_per_update, 8, 100_000),
-                                ("--rl-parallel-envs", sizes.rl_parallel_envs, 1, 64)):
+                                ("--rl-parallel-envs", sizes.rl_parallel_envs, 1, 64),
+                                ("--rl-epochs", sizes.rl_epochs, 1, 16),
+                                ("--pick-eval-episodes", sizes.pick_eval_episodes, 1, 1000),
+                                ("--pick-demos", args.pick_demos, 1, 10_000)):
         if not lo <= value <= hi:
             raise BadArgument(f"{name}: {value} is outside {lo}..{hi}")
+    seeds = parse_seeds(args.seeds) if args.seeds else []
+    if seeds and scaling_counts:
+        raise BadArgument("--seeds: the scaling curve (--scaling) runs one seed (--seed)")
+    has_pick = any(p.kind == "sft-pick" for p in plans)
+    pick_dataset = None
+    if args.pick_dataset is not None:
+        if not has_pick:
+            raise BadArgument(f"--pick-dataset: no sft-pick tenant in the mix ({mix!r}) to train from it")
+        pick_dataset = args.pick_dataset.resolve()
+        problem = pick_dataset_problem(pick_dataset)
+        if problem:
+            raise BadArgument(f"--pick-dataset: {problem}")
     if not 0.1 <= args.poll_s <= 10:
         raise BadArgument(f"--poll-s: {args.poll_s}: must be in [0.1, 10]")
     if not 0 <= args.trainer_group_max <= 256:
@@ -651,7 +921,18 @@ def build_config(args: argparse.Namespace) -> Config:
         raise BadArgument(f"--out: {str(out)!r} must end in .json (the PNG goes beside it)")
     return Config(plans=plans, base=args.base, fast=args.fast, sizes=sizes, run_timeout_s=args.run_timeout_s,
                   seed=args.seed, out=out, scaling=scaling_counts, notes=notes, keep_data=args.keep_data,
-                  trainer_group_max=args.trainer_group_max, poll_s=args.poll_s)
+                  trainer_group_max=args.trainer_group_max, poll_s=args.poll_s, seeds=seeds,
+                  pick_dataset=pick_dataset, pick_demos=args.pick_demos)
+
+
+def parse_seeds(text: str) -> list[int]:
+    try:
+        seeds = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise BadArgument(f"--seeds: {text!r}: need comma-separated integers, e.g. 1,2") from None
+    if len(set(seeds)) != len(seeds) or any(not 0 <= x <= 1_000_000 for x in seeds):
+        raise BadArgument(f"--seeds: {text!r}: seeds must be distinct, each in 0..1000000")
+    return seeds
 
 
 def parser() -> argparse.ArgumentParser:
@@ -672,7 +953,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--poll-s", type=float, default=POLL.every_s,
                    help="seconds between samples of the services' busy time (each an info request)")
     p.add_argument("--run-timeout-s", type=float, default=600.0, help="one run (deployment) at most this long")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="tenant i's spec seed is 1 + i + this")
+    p.add_argument("--seeds", help="e.g. 1,2: each seed (as --seed) a full shared + alone pair; a summary across them")
+    p.add_argument("--rl-epochs", type=int, default=Sizes.rl_epochs, help="PPO epochs per update of the RL tenants")
+    p.add_argument("--pick-dataset", type=Path, default=None,
+                   help="sft-pick: a PickCube LeRobot dataset recorded before (default: record --pick-demos now)")
+    p.add_argument("--pick-demos", type=int, default=PICK_DEMOS, help="sft-pick: demo episodes to record")
+    p.add_argument("--pick-eval-episodes", type=int, default=Sizes.pick_eval_episodes,
+                   help=f"sft-pick: closing eval episodes on held-out seeds ({PICK_EVAL_SEED}..)")
     p.add_argument("--out", type=Path, help="JSON path (PNG beside it); default bench/results/multitenant[-scaling].json")
     p.add_argument("--keep-data", action="store_true", help="keep each run's temp data dir (logs)")
     p.add_argument("--replot", type=Path, nargs="+", metavar="JSON",
@@ -698,11 +986,20 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, _term)
     try:
+        try:
+            prepare_datasets(cfg)
+        except BadArgument as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        except (RuntimeError, subprocess.TimeoutExpired) as exc:
+            print(f"error: the PickCube demos could not be recorded: {exc}", file=sys.stderr)
+            return 1
         code, _ = run_scaling(cfg) if cfg.scaling else run_compare(cfg)
     except KeyboardInterrupt:
         for dep in list(LIVE):  # a deployment whose own finally was cut short
             dep.cleanup()
-        print("[multitenant] interrupted; every deployment it started was stopped", file=sys.stderr)
+        print(f"[multitenant] interrupted; every deployment it started was stopped; the runs it finished are in "
+              f"{cfg.out}", file=sys.stderr)
         return 130
     return code
 

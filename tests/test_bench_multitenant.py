@@ -9,7 +9,7 @@ import json
 import pytest
 
 from bench import multitenant as mt
-from bench.mt_report import compare, failures, scaling, table, utilisation_series
+from bench.mt_report import compare, failures, scaling, summarize, summary_table, table, utilisation_series
 
 
 def no_problem() -> None:
@@ -53,6 +53,80 @@ def test_maniskill_stand_in_error_and_off():
     assert plans[0].kind == mt.MANISKILL_STANDIN and "--maniskill off" in notes[0]
     with pytest.raises(mt.BadArgument, match="--maniskill: 'maybe'"):
         mt.parse_mix("rl-reach", "maybe", problem=no_problem)
+
+
+def test_sft_pick_kind_parses_and_has_no_stand_in():
+    plans, notes = mt.parse_mix("rl-reach:4,rl-reach-easy:4,rl-reach-top:4,sft-pick:20", problem=no_problem)
+    assert [(p.kind, p.task, p.budget) for p in plans][-1] == ("sft-pick", "sft", 20) and notes == []
+    assert plans[-1].dataset == mt.PICK_DATASET_NAME and plans[0].dataset is None
+    assert plans[-1].followup(mt.Sizes())["task"] == "eval" and plans[0].followup(mt.Sizes()) is None
+    # It trains on PickCube demos and is scored in PickCube: no reach stand-in, a clear error.
+    with pytest.raises(mt.BadArgument, match="sft-pick needs ManiSkill, which cannot run here: no Vulkan driver"):
+        mt.parse_mix("sft-pick:20", "auto", problem=vulkan_missing)
+    with pytest.raises(mt.BadArgument, match=r"sft-pick needs ManiSkill \(--maniskill off\)"):
+        mt.parse_mix("sft-pick:20", "off", problem=no_problem)
+
+
+def test_sft_pick_specs_train_from_the_published_dataset_then_eval_held_out(tmp_path):
+    from master.spec import parse_spec
+
+    plans, _ = mt.parse_mix("sft-pick:40", problem=no_problem)
+    sizes = mt.Sizes(pick_eval_episodes=7)
+    spec = plans[0].spec("tiny-qwen3-vl-64", seed=3, sizes=sizes, data_dir=tmp_path)
+    assert spec["dataset"]["root"] == str(tmp_path / "datasets" / "published" / mt.PICK_DATASET_NAME)
+    assert spec["algorithm"]["steps"] == 40 and spec["algorithm"]["batch_size"] == sizes.pick_batch
+    assert spec["algorithm"]["items_per_job"] == 16 and spec["algorithm"]["warmup_steps"] == 4
+    assert spec["schedule"]["budget"] == {} and spec["outputs"]["export_every_steps"] == 40
+    assert spec["seed"] == 3 and spec["tenant"] == plans[0].name
+    ev = plans[0].followup(sizes)
+    assert ev["tenant"] == plans[0].name and ev["env"]["id"] == "maniskill/PickCube-v1"
+    assert ev["eval"]["episodes"] == 7 and ev["eval"]["seed"] == mt.PICK_EVAL_SEED and ev["eval"]["version"] == "latest"
+    parse_spec(spec)
+    parse_spec(ev)
+
+
+def _dataset(root, state_shape=24, camera="observation.images.base_camera"):
+    (root / "meta").mkdir(parents=True)
+    features = {"observation.state": {"dtype": "float32", "shape": [state_shape]},
+                "action": {"dtype": "float32", "shape": [7]}, camera: {"dtype": "image", "shape": [64, 64, 3]}}
+    (root / "meta" / "info.json").write_text(json.dumps({"features": features}))
+    return root
+
+
+def test_pick_dataset_checked_before_anything_starts(tmp_path, capsys):
+    assert mt.pick_dataset_problem(_dataset(tmp_path / "ok")) is None
+    mix = ["--mix", "rl-reach:2,sft-pick:4"]
+    cases = [(tmp_path / "missing", "holds no LeRobot dataset (no meta/info.json)"),
+             (_dataset(tmp_path / "wide", state_shape=42), "has shape [42], but observation.state_dim is 24"),
+             (_dataset(tmp_path / "cam", camera="observation.images.top"),
+              "no camera 'observation.images.base_camera'")]
+    for root, needle in cases:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(mt, "maniskill_problem", no_problem)
+            assert mt.main([*mix, "--pick-dataset", str(root)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: --pick-dataset: ") and needle in err, err
+    assert mt.main(["--mix", "rl-reach:2", "--pick-dataset", str(tmp_path / "ok")]) == 2
+    assert "no sft-pick tenant in the mix" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--seeds", "1,x"], "--seeds: '1,x'"), (["--seeds", "1,1"], "distinct"),
+    (["--seeds", "1,2", "--scaling", "1,2"], "--seeds: the scaling curve"),
+    (["--rl-epochs", "0"], "--rl-epochs: 0"), (["--pick-eval-episodes", "0"], "--pick-eval-episodes: 0"),
+])
+def test_seed_and_pick_options_refused(argv, needle, capsys):
+    assert mt.main(["--mix", "rl-reach:2", *argv]) == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_seeds_and_sizes_reach_the_config():
+    cfg = mt.build_config(mt.parser().parse_args(["--mix", "rl-reach:2", "--seeds", "1,2", "--rl-epochs", "2",
+                                                  "--rl-steps-per-update", "512", "--pick-eval-episodes", "9"]))
+    assert cfg.run_seeds == [1, 2] and cfg.sizes.rl_epochs == 2 and cfg.sizes.pick_eval_episodes == 9
+    assert mt.build_config(mt.parser().parse_args(["--mix", "rl-reach:2", "--seed", "5"])).run_seeds == [5]
+    spec = cfg.plans[0].spec("tiny-qwen3-vl-64", seed=1, sizes=cfg.sizes)
+    assert spec["algorithm"]["epochs"] == 2 and spec["algorithm"]["steps_per_update"] == 512
 
 
 @pytest.mark.parametrize("text, needle", [("1,2,x", "comma-separated"), ("0,2", "1..64"),
@@ -213,3 +287,166 @@ def test_replot_merges_scaling_files_and_a_clean_rerun_replaces_a_failed_count(r
     # a failed run that nothing replaced keeps its count (from its name) and stays refused
     assert [r["tenants"] for r in scaling([failed16])] == [16] and scaling([failed16])[0]["ok"] is False
     assert mt.replot([a, b], None) == 2 and "--out" in capsys.readouterr().err
+
+
+# -- across seeds ------------------------------------------------------------------------------
+def _seed_entry(seed, shared_a, alone_a, shared_b, alone_b, held_shared=100.0):
+    ta, tb = _tenant("rl-reach", "rl", shared_a), _tenant("sft-pick", "sft", shared_b)
+    shared = _run("shared", {"a": ta, "b": tb}, held=held_shared, busy={"trainer": 60.0, "inferencer": 30.0})
+    alone = [_run("alone:a", {"a": _tenant("rl-reach", "rl", alone_a)}, held=90.0, busy={"trainer": 20.0, "inferencer": 15.0}),
+             _run("alone:b", {"b": _tenant("sft-pick", "sft", alone_b)}, held=110.0, busy={"trainer": 30.0, "inferencer": 10.0})]
+    return {"seed": seed, "runs": {"shared": shared, "alone": alone}, "comparison": compare(shared, alone), "refused": []}
+
+
+def test_summary_means_verdicts_and_efficiency_per_seed():
+    e1 = _seed_entry(1, 0.90, 1.00, 1.00, 0.70)
+    e2 = _seed_entry(2, 0.96, 0.90, 0.80, 0.90, held_shared=125.0)
+    failed = {"seed": 3, "runs": {}, "comparison": None, "refused": ["shared: boom"]}
+    s = summarize([e1, e2, failed])
+    assert s["seeds"] == [1, 2, 3] and s["compared_seeds"] == [1, 2]
+    a, b = s["tenants"]["a"], s["tenants"]["b"]
+    assert a["shared"] == {"1": pytest.approx(90.0), "2": pytest.approx(96.0)} and a["alone_mean"] == pytest.approx(95.0)
+    assert a["shared_mean"] == pytest.approx(93.0) and a["delta_points"] == pytest.approx(-2.0) and a["within_target"]
+    # b: seed 1 is 30 points up, seed 2 10 down: the means (90 vs 80) are 10 apart: within (<= 10)
+    assert b["delta_points"] == pytest.approx(10.0) and b["within_target"] is True
+    assert b["loss_shared"] == {"1": 0.2, "2": 0.2}
+    eff = s["efficiency"]
+    assert eff["per_seed"]["1"]["total"] == pytest.approx(2.0) and eff["per_seed"]["2"]["total"] == pytest.approx(400 / 250)
+    assert eff["mean"]["total"] == pytest.approx((2.0 + 1.6) / 2)
+    assert eff["mean"]["ready"] == pytest.approx((380 / 190 + 380 / 240) / 2)  # alone ready 85+105, shared 95 / 120 (x2 services)
+    assert s["targets"]["learning_points"] == {"value": pytest.approx(10.0), "target": 10.0, "met": True}
+    assert s["targets"]["efficiency_ready"]["met"] is True
+    text = summary_table(s)
+    assert "| a | rl-reach | 90 / 100 | 96 / 90 | 93.0 / 95.0 | -2.0 | yes |" in text
+    assert "seed 2 1.60x" in text and "mean 1.80x" in text
+    s2 = summarize([_seed_entry(1, 0.5, 0.9, 1.0, 1.0)])
+    assert s2["tenants"]["a"]["within_target"] is False and s2["targets"]["learning_points"]["met"] is False
+    json.dumps(s)
+    assert summarize([failed])["targets"]["learning_points"]["met"] is False
+
+
+def test_fig12_curves_every_tenant_shared_solid_alone_dashed_one_colour(tmp_path):
+    from bench.mt_report import learning_curves, plot, seed_runs
+    from bench.mt_report import _pyplot
+
+    e1, e2 = _seed_entry(1, 0.9, 1.0, 1.0, 0.7), _seed_entry(2, 0.9, 1.0, 1.0, 0.7)
+    for e in (e1, e2):
+        for run in [e["runs"]["shared"], *e["runs"]["alone"]]:
+            for name, t in run["tenants"].items():
+                t["budget"] = 40
+                # [t, step, episodes, value]: RL success over episodes, SFT loss over steps
+                t["curve"] = ([[1.0, 2.0, 10.0, 0.2], [2.0, 4.0, 40.0, 0.9]] if t["task"] == "rl"
+                              else [[1.0, 10.0, 0.0, 0.5], [2.0, 40.0, 0.0, 0.05]])
+    report = {"kind": "compare", "config": {"seed": 1}, "runs": e1["runs"], "comparison": e1["comparison"],
+              "seeds": [{"seed": 1, "runs": "top-level runs"}, e2]}
+    assert [s for s, _ in seed_runs(report)] == [1, 2] and seed_runs(report)[1][1] is e2["runs"]
+    assert [s for s, _ in seed_runs({"config": {"seed": 4}, "runs": e1["runs"]})] == [4]  # an older file
+    plt = _pyplot()
+    fig, ax = plt.subplots()
+    learning_curves(ax, report)
+    lines = ax.get_lines() + fig.axes[1].get_lines()  # RL on the left axis, SFT loss on the right
+    assert len(lines) == 8  # 2 tenants x shared/alone x 2 seeds
+    by_label = {ln.get_label(): ln for ln in lines if not ln.get_label().startswith("_")}
+    assert set(by_label) == {"a (shared)", "a (alone)", "b (shared, SFT loss)", "b (alone, SFT loss)"}
+    assert by_label["a (shared)"].get_linestyle() == "-" and by_label["a (alone)"].get_linestyle() == "--"
+    assert by_label["a (shared)"].get_color() == by_label["a (alone)"].get_color() != by_label["b (shared, SFT loss)"].get_color()
+    assert list(by_label["a (shared)"].get_xdata()) == [0.25, 1.0]  # episodes / budget
+    assert list(by_label["b (alone, SFT loss)"].get_xdata()) == [0.25, 1.0]  # steps / budget
+    assert fig.axes[1].get_yscale() == "log"
+    plt.close(fig)
+    assert plot(report, tmp_path / "f.png").stat().st_size > 1000
+
+
+def test_pick_recording_that_fails_leaves_nothing_behind(tmp_path, monkeypatch):
+    import bench.maniskill_sft as ms
+
+    target = tmp_path / "rec"
+
+    def mkdtemp(prefix=""):
+        target.mkdir()
+        return str(target)
+
+    def record_fails(root, *args, **kwargs):
+        (root / "meta").mkdir()  # half-written
+        raise RuntimeError("`nexus dataset record` failed (1): no expert")
+
+    monkeypatch.setattr(mt.tempfile, "mkdtemp", mkdtemp)
+    monkeypatch.setattr(ms, "record_demos", record_fails)
+    plans, _ = mt.parse_mix("sft-pick:4", problem=no_problem)
+    with pytest.raises(RuntimeError, match="no expert"):
+        mt.prepare_datasets(mt.Config(plans=plans))
+    assert not target.exists()
+    cfg = mt.Config(plans=mt.parse_mix("rl-reach:2", problem=no_problem)[0])
+    mt.prepare_datasets(cfg)  # no sft-pick: nothing recorded
+    assert cfg.datasets == {}
+
+
+def test_replot_merges_compare_files_of_one_mix_into_a_summary_across_seeds(tmp_path, capsys):
+    plans = [{"name": "a", "kind": "rl-reach", "budget": 40}, {"name": "b", "kind": "sft-pick", "budget": 40}]
+
+    def report(seed, *results):
+        e = _seed_entry(seed, *results)
+        return {"kind": "compare", "config": {"seed": seed, "plans": plans}, "runs": e["runs"],
+                "comparison": e["comparison"], "refused": [],
+                "seeds": [{"seed": seed, "comparison": e["comparison"], "refused": [], "runs": "top-level runs"}]}
+
+    a, b, old = tmp_path / "s1.json", tmp_path / "s2.json", tmp_path / "old.json"
+    a.write_text(json.dumps(report(1, 0.9, 1.0, 1.0, 0.7)))
+    b.write_text(json.dumps(report(2, 0.96, 0.9, 0.8, 0.9)))
+    out = tmp_path / "both.json"
+    assert mt.replot([a, b], out) == 0
+    merged = json.loads(out.read_text())
+    assert merged["summary"]["compared_seeds"] == [1, 2] and merged["merged_from"] == [str(a), str(b)]
+    assert merged["summary"]["tenants"]["a"]["shared_mean"] == pytest.approx(93.0)
+    assert merged["seeds"][0]["runs"] == "top-level runs" and merged["seeds"][1]["runs"]["shared"]["name"] == "shared"
+    assert "across seeds 1, 2" in capsys.readouterr().out and (tmp_path / "both.png").stat().st_size > 1000
+    assert mt.replot([a, a], out) == 2 and "a seed repeats" in capsys.readouterr().err
+    # a file from before --seeds (no "seeds" key): one seed, its config's
+    legacy = report(3, 0.5, 0.5, 0.5, 0.5)
+    del legacy["seeds"]
+    old.write_text(json.dumps(legacy))
+    assert mt.replot([a, old], out) == 0 and json.loads(out.read_text())["summary"]["compared_seeds"] == [1, 3]
+    other = report(4, 0.5, 0.5, 0.5, 0.5)
+    other["config"]["plans"] = plans[:1]
+    b.write_text(json.dumps(other))
+    assert mt.replot([a, b], out) == 2 and "mixes differ" in capsys.readouterr().err
+
+
+def test_run_compare_over_seeds_writes_every_run_as_it_finishes(tmp_path, monkeypatch):
+    """The seeds loop without a deployment (one_run faked): the JSON after each run, the summary
+    at the end; an invocation stopped half-way keeps what it finished."""
+    results = {("shared", 1): {"a": 0.9, "b": 1.0}, ("alone", 1): {"a": 1.0, "b": 0.9},
+               ("shared", 2): {"a": 0.8, "b": 1.0}, ("alone", 2): {"a": 0.9, "b": 1.0}}
+    calls = []
+
+    def fake_run(name, plans, cfg, n, seed=None):
+        side = "shared" if name.startswith("shared") else "alone"
+        calls.append((name, seed))
+        if len(calls) == stop_at:
+            on_disk.append(json.loads(cfg.out.read_text()))
+            raise KeyboardInterrupt
+        tenants = {p.name: _tenant(p.kind, p.task, results[(side, seed)][p.name]) for p in plans}
+        return _run(name, tenants, held=100.0 if side == "shared" else 80.0, busy={"trainer": 40.0, "inferencer": 20.0})
+
+    monkeypatch.setattr(mt, "one_run", fake_run)
+    plans = [mt.TenantPlan("a", "rl-reach", 4), mt.TenantPlan("b", "sft-reach", 8)]
+    cfg = mt.Config(plans=plans, seeds=[1, 2], out=tmp_path / "mt.json")
+    stop_at, on_disk = 0, []
+    code, report = mt.run_compare(cfg)
+    assert code == 0 and [c[1] for c in calls] == [1, 1, 1, 2, 2, 2]
+    assert [c[0] for c in calls[:3]] == ["shared s1", "alone:a s1", "alone:b s1"]
+    saved = json.loads(cfg.out.read_text())
+    assert saved["runs"]["shared"]["name"] == "shared s1" and saved["comparison"]["tenants"]["a"]["delta_points"] == pytest.approx(-10)
+    assert [e["seed"] for e in saved["seeds"]] == [1, 2] and saved["seeds"][1]["runs"]["shared"]["name"] == "shared s2"
+    assert saved["summary"]["tenants"]["a"]["shared_mean"] == pytest.approx(85.0) and saved["refused"] == []
+    assert saved["summary"]["efficiency"]["per_seed"]["2"]["total"] == pytest.approx(160 / 100)
+    # stopped during seed 2's second run: seed 1 complete on disk, seed 2's shared run kept, marked incomplete
+    calls.clear()
+    stop_at = 5
+    with pytest.raises(KeyboardInterrupt):
+        mt.run_compare(cfg)
+    partial = on_disk[0]
+    assert partial["comparison"] is not None and partial["seeds"][1]["runs"]["shared"]["name"] == "shared s2"
+    assert partial["seeds"][1]["refused"] == ["incomplete: 1 of 3 runs done (the invocation was still running, "
+                                              "or was stopped)"]
+    assert partial["summary"]["compared_seeds"] == [1]
