@@ -242,6 +242,10 @@ class Role:
         self._stop = asyncio.Event()
         self._signals = 0
         self._seq = 0
+        # The state last written to the services bucket (None: nothing yet, or the last write
+        # failed): the heartbeat loop writes it again until it lands.
+        self._registered_state: str | None = None
+        self._registering = False
         self._loops: dict[str, LoopState] = {}
         self._exit_status = 0
         # Set by `run_role` only: a role run inside another process (a test) never exits it.
@@ -541,8 +545,24 @@ class Role:
             call = js_retry if retry else _once
             kv = await call(self.bus.js.key_value, self.names.kv_services)
             await call(kv.put, Names.service_key(self.name, self.instance), encode(record))
+            self._registered_state = record.state
         except Exception as exc:  # broker down or bucket missing: keep running, say so
-            self.log.warning("service registration failed", error=str(exc))
+            # ... and write it again from the heartbeat loop: a replacement inferencer whose one
+            # write fell into a NATS node's loss stayed unregistered for good, so nothing saw it
+            # ready (the default suite's chaos run, stop 35).
+            self._registered_state = None
+            self.log.warning("service registration failed; retried with the heartbeats",
+                             error=f"{type(exc).__name__}: {exc}")
+
+    async def _reregister(self) -> None:
+        """One more registration attempt (from the heartbeat loop); never two at once."""
+        self._registering = True
+        try:
+            await self._register(retry=False)
+            if self._registered_state is not None:
+                self.log.info("service registered after retry", state=self._registered_state)
+        finally:
+            self._registering = False
 
     async def _beat(self) -> None:
         assert self.bus is not None
@@ -577,6 +597,8 @@ class Role:
                 await self._beat()
             except Exception as exc:  # reconnecting: the next beat goes out after it
                 self.log.warning("heartbeat failed", error=str(exc))
+            if self._registered_state != self.state and self.state == "ready" and not self._registering:
+                self.spawn(self._reregister(), "re-register")
             await asyncio.sleep(self.cfg.heartbeat_interval_s)
 
     # -- request dispatch ----------------------------------------------------------------

@@ -30,7 +30,7 @@ import re
 import stat
 import time
 import uuid
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -166,6 +166,9 @@ class WorkloadOps:
 
         self.workloads = {}
         self._unsaved: dict[str, tuple[str, str]] = {}  # workload -> (state, message) KV refused
+        # workload -> (its transition lock, holders and waiters): one state change at a time
+        # per workload; dropped when nobody holds or waits (bounded by the transitions in flight).
+        self._state_locks: dict[str, tuple[asyncio.Lock, int]] = {}
         for value in await kv_values(self.kv_workloads):
             rec = decode(value, WorkloadRecord)
             self.workloads[rec.workload] = rec
@@ -598,13 +601,34 @@ class WorkloadOps:
     async def _set_state(self, rec: WorkloadRecord, state: str, message: str) -> bool:
         """Move ``rec`` to ``state``: written to KV first, then applied in memory and announced.
         A write that fails leaves memory as KV has it and is retried in the background
-        (`LIFECYCLE_SAVE`) until KV takes it; False then (the change is not made yet)."""
-        before = (rec.state, rec.message, rec.updated_at)
-        rec.state, rec.message, rec.updated_at = state, message, time.time()  # type: ignore[assignment]
+        (`LIFECYCLE_SAVE`) until KV takes it; False then (the change is not made yet). One
+        change at a time per workload; once one made it terminal, a later one is not made
+        (False): a `done` that raced a cancel does not end it twice."""
+        lock, users = self._state_locks.get(rec.workload, (asyncio.Lock(), 0))
+        self._state_locks[rec.workload] = (lock, users + 1)
         try:
-            await self._save_workload(rec)
+            async with lock:
+                if rec.state in TERMINAL_WORKLOAD_STATES:
+                    self._unsaved.pop(rec.workload, None)
+                    return False
+                return await self._write_state(rec, state, message)
+        finally:
+            lock, users = self._state_locks[rec.workload]
+            if users <= 1:
+                del self._state_locks[rec.workload]
+            else:
+                self._state_locks[rec.workload] = (lock, users - 1)
+
+    async def _write_state(self, rec: WorkloadRecord, state: str, message: str) -> bool:
+        # The change is written from a copy and applied to ``rec`` only once KV took it: a
+        # write held up in its retries (STORE_WRITE, up to 20 s) must not show the new state to
+        # a reader meanwhile (the retention test read `completed` while KV refused it: CI of
+        # stop 35).
+        now = time.time()
+        changed = replace(rec, state=state, message=message, updated_at=now)
+        try:
+            await self._save_workload(changed)
         except Exception as exc:
-            rec.state, rec.message, rec.updated_at = before  # type: ignore[assignment]
             first = rec.workload not in self._unsaved
             self._unsaved[rec.workload] = (state, message)  # the latest change wins
             self.log.error("workload state not saved; retrying", workload=rec.workload, state=state,
@@ -612,6 +636,7 @@ class WorkloadOps:
             if first:
                 self.spawn(self._resave_state(rec.workload), f"resave-{rec.workload}")
             return False
+        rec.state, rec.message, rec.updated_at = state, message, now  # type: ignore[assignment]
         self._unsaved.pop(rec.workload, None)
         if state in TERMINAL_WORKLOAD_STATES:
             try:
@@ -715,6 +740,8 @@ class WorkloadOps:
             return rec
         worker = rec.worker if rec.state == "running" else ""
         if not await self._set_state(rec, "cancelled", "cancelled by request"):
+            if rec.state in TERMINAL_WORKLOAD_STATES:  # it ended meanwhile (its producer's done)
+                return rec
             from protocol.errors import Unavailable
 
             raise Unavailable(f"the cancel of {rec.workload} could not be written yet (the workloads store refused "

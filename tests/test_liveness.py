@@ -352,3 +352,61 @@ def test_master_out_of_restarts_triggers_one_global_restart(nats_url, prefix, tm
     text = out.getvalue()
     assert "global restart: master cannot come back" in text, text
     assert set(after) == set(before) and all(after[r] != before[r] for r in before), (before, after)
+
+
+def test_a_registration_the_broker_refused_is_written_again_with_the_heartbeats(nats_url, layout, tmp_path):
+    """The services bucket is gone when the role comes up, so its one registration at `ready`
+    fails; once the bucket is back the heartbeat loop writes the record. (A replacement
+    inferencer whose only write fell into a NATS node's loss stayed unregistered for good, so
+    nothing saw it ready: the default suite's chaos run, CI of stop 35.)"""
+    from protocol.messages import ServiceRecord
+
+    names = layout
+
+    async def drop_bucket():
+        bus = await _connect(nats_url)
+        try:
+            await bus.js.delete_key_value(names.kv_services)
+        finally:
+            await bus.close()
+
+    asyncio.run(drop_bucket())
+    log_path = tmp_path / "loopy.log"
+    with open(log_path, "w+") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.loopy_role", "--nats-url", nats_url, "--prefix", names.prefix,
+             "--instance", "l1", "--data-dir", str(tmp_path)],
+            env=python_env(NEXUS_HEARTBEAT_INTERVAL_S="0.3"), stdout=log, stderr=subprocess.STDOUT)
+        try:
+            async def go():
+                bus = await _connect(nats_url)
+                try:
+                    await _until(lambda: _loop_info(bus, names), 30, "loopy ready")
+                    await _until(_async(lambda: "service registration failed" in log_path.read_text()), 10,
+                                 "the failed registration in the role's log")
+                    kv = await bus.js.create_key_value(bucket=names.kv_services, history=1)
+
+                    async def registered():
+                        try:
+                            entry = await kv.get(Names.service_key("loopy", "l1"))
+                        except Exception:  # noqa: BLE001 - not written yet
+                            return None
+                        return decode(entry.value, ServiceRecord)
+
+                    return await _until(registered, 15, "the record written by the heartbeat loop")
+                finally:
+                    await bus.close()
+
+            rec = asyncio.run(go())
+        finally:
+            proc.kill()
+            proc.wait(timeout=10)
+    assert rec.state == "ready" and rec.instance == "l1"
+    assert "service registered after retry" in log_path.read_text()
+
+
+def _async(fn):
+    async def call():
+        return fn()
+
+    return call
