@@ -261,6 +261,11 @@ class SupervisorConfig:
         placed = [r for r in self.placement.devices if r not in self.roles]
         if placed:
             raise ValueError(f"--devices: {placed} not started by this supervisor; roles: {list(self.roles)}")
+        # A trainer of N data-parallel ranks (NEXUS_TRAINER_RANKS, which its processes inherit
+        # from here) gets N of the trainer's listed devices.
+        from protocol.settings import TrainerSettings
+
+        self.placement = self.placement.per_instance("trainer", TrainerSettings.from_env().ranks)
         self.counts = {r: self.counts.get(r, self.placement.count(r) or 1) for r in self.roles}
         for role, n in self.counts.items():
             if role in self.bounds:
@@ -479,7 +484,8 @@ class Supervisor:
             env["NEXUS_INFER_BASE"] = base  # another pool than the default
         device = self.cfg.placement.device_for(role, slot_of(key))
         if device is not None:
-            env["CUDA_VISIBLE_DEVICES"] = device  # its one device, seen as cuda:0 (a restart keeps it)
+            # Its device, seen as cuda:0 (a restart keeps it); a trainer of N ranks its N devices.
+            env["CUDA_VISIBLE_DEVICES"] = device
         ids = self.role_users.get(role)
         if ids is not None:
             env["HOME"] = str(self.cfg.data_dir / "home" / str(ids[0]))  # root's is not theirs

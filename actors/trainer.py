@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
@@ -41,6 +42,7 @@ from actors.runtime import Role, RoleConfig, device_memory_bytes, op
 from actors.slots import Resident, SlotStore
 from actors.tracing import JobSpans
 from actors.train_loop import TrainLoop, Work
+from actors.trainer_ranks import Entry, RankLost
 from protocol.errors import Busy, Conflict, FailedPrecondition, NexusError, NotFound
 from protocol.messages import (
     is_slot_reset,
@@ -74,6 +76,8 @@ FAULT_ENV = TrainerSettings.model_fields["fault"].alias
 _ENV_DEFAULTS = TrainerSettings()
 # export_params / load_weights wait this long for the tenant's job on this trainer to clear.
 QUIET_WAIT_S = 60.0
+# Exit status after a lost data-parallel rank (actors/trainer_ranks.py): restarted like a crash.
+EXIT_RANK_LOST = 75  # EX_TEMPFAIL
 
 
 @dataclass
@@ -90,12 +94,15 @@ class TrainerConfig:
     image_size: int | None = None  # the base's canonical resolution (NEXUS_BASE_IMAGE_SIZE); None: its own
     # MiB of tenant slots in memory (0: no budget); past it idle slots go back to their checkpoint.
     slot_budget_mb: float = _ENV_DEFAULTS.slot_budget_mb
+    ranks: int = _ENV_DEFAULTS.ranks  # data-parallel ranks (actors/trainer_ranks.py); 1: one process
+    rank_timeout_s: float = _ENV_DEFAULTS.rank_timeout_s
 
     @classmethod
     def from_env(cls) -> TrainerConfig:
         env = TrainerSettings.from_env()
         return cls(group_max=env.group_max, lease_s=env.lease_s, device=env.device, fast=env.fast,
                    compile=env.compile, slot_budget_mb=env.slot_budget_mb, cohort_wait_s=env.cohort_wait_s,
+                   ranks=env.ranks, rank_timeout_s=env.rank_timeout_s,
                    image_size=BaseImageSettings.from_env().image_size)
 
 
@@ -130,6 +137,7 @@ class Trainer(Role):
         self.meter = Meter({"train": self.usage_flush.train_overhead_rows,
                             "infer": self.usage_flush.infer_overhead_rows})
         self.job_spans = JobSpans(self.tracer, self.names)  # a trace per job (actors/tracing.py)
+        self.ranks: Any = None  # actors.trainer_ranks.RankGroup when tcfg.ranks > 1
 
     async def setup(self) -> None:
         assert self.bus is not None
@@ -141,10 +149,53 @@ class Trainer(Role):
                                compile=self.tcfg.compile, image_size=self.tcfg.image_size,
                                budget_bytes=budget_bytes(self.tcfg.slot_budget_mb),
                                in_use=lambda tenant: self.loop.busy(tenant), log=self.log)
+        if self.tcfg.ranks > 1:
+            await self._start_ranks()
         await self.bus.nc.subscribe(self.names.sched_ready, cb=self._on_ready)
         await self.bus.nc.subscribe(self.names.tenant_deleted_all, cb=self._on_tenant_deleted)
         self.spawn(self._loop, "train-loop", critical=True)
         self.spawn(lambda: flush_loop(self, self.meter, self.usage_flush), "usage-flush", critical=True)
+
+    async def _start_ranks(self) -> None:
+        """This process becomes rank 0 of ``tcfg.ranks`` (actors/trainer_ranks.py): the workers
+        start now and the group forms before the role says ready."""
+        import torch
+
+        from actors.trainer_ranks import RankGroup, RankSpec
+
+        device = self.tcfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        if device.startswith("cuda"):
+            if torch.cuda.device_count() < self.tcfg.ranks:
+                raise FailedPrecondition(
+                    f"NEXUS_TRAINER_RANKS={self.tcfg.ranks} needs a CUDA device per rank; this trainer sees "
+                    f"{torch.cuda.device_count()} (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})")
+            device = "cuda:0"  # rank r on cuda:r of this trainer's visible devices
+            self.tcfg.device = device
+        self.ranks = RankGroup(RankSpec(world=self.tcfg.ranks, device=device, timeout_s=self.tcfg.rank_timeout_s),
+                               log=self.log)
+        self.ranks.spawn()
+        # The group forms in a daemon thread (init_process_group blocks until every rank joins):
+        # a rank that dies first fails the setup now, not at the timeout, and the blocked thread
+        # does not hold the process's exit.
+        loop = asyncio.get_running_loop()
+        formed: asyncio.Future = loop.create_future()
+
+        def join() -> None:
+            try:
+                self.ranks.join()
+            except BaseException as exc:  # noqa: BLE001 - handed to the event loop
+                loop.call_soon_threadsafe(lambda e=exc: formed.done() or formed.set_exception(e))
+            else:
+                loop.call_soon_threadsafe(lambda: formed.done() or formed.set_result(None))
+
+        threading.Thread(target=join, name="trainer-ranks-join", daemon=True).start()
+        while not formed.done():
+            dead = [(p.pid, p.returncode) for p in self.ranks.procs if p.poll() is not None]
+            if dead:
+                raise FailedPrecondition(f"trainer rank process(es) {dead} (pid, status) exited before the ranks "
+                                         "formed their group; their lines in this log say why")
+            await asyncio.wait({formed}, timeout=0.5)
+        formed.result()
 
     def info_extra(self) -> dict[str, Any]:
         return {"jobs_done": self.jobs_done, "leases_lost": self.leases_lost, "released": self.released,
@@ -156,7 +207,8 @@ class Trainer(Role):
                 "bases": sorted(self.store.bases) if self.store else [],
                 # NEXUS_TRAINER_SLOT_BUDGET_MB: bytes resident, slots evicted / restored so far.
                 "slot_budget": self.store.budget_report() if self.store else {},
-                "usage": self.meter.info()}
+                "usage": self.meter.info(),
+                "ranks": self.ranks.info() if self.ranks is not None else {"world": 1}}
 
     def heartbeat_gauges(self) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
         gauges, per_tenant = super().heartbeat_gauges()
@@ -294,7 +346,14 @@ class Trainer(Role):
                 "nexus.tenants": ",".join(sorted(w.tenant for w in group)), "nexus.jobs": len(group)}, links=links), \
                 self.job_spans.steps([w.job for w in group], self.loop.steps):
             started = time.perf_counter()
-            await asyncio.to_thread(self._train_step, group, bases)
+            try:
+                await asyncio.to_thread(self._train_step, group, bases)
+            except RankLost as exc:
+                # Its communicator is broken and the ranks may differ: this trainer cannot go on.
+                # Exiting now is a lost trainer (its leases lapse, its jobs resume from their
+                # committed checkpoints on the next one), as docs/data_parallel.md says.
+                self.log.error("a trainer rank was lost; exiting", error=str(exc), exit_status=EXIT_RANK_LOST)
+                os._exit(EXIT_RANK_LOST)
             self.busy_s += time.perf_counter() - started  # the device's share: nexus top, /metrics
 
     def _train_step(self, group: list[Work], bases: dict[str, Any]) -> None:
@@ -314,6 +373,8 @@ class Trainer(Role):
             base = bases[part[0].tenant]
             try:
                 results = self._metered_step(base, part, grouped=True)
+            except RankLost:
+                raise
                 if len({w.res.slot.adapter is None for w in part}) == 2:
                     self.mixed_lora_steps += 1
                 if len({w.res.slot.head.needs_prefix_kv for w in part}) == 2:
@@ -324,6 +385,8 @@ class Trainer(Role):
                 for w in part:
                     try:
                         results.extend(self._metered_step(base, [w], grouped=False))
+                    except RankLost:
+                        raise
                     except Exception as exc:  # noqa: BLE001 - reported as the job's failure reason
                         w.error = f"training step {w.cursor} failed: {type(exc).__name__}: {exc}"
                         results.append(None)
@@ -346,11 +409,22 @@ class Trainer(Role):
 
         t0 = time.perf_counter()
         try:
+            if self.ranks is not None:
+                return self.ranks.step(part[0].res.config.base, self._base_cfg(part[0].res.config.base), base,
+                                       [Entry(w.tenant, w.res.slot, w.res.config, w.items[w.cursor], w.batch)
+                                        for w in part], grouped=grouped, resident=self.store.resident)
             return train_step(base, [(w.res.slot, w.batch) for w in part], grouped=grouped)
         finally:
             _sync(base)
             self.meter.charge("train", time.perf_counter() - t0,
                               {(w.tenant, w.job.workload): len(w.batch.features) for w in part})
+
+    def _base_cfg(self, source: str) -> dict[str, Any]:
+        """How the other ranks load ``source``: as this rank's store did."""
+        from actors.slots import fast_engine_applies
+
+        fast = self.tcfg.fast and fast_engine_applies(source, self.tcfg.device)
+        return {"fast": fast, "compile": fast and self.tcfg.compile, "image_size": self.tcfg.image_size}
 
     async def finish(self, w: Work) -> None:
         """Commit -> trained -> export -> exported -> announce -> synced -> cleared.
@@ -548,6 +622,8 @@ class Trainer(Role):
         except asyncio.TimeoutError:
             self.log.error("train loop did not stop in time; its jobs go back when the master sees this trainer gone")
         await final_flush(self, self.meter, self.usage_flush)
+        if self.ranks is not None:
+            await asyncio.to_thread(self.ranks.close)
         self.log.info("trainer drained", jobs_done=self.jobs_done, released=self.released)
 
 

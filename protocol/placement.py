@@ -50,6 +50,19 @@ class Placement:
         ids = self.devices.get(role)
         return ids[slot % len(ids)] if ids else None
 
+    def per_instance(self, role: str, n: int, setting: str = "NEXUS_TRAINER_RANKS") -> "Placement":
+        """``role``'s devices in groups of ``n``, one group per instance: a trainer of ``n`` ranks
+        sees its ``n`` devices as cuda:0..n-1 (rank r on cuda:r). Refused, naming both settings,
+        when the list does not split into such groups."""
+        ids = self.devices.get(role)
+        if not ids or n == 1:
+            return self
+        if len(ids) % n:
+            raise InvalidField(SETTING, f"{role}={','.join(ids)}: {len(ids)} device(s) do not split into instances of "
+                               f"{setting}={n} devices each; list a multiple of {n}")
+        groups = tuple(",".join(ids[i:i + n]) for i in range(0, len(ids), n))
+        return Placement({**self.devices, role: groups})
+
     def text(self) -> str:
         """The placement in CUDA ids, as `from_text` reads it back: a detached supervisor's
         argument (checked where it was parsed; its environment may differ from the caller's)."""

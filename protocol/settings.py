@@ -266,6 +266,18 @@ class TrainerSettings(EnvSettings):
         "the least recently used idle slots are dropped and restored from their checkpoint on their next job; "
         "a slot larger than the whole budget fails its job", allowed="a number >= 0 (0 = no budget)",
         default_text="`0` (no budget)"))
+    # 1: today's trainer, one process. N: the role process is rank 0 of N (its ranks 1..N-1
+    # are child processes) and every grouped step spreads each tenant's rows over the ranks
+    # (actors/trainer_ranks.py, docs/data_parallel.md).
+    ranks: int = Field(1, ge=1, le=64, **var(
+        "NEXUS_TRAINER_RANKS", "data-parallel ranks of one trainer: each step's rows spread over this many "
+        "processes (gloo on CPU; NCCL for the gradients on CUDA, rank r on cuda:r of the trainer's visible "
+        "devices), the tenants' gradients all-reduced, one commit per job", allowed="an integer in 1..64"))
+    # A collective waits this long for the other ranks: a dead rank is seen at once (its socket
+    # closes), a hung one after this; the first step of a base includes the ranks' base load.
+    rank_timeout_s: float = Field(300.0, gt=0, le=3600, **var(
+        "NEXUS_TRAINER_RANK_TIMEOUT_S", "with NEXUS_TRAINER_RANKS > 1: how long (s) a rank waits for the others "
+        "in a collective before the trainer exits non-zero (its jobs then fail over as after a lost trainer)"))
     fault: Literal[FAULT_POINTS] | None = Field(None, **var(  # type: ignore[valid-type]
         "NEXUS_TRAINER_FAULT", "tests only: SIGKILL the trainer at this point of its first job",
         default_text="unset"))

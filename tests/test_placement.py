@@ -159,3 +159,18 @@ def test_compose_accepts_the_override_beside_the_deployments_files(tmp_path) -> 
     assert services["trainer-1"]["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] == ["1"]
     assert services["trainer"]["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] == ["0"]
     assert services["trainer-1"]["command"] == ["trainer"]
+
+
+def test_a_trainer_of_n_ranks_gets_n_devices_per_instance(monkeypatch) -> None:
+    """NEXUS_TRAINER_RANKS=2 with trainer=0-3: two trainers, each seeing its two devices (rank r
+    on cuda:r); a list that does not split into groups of 2 is refused naming both settings."""
+    monkeypatch.setenv("NEXUS_TRAINER_RANKS", "2")
+    cfg = SupervisorConfig(placement=parse_devices("trainer=0-3 inferencer=4 env=5-7", EIGHT))
+    assert cfg.counts["trainer"] == 2 and cfg.counts["env"] == 3
+    assert [cfg.placement.device_for("trainer", s) for s in range(3)] == ["0,1", "2,3", "0,1"]
+    assert cfg.placement.device_for("env", 1) == "6"  # other roles: one device each, as before
+    with pytest.raises(InvalidField, match="--devices") as exc:
+        SupervisorConfig(placement=parse_devices("trainer=0-2", EIGHT))
+    assert "3 device(s) do not split into instances of NEXUS_TRAINER_RANKS=2 devices each" in str(exc.value)
+    monkeypatch.setenv("NEXUS_TRAINER_RANKS", "1")
+    assert SupervisorConfig(placement=parse_devices("trainer=0-2", EIGHT)).counts["trainer"] == 3
