@@ -163,3 +163,20 @@ def test_master_killed_mid_run_continues_and_submits_nothing_twice(cluster):
     assert rec.state == "completed" and rec.step == 6, (rec.state, rec.message, rec.step)
     assert [w.workload for w in workloads] == [rec.workload]
     assert len([j for j in jobs if j.state == "cleared"]) == 6
+
+
+def test_a_workload_whose_every_job_fails_fails_naming_why(roles):
+    """A trainer whose slot budget no slot fits fails every job of the workload: the workload
+    ends `failed` naming the first job's reason (it once said `completed, trained 0/3 steps`)."""
+    for role in ("health", "master", "env"):
+        roles.start(role)
+    roles.start("trainer", NEXUS_TRAINER_SLOT_BUDGET_MB="1")
+
+    async def go():
+        async with AsyncClient(roles.nats_url, roles.prefix, timeout_s=60) as c:
+            return await (await c.submit(sft_spec("no-room", steps=3))).wait(timeout_s=240)
+
+    rec = asyncio.run(go())
+    assert rec.state == "failed", (rec.state, rec.message)
+    assert "JobsNotTrained: none of its" in rec.message and "CapacityExceeded" in rec.message, rec.message
+    assert "NEXUS_TRAINER_SLOT_BUDGET_MB" in rec.message, rec.message

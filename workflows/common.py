@@ -19,7 +19,7 @@ import numpy as np
 
 from envs import simproc
 from protocol.errors import Busy, FailedPrecondition, NexusError, NotFound
-from protocol.messages import ProducerSpec, QueuePutRequest, TaskResult, WorkloadEvent
+from protocol.messages import JobRecord, ProducerSpec, QueuePutRequest, TaskResult, WorkloadEvent
 from protocol.policy import SIM_REPLACE, RetryPolicy
 from sdk.client import AsyncClient, retry_through_outage
 from sdk.tracing import current_context, detached, new_root, tracer
@@ -27,6 +27,10 @@ from sdk.tracing import current_context, detached, new_root, tracer
 # A put refused with Busy (the tenant's SFT prefetch cap: the trainer is behind) waits for the
 # trainer; an hour without room means the trainers are gone, and the workload fails saying so.
 PUT_BUSY = RetryPolicy("put_busy", deadline_s=3600.0, backoff_s=0.2, max_backoff_s=2.0)
+
+
+class JobsNotTrained(RuntimeError):
+    """Every training job of a workload failed or was dropped: the workload failed."""
 
 
 @dataclass
@@ -95,6 +99,7 @@ class Workflow:
         # trace links to it, and is never its child (one trace per update, not per workload).
         self._origin: Any = None
         self._sim_failures = 0  # simulators failed in a row (SIM_REPLACE bounds it)
+        self.jobs_not_trained: list[JobRecord] = []  # failed or dropped as stale (`_wait_jobs`)
 
     def status(self) -> dict[str, Any]:
         return {"kind": self.spec.kind, "tenant": self.spec.tenant, "state": self.state,
@@ -130,7 +135,13 @@ class Workflow:
                 await evaluate(self)  # the closing evaluation of the final version
                 self.final = {**trained, **{f"eval_{k}": v for k, v in self.final.items()}}
             self.state = "done"
-            await self._event("done", message=self.target_message or self._budget_message(), metrics=self.final)
+            message = self.target_message or self._budget_message()
+            if self.jobs_not_trained:
+                first = self.jobs_not_trained[0]
+                self.final["jobs_not_trained"] = float(len(self.jobs_not_trained))
+                message += (f"; {len(self.jobs_not_trained)} of {len(self.progress.jobs)} jobs not trained "
+                            f"(first: {first.job} {first.state}: {first.reason or 'no reason recorded'})")
+            await self._event("done", message=message, metrics=self.final)
         except asyncio.CancelledError:
             self.state = "cancelled"
             raise
@@ -232,12 +243,27 @@ class Workflow:
                     return ""
 
     async def _wait_jobs(self) -> None:
-        """Wait until every job this producer queued is trained (or dropped / failed)."""
+        """Wait until every job this producer queued is trained (or dropped / failed). None of
+        them trained is the workload's failure, naming the first job's reason (a workload whose
+        every job failed said `completed, trained 0/12 steps`); some not trained are counted in
+        its final metrics (`jobs_not_trained`) and its done message."""
+        lost: list[JobRecord] = []
+        trained = 0
         for job in self.progress.jobs:
             try:
-                await self._retry(self.client.wait_job, self.spec.tenant, job, timeout_s=3600)
+                rec = await self._retry(self.client.wait_job, self.spec.tenant, job, timeout_s=3600)
             except NotFound:
-                pass  # compacted: the master deletes only finished records
+                trained += 1  # compacted: the master deletes only finished records
+                continue
+            if rec.state == "cleared":
+                trained += 1
+            else:
+                lost.append(rec)
+        if lost and not trained:
+            first = lost[0]
+            raise JobsNotTrained(f"none of its {len(lost)} training job(s) trained: job {first.job} "
+                                 f"{first.state}: {first.reason or 'no reason recorded'}")
+        self.jobs_not_trained = lost
         await self._final_export()
         await self._refresh_version()
 
