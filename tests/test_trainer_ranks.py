@@ -112,6 +112,7 @@ def test_two_ranks_train_as_one_process_does(roles):
     assert two.poll() == 0, "the drained trainer (and its rank) exit 0"
 
 
+@pytest.mark.slow  # ~45 s; the default suite keeps the equivalence and the in-place resend
 @pytest.mark.timeout(600)
 def test_a_killed_rank_takes_its_trainer_down_and_the_next_one_finishes(roles):
     for role in ("health", "master", "env"):
