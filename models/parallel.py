@@ -106,8 +106,11 @@ def shard(items: Sequence[tuple[TenantSlot, TenantBatch]], rank: int, world: int
 
 
 def comm_device(group: dist.ProcessGroup | None = None) -> torch.device:
-    """Where collective buffers live: the current CUDA device for NCCL, the CPU for gloo."""
-    if dist.get_backend(group) == "nccl":
+    """Where collective buffers live: the current CUDA device for NCCL, the CPU for gloo. A
+    group of both (the trainer's ranks on CUDA: ``cpu:gloo,cuda:nccl``) puts them on the
+    device, so the gradients go over NCCL and only the plans over gloo."""
+    backend = str(dist.get_backend(group))
+    if backend == "nccl" or ("cuda:nccl" in backend and torch.cuda.is_available()):
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
