@@ -11,6 +11,7 @@ the role reads (protocol.settings) is checked before the role is built: a bad on
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import importlib
 import sys
 from pathlib import Path
@@ -47,6 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--instance")
     p.add_argument("--log-level", default="INFO")
     args = p.parse_args(argv)
+    # A crash in native code (a SIGSEGV in torch has taken a trainer down twice, silently) leaves
+    # every thread's Python stack in the role's log instead of nothing.
+    faulthandler.enable(all_threads=True)
     for line in unknown_variables():
         print(f"warning: {line}", file=sys.stderr)
     try:

@@ -611,6 +611,7 @@ class Config:
     # exposure, at a coarser busy timeline.
     poll_s: float = POLL.every_s
     seeds: list[int] = field(default_factory=list)  # each a full shared + alone pair; [] = [seed]
+    resume: Path | None = None  # an earlier invocation's JSON: its successful runs are kept
     pick_dataset: Path | None = None  # --pick-dataset: a recorded PickCube dataset (None: record one)
     pick_demos: int = PICK_DEMOS  # episodes to record when there is none
     datasets: dict[str, Path] = field(default_factory=dict)  # published name -> recorded root (prepare_datasets)
@@ -660,18 +661,35 @@ def _write(report: dict[str, Any], out: Path) -> None:
     out.write_text(json.dumps(report, indent=1, default=str))
 
 
-def compare_seed(cfg: Config, seed: int, saved: Callable[[dict[str, Any]], None] = lambda entry: None
-                 ) -> dict[str, Any]:
+def compare_seed(cfg: Config, seed: int, saved: Callable[[dict[str, Any]], None] = lambda entry: None,
+                 done: dict[str, Any] | None = None) -> dict[str, Any]:
     """One seed: the shared run, then each tenant alone (stops at the first failed run);
-    ``saved`` gets the seed's entry after each run (to put it on disk)."""
-    entry: dict[str, Any] = {"seed": seed, "runs": {"shared": None, "alone": []}, "comparison": None, "refused": []}
+    ``saved`` gets the seed's entry after each run (to put it on disk). ``done``: this seed's
+    runs of an earlier invocation (`--resume`): its successful shared run and the successful
+    prefix of its alone runs are kept (listed in the entry's ``resumed``), the rest run now."""
+    entry: dict[str, Any] = {"seed": seed, "runs": {"shared": None, "alone": []}, "comparison": None, "refused": [],
+                             "resumed": []}
     n = len(cfg.plans)
     tag = f" s{seed}" if len(cfg.run_seeds) > 1 else ""
-    shared = one_run("shared" + tag, cfg.plans, cfg, n, seed)
+    before = done or {"shared": None, "alone": []}
+    kept_alone: list[dict[str, Any]] = []
+    if before["shared"] is not None and not failures([before["shared"]]):
+        shared = before["shared"]
+        entry["resumed"].append(shared["name"])
+        for r in before["alone"]:
+            if failures([r]):
+                break
+            kept_alone.append(r)
+    else:
+        shared = one_run("shared" + tag, cfg.plans, cfg, n, seed)
     entry["runs"]["shared"] = shared
     saved(entry)
     if not failures([shared]):
-        for p in cfg.plans:
+        for i, p in enumerate(cfg.plans):
+            if i < len(kept_alone):
+                entry["runs"]["alone"].append(kept_alone[i])
+                entry["resumed"].append(kept_alone[i]["name"])
+                continue
             # Same settings as the shared run: only the number of tenants differs.
             r = one_run(f"alone:{p.name}" + tag, [p], cfg, n, seed)
             entry["runs"]["alone"].append(r)
@@ -705,6 +723,35 @@ def assemble(cfg: Config, entries: list[dict[str, Any]]) -> dict[str, Any]:
     return report
 
 
+# Config keys a resumed invocation may change: notes say what this invocation noticed.
+RESUME_FREE = frozenset({"notes"})
+
+
+def resumed_runs(cfg: Config) -> dict[int, dict[str, Any]]:
+    """Seed -> its runs in the `--resume` JSON (an earlier invocation of the same config that
+    stopped or failed part-way). A JSON of another config is refused naming what differs."""
+    if cfg.resume is None:
+        return {}
+    try:
+        report = json.loads(cfg.resume.read_text())
+    except (OSError, ValueError) as exc:
+        raise BadArgument(f"--resume {cfg.resume}: not a readable JSON report ({exc})") from None
+    if not isinstance(report, dict) or report.get("kind") != "compare":
+        raise BadArgument(f"--resume {cfg.resume}: not a shared-vs-alone report (kind {report.get('kind')!r})"
+                          if isinstance(report, dict) else f"--resume {cfg.resume}: not a report object")
+    mine, theirs = _config_json(cfg), report.get("config", {})
+    differ = sorted(k for k in set(mine) | set(theirs) if k not in RESUME_FREE and mine.get(k) != theirs.get(k))
+    if differ:
+        raise BadArgument(f"--resume {cfg.resume}: made with other settings ({', '.join(differ)} differ); "
+                          "resume it with the same command")
+    out: dict[int, dict[str, Any]] = {}
+    for k, entry in enumerate(report.get("seeds", [])):
+        runs = report["runs"] if k == 0 else entry.get("runs")
+        if isinstance(runs, dict) and "seed" in entry:
+            out[int(entry["seed"])] = {"shared": runs.get("shared"), "alone": list(runs.get("alone") or [])}
+    return out
+
+
 def run_compare(cfg: Config) -> tuple[int, dict[str, Any]]:
     """Every seed a full shared + alone pair (`assemble` says where each lands in the JSON).
     The JSON is rewritten after every run, so an invocation stopped half-way keeps the runs
@@ -718,8 +765,9 @@ def run_compare(cfg: Config) -> tuple[int, dict[str, Any]]:
                                         "still running, or was stopped)"]}
         _write(assemble(cfg, [*entries, partial]), cfg.out)
 
+    earlier = resumed_runs(cfg)
     for seed in cfg.run_seeds:
-        entry = compare_seed(cfg, seed, saved)
+        entry = compare_seed(cfg, seed, saved, earlier.get(seed))
         entries.append(entry)
         if entry["comparison"] is None:
             break
@@ -921,6 +969,7 @@ def build_config(args: argparse.Namespace) -> Config:
         raise BadArgument(f"--out: {str(out)!r} must end in .json (the PNG goes beside it)")
     return Config(plans=plans, base=args.base, fast=args.fast, sizes=sizes, run_timeout_s=args.run_timeout_s,
                   seed=args.seed, out=out, scaling=scaling_counts, notes=notes, keep_data=args.keep_data,
+                  resume=args.resume,
                   trainer_group_max=args.trainer_group_max, poll_s=args.poll_s, seeds=seeds,
                   pick_dataset=pick_dataset, pick_demos=args.pick_demos)
 
@@ -963,6 +1012,9 @@ def parser() -> argparse.ArgumentParser:
                    help=f"sft-pick: closing eval episodes on held-out seeds ({PICK_EVAL_SEED}..)")
     p.add_argument("--out", type=Path, help="JSON path (PNG beside it); default bench/results/multitenant[-scaling].json")
     p.add_argument("--keep-data", action="store_true", help="keep each run's temp data dir (logs)")
+    p.add_argument("--resume", type=Path, default=None, metavar="JSON",
+                   help="an earlier invocation's JSON (same command): its successful shared run and alone runs "
+                        "are kept, the missing or failed ones run now")
     p.add_argument("--replot", type=Path, nargs="+", metavar="JSON",
                    help="rebuild the PNG and table from saved JSON (several scaling files: merged into --out); runs nothing")
     return p
@@ -994,7 +1046,11 @@ def main(argv: list[str] | None = None) -> int:
         except (RuntimeError, subprocess.TimeoutExpired) as exc:
             print(f"error: the PickCube demos could not be recorded: {exc}", file=sys.stderr)
             return 1
-        code, _ = run_scaling(cfg) if cfg.scaling else run_compare(cfg)
+        try:
+            code, _ = run_scaling(cfg) if cfg.scaling else run_compare(cfg)
+        except BadArgument as exc:  # --resume of another config, or not a report
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
     except KeyboardInterrupt:
         for dep in list(LIVE):  # a deployment whose own finally was cut short
             dep.cleanup()
