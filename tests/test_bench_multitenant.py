@@ -450,3 +450,36 @@ def test_run_compare_over_seeds_writes_every_run_as_it_finishes(tmp_path, monkey
     assert partial["seeds"][1]["refused"] == ["incomplete: 1 of 3 runs done (the invocation was still running, "
                                               "or was stopped)"]
     assert partial["summary"]["compared_seeds"] == [1]
+
+
+def test_resume_keeps_the_successful_runs_and_runs_the_rest(tmp_path, monkeypatch):
+    """`--resume`: an invocation whose second alone run failed (a trainer crash) is resumed:
+    its shared run and first alone run are kept, only the failed one runs again; a JSON made
+    with other settings is refused naming them."""
+    argv = ["--mix", "rl-reach:2,sft-reach:2", "--seed", "3", "--out", str(tmp_path / "r.json")]
+    cfg = mt.build_config(mt.parser().parse_args(argv))
+    a, b = (p.name for p in cfg.plans)
+    ok = lambda name, tenants, held: _run(name, {t: _tenant("rl-reach", "rl", 0.5) for t in tenants}, held=held,  # noqa: E731
+                                          busy={"trainer": 10.0, "inferencer": 5.0})
+    crashed = ok(f"alone:{b}", [b], 50.0)
+    crashed.update(ok=False, error="trainer did not answer info")
+    earlier = {"seed": 3, "runs": {"shared": ok("shared", [a, b], 100.0), "alone": [ok(f"alone:{a}", [a], 60.0), crashed]},
+               "comparison": None, "refused": ["alone:b crashed"]}
+    first = tmp_path / "first.json"
+    first.write_text(json.dumps(mt.assemble(cfg, [earlier])))
+    ran: list[str] = []
+
+    def one_run(name, plans, _cfg, _n, _seed):  # what a deployment would return: a fresh run record
+        ran.append(name)
+        return ok(name, [p.name for p in plans], 70.0)
+
+    monkeypatch.setattr(mt, "one_run", one_run)
+    monkeypatch.setattr(mt, "plot", lambda report, out: out)  # no figure needed here
+    code, report = mt.run_compare(mt.build_config(mt.parser().parse_args([*argv, "--resume", str(first)])))
+    assert code == 0 and ran == [f"alone:{b}"]
+    assert report["seeds"][0]["resumed"] == ["shared", f"alone:{a}"]
+    assert report["comparison"]["device_s"]["alone_sum"] == 2 * (60.0 + 70.0)
+    other = mt.build_config(mt.parser().parse_args(["--mix", "rl-reach:4,sft-reach:2", "--seed", "3",
+                                                    "--resume", str(first), "--out", str(tmp_path / "x.json")]))
+    with pytest.raises(mt.BadArgument, match="made with other settings \\(.*plans.*\\); resume it with the same command"):
+        mt.run_compare(other)
