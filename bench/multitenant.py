@@ -44,7 +44,9 @@ one line naming the argument). Every deployment is stopped on the way out, on fa
 or SIGTERM too (``nexus down``, then SIGKILL of whatever it left). A run that fails (``nexus up``
 failed, a workload did not complete, a role restarted, the run timed out) stops the experiment;
 the JSON then has ``"comparison": null`` and ``"refused"`` says which run failed and why, and
-the exit status is 1.
+the exit status is 1. ``--resume THAT.json`` (the same command otherwise; another config is
+refused naming what differs) keeps its successful shared run and the successful alone runs
+before the failed one, lists them under the seed's ``resumed``, and runs the rest.
 """
 
 from __future__ import annotations
