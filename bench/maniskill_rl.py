@@ -52,13 +52,18 @@ def sft_spec(example: dict[str, Any], tenant: str, seed: int, root: Path, steps:
 
 
 def rl_spec(sft: dict[str, Any], env: dict[str, Any], episodes: int, max_wall_s: float,
-            value_warmup_episodes: int = 0) -> dict[str, Any]:
+            value_warmup_episodes: int = 0, ppo: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``ppo``: PPO's settings (default `PPO`; `--lr` / `--epochs` change them)."""
     spec = {k: copy.deepcopy(sft[k]) for k in ("tenant", "base", "seed", "action_module", "observation", "action")}
-    algorithm = {**PPO, **({"value_warmup_episodes": value_warmup_episodes} if value_warmup_episodes else {})}
+    algorithm = {**(ppo or PPO), **({"value_warmup_episodes": value_warmup_episodes} if value_warmup_episodes else {})}
     spec.update(task="rl", env=copy.deepcopy(env), algorithm=algorithm,
                 schedule={"max_inflight_jobs": 2, "staleness_bound": 64,
                           "budget": {"max_episodes": episodes, "max_wall_s": max_wall_s}})
     return spec
+
+
+def ppo_settings(args: argparse.Namespace) -> dict[str, Any]:
+    return {**PPO, "lr": args.lr, "epochs": args.epochs}
 
 
 def run(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
@@ -73,7 +78,8 @@ def run(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
                               "rounds": args.rounds, "round_episodes": args.round_episodes,
                               "value_warmup_episodes": args.value_warmup_episodes,
                               "eval_episodes": args.eval_episodes, "eval_seed": args.eval_seed,
-                              "action_module": GAUSSIAN, "ppo": PPO, "cpu_threads": os.environ.get("OMP_NUM_THREADS")}
+                              "action_module": GAUSSIAN, "ppo": ppo_settings(args),
+                              "cpu_threads": os.environ.get("OMP_NUM_THREADS")}
     root = args.dataset or data_dir.parent / f"{data_dir.name}-demos"
     if not (root / "meta" / "info.json").is_file():
         report["record"] = record_demos(root, args.demo_episodes, 0, 0.1, env["options"], env["id"],
@@ -109,7 +115,7 @@ def run(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
                     # The value warm-up (if asked) in the first round only: the policy then starts
                     # from its SFT version with a value head that has seen that policy's returns.
                     warm = args.value_warmup_episodes if i == 0 else 0
-                    rl = client.submit(rl_spec(sft, env, args.round_episodes, args.round_wall_s, warm)).wait(
+                    rl = client.submit(rl_spec(sft, env, args.round_episodes, args.round_wall_s, warm, ppo_settings(args))).wait(
                         timeout_s=args.timeout_s)
                     episodes += rl.episodes or 0
                     rnd = {"round": i + 1, "state": rl.state, "message": rl.message, "version": rl.step,
@@ -158,13 +164,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eval-episodes", type=int, default=30)
     p.add_argument("--value-warmup-episodes", type=int, default=0,
                    help="the first round's first episodes train the value head only (algorithm.value_warmup_episodes)")
+    p.add_argument("--lr", type=float, default=PPO["lr"], help="PPO's learning rate")
+    p.add_argument("--epochs", type=int, default=PPO["epochs"], help="PPO epochs per update")
     p.add_argument("--eval-seed", type=int, default=100_000, help="held-out reset seeds start here")
     p.add_argument("--timeout-s", type=float, default=3600.0, help="per workload wait")
     p.add_argument("--data-dir", type=Path, default=None)
     p.add_argument("--out", type=Path, default=None, help="write the report JSON here")
     args = p.parse_args(argv)
     args.seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
-    for name in ("sft_steps", "rounds", "round_episodes", "eval_episodes"):
+    if not 0 < args.lr <= 1:
+        p.error(f"--lr {args.lr}: must be in (0, 1]")
+    for name in ("sft_steps", "rounds", "round_episodes", "eval_episodes", "epochs"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} {getattr(args, name)}: must be >= 1")
     if not 0 <= args.value_warmup_episodes < args.round_episodes:

@@ -29,6 +29,9 @@ def test_sft_ppo_and_eval_specs_are_valid_and_name_one_tenant(task):
     assert specs[1].algorithm.value_warmup_episodes == 0
     warm = parse_spec(maniskill_rl.rl_spec(sft, ev_example["env"], 100, 600.0, value_warmup_episodes=32))
     assert warm.algorithm.value_warmup_episodes == 32
+    slow = parse_spec(maniskill_rl.rl_spec(sft, ev_example["env"], 100, 600.0,
+                                           ppo={**maniskill_rl.PPO, "lr": 5e-5, "epochs": 1}))
+    assert slow.algorithm.lr == 5e-5 and slow.algorithm.epochs == 1  # --lr / --epochs reach the spec
     # The example is not changed by building a spec from it.
     assert load_document(sft_path.read_text()) == sft_example
 
