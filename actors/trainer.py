@@ -373,12 +373,12 @@ class Trainer(Role):
             base = bases[part[0].tenant]
             try:
                 results = self._metered_step(base, part, grouped=True)
-            except RankLost:
-                raise
                 if len({w.res.slot.adapter is None for w in part}) == 2:
                     self.mixed_lora_steps += 1
                 if len({w.res.slot.head.needs_prefix_kv for w in part}) == 2:
                     self.mixed_expert_steps += 1
+            except RankLost:
+                raise
             except Exception:
                 # Find the culprit: run the tenants one by one; only the failing one fails.
                 results = []
