@@ -143,8 +143,12 @@ def test_nexus_trace_prints_the_breakdown_and_writes_chrome_json(deployment, tmp
     root, spans = _update_trace(deployment)
     data_dir = str(deployment.data_dir)
     out = tmp_path / "timeline.json"
+    # The deployment is live: a late span of the workload (a master's event publish) may land
+    # between reads, so the CLI's count is bounded by the spans read before and after it.
+    spans_before = len(select(load_spans(deployment.traces), workload=deployment.workload))
     run = subprocess.run(nexus_cmd("trace", "--workload", deployment.workload, "--data-dir", data_dir,
                                    "--chrome", str(out)), capture_output=True, text=True, env=python_env(), timeout=60)
+    spans_after = len(select(load_spans(deployment.traces), workload=deployment.workload))
     assert run.returncode == 0, run.stderr
     print(run.stdout)
     assert f"workload {deployment.workload}:" in run.stdout and "CRITICAL PATH" in run.stdout
@@ -153,7 +157,7 @@ def test_nexus_trace_prints_the_breakdown_and_writes_chrome_json(deployment, tmp
     chrome = json.loads(out.read_text())
     complete = [e for e in chrome["traceEvents"] if e["ph"] == "X"]
     names = {e["args"]["name"] for e in chrome["traceEvents"] if e["ph"] == "M"}
-    assert len(names) >= 4 and len(complete) == len(select(load_spans(deployment.traces), workload=deployment.workload))
+    assert len(names) >= 4 and spans_before <= len(complete) <= spans_after, (spans_before, len(complete), spans_after)
     assert all(e["dur"] >= 0 and e["ts"] > 0 for e in complete)
     assert any(e["ph"] == "f" for e in chrome["traceEvents"])  # a hop between processes is drawn
 
