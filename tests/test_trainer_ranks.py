@@ -249,3 +249,13 @@ def test_a_slot_changed_in_place_between_steps_is_sent_again():
     assert [p.returncode for p in group.procs] == [0]
     for (name, a), (_, b) in zip(ref.named_trainable(), dp.named_trainable()):
         assert float((a - b).abs().max()) <= TOL * max(float(a.abs().max()), 1e-12), name
+
+
+@pytest.mark.parametrize("argv, needle", [(["--ranks", "0"], "each in 1..64"), (["--ranks", "1,x"], "comma-separated"),
+                                          (["--steps", "0"], "--steps 0: must be >= 1")])
+def test_the_ranks_benchmark_refuses_bad_arguments_before_starting(argv, needle, capsys):
+    from bench import trainer_ranks
+
+    with pytest.raises(SystemExit) as exc:
+        trainer_ranks.main(argv)
+    assert exc.value.code == 2 and needle in capsys.readouterr().err
