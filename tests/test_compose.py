@@ -384,16 +384,21 @@ async def _audit(st: Stack, tenants: list[str]):
     from protocol.wire import decode
     from sdk.client import AsyncClient
 
+    from actors.bus import js_retry, retry_through_outage
+
     names = Names("nexus")
     async with AsyncClient(st.nats_url, "nexus", timeout_s=15.0) as client:
         jobs = [j for j in await client.jobs() if j.tenant in tenants]
-        kv = await client.bus.js.key_value(names.kv_versions)
-        store = await client.bus.js.object_store(names.obj_checkpoints)
+        # Through a leader election as the roles do (js_retry): right after the node kill the
+        # JetStream API once timed out here (stream info of the versions bucket), after the
+        # workloads had completed.
+        kv = await js_retry(client.bus.js.key_value, names.kv_versions)
+        store = await js_retry(client.bus.js.object_store, names.obj_checkpoints)
         versions, checkpoints = {}, {}
         for t in tenants:
-            versions[t] = decode((await kv.get(t)).value, WeightsRef).version
-            ref = await client.bus.request(names.master("checkpoint_get"), CheckpointGetRequest(tenant=t),
-                                           CheckpointRef, timeout_s=15.0)
+            versions[t] = decode((await js_retry(kv.get, t)).value, WeightsRef).version
+            ref = await retry_through_outage(client.bus.request, names.master("checkpoint_get"),
+                                             CheckpointGetRequest(tenant=t), CheckpointRef, timeout_s=15.0)
             blob = unpackb(await get_object(store, ref.object_name))
             checkpoints[t] = {"applied": list(blob.get("applied", [])), "version": blob.get("version")}
     return audit_jobs(jobs, versions, checkpoints), jobs
