@@ -644,17 +644,23 @@ def one_run(name: str, plans: list[TenantPlan], cfg: Config, n_for_settings: int
     data_dir = Path(tempfile.mkdtemp(prefix=f"nexus-mt-{name.replace(':', '-')}-")).resolve()
     dep = MtDeployment(data_dir, cfg.settings(n_for_settings))
     LIVE.append(dep)
+    rec: RunRecord | None = None
     try:
         rec = asyncio.run(Runner(name, plans, cfg, dep, seed=seed).run())
     finally:
         notes = dep.cleanup()
         LIVE.remove(dep)
-        if not cfg.keep_data:
+        # A failed run keeps its data dir: the roles' logs there (a crashed role's fault
+        # handler dump) are the only record of why; the error line names one log line only.
+        failed = rec is None or not rec.ok
+        if not cfg.keep_data and not failed:
             shutil.rmtree(data_dir, ignore_errors=True)
     out = asdict(rec)
     out["cleanup"] = notes
+    if failed:
+        out["data_dir"] = str(data_dir)
     print(f"[multitenant {name}] {'ok' if rec.ok else 'FAILED: ' + '; '.join(failures([out]))} "
-          f"(wall {rec.wall_s:.1f} s)", flush=True)
+          f"(wall {rec.wall_s:.1f} s){'' if rec.ok else f'; logs kept in {data_dir}/logs'}", flush=True)
     return out
 
 

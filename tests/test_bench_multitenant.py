@@ -483,3 +483,17 @@ def test_resume_keeps_the_successful_runs_and_runs_the_rest(tmp_path, monkeypatc
                                                     "--resume", str(first), "--out", str(tmp_path / "x.json")]))
     with pytest.raises(mt.BadArgument, match="made with other settings \\(.*plans.*\\); resume it with the same command"):
         mt.run_compare(other)
+
+
+def test_a_failed_run_keeps_its_data_dir_and_names_it(tmp_path, monkeypatch, capsys):
+    """A run that fails (here `nexus up` refuses a setting: a real CLI call, no deployment
+    starts) keeps its temp data dir without --keep-data: the roles' logs there are the record
+    of why (a crashed trainer's fault-handler dump is more than the error's one log line)."""
+    monkeypatch.setenv("NEXUS_TRAINER_RANKS", "0")
+    monkeypatch.setattr(mt.tempfile, "tempdir", str(tmp_path))
+    cfg = mt.Config(plans=[mt.TenantPlan("a", "rl-reach", 4)], out=tmp_path / "mt.json")
+    out = mt.one_run("shared", cfg.plans, cfg, 1)
+    assert not out["ok"] and "nexus up failed" in out["error"] and "NEXUS_TRAINER_RANKS" in out["error"]
+    kept = out["data_dir"]
+    assert kept.startswith(str(tmp_path.resolve())) and mt.Path(kept).is_dir()
+    assert f"logs kept in {kept}/logs" in capsys.readouterr().out
