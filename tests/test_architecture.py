@@ -1,0 +1,161 @@
+"""The house's floors, read from the code's own imports (every import statement, a function's
+local ones and type-only ones too: each is a tie someone reading the code must follow).
+
+Packages stand on floors, each allowed to import only the floors below it; no module takes
+part in an import circle. A change that adds an upward import or a circle fails here, naming
+the files and lines, so the structure docs/architecture.md draws stays the structure the code
+has."""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Lowest first. A package may import its own floor's package and any lower one.
+FLOORS: tuple[tuple[str, ...], ...] = (
+    ("models",),
+    ("protocol",),
+    ("envs",),
+    ("actors",),
+    ("master",),
+    ("sdk",),
+    ("workflows",),
+    ("bench", "deploy"),
+)
+FLOOR = {pkg: i for i, names in enumerate(FLOORS) for pkg in names}
+
+
+def _module(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for pkg in FLOOR:
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            out[_module(path)] = path
+    return out
+
+
+def _resolve(name: str, modules: dict[str, Path]) -> str | None:
+    """The tree's module an import names (``a.b.c`` may be a module or a name in ``a.b``)."""
+    while name:
+        if name in modules:
+            return name
+        name = name.rpartition(".")[0]
+    return None
+
+
+def import_graph() -> dict[str, dict[str, list[int]]]:
+    """module -> {imported module of this tree: [line, ...]}."""
+    modules = _modules()
+    graph: dict[str, dict[str, list[int]]] = {m: defaultdict(list) for m in modules}
+    for mod, path in modules.items():
+        package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")
+                    anchor = anchor[: len(anchor) - (node.level - 1)]
+                    base = ".".join([*anchor, base] if base else anchor)
+                # `from pkg import mod` names a module; `from mod import name` a name in it.
+                targets = [f"{base}.{a.name}" for a in node.names] or [base]
+            for target in targets:
+                hit = _resolve(target, modules)
+                if hit is not None and hit != mod:
+                    graph[mod][hit].append(node.lineno)
+    return graph
+
+
+def upward_imports(graph: dict[str, dict[str, list[int]]]) -> list[str]:
+    out = []
+    for mod, deps in graph.items():
+        for dep, lines in deps.items():
+            a, b = mod.split(".")[0], dep.split(".")[0]
+            if FLOOR[b] > FLOOR[a]:
+                out.append(f"{mod} (floor {FLOOR[a] + 1}) imports {dep} (floor {FLOOR[b] + 1}) at line(s) {lines}")
+    return sorted(out)
+
+
+def circles(graph: dict[str, dict[str, list[int]]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan's, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+    counter = 0
+    for start in graph:
+        if start in index:
+            continue
+        work = [(start, iter(graph[start]))]
+        index[start] = low[start] = counter
+        counter += 1
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, it = work[-1]
+            nxt = next(it, None)
+            if nxt is not None:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = counter
+                    counter += 1
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(graph[nxt])))
+                elif nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                comp = []
+                while True:
+                    m = stack.pop()
+                    on_stack.discard(m)
+                    comp.append(m)
+                    if m == node:
+                        break
+                if len(comp) > 1:
+                    out.append(sorted(comp))
+    return sorted(out)
+
+
+def _describe(graph: dict[str, dict[str, list[int]]], comp: list[str]) -> str:
+    members = set(comp)
+    ties = [f"{a} -> {b} (line {graph[a][b][0]})" for a in comp for b in sorted(graph[a]) if b in members]
+    return "circle: " + "; ".join(ties)
+
+
+def test_the_graph_is_read():
+    """The reader itself: known imports are found (a broken reader would pass everything)."""
+    graph = import_graph()
+    assert "protocol.messages" in graph["actors.trainer"]
+    assert any(dep.startswith("models.") or dep == "models" for dep in graph["actors.trainer"])
+    assert len(graph) > 150
+
+
+def test_the_reader_finds_an_upward_import_and_a_circle():
+    graph = {"models.a": {"actors.b": [3]}, "actors.b": {"models.a": [7]}}
+    assert upward_imports(graph) == ["models.a (floor 1) imports actors.b (floor 4) at line(s) [3]"]
+    assert circles(graph) == [["actors.b", "models.a"]]
+
+
+def test_no_import_runs_up_a_floor():
+    up = upward_imports(import_graph())
+    assert not up, "imports that run from a lower floor to a higher one:\n  " + "\n  ".join(up)
+
+
+def test_no_import_circles():
+    graph = import_graph()
+    found = [_describe(graph, comp) for comp in circles(graph)]
+    assert not found, f"{len(found)} import circle(s):\n  " + "\n  ".join(found)
