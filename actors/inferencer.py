@@ -68,8 +68,7 @@ from actors.tracing import (
 )
 from protocol.errors import Busy, Draining, InternalError, NexusError, QuotaExceeded
 from protocol.messages import ErrorReply, PredictReply, PredictRequest, WeightsRef, is_slot_reset
-from protocol.policy import default_quotas, usage_flush_from_env
-from protocol.settings import BaseImageSettings, InferencerSettings
+from protocol.settings import BaseImageSettings, InferencerSettings, default_quotas, usage_flush_from_env
 from protocol.subjects import check_token, pool_name
 from protocol.wire import decode, encode
 

@@ -66,8 +66,8 @@ from protocol.messages import (
     TrainBatchReply,
     WeightsRef,
 )
-from protocol.policy import DRAIN_RELEASE, usage_flush_from_env
-from protocol.settings import FAULT_POINTS, BaseImageSettings, TrainerSettings, leases_from_env
+from protocol.policy import DRAIN_RELEASE
+from protocol.settings import FAULT_POINTS, BaseImageSettings, TrainerSettings, leases_from_env, usage_flush_from_env
 from protocol.subjects import check_token
 
 # Fault injection for the exactly-once tests: SIGKILL this process at the named point of the

@@ -104,8 +104,8 @@ from protocol.messages import (
     TenantShow,
     WeightsRef,
 )
-from protocol.policy import KV_LOAD, KV_LOAD_ENTRY_TIMEOUT_S, OWNER_CHECK_EVERY_S, default_quotas
-from protocol.settings import MasterSettings, leases_from_env, retention_from_env
+from protocol.policy import KV_LOAD, KV_LOAD_ENTRY_TIMEOUT_S, OWNER_CHECK_EVERY_S
+from protocol.settings import MasterSettings, default_quotas, leases_from_env, retention_from_env
 from protocol.subjects import canonical_base, check_token
 from protocol.wire import decode, encode
 

@@ -11,7 +11,7 @@ Used by the trainer and the inferencer processes; no NATS and no service code in
 See docs/model_core.md for the design and the API.
 """
 
-from models.base import BaseConfig, BaseModel, BaseOutput
+from models.base import BaseConfig, BaseModel
 from models.errors import (
     CheckpointError,
     IncompatibleBatchError,
@@ -32,6 +32,7 @@ from models.group import (
 )
 from models.lora import AdapterConfig, LoraAdapter
 from models.heads import HEADS, ActionHead, HeadDims, TenantBatch, build_head, head_config, register_head
+from models.outputs import BaseOutput
 from models.preprocess import Observation, TenantPreprocessor
 from models.presets import PRESETS
 from models.schema import CameraSpec, CompatibilityKey, FeatureLayout, TenantSchema

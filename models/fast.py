@@ -210,7 +210,7 @@ def _text_layer_lora(layer, h: torch.Tensor, attn: torch.Tensor, cos: torch.Tens
 
     ``return_kv``: (h, keys, values), the layer's keys and values as its KV cache holds them
     ((B, kv_heads, L, head_dim), keys normed and rotated, the base dtype): the prefix an action
-    expert reads (`models.base.PrefixKV`). With ``lora`` all None (and ``rows`` None) this is the
+    expert reads (`models.outputs.PrefixKV`). With ``lora`` all None (and ``rows`` None) this is the
     frozen layer, so one function serves expert, LoRA and frozen rows in one forward."""
     from models.lora import pooled_delta
 

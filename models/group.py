@@ -28,10 +28,11 @@ from typing import Sequence
 
 import torch
 
-from models.base import BaseModel, BaseOutput
+from models.base import BaseModel
 from models.errors import IncompatibleBatchError, InputError
 from models.features import VLABatch
 from models.heads import TenantBatch
+from models.outputs import BaseOutput
 from models.slot import TenantSlot
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from protocol.errors import InvalidField, NexusError, error_from_code
+from protocol.policy import PRIORITY_MAX, PRIORITY_MIN, SAMPLE_MAX_FRAMES
 from protocol.wire import Array, message
 
 # Seeds feed numpy's SeedSequence (non-negative, any size); indices become int64.
@@ -369,8 +370,6 @@ class TenantQuotas:
                 raise InvalidField(f"quotas.{name}", f"must be an integer >= 1, got {getattr(self, name)!r}")
         if not (isinstance(self.predict_rate_per_s, (int, float)) and self.predict_rate_per_s > 0):
             raise InvalidField("quotas.predict_rate_per_s", f"must be > 0, got {self.predict_rate_per_s!r}")
-        from protocol.policy import PRIORITY_MAX, PRIORITY_MIN
-
         if not (isinstance(self.max_priority, int) and PRIORITY_MIN <= self.max_priority <= PRIORITY_MAX):
             raise InvalidField("quotas.max_priority", f"must be an integer in {PRIORITY_MIN}..{PRIORITY_MAX}, "
                                                       f"got {self.max_priority!r}")
@@ -1274,8 +1273,6 @@ class SampleRequest:
     indices: list[int] = field(default_factory=list)  # exact frames instead of a random sample
 
     def __post_init__(self) -> None:
-        from protocol.policy import SAMPLE_MAX_FRAMES
-
         if self.seed is not None and self.seed < 0:
             raise InvalidField("seed", f"must be >= 0, got {self.seed}")
         # Checked at decode: a worker never reads more frames than one reply can carry.

@@ -8,6 +8,8 @@ retry horizon of the whole system can be read (and tested) here::
 
 The numbers are defaults with a reason each; the dedup window of the training-queue streams
 is derived from the longest horizon below, so a retried put is always recognised.
+
+Nothing of protocol is imported here: `protocol.messages` and `protocol.settings` build on it.
 """
 
 from __future__ import annotations
@@ -114,7 +116,8 @@ LIFECYCLE_SAVE = RetryPolicy("lifecycle_save", attempts=1, backoff_s=1.0, max_ba
 
 
 # The defaults; the roles take them with their NEXUS_* variables (protocol.settings:
-# leases_from_env, retention_from_env).
+# leases_from_env, retention_from_env; default_quotas and usage_flush_from_env likewise for
+# a tenant's quotas and USAGE_FLUSH).
 LEASES = Leases()
 RETENTION = Retention()
 
@@ -237,14 +240,6 @@ UPLOAD_SLICE_BYTES = 512 * 1024
 INIT_WEIGHTS_TIMEOUT_S = 120.0
 
 
-def default_quotas():
-    """The quotas of a tenant that has none of its own: `protocol.messages.TenantQuotas`'s
-    defaults, each overridable by NEXUS_QUOTA_<FIELD> (typed in `protocol.settings`)."""
-    from protocol.settings import QuotaSettings
-
-    return QuotaSettings.from_env().quotas()
-
-
 @dataclass(frozen=True)
 class UsageFlush:
     """How the trainer and inferencer send metered usage to the master.
@@ -271,14 +266,6 @@ class UsageFlush:
 
 
 USAGE_FLUSH = UsageFlush()
-
-
-def usage_flush_from_env() -> UsageFlush:
-    """`USAGE_FLUSH` with NEXUS_USAGE_FLUSH_EVERY_S and NEXUS_METER_{TRAIN,INFER}_OVERHEAD_ROWS
-    (typed in `protocol.settings`)."""
-    from protocol.settings import UsageSettings
-
-    return UsageSettings.from_env().usage_flush()
 
 
 @dataclass(frozen=True)

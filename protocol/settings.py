@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_core import PydanticCustomError
 
 from protocol.errors import ErrorCode, NexusError
-from protocol.policy import COHORT_JOIN_WAIT_S, INFERENCE_OUTAGE, LEASES, RETENTION, Leases, Retention
+from protocol.policy import COHORT_JOIN_WAIT_S, INFERENCE_OUTAGE, LEASES, RETENTION, Leases, Retention, UsageFlush
 from protocol.subjects import DEFAULT_PREFIX, ROLES, Names
 
 # The trainer's fault points for the exactly-once tests, in lifecycle order.
@@ -456,9 +456,7 @@ class UsageSettings(EnvSettings):
         "NEXUS_METER_INFER_OVERHEAD_ROWS",
         "a tenant's fixed cost per grouped forward, in rows, when splitting its busy time (docs/usage.md)"))
 
-    def usage_flush(self) -> Any:
-        from protocol.policy import UsageFlush
-
+    def usage_flush(self) -> UsageFlush:
         return UsageFlush(every_s=self.every_s, train_overhead_rows=self.train_overhead_rows,
                           infer_overhead_rows=self.infer_overhead_rows)
 
@@ -697,6 +695,18 @@ def leases_from_env() -> Leases:
 def retention_from_env() -> Retention:
     """`RETENTION` with NEXUS_COMPACT_EVERY_S / NEXUS_JOB_RETENTION_S / NEXUS_VERSIONS_KEPT."""
     return RetentionSettings.from_env().retention()
+
+
+def default_quotas():
+    """The quotas of a tenant that has none of its own: `protocol.messages.TenantQuotas`'s
+    defaults, each overridable by NEXUS_QUOTA_<FIELD> (typed in `QuotaSettings`)."""
+    return QuotaSettings.from_env().quotas()
+
+
+def usage_flush_from_env() -> UsageFlush:
+    """`USAGE_FLUSH` (protocol.policy) with NEXUS_USAGE_FLUSH_EVERY_S and
+    NEXUS_METER_{TRAIN,INFER}_OVERHEAD_ROWS (typed in `UsageSettings`)."""
+    return UsageSettings.from_env().usage_flush()
 
 
 # ---- variables this module does not parse -----------------------------------------------

@@ -24,9 +24,9 @@ from typing import Any, Callable, Iterator, Mapping
 import torch
 from torch import nn
 
-from models.base import BaseOutput
 from models.errors import InputError, SchemaError, UnknownNameError
 from models.features import VLABatch
+from models.outputs import BaseOutput
 
 
 @dataclass(frozen=True)

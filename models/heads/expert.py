@@ -46,11 +46,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.base import BaseOutput
 from models.errors import InputError, SchemaError
 from models.families.common import AttentionShape
 from models.heads.base import HeadDims, positive, randn, register_head
 from models.heads.flow import FlowMatchingHead, timestep_embedding
+from models.outputs import BaseOutput
 
 EXPERT = "expert"
 

@@ -16,10 +16,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.base import BaseOutput
 from models.errors import SchemaError
 from models.features import VLABatch
 from models.heads.base import ActionHead, HeadDims, LossOutput, TenantBatch, positive, rand, randn, register_head
+from models.outputs import BaseOutput
 
 
 @dataclass(frozen=True)

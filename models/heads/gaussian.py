@@ -16,11 +16,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.base import BaseOutput
 from models.errors import InputError
 from models.features import VLABatch
 from models.heads.base import ActionHead, HeadDims, LossOutput, TenantBatch, mlp, positive, randn, register_head
 from models.heads.vision import POOLINGS, ImageEncoder, InstructionEncoder
+from models.outputs import BaseOutput
 
 _LOG_2PI = math.log(2 * math.pi)
 

@@ -9,10 +9,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.base import BaseOutput
 from models.features import VLABatch
 from models.heads.base import ActionHead, HeadDims, LossOutput, TenantBatch, mlp, positive, register_head
 from models.heads.vision import POOLINGS, ImageEncoder, InstructionEncoder
+from models.outputs import BaseOutput
 
 
 @dataclass(frozen=True)
