@@ -31,7 +31,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from actors.auth import AUTH_DIR, AuthStore, Credentials, resolver_block
+from actors.auth import AUTH_DIR, AuthStore, resolver_block
+from actors.creds import Credentials
 from actors.permissions import SUPERVISOR
 from protocol.errors import NexusError, Unavailable
 from protocol.subjects import Names

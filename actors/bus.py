@@ -25,7 +25,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
 from actors.tracing import hop_name, inject, messaging, nexus_attrs, reply_link
-from actors.auth import Credentials, redact_url, strip_userinfo, url_creds
+from actors.creds import Credentials, redact_url, strip_userinfo, url_creds
 from protocol.errors import PayloadTooLarge, RequestTimeout, Unauthenticated, Unavailable
 from protocol.messages import ErrorReply, ok_or_raise
 from protocol.policy import MASTER_OUTAGE, RetryPolicy
@@ -68,7 +68,7 @@ class Bus:
         creds: Path | Credentials | None = None,
         **callbacks: Any,
     ) -> Bus:
-        """``creds``: a NATS credentials file (`actors.auth`) or its contents; without it,
+        """``creds``: a NATS credentials file (`actors.creds`) or its contents; without it,
         the file the URL names (``nats://host:4222?creds=PATH``), or none."""
         if creds is None:
             creds = url_creds(url)

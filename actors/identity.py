@@ -26,7 +26,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from actors.auth import PLATFORM_ACCOUNT, tenant_of_tags
+from actors.auth import PLATFORM_ACCOUNT
+from actors.creds import tenant_of_tags
 from protocol.errors import PermissionDenied
 
 REQUEST_INFO_HEADER = "Nats-Request-Info"

@@ -125,8 +125,6 @@ async def ensure_layout(js: JetStreamContext, names: Names, replicas: int = 1,
         raise ValueError(f"settings.replicas: {settings.replicas} differs from replicas={replicas}")
     # Every call rides out "JetStream temporarily unavailable": a cluster that just formed (or
     # lost a node) has no meta leader for a moment, and `nexus up` must not fail on it.
-    from actors.bus import js_retry
-
     for cfg in stream_configs(names, replicas):
         try:
             before = (await js_retry(js.stream_info, cfg.name)).config.num_replicas

@@ -38,7 +38,8 @@ from pathlib import Path
 import orjson
 
 from actors.bus import Bus
-from actors.auth import ENV_CREDS, AuthStore, creds_from_env
+from actors.auth import AuthStore
+from actors.creds import ENV_CREDS, creds_from_env
 from actors.permissions import SUPERVISOR
 from actors.broker import EmbeddedBroker, EmbeddedCluster
 from actors.layout import ensure_layout, read_deployment_settings

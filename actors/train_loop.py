@@ -1,6 +1,6 @@
 """The trainer's continuous (iteration-level) scheduling loop: a running group refilled per step.
 
-    loop = TrainLoop(trainer)            # the trainer's I/O: lease, finish, fail, release
+    loop = TrainLoop(trainer, group_max=4, idle_poll_s=1.0, cohort_wait_s=0.5)  # a LoopHost
     await loop.run()                     # until the trainer drains
     work = await loop.submit(job)        # train_batch: a leased job joins at the next step
 
@@ -26,25 +26,26 @@ Exactly-once does not depend on the grouping: a job's commit is still one checkp
 accepted by the master under the job's lease epoch (docs/reliability.md), and a tenant never
 has two jobs on one trainer at once (the master leases one per tenant; a `train_batch` job of a
 tenant already in the group waits its turn here).
+
+The loop schedules; its host (`LoopHost`, the trainer) does the I/O and the compute: it sees
+the trainer only through that interface.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from actors.bus import is_broker_outage
 from actors.slots import Resident
-from actors.tq_read import join_parts, read_job_items
+from actors.tq_read import join_parts
 from protocol.errors import Conflict, FailedPrecondition, NexusError
-from protocol.messages import JobRecord, LeaseReply, LeaseRequest, QueuePutRequest
-
-if TYPE_CHECKING:
-    from actors.trainer import Trainer
+from protocol.messages import JobRecord, QueuePutRequest
 
 # How often `wait_idle` (export_params / load_weights) looks whether a tenant's job is done.
 IDLE_POLL_S = 0.05
@@ -83,9 +84,85 @@ class Work:
         return out
 
 
+class LoopHost(Protocol):
+    """What `TrainLoop` needs of its trainer, and nothing more (`actors.trainer.Trainer` is
+    the host): the leases, the slots, the data and the compute."""
+
+    compute: asyncio.Lock  # held for one grouped step (export_params / load_weights go between)
+    lost_jobs: set[str]  # jobs whose lease the renewer found lost: dropped, never committed
+    log: Any  # the role's structlog logger
+
+    @property
+    def stopping(self) -> bool:
+        """A drain began: lease no more."""
+        ...
+
+    def drain_overdue(self) -> bool:
+        """Draining for longer than ``Leases.drain_finish_s``: release what is not done."""
+        ...
+
+    async def renew_loop(self) -> None:
+        """Renew the held jobs' leases until cancelled; add the lost ones to `lost_jobs`."""
+        ...
+
+    def hold(self, job: JobRecord) -> None:
+        """Renew ``job``'s lease (and open its trace span) until `unhold`."""
+        ...
+
+    def unhold(self, job_id: str) -> None: ...
+
+    async def lease_jobs(self, max_jobs: int) -> list[JobRecord]:
+        """Up to ``max_jobs`` jobs the master's scheduler picks; raises `NexusError`."""
+        ...
+
+    async def release(self, jobs: list[JobRecord], reason: str) -> None:
+        """Hand ``jobs`` back to the master uncommitted (and `unhold` them)."""
+        ...
+
+    def fault_point(self, point: str) -> None: ...
+
+    def stage(self, job: JobRecord, name: str) -> contextlib.AbstractContextManager[Any]:
+        """A stage span of ``job``'s trace, current inside the block."""
+        ...
+
+    async def slot_for(self, job: JobRecord) -> Resident:
+        """The job's tenant slot at its committed checkpoint."""
+        ...
+
+    async def read_items(self, job: JobRecord) -> list[QueuePutRequest]:
+        """The job's queued micro-batches (split parts not yet joined)."""
+        ...
+
+    async def reload_slot(self, tenant: str) -> None:
+        """Put ``tenant``'s slot back to its committed checkpoint (what trained since is dropped)."""
+        ...
+
+    def trim_slots(self, keep: set[str]) -> None:
+        """Offload idle slots and enforce the memory budget, sparing the tenants in ``keep``."""
+        ...
+
+    async def train_step(self, group: list[Work]) -> None:
+        """One grouped step: the next micro-batch of every job (a failing job gets ``error``)."""
+        ...
+
+    async def finish(self, w: Work) -> None:
+        """Commit -> export -> announce -> clear; raises `Conflict` when the lease was lost."""
+        ...
+
+    async def fail(self, job: JobRecord, reason: str) -> None:
+        """Record the job failed (and `unhold` it)."""
+        ...
+
+    def count_lost(self, job: JobRecord, why: str) -> None: ...
+
+
 class TrainLoop:
-    def __init__(self, trainer: Trainer) -> None:
-        self.t = trainer
+    def __init__(self, host: LoopHost, *, group_max: int, idle_poll_s: float, cohort_wait_s: float) -> None:
+        self.t = host
+        # TrainerConfig's knobs of the loop (defaults and reasons: there).
+        self.group_max = group_max
+        self.idle_poll_s = idle_poll_s
+        self.cohort_wait_s = cohort_wait_s
         self.jobs: dict[str, Work] = {}  # every job on this trainer, lease to done
         self.running: dict[str, Work] = {}  # the running group, in join order
         self._tasks: dict[str, asyncio.Task] = {}  # a job's prepare or finish task
@@ -184,25 +261,23 @@ class TrainLoop:
 
     async def _refill(self) -> None:
         t = self.t
-        room = t.tcfg.group_max - len(self.running) - self._count("preparing")
-        if time.monotonic() - self._leased_at > t.tcfg.idle_poll_s:
+        room = self.group_max - len(self.running) - self._count("preparing")
+        if time.monotonic() - self._leased_at > self.idle_poll_s:
             self._want_lease = True  # a fallback for a wake-up that never came
         if room <= 0 or not self._want_lease:
             return
         self._want_lease = False
         self._leased_at = time.monotonic()
         try:
-            reply = await t.bus.request(
-                t.names.master("lease"),
-                LeaseRequest(trainer=t.instance, max_jobs=room, lease_s=t.tcfg.lease_s), LeaseReply, timeout_s=10)
+            jobs = await t.lease_jobs(room)
         except NexusError as exc:
             t.log.warning("lease failed", error=str(exc))
             return
-        if len(reply.jobs) == room:
+        if len(jobs) == room:
             self._want_lease = True  # the master may hold more: ask again when there is room
-        if reply.jobs and not self.running:
-            self._cohort_until = time.monotonic() + t.tcfg.cohort_wait_s
-        for job in reply.jobs:
+        if jobs and not self.running:
+            self._cohort_until = time.monotonic() + self.cohort_wait_s
+        for job in jobs:
             w = Work(job=job)
             self._add(w)
             self._prepare(w)
@@ -230,7 +305,7 @@ class TrainLoop:
                 w.res = await t.slot_for(w.job)
                 w.skip = w.job.job in w.res.applied or w.job.state != "leased"
                 if not w.skip:
-                    w.items = await read_job_items(t.bus, t.names, w.job, 0, w.job.items)
+                    w.items = await t.read_items(w.job)
                     if len(w.items) != w.job.items:
                         raise FailedPrecondition(f"partition holds {len(w.items)} of {w.job.items} micro-batches")
                     # The parts of a micro-batch split to fit the max payload are one step.
@@ -245,7 +320,7 @@ class TrainLoop:
                 # instead of failing for good.
                 t.log.warning("preparing a job hit a broker outage; handing it back",
                               tenant=w.tenant, job=w.job.job, error=f"{type(exc).__name__}: {exc}")
-                await t.store.reload(w.tenant)  # a restore cut short leaves no half-loaded slot
+                await t.reload_slot(w.tenant)  # a restore cut short leaves no half-loaded slot
                 await t.release([w.job], f"preparing hit {type(exc).__name__}")
                 self._done(w)
                 return
@@ -268,7 +343,7 @@ class TrainLoop:
     async def _idle(self) -> None:
         self._changed.clear()
         try:
-            await asyncio.wait_for(self._changed.wait(), timeout=self.t.tcfg.idle_poll_s)
+            await asyncio.wait_for(self._changed.wait(), timeout=self.idle_poll_s)
         except asyncio.TimeoutError:
             self._want_lease = True
 
@@ -277,7 +352,7 @@ class TrainLoop:
         """Another trainer holds the job now: our in-memory state of its tenant is not committed."""
         w.lost = True
         self.running.pop(w.job.job, None)
-        await self.t.store.reload(w.tenant)
+        await self.t.reload_slot(w.tenant)
         self._done(w)
 
     async def _step(self) -> None:
@@ -295,7 +370,7 @@ class TrainLoop:
                 await self._drop_lost(w)
             elif w.error:
                 self.running.pop(w.job.job)
-                await t.store.reload(w.tenant)
+                await t.reload_slot(w.tenant)
                 await t.fail(w.job, w.error)
                 self._done(w)
             elif w.trained:
@@ -316,25 +391,24 @@ class TrainLoop:
         try:
             if w.job.job in t.lost_jobs:
                 w.lost = True
-                await t.store.reload(w.tenant)
+                await t.reload_slot(w.tenant)
                 return
             await t.finish(w)
         except Conflict as exc:
             # The fence: the lease was lost (or the checkpoint moved) before the commit.
             w.lost = True
             t.count_lost(w.job, exc.message)
-            await t.store.reload(w.tenant)
+            await t.reload_slot(w.tenant)
         except Exception as exc:
             w.error = f"finishing failed: {type(exc).__name__}: {exc}"
             t.log.error("finishing job failed", tenant=w.tenant, job=w.job.job, exc_info=exc)
-            await t.store.reload(w.tenant)
+            await t.reload_slot(w.tenant)
         finally:
             self._tasks.pop(w.job.job, None)
             self._want_lease = True  # the tenant is free: its next job may be leased
             self._done(w)
             busy = {x.tenant for x in self.jobs.values()}
-            t.store.offload_idle(keep=busy)
-            t.store.enforce_budget(keep=busy)  # past the memory budget, idle slots go
+            t.trim_slots(busy)  # past the memory budget, idle slots go
 
     def _done(self, w: Work) -> None:
         self.jobs.pop(w.job.job, None)
@@ -354,7 +428,7 @@ class TrainLoop:
         work = [w for w in self.jobs.values() if w.phase in ("parked", "preparing", "running")]
         self.running.clear()
         for w in work:
-            await self.t.store.reload(w.tenant)
+            await self.t.reload_slot(w.tenant)
         await self.t.release([w.job for w in work if w.job.job not in self.t.lost_jobs], reason)
         for w in work:
             w.released = True

@@ -41,6 +41,7 @@ from actors.metering import Meter, final_flush, flush_loop
 from actors.runtime import Role, RoleConfig, device_memory_bytes, op
 from actors.slots import Resident, SlotStore
 from actors.tracing import JobSpans
+from actors.tq_read import read_job_items
 from actors.train_loop import TrainLoop, Work
 from actors.trainer_ranks import Entry, RankLost
 from protocol.errors import Busy, Conflict, FailedPrecondition, NexusError, NotFound
@@ -117,7 +118,7 @@ class Trainer(Role):
         self.store: SlotStore | None = None
         # One grouped step at a time on the accelerator; export_params / load_weights go between.
         self.compute = asyncio.Lock()
-        self.loop = TrainLoop(self)
+        self.loop = self._new_loop()
         self._loop_done = asyncio.Event()
         self._drain_started: float | None = None
         self._held: dict[str, JobRecord] = {}  # job id -> record: the leases being renewed
@@ -238,11 +239,15 @@ class Trainer(Role):
             self.log.warning("fault injection: SIGKILL", point=point)
             os.kill(os.getpid(), signal.SIGKILL)
 
-    # -- the loop (actors.train_loop) and what it calls -------------------------------------
+    # -- the loop (actors.train_loop) and what it calls: its `LoopHost` ----------------------
+    def _new_loop(self) -> TrainLoop:
+        return TrainLoop(self, group_max=self.tcfg.group_max, idle_poll_s=self.tcfg.idle_poll_s,
+                         cohort_wait_s=self.tcfg.cohort_wait_s)
+
     async def _loop(self) -> None:
         assert self.bus is not None
         self._loop_done.clear()  # a restarted loop (critical: restarted after a failure)
-        self.loop = TrainLoop(self)
+        self.loop = self._new_loop()
         try:
             await self.loop.run()
         finally:
@@ -273,6 +278,31 @@ class Trainer(Role):
         """The job's tenant slot, brought up to its committed checkpoint."""
         assert self.store is not None
         return await self.store.slot(await self._tenant(job.tenant))
+
+    async def reload_slot(self, tenant: str) -> None:
+        """The tenant's slot back at its committed checkpoint (a job dropped, failed or released)."""
+        assert self.store is not None
+        await self.store.reload(tenant)
+
+    def trim_slots(self, keep: set[str]) -> None:
+        """Idle slots off the device, and past the memory budget out of memory (not ``keep``'s)."""
+        assert self.store is not None
+        self.store.offload_idle(keep=keep)
+        self.store.enforce_budget(keep=keep)
+
+    async def lease_jobs(self, max_jobs: int) -> list[JobRecord]:
+        """Up to ``max_jobs`` ready jobs, picked by the master's scheduler, leased to this trainer."""
+        assert self.bus is not None
+        reply = await self.bus.request(
+            self.names.master("lease"),
+            LeaseRequest(trainer=self.instance, max_jobs=max_jobs, lease_s=self.tcfg.lease_s), LeaseReply,
+            timeout_s=10)
+        return reply.jobs
+
+    async def read_items(self, job: JobRecord) -> list[QueuePutRequest]:
+        """The job's micro-batches from its tenant's training-queue partition."""
+        assert self.bus is not None
+        return await read_job_items(self.bus, self.names, job, 0, job.items)
 
     def stage(self, job: JobRecord, name: str) -> Any:
         """A stage span of ``job`` (`actors.tracing.JOB_STAGES`), current inside the block."""

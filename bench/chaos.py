@@ -805,7 +805,7 @@ def _url_ports(url: str) -> set[int]:
     plain address, never by splitting the raw text at its last colon."""
     from urllib.parse import urlsplit
 
-    from actors.auth import strip_userinfo
+    from actors.creds import strip_userinfo
 
     ports = set()
     for one in url.split(","):

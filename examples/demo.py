@@ -54,7 +54,7 @@ def tenant_creds(state: ClusterState, tenant: str) -> Path:
 async def run_workloads(state: ClusterState, timeout_s: float) -> int:
     import yaml
 
-    from actors.auth import redact_url
+    from actors.creds import redact_url
 
     started = time.time()
     plain_url = redact_url(state.nats_url)  # no credentials: each client names its own

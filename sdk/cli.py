@@ -161,7 +161,7 @@ def _global_options(
 
 
 def _creds() -> Path | None:
-    from actors.auth import creds_from_env
+    from actors.creds import creds_from_env
 
     return _CREDS or creds_from_env()
 
@@ -170,7 +170,7 @@ def _tenant_caller() -> str | None:
     """The tenant whose credentials this command logs in with (``--creds`` / NEXUS_CREDS), or
     None for the platform's (the admin's, by default). Commands that show the whole deployment
     (roles, other tenants) say so in one line for a tenant instead of an empty view."""
-    from actors.auth import Credentials
+    from actors.creds import Credentials
 
     path = _creds()
     if path is None:
@@ -302,7 +302,7 @@ def _up_detached(shown_dir: Path, cfg: Any, ready_timeout_s: float) -> int:
         if state is not None and state.supervisor_pid == proc.pid and state.ready:
             traces = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or f"{state.traces_dir}/"
             print(f"vla-nexus is up (supervisor pid {proc.pid})")
-            from actors.auth import redact_url
+            from actors.creds import redact_url
 
             print(f"  nats    {redact_url(state.nats_url)}" + (f" (admin credentials: {state.creds})" if state.creds else ""))
             print(f"  logs    {state.logs_dir}/ (supervisor.log, <role>.log)")
@@ -969,7 +969,8 @@ def _remove_tenant_account(data_dir: Path, name: str, timeout_s: float) -> dict[
     revoked (pushed to the running cluster, its connections closed), then the account leaves
     the state and ``accounts.conf``, and the creds file goes. The master cannot do this: the
     auth dir (the operator's keys) is the CLI's, not the master role's."""
-    from actors.auth import AuthStore, Credentials
+    from actors.auth import AuthStore
+    from actors.creds import Credentials
     from actors.supervisor import ClusterState
     from protocol.errors import NexusError
 
@@ -1091,7 +1092,8 @@ def tenant_creds_create(
     Again for the same name: new credentials; the old ones stop working (the rotation). The
     account's storage quota and limits (connections, subscriptions, message size) are the
     operator's: set here, kept when not given again."""
-    from actors.auth import AuthStore, Credentials
+    from actors.auth import AuthStore
+    from actors.creds import Credentials
     from actors.supervisor import ClusterState
     from sdk.term import print_json
 
@@ -1191,7 +1193,8 @@ def tenant_creds_revoke(
 ) -> int:
     """Revoke a tenant's credentials: its connections are closed now and it cannot log in
     again. Its workloads, policies and data stay (`nexus tenant delete` removes those)."""
-    from actors.auth import AuthStore, Credentials
+    from actors.auth import AuthStore
+    from actors.creds import Credentials
     from actors.supervisor import ClusterState
     from sdk.term import print_json
 
@@ -1525,7 +1528,7 @@ def layout(
     async def go() -> None:
         from nats.js.errors import APIError
 
-        from actors.auth import redact_url
+        from actors.creds import redact_url
         from protocol.errors import Unavailable
 
         bus = await Bus.connect(url, name="nexus-layout", reconnect_forever=False, creds=_creds())
@@ -1539,7 +1542,7 @@ def layout(
             await bus.close()
 
     _run(go())
-    from actors.auth import redact_url
+    from actors.creds import redact_url
 
     print(f"streams and buckets of prefix {resolved_prefix!r} are in place on {redact_url(url)} (replicas={replicas})")
     return EXIT_OK

@@ -136,7 +136,7 @@ class AsyncClient:
                  tracer: Any = None) -> None:
         """``tracer``: an OpenTelemetry tracer for this client's CLIENT / PRODUCER spans
         (default: the global provider's; with none set, no spans and no trace context)."""
-        from actors.auth import creds_from_env
+        from actors.creds import creds_from_env
 
         self.url = url
         self.names = Names(prefix)
@@ -498,7 +498,7 @@ class AsyncClient:
     @property
     def is_tenant(self) -> bool:
         """Logged in with a tenant's credentials (its account has no JetStream)."""
-        from actors.auth import Credentials, url_creds
+        from actors.creds import Credentials, url_creds
 
         creds = self.creds or url_creds(self.url)
         return creds is not None and Credentials.read(creds).tenant is not None
@@ -528,7 +528,7 @@ class AsyncClient:
 
         check_token("name", name)
         if tenant is None:
-            from actors.auth import Credentials, url_creds
+            from actors.creds import Credentials, url_creds
 
             creds = self.creds or url_creds(self.url)
             tenant = Credentials.read(creds).tenant if creds is not None else None

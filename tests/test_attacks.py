@@ -26,7 +26,7 @@ import nats.js.errors
 import numpy as np
 import pytest
 
-from actors.auth import redact_url
+from actors.creds import redact_url
 from actors.supervisor import ClusterState
 from protocol.subjects import Names
 from sdk.client import AsyncClient

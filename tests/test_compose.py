@@ -194,7 +194,7 @@ class Stack:
 
     def login(self, tmp: str) -> None:
         """Copy the admin's credentials out of the creds volume; `nats_url` names them."""
-        from actors.auth import Credentials
+        from actors.creds import Credentials
 
         path = os.path.join(tmp, "admin.creds")
         with open(path, "w") as f:
@@ -341,7 +341,7 @@ def test_each_container_mounts_only_its_own_credentials(stack):
             listed = _run(["docker", "exec", cid, "ls", "-A", "/creds"]).stdout.split()
             assert listed == ["role.creds"], (service, listed)
             user = _run(["docker", "exec", cid, "python", "-c",
-                         "from actors.auth import Credentials; print(Credentials.read('/creds/role.creds').user)"]).stdout
+                         "from actors.creds import Credentials; print(Credentials.read('/creds/role.creds').user)"]).stdout
             assert user.strip() == service, (service, user)
     for node in NATS_SERVICES:
         for cid in stack.containers(node):

@@ -25,7 +25,8 @@ import pytest
 import yaml
 
 from actors import nats_jwt
-from actors.auth import AuthStore, Credentials, redact_url
+from actors.auth import AuthStore
+from actors.creds import Credentials, redact_url
 from actors.permissions import PROCESSES, role_permissions
 from actors.supervisor import ClusterState
 from protocol.subjects import ROLES, Names

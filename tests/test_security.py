@@ -23,7 +23,8 @@ import nats.js.errors
 import numpy as np
 import pytest
 
-from actors.auth import AuthStore, Credentials
+from actors.auth import AuthStore
+from actors.creds import Credentials
 from actors.bus import Bus
 from actors.supervisor import ClusterState
 from protocol.errors import NexusError, PermissionDenied, QuotaExceeded, Unauthenticated
@@ -94,7 +95,7 @@ def deployment(tmp_path_factory):
 
 def _url(state: ClusterState) -> str:
     """The cluster's plain address (no credentials: each client names its own)."""
-    from actors.auth import redact_url
+    from actors.creds import redact_url
 
     return redact_url(state.nats_url)
 

@@ -24,7 +24,8 @@ import subprocess
 import nats
 import pytest
 
-from actors.auth import AuthStore, redact_url
+from actors.auth import AuthStore
+from actors.creds import redact_url
 from actors.bus import Bus
 from actors.supervisor import ClusterState
 from protocol.errors import InvalidField, NotFound, PermissionDenied, QuotaExceeded

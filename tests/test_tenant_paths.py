@@ -196,7 +196,7 @@ def deployment(tmp_path_factory):
 
 
 def _url(state: ClusterState) -> str:
-    from actors.auth import redact_url
+    from actors.creds import redact_url
 
     return redact_url(state.nats_url)
 
