@@ -12,7 +12,8 @@ child process of its own (`envs.simproc`, at most NEXUS_SIM_PROCS_MAX), so a sce
 slow renderer never stalls the worker's event loop or heartbeats, a call past
 NEXUS_SIM_TIMEOUT_S kills its child, and a child that dies fails only its session.
 Producers (RL rollouts, SFT sampling, evaluation) also run here: the loops of `workflows/`, on
-the SDK's primitives.
+the SDK's primitives, found by kind in `protocol.recipes` (registered by the modules
+NEXUS_WORKFLOW_MODULES names, imported at start), so this role never imports them.
 
 Run: ``python -m actors.run env --nats-url nats://127.0.0.1:4222``
 """
@@ -34,6 +35,7 @@ from actors.identity import current_caller, deny
 from actors.paths import caller_roots, confine
 from actors.runtime import Role, RoleConfig, op
 from envs.simproc import SimFailure, configure as configure_sim_pool, pool as sim_pool
+from protocol import recipes
 from protocol.policy import DRAIN_RELEASE
 from protocol.errors import FailedPrecondition, InvalidField, NexusError, NotFound, QuotaExceeded
 from protocol.messages import (
@@ -50,7 +52,7 @@ from protocol.messages import (
     SampleRequest,
     WorkloadRef,
 )
-from protocol.settings import EnvWorkerSettings
+from protocol.settings import EnvWorkerSettings, WorkflowSettings
 from protocol.subjects import check_token
 
 SWEEP_EVERY_S = 1.0
@@ -78,6 +80,7 @@ class EnvWorker(Role):
         super().__init__(cfg)
         self.sessions: dict[str, _Session] = {}
         self.env_settings = EnvWorkerSettings.from_env()
+        self.workflow_settings = WorkflowSettings.from_env()
         self.max_sessions = self.env_settings.max_sessions
         self.max_sessions_per_tenant = self.env_settings.max_sessions_per_tenant
         self.expired = 0
@@ -91,6 +94,9 @@ class EnvWorker(Role):
         # Users register their own simulators from modules named here (envs.register(...)).
         for module in self.env_settings.plugins:
             importlib.import_module(module)
+        # The producers' workflows register by kind (`protocol.recipes`) from the modules named
+        # here: the loops are user-level code this role never imports by name.
+        recipes.load_modules(self.workflow_settings.modules)
         self.spawn(self._sweep_loop, "session-sweeper", critical=True, max_quiet_s=30.0)
 
     def info_extra(self) -> dict[str, Any]:
@@ -214,18 +220,17 @@ class EnvWorker(Role):
     # -- producers -----------------------------------------------------------------------
     @op("start_producer", ProducerSpec, access="admin")
     async def start_producer(self, req: ProducerSpec) -> Ok:
-        # The loops are user-level code on the SDK's public primitives (workflows/).
-        from sdk.client import AsyncClient
-        from workflows import workflow_for
-
         check_token("workload", req.workload)  # its events go to a subject named after it
         if req.hosted:  # the tenant's own env runs only on its own machine (docs/hosted_envs.md)
             raise FailedPrecondition(f"workload {req.workload}'s env is hosted by its tenant ({req.hosted}); an env "
                                      "worker never runs it", details={"workload": req.workload})
         if req.workload in self.producers:
             return Ok(detail=f"producer of {req.workload} already running on {self.instance}")
-        client = AsyncClient(self.cfg.nats_url, self.cfg.prefix, timeout_s=60)
-        producer = workflow_for(client, req, data_dir=self.cfg.data_dir, log=self.log)
+        # The loops are user-level code on the SDK's public primitives (workflows/): the recipe
+        # makes its own client to this worker's cluster.
+        make = recipes.lookup(req.kind)
+        producer = make(req, data_dir=self.cfg.data_dir, log=self.log, nats_url=self.cfg.nats_url,
+                        prefix=self.cfg.prefix)
         self.producers[req.workload] = producer
         producer.task = self.spawn(self._run_producer(producer), f"producer-{req.workload}")
         self.log.info("producer started", workload=req.workload, tenant=req.tenant, kind=req.kind)

@@ -39,6 +39,7 @@ import orjson
 
 from actors.bus import Bus
 from actors.auth import AuthStore
+from actors.base_names import REGISTERED_BASE_PREFIX, known_presets
 from actors.creds import ENV_CREDS, creds_from_env
 from actors.permissions import SUPERVISOR
 from actors.broker import EmbeddedBroker, EmbeddedCluster
@@ -826,8 +827,6 @@ class Supervisor:
         the default; its pool name): a registered base (``NAME`` or ``registered:NAME``), a
         preset, or a pool a live inferencer (or the default base) serves. InvalidField naming
         the registered bases otherwise."""
-        from master.spec import REGISTERED_BASE_PREFIX, known_presets
-
         registered = await self._registered_bases()
         default = self.default_base()
         if name.removeprefix(REGISTERED_BASE_PREFIX) in registered:

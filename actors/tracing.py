@@ -42,7 +42,7 @@ from opentelemetry.sdk.trace.sampling import (
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from protocol.settings import TelemetrySettings
-from sdk.tracing import TRACER_NAME, link_to, new_root  # noqa: F401  (the roles' names for them)
+from actors.trace_api import TRACER_NAME, link_to, new_root  # noqa: F401  (the roles' names for them)
 
 # The busy timelines sdk/report.py draws (its TIMELINE_SPANS; a test checks they agree): one
 # span per trainer round / inferencer forward, a few a second, kept in every trace so the

@@ -416,6 +416,23 @@ class EnvWorkerSettings(EnvSettings):
         return value
 
 
+class WorkflowSettings(EnvSettings):
+    """The modules that register workflow recipes (`protocol.recipes`), imported at start."""
+
+    roles = ("env",)
+    readers = "env worker, `nexus env serve`"
+
+    modules: tuple[str, ...] = Field(("workflows",), **var(
+        "NEXUS_WORKFLOW_MODULES", "modules imported at start that register the workflows run for workloads, by "
+        "kind (`protocol.recipes.register`); a module that does not import stops the start naming it",
+        allowed="comma-separated module names", default_text="`workflows` (sft, rl, eval)"))
+
+    @field_validator("modules", mode="before")
+    @classmethod
+    def _modules(cls, value: Any) -> Any:
+        return EnvWorkerSettings._modules(value)
+
+
 class SimulatorSettings(EnvSettings):
     roles = ("env",)
     readers = "env worker (ManiSkill envs)"
@@ -619,7 +636,7 @@ class CliSettings(EnvSettings):
 
 GROUPS: tuple[type[EnvSettings], ...] = (
     RoleSettings, HealthSettings, LeaseSettings, RetentionSettings, MasterSettings, TrainerSettings,
-    BaseImageSettings, InferencerSettings, EnvWorkerSettings, SimulatorSettings, SimCallSettings, UsageSettings, QuotaSettings,
+    BaseImageSettings, InferencerSettings, EnvWorkerSettings, WorkflowSettings, SimulatorSettings, SimCallSettings, UsageSettings, QuotaSettings,
     TelemetrySettings, MonitorSettings, AuthSettings, ScaleSettings, CliSettings,
 )
 

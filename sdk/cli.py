@@ -43,7 +43,8 @@ from typing import Annotated, Any
 
 import typer
 
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+from sdk.cli_run import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, run_app
+
 NATS_CLUSTER_SIZES = (1, 3, 5)
 
 app = typer.Typer(name="nexus", help="vla-nexus: multi-tenant VLA post-training", no_args_is_help=True,
@@ -1614,26 +1615,7 @@ def env_serve(
 # -- entry point --------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     """Run the command; return its exit status (0 ok, 1 failure, 2 bad input, 130 interrupted)."""
-    from protocol.errors import NexusError
-
-    try:
-        rv = app(args=argv, prog_name="nexus", standalone_mode=False)
-    except typer.Exit as exc:  # --help, ctx.exit(code)
-        return exc.exit_code
-    except typer.Abort:
-        return 130
-    except typer.TyperException as exc:  # click's usage errors (typer vendors click)
-        ctx = getattr(exc, "ctx", None)
-        hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
-        _err(exc.format_message() + hint)
-        return EXIT_BAD_INPUT if getattr(exc, "exit_code", 2) == 2 else EXIT_FAILED
-    except NexusError as exc:
-        _err(exc.message)
-        return EXIT_BAD_INPUT if isinstance(exc, ValueError) else EXIT_FAILED
-    except KeyboardInterrupt:
-        return 130
-    return rv if isinstance(rv, int) else EXIT_OK
-
+    return run_app(app, argv)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -303,10 +303,13 @@ def publish_command(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m sdk.dataset_cli ...`: the same as `nexus dataset ...`."""
-    from sdk.cli import main as nexus_main
+    """`python -m sdk.dataset_cli ...`: the same as `nexus dataset ...` (this sub-app under a
+    `nexus` of its own, run as `nexus` runs its commands, so the two modules stay apart)."""
+    from sdk.cli_run import run_app
 
-    return nexus_main(["dataset", *(argv if argv is not None else sys.argv[1:])])
+    nexus = typer.Typer(name="nexus", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+    nexus.add_typer(dataset_app, name="dataset")
+    return run_app(nexus, ["dataset", *(argv if argv is not None else sys.argv[1:])])
 
 
 if __name__ == "__main__":

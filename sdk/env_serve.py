@@ -7,7 +7,8 @@ platform exports, each checked against the tenant the broker asserts), and calls
 master's ``hosted_claim`` about once a second (its lease: NEXUS_HOSTED_LEASE_S on the
 master). A claim hands it a pending workload of its tenant whose spec says
 ``env: {hosted: tenant}``; it runs that workload's workflow (workflows/: RL rollouts or an
-evaluation, the same code the platform's env workers run) with the tenant's env, made by
+evaluation, the same code the platform's env workers run, found by kind in `protocol.recipes`
+from the modules NEXUS_WORKFLOW_MODULES names) with the tenant's env, made by
 ``MODULE:FACTORY`` in child processes (`envs.simproc`, `envs.hosted.make_hosted`), through
 ``predict``, ``reserve`` / ``queue_put`` / ``mark_ready``, the rollout gate and
 ``hosted_event``. Several processes of one tenant share its workloads: each takes at most
@@ -25,6 +26,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from protocol import recipes
 from protocol.errors import NexusError, PermissionDenied, Unauthenticated
 from protocol.messages import (
     GetTenantRequest,
@@ -90,7 +92,11 @@ class EnvServer:
         from actors.creds import creds_from_env
         from envs.hosted import load_factory
 
+        from protocol.settings import WorkflowSettings
+
         load_factory(factory)  # here and now: a factory that does not import names its module
+        # The workflows register by kind (`protocol.recipes`) from the modules named here.
+        recipes.load_modules(WorkflowSettings.from_env().modules)
         self.tenant = check_tenant_creds(creds)
         self.url, self.prefix, self.factory = url, prefix, factory
         self.creds = Path(creds) if creds else creds_from_env()
@@ -138,7 +144,6 @@ class EnvServer:
 
     async def _start(self, spec: ProducerSpec) -> None:
         from envs import registry
-        from workflows import workflow_for
 
         if not spec.hosted or spec.tenant != self.tenant:  # the master hands only these; a second line
             raise PermissionDenied(f"workload {spec.workload} is not a hosted workload of tenant {self.tenant!r}")
@@ -151,7 +156,7 @@ class EnvServer:
                             "cameras": {c["name"]: [c["height"], c["width"]] for c in schema.get("cameras", [])},
                             "state_dim": int(schema.get("state_dim", 0))}
         client = HostedClient(self.url, self.prefix, timeout_s=60, creds=self.creds, process=self.process)
-        wf = workflow_for(client, spec, data_dir=self.data_dir)
+        wf = recipes.lookup(spec.kind)(spec, client=client, data_dir=self.data_dir)
         self.running[spec.workload] = wf
         wf.task = asyncio.create_task(self._run(wf), name=f"hosted-{spec.workload}")
         log.info("running %s workload %s of tenant %s on env %s", spec.kind, spec.workload, spec.tenant, spec.env_id)

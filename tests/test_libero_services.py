@@ -36,7 +36,7 @@ class _Spec:
 
 
 def test_task_plan_is_round_robin_and_names_a_bad_task():
-    from workflows.eval import EvalTaskError, task_plan
+    from workflows.evaluation import EvalTaskError, task_plan
 
     spec = _Spec(["a", "b", "c"])
     assert task_plan([], False, spec) == []  # the env's own seeded draw
@@ -48,7 +48,7 @@ def test_task_plan_is_round_robin_and_names_a_bad_task():
 
 def test_task_table_and_the_record_bound():
     from master.workloads import bounded_task_rows
-    from workflows.eval import TaskTable
+    from workflows.evaluation import TaskTable
 
     t = TaskTable()
     for i, ok in [(1, True), (0, False), (1, False), (1, True)]:

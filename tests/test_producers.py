@@ -85,7 +85,7 @@ def test_workflows_stand_on_the_sdk_alone():
     import ast
     from pathlib import Path
 
-    allowed = ("sdk.client", "sdk.tracing", "protocol.errors", "protocol.messages", "protocol.policy", "envs", "master.spec",
+    allowed = ("sdk.client", "sdk.tracing", "protocol.errors", "protocol.messages", "protocol.policy", "protocol.recipes", "envs", "master.spec",
                "workflows", "numpy", "__future__", "asyncio", "logging", "time", "uuid", "dataclasses", "pathlib",
                "typing")
     root = Path(__file__).resolve().parents[1] / "workflows"

@@ -79,6 +79,7 @@ GOOD: dict[str, tuple[str, object]] = {
     "NEXUS_ENV_MAX_SESSIONS": ("5", 5),
     "NEXUS_ENV_MAX_SESSIONS_PER_TENANT": ("3", 3),
     "NEXUS_ENV_PLUGINS": ("tests.crashy_env, json", ("tests.crashy_env", "json")),
+    "NEXUS_WORKFLOW_MODULES": ("workflows, tests.crashy_env", ("workflows", "tests.crashy_env")),
     "NEXUS_VULKAN_DIR": ("/opt/vk", Path("/opt/vk")),
     "NEXUS_USAGE_FLUSH_EVERY_S": ("0.5", 0.5),
     "NEXUS_METER_TRAIN_OVERHEAD_ROWS": ("0.5", 0.5),
@@ -163,6 +164,7 @@ BAD: dict[str, tuple[str, str]] = {
     "NEXUS_ENV_MAX_SESSIONS": ("-5", "an integer >= 1"),
     "NEXUS_ENV_MAX_SESSIONS_PER_TENANT": ("0", "an integer >= 1"),
     "NEXUS_ENV_PLUGINS": ("tests/crashy_env.py", "is not a module name"),
+    "NEXUS_WORKFLOW_MODULES": ("workflows/rl.py", "is not a module name"),
     "NEXUS_USAGE_FLUSH_EVERY_S": ("0", "a number in [0.01, 3600]"),
     "NEXUS_METER_TRAIN_OVERHEAD_ROWS": ("-1", "a number in [0, 1024]"),
     "NEXUS_METER_INFER_OVERHEAD_ROWS": ("lots", "a number in [0, 1024]"),
@@ -369,6 +371,7 @@ def test_roles_read_every_variable(tmp_path, monkeypatch):
         "NEXUS_SIM_PROCS_MAX": (env.sim.procs_max, 3),
         "NEXUS_ENV_MAX_SESSIONS_PER_TENANT": (env.max_sessions_per_tenant, 3),
         "NEXUS_ENV_PLUGINS": (env.env_settings.plugins, ("tests.crashy_env", "json")),
+        "NEXUS_WORKFLOW_MODULES": (env.workflow_settings.modules, ("workflows", "tests.crashy_env")),
         "NEXUS_VULKAN_DIR": (vulkan_icd_candidates()[0], Path("/opt/vk") / ICD_FILE),
     }
     from actors.tracing import telemetry_settings

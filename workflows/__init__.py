@@ -3,7 +3,9 @@
 Each is built only on the SDK's public primitives (`sdk.client.AsyncClient`: reserve,
 queue_put, mark_ready, job, wait_job, latest_weights, export_params, predict, tenant,
 rollout_begin / rollout_end, publish_event), the same way examples/custom_loop.py is. Env
-workers run them for submitted workloads (`start_producer`, actors/env_worker.py); a loop of
+workers run them for submitted workloads (`start_producer`, actors/env_worker.py), finding
+them by kind in `protocol.recipes`, where importing this package registers sft, rl and eval
+(NEXUS_WORKFLOW_MODULES names the modules an env worker imports; this one by default). A loop of
 your own can subclass `Workflow` or run one directly:
 
     wf = workflow_for(AsyncClient(url, prefix, timeout_s=60), producer_spec, data_dir=".nexus")
@@ -12,7 +14,8 @@ your own can subclass `Workflow` or run one directly:
     workflows/common.py   Workflow: budget / target, reserve / put / mark_ready with retries, episodes, events
     workflows/sft.py      SFTWorkflow: demos or a LeRobot root -> micro-batches with action chunks
     workflows/rl.py       RLWorkflow: parallel rollouts -> GAE -> PPO jobs
-    workflows/eval.py     EvalWorkflow / evaluate: a pinned version, N episodes
+    workflows/eval.py     EvalWorkflow: an eval workload (its run is `evaluate`)
+    workflows/evaluation.py  evaluate: a pinned version, N episodes (also sft / rl's closing evaluation)
     workflows/gae.py      gae(): generalised advantage estimation
 """
 
@@ -23,6 +26,7 @@ from typing import Any
 
 from protocol.errors import InvalidField
 from protocol.messages import ProducerSpec
+from protocol.recipes import RecipeFactory, register
 from sdk.client import AsyncClient
 from workflows.common import Progress, Workflow
 from workflows.eval import EvalWorkflow
@@ -39,6 +43,25 @@ def workflow_for(client: AsyncClient, spec: ProducerSpec, *, data_dir: str | Pat
     if cls is None:
         raise InvalidField("kind", f"{spec.kind!r} is not a workflow; allowed: {', '.join(WORKFLOWS)}")
     return cls(client, spec, data_dir=data_dir, log=log)
+
+
+def _recipe(cls: type[Workflow]) -> RecipeFactory:
+    """``cls`` as a `protocol.recipes` factory: on the host's ``client``, or on a new
+    `AsyncClient` of ``nats_url`` / ``prefix`` (an env worker's cluster: the client is made here,
+    on the SDK's floor, not by the role)."""
+
+    def make(spec: ProducerSpec, *, data_dir: str | Path = ".", log: Any = None, client: AsyncClient | None = None,
+             nats_url: str = "", prefix: str = "") -> Workflow:
+        if client is None:
+            client = AsyncClient(nats_url, prefix, timeout_s=60)
+        return cls(client, spec, data_dir=data_dir, log=log)
+
+    make.__qualname__ = f"{cls.__name__}.recipe"
+    return make
+
+
+for _kind, _cls in WORKFLOWS.items():
+    register(_kind, _recipe(_cls))
 
 
 __all__ = ["WORKFLOWS", "EvalWorkflow", "Progress", "RLWorkflow", "SFTWorkflow", "Workflow", "gae", "workflow_for"]

@@ -23,6 +23,7 @@ from protocol.messages import JobRecord, ProducerSpec, QueuePutRequest, TaskResu
 from protocol.policy import SIM_REPLACE, RetryPolicy
 from sdk.client import AsyncClient, retry_through_outage
 from sdk.tracing import current_context, detached, new_root, tracer
+from workflows.evaluation import evaluate
 
 # A put refused with Busy (the tenant's SFT prefetch cap: the trainer is behind) waits for the
 # trainer; an hour without room means the trainers are gone, and the workload fails saying so.
@@ -88,7 +89,7 @@ class Workflow:
         self.state = "starting"
         self.error = ""
         self.final: dict[str, float] = {}
-        # The evaluation's per-task table (workflows/eval.py), sent with every event after it.
+        # The evaluation's per-task table (workflows/evaluation.py), sent with every event after it.
         self.per_task: list[TaskResult] = []
         # (task index, name, instruction) of the last episode's task, when its env reports one.
         self.last_task: tuple[int, str, str] | None = None
@@ -123,8 +124,6 @@ class Workflow:
             await self._main()
 
     async def _main(self) -> None:
-        from workflows.eval import evaluate
-
         await self.client.connect()
         try:
             self.state = "running"

@@ -1,0 +1,28 @@
+"""The names a base goes by outside a path: the preset names and the ``registered:`` prefix of
+an operator's registered base, below master/ so a role (the supervisor's pool names) reads them
+without importing the master's spec module.
+
+master/spec.py holds the same two (tests/test_spec.py checks they agree) until it imports them
+from here."""
+
+from __future__ import annotations
+
+import ast
+import functools
+from pathlib import Path
+
+# A base the operator registered (`nexus base add NAME PATH`) is named ``registered:NAME``.
+REGISTERED_BASE_PREFIX = "registered:"
+
+_PRESETS_SOURCE = Path(__file__).resolve().parents[1] / "models" / "presets.py"
+
+
+@functools.cache
+def known_presets() -> tuple[str, ...]:
+    """Base preset names, read from models/presets.py's source: importing models pulls in
+    torch, which the supervisor (and `nexus`) must not."""
+    tree = ast.parse(_PRESETS_SOURCE.read_text())
+    names = {node.args[0].value for node in ast.walk(tree)
+             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Preset"
+             and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)}
+    return tuple(sorted(names))
