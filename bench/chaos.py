@@ -709,7 +709,7 @@ class Chaos:
         return report
 
     async def _kv_records(self, bucket: str, cls: type) -> list[Any]:
-        from master.service import kv_keys
+        from master.store import kv_keys
         from protocol.wire import decode
 
         from nats.js.errors import KeyNotFoundError

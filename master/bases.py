@@ -25,6 +25,7 @@ from protocol.messages import BaseAddRequest, BasesReply, BasesRequest, Register
 from protocol.policy import MAX_REGISTERED_BASES
 from protocol.subjects import canonical_base, check_token
 from protocol.wire import decode, encode
+from master.store import kv_items, store_put
 
 
 def _registered_prefix() -> str:
@@ -39,8 +40,6 @@ class BaseOps:
     bases: dict[str, RegisteredBase]
 
     async def setup_bases(self) -> None:
-        from master.service import kv_items
-
         self.kv_bases = await js_retry(self.bus.js.key_value, self.names.kv_bases)
         self.bases = {}
         for key, value in await kv_items(self.kv_bases):
@@ -52,8 +51,6 @@ class BaseOps:
     @op("base_add", BaseAddRequest, access="admin")
     async def base_add(self, req: BaseAddRequest) -> RegisteredBase:
         """Register (or move) ``req.name`` -> the directory ``req.path`` on the master's host."""
-        from master.service import store_put
-
         check_token("name", req.name)
         path = os.path.realpath(os.path.expanduser(req.path)) if req.path else ""
         if not path or not os.path.isdir(path):

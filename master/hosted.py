@@ -34,25 +34,11 @@ from protocol.messages import (
     WorkloadRecord,
 )
 from protocol.subjects import check_token
+from master.records import HOSTED_WORKER_PREFIX, hosted_worker, is_hosted, is_hosted_worker, policy_pin_tenant
 
-HOSTED_WORKER_PREFIX = "hosted-"  # WorkloadRecord.worker of a workload on a hosted process
 # Hosted processes of one tenant at once: each claim is a lease entry (a bound on the map).
 MAX_HOSTED_PROCESSES_PER_TENANT = 64
 HOSTED_SWEEP_S = 1.0
-
-
-def is_hosted(rec: WorkloadRecord) -> bool:
-    """Does ``rec``'s spec have its env hosted by its tenant?"""
-    env = rec.spec.get("env") if isinstance(rec.spec, dict) else None
-    return isinstance(env, dict) and env.get("hosted") is not None
-
-
-def hosted_worker(process: str) -> str:
-    return f"{HOSTED_WORKER_PREFIX}{process}"
-
-
-def is_hosted_worker(worker: str) -> bool:
-    return worker.startswith(HOSTED_WORKER_PREFIX)
 
 
 def serve_hint(tenant: str) -> str:
@@ -172,8 +158,6 @@ class HostedOps:
         past NEXUS_HOSTED_WAIT_S untaken it fails, naming why."""
         since = rec.updated_at
         if rec.task == "eval":
-            from master.workloads import policy_pin_tenant
-
             # An eval waits for its policy's training workload first: that wait is not this one.
             target = policy_pin_tenant(rec)
             ahead = [w for w in self.workloads.values() if w.tenant == target and w.task != "eval"]

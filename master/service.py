@@ -36,15 +36,13 @@ Run: ``python -m actors.run master --nats-url nats://127.0.0.1:4222``
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 import uuid
 from collections import deque
 from typing import Any
 
-import structlog
 from opentelemetry.trace import SpanKind
-from nats.js.errors import NoKeysError, NotFoundError, ObjectNotFoundError
+from nats.js.errors import NotFoundError, ObjectNotFoundError
 
 from actors.bus import js_retry
 
@@ -56,11 +54,14 @@ from actors.tq_read import PartitionReader
 from master.fairshare import GateLine, clamp_priority
 from master.scheduler import Scheduler
 from master.bases import BaseOps
-from master.hosted import HostedOps, is_hosted_worker
+from master.hosted import HostedOps
+from master.records import is_hosted_worker, policy_pin_tenant
+from master.store import kv_keys, kv_values, store_put
+from master.tenant_checks import base_fit_errors, check_config, schema_signature
 from master.usage import UsageOps
 from master.uploads import UploadOps
 from master.tenant_files import remove_tenant_files
-from master.workloads import WorkloadOps, policy_pin_tenant, report_file
+from master.workloads import WorkloadOps, report_file
 from master.validate import validate_put
 from protocol.errors import Unavailable
 from protocol.errors import (Busy, CapacityExceeded, Conflict, FailedPrecondition, InvalidField, NexusError, NotFound,
@@ -104,9 +105,9 @@ from protocol.messages import (
     TenantShow,
     WeightsRef,
 )
-from protocol.policy import KV_LOAD, KV_LOAD_ENTRY_TIMEOUT_S, OWNER_CHECK_EVERY_S
+from protocol.policy import OWNER_CHECK_EVERY_S
 from protocol.settings import MasterSettings, default_quotas, leases_from_env, retention_from_env
-from protocol.subjects import canonical_base, check_token
+from protocol.subjects import check_token
 from protocol.wire import decode, encode
 
 # Trainer-reported transitions a job may take (besides repeating its current state).
@@ -339,8 +340,8 @@ class Master(WorkloadOps, HostedOps, UsageOps, BaseOps, UploadOps, Role):
             # docs/security.md: quotas, priority ceilings and in-flight caps are the operator's.
             raise InvalidField("config.quotas", "quotas are set by the operator (`nexus tenant quotas`), never in "
                                                 "a tenant's own request; leave it unset (null)")
-        cfg.signature = _schema_signature(cfg.schema)
-        _check_config(cfg)
+        cfg.signature = schema_signature(cfg.schema)
+        check_config(cfg)
         # Bounded by the stored tenant's quotas when it exists (a tenant's re-create brings
         # none), else by the request's (the platform's own, or the defaults).
         existing = self.sched.tenants.get(cfg.name)
@@ -1108,124 +1109,3 @@ def _import_model_core() -> None:
     import models.presets  # noqa: F401
     import models.schema  # noqa: F401
     import models.slot  # noqa: F401
-
-
-def _schema_signature(schema: dict[str, Any]) -> str:
-    from models.schema import TenantSchema  # lazy: torch is heavy and only this op needs it
-
-    try:
-        return TenantSchema.from_dict(schema).signature()
-    except (ValueError, TypeError, KeyError) as exc:
-        raise InvalidField("config.schema", str(exc)) from None
-
-
-def _check_config(cfg: TenantConfig) -> None:
-    from models.heads import head_config
-    from models.slot import OptimConfig
-
-    try:
-        head_config(cfg.head, cfg.head_params)
-    except (ValueError, TypeError, KeyError) as exc:
-        raise InvalidField("config.head_params", str(exc)) from None
-    try:
-        OptimConfig(**cfg.optim)
-    except (ValueError, TypeError) as exc:
-        raise InvalidField("config.optim", str(exc)) from None
-    for name in ("max_inflight_jobs", "sft_prefetch_items", "staleness_bound"):
-        if getattr(cfg, name) < 1:
-            raise InvalidField(f"config.{name}", "must be >= 1")
-    from models.presets import PRESETS
-
-    if cfg.base not in PRESETS and not os.path.isdir(cfg.base):
-        raise InvalidField("config.base", f"{cfg.base!r} is neither a preset ({sorted(PRESETS)}) nor a local directory")
-    # Stored by identity (a directory's resolved absolute path): every process then derives
-    # the same inference pool from it, whatever its working directory.
-    cfg.base = canonical_base(cfg.base)
-
-
-def adapter_errors(cfg: TenantConfig) -> list[tuple[str, str, Any]]:
-    """(field, message, value) for a base_adapter that does not fit the tenant's base: unknown
-    target modules, a rank of 0 or above the layer width (models.lora names what it allows)."""
-    from models.errors import ModelCoreError
-    from models.lora import adapter_errors as check, base_linear_shapes
-
-    try:
-        shapes = base_linear_shapes(cfg.base)
-    except (ModelCoreError, OSError, ValueError) as exc:
-        return [("base", f"cannot read the layers of base {cfg.base!r} to check base_adapter: {exc}", cfg.base)]
-    return check(shapes, cfg.base_adapter)
-
-
-def base_fit_errors(cfg: TenantConfig, params_field: str = "action_module.params") -> list[tuple[str, str, Any]]:
-    """`adapter_errors` plus, for an action expert, whether its options can read the base's
-    per-layer KV cache (layer count, head shape; models.heads.expert names what it allows).
-    params_field: where the head options sit in what the caller was given (spec or config)."""
-    errors = adapter_errors(cfg) if cfg.base_adapter else []
-    if cfg.head == "expert":
-        from models.errors import ModelCoreError
-        from models.heads.expert import base_expert_errors
-
-        try:
-            errors += base_expert_errors(cfg.base, dict(cfg.head_params), params_field)
-        except (ModelCoreError, OSError, ValueError) as exc:
-            errors.append(("base", f"cannot read the attention shape of base {cfg.base!r} to check the expert: {exc}",
-                           cfg.base))
-    return errors
-
-
-async def store_put(kv, key: str, value: bytes) -> None:
-    """A KV write that rides out a NATS leader election (`protocol.policy.STORE_WRITE`)."""
-    await js_retry(kv.put, key, value)
-
-
-async def kv_items(kv) -> list[tuple[str, bytes]]:
-    """Every live (key, value) of a KV bucket, in key order, through one watcher: a restarting
-    master loads thousands of records in one pass instead of a request per key.
-
-    nats.py ends a watch's initial values on the consumer's first ``num_pending``; right after
-    a NATS node came back that once said 0 for a bucket of 59 job records, the master started
-    with no jobs and trained some twice. So the read is checked against the stream: the last
-    message it held before the watch began is the newest of its key (a value, delete or purge
-    marker), which the watch must deliver; a read that stops short is taken again
-    (`KV_LOAD`), then fails loudly."""
-    for attempt in range(1, KV_LOAD.attempts + 1):
-        state = (await js_retry(kv.status)).stream_info.state
-        items, newest = await _kv_read(kv)
-        if state.messages == 0 or newest >= state.last_seq:
-            return items
-        structlog.get_logger().warning("short KV read; reading again", bucket=kv._name, attempt=attempt, got=len(items),
-                    newest_seq=newest, stream_last_seq=state.last_seq)
-        if attempt < KV_LOAD.attempts:
-            await asyncio.sleep(KV_LOAD.delay(attempt))
-    raise RuntimeError(f"KV bucket {kv._name}: {KV_LOAD.attempts} reads stopped short of the stream's last "
-                       f"sequence {state.last_seq} (newest seen {newest}); not starting on a partial state")
-
-
-async def _kv_read(kv) -> tuple[list[tuple[str, bytes]], int]:
-    """(live items sorted by key, the newest revision seen, markers included)."""
-    watcher = await kv.watchall()
-    out: list[tuple[str, bytes]] = []
-    newest = 0
-    try:
-        while True:
-            entry = await watcher.updates(timeout=KV_LOAD_ENTRY_TIMEOUT_S)
-            if entry is None:  # the end of the current values
-                break
-            newest = max(newest, entry.revision or 0)
-            if entry.operation is None and entry.value:  # not a delete or purge marker
-                out.append((entry.key, entry.value))
-    finally:
-        await watcher.stop()
-    return sorted(out, key=lambda item: item[0]), newest
-
-
-async def kv_values(kv) -> list[bytes]:
-    return [value for _, value in await kv_items(kv)]
-
-
-async def kv_keys(kv) -> list[str]:
-    """Sorted keys of a KV bucket (empty bucket: [])."""
-    try:
-        return sorted(await kv.keys())
-    except NoKeysError:
-        return []

@@ -14,7 +14,7 @@ you name; no torch (base preset names are read from models/presets.py's source).
 
 The models below are the single source of truth: `spec_json_schema()` is pydantic's schema
 of them plus the task rules, and so are docs/workload_spec.schema.json and the field
-reference in docs/workload_spec.md (`python -m master.spec_schema` rewrites both).
+reference in docs/workload_spec.md (`python -m master.spec` rewrites both).
 
 Task-type rules (`TASK_RULES`) are data; a model validator of `WorkloadSpec` applies them (on
 the raw document too when fields fail, so every error comes at once), and they also drive
@@ -1020,7 +1020,7 @@ def _eval_needs_env() -> dict[str, Any]:
 # ---- generated docs --------------------------------------------------------------------
 SCHEMA_DOC = "docs/workload_spec.schema.json"
 FIELDS_DOC = "docs/workload_spec.md"
-_BEGIN = "<!-- BEGIN GENERATED FIELD REFERENCE (python -m master.spec_schema) -->"
+_BEGIN = "<!-- BEGIN GENERATED FIELD REFERENCE (python -m master.spec) -->"
 _END = "<!-- END GENERATED FIELD REFERENCE -->"
 
 
@@ -1051,6 +1051,18 @@ def write_docs(root: str | Path = ".") -> list[Path]:
     return [schema_path, doc_path]
 
 
+def main(argv: list[str] | None = None) -> int:
+    """Rewrite the generated docs (schema JSON, field reference in the markdown)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--root", default=".", help="repository root (default: .)")
+    args = parser.parse_args(argv)
+    for path in write_docs(args.root):
+        print(f"wrote {path}")
+    return 0
+
+
 __all__ = [
     "ALGORITHMS", "TASK_RULES", "ActionModuleSpec", "ActionSpec", "BaseAdapterSpec", "BudgetSpec", "BudgetTarget", "Camera",
     "DatasetSource", "DemosSpec", "EnvSource", "EvalSpec", "ObservationSpec", "OutputsSpec", "PPOAlgorithm",
@@ -1058,3 +1070,7 @@ __all__ = [
     "feature_errors", "known_presets", "load_document", "load_spec", "parse_spec", "spec_from_dict",
     "spec_json_schema", "spec_to_dict",
 ]
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

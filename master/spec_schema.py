@@ -13,8 +13,8 @@ Markers a model may put in ``Annotated[...]`` metadata (pydantic keeps unknown m
 ignores it): `Allowed("...")` (how a pattern reads to a person) and `BySibling(field,
 options)` (the section's type is chosen by a sibling's value, e.g. ``algorithm`` by ``task``).
 
-Run ``python -m master.spec_schema`` to rewrite docs/workload_spec.schema.json and the field
-reference of docs/workload_spec.md from the code (a test fails when they are stale).
+``python -m master.spec`` rewrites docs/workload_spec.schema.json and the field reference of
+docs/workload_spec.md from the code (a test fails when they are stale).
 """
 
 from __future__ import annotations
@@ -382,21 +382,3 @@ def leaf_paths(model: type[BaseModel], prefix: str = "") -> list[tuple[str, type
         for sub in subs:
             out.extend(leaf_paths(sub, f"{prefix}{name}{sep}"))
     return out
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Rewrite the generated docs (schema JSON, field reference in the markdown)."""
-    import argparse
-
-    from master.spec import write_docs
-
-    parser = argparse.ArgumentParser(description=main.__doc__)
-    parser.add_argument("--root", default=".", help="repository root (default: .)")
-    args = parser.parse_args(argv)
-    for path in write_docs(args.root):
-        print(f"wrote {path}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -36,6 +36,7 @@ from protocol.errors import CapacityExceeded, InvalidField, NotFound
 from protocol.messages import Ok, WeightsUploadRequest
 from protocol.policy import MAX_UPLOAD_BYTES, MAX_UPLOADS_PER_TENANT
 from protocol.subjects import check_token
+from master.tenant_checks import schema_signature
 
 UPLOAD_PREFIX = "upload-"
 # safetensors' own dtype names (the ones torch's safetensors writes).
@@ -180,12 +181,11 @@ class UploadOps:
         from dataclasses import replace
 
         from actors.weights import weights_name
-        from master.service import _schema_signature
         from protocol.messages import InitWeightsRequest
         from protocol.policy import INIT_WEIGHTS_TIMEOUT_S
 
         weights, adapter = await self.resolve_init(cfg.name, init)
-        req = InitWeightsRequest(config=replace(cfg, signature=_schema_signature(cfg.schema)), weights=weights,
+        req = InitWeightsRequest(config=replace(cfg, signature=schema_signature(cfg.schema)), weights=weights,
                                  adapter=adapter)
         await self.bus.request(self.names.role_op("trainer", "init_weights"), req, Ok,  # type: ignore[attr-defined]
                                timeout_s=INIT_WEIGHTS_TIMEOUT_S)

@@ -43,6 +43,7 @@ from protocol.policy import (COMPACTED_LABEL, MAX_INFLIGHT_JOBS_PER_TASK, OTHER_
                              SFT_PREFETCH_ITEMS_MAX, STALENESS_BOUND_MAX)
 from protocol.subjects import Names, check_token
 from protocol.wire import decode, encode
+from master.store import kv_items, store_put
 
 # Instances remembered per usage record (their last report seq): a role instance that
 # restarted under a new id no longer retries its old reports, so the oldest can go.
@@ -70,8 +71,6 @@ class UsageOps:
     usage: dict[str, UsageRecord]
 
     async def setup_usage(self) -> None:
-        from master.service import kv_items
-
         self._usage_lock = asyncio.Lock()
         self.kv_usage = await js_retry(self.bus.js.key_value, self.names.kv_usage)
         self.usage = {}
@@ -111,8 +110,6 @@ class UsageOps:
 
     @op("tenant_quotas", TenantQuotasRequest, access="admin")
     async def tenant_quotas(self, req: TenantQuotasRequest) -> TenantConfig:
-        from master.service import store_put
-
         async with self._lock:
             cfg = self._tenant(req.tenant)
             quotas = _changed_quotas(self.quotas(cfg), req.changes) if req.changes else req.quotas
@@ -135,8 +132,6 @@ class UsageOps:
 
     @op("usage_report", UsageReport, access="admin")
     async def usage_report(self, req: UsageReport) -> Ok:
-        from master.service import store_put
-
         check_token("instance", req.instance)
         writer = f"{req.instance}.{check_token('boot', req.boot)}" if req.boot else req.instance
         if req.seq < 1:
@@ -194,8 +189,6 @@ class UsageOps:
         """Fold usage records into their tenant's `COMPACTED_LABEL` record: those of the
         (tenant, workload)s given (their workload records are being compacted) and those of
         labels not written to for the retention. Per-tenant totals stay what they were."""
-        from master.service import store_put
-
         gone = {Names.usage_key(t, w) for t, w in workloads}
         folded = 0
         async with self._usage_lock:

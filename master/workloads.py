@@ -65,8 +65,10 @@ from protocol.messages import (
 )
 from protocol.policy import LIFECYCLE_SAVE, MAX_REPORTS_PER_TENANT
 from protocol.wire import decode, encode
-from master.hosted import is_hosted, is_hosted_worker
+from master.records import is_hosted, is_hosted_worker, policy_pin_tenant
 from master.paging import page, time_key
+from master.store import kv_keys, kv_values, store_put
+from master.tenant_checks import base_fit_errors
 
 INTAKE_DURABLE = "master-intake"
 # Deliveries of one intake message at most; the last one that fails is rejected with an event.
@@ -162,8 +164,6 @@ class WorkloadOps:
     _starting: set[str]
 
     async def setup_workloads(self) -> None:
-        from master.service import kv_values
-
         self.workloads = {}
         self._unsaved: dict[str, tuple[str, str]] = {}  # workload -> (state, message) KV refused
         # workload -> (its transition lock, holders and waiters): one state change at a time
@@ -229,8 +229,6 @@ class WorkloadOps:
         serving_note = await self._check_base_served(spec.tenant, spec.base) if spec.task == "rl" else ""
         cfg = compile_tenant(spec)
         if cfg.base_adapter or cfg.head == "expert":
-            from master.service import base_fit_errors
-
             # Against the base's own layers (config only, no weights), before anything is created.
             errors = await asyncio.to_thread(base_fit_errors, cfg)
             if errors:
@@ -374,7 +372,6 @@ class WorkloadOps:
         """An rl / eval workload needs an inferencer serving its base. Rejected (naming the
         pools that exist) when inferencers are registered and none serves it; accepted with a
         note when none is registered at all (they may start later; tests without inference)."""
-        from master.service import kv_keys
         from master.spec import SpecError
         from protocol.messages import InfoRequest, RoleInfo, ServiceRecord
         from protocol.subjects import pool_name
@@ -554,8 +551,6 @@ class WorkloadOps:
             return
         for k, v in changed.items():
             setattr(existing, k, v)
-        from master.service import store_put
-
         await store_put(self.kv_tenants, existing.name, encode(existing))
         self.log.info("tenant scheduling updated", tenant=existing.name, **changed)
 
@@ -668,8 +663,6 @@ class WorkloadOps:
                               attempts=attempt)
 
     async def _save_workload(self, rec: WorkloadRecord) -> None:
-        from master.service import store_put
-
         await store_put(self.kv_workloads, rec.workload, encode(rec))
 
     async def _publish_event(self, rec: WorkloadRecord, kind: str, message: str = "") -> None:
@@ -1027,14 +1020,6 @@ def policy_mismatches(spec: Any, sections: dict[str, Any], tenant: str, version:
                 errors.append((path, f"{a!r} differs from {which}: {b!r}; an eval takes {name} from the policy "
                                      "it scores: leave it out", a))
     return errors
-
-
-def policy_pin_tenant(rec: WorkloadRecord) -> str:
-    """The tenant whose policy a workload reads (an eval may score another tenant)."""
-    version = (rec.spec.get("eval") or {}).get("version", "latest")
-    if isinstance(version, str) and version.startswith("tenant:"):
-        return version.removeprefix("tenant:").partition("@")[0]
-    return rec.tenant
 
 
 # TenantConfig fields a later workload of the same tenant may change: how it is scheduled and

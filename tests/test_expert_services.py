@@ -97,7 +97,7 @@ def test_an_expert_that_cannot_read_the_cache_is_refused_at_submit(deployment): 
 
 def test_tenant_create_names_the_config_field():
     """The tenant_create path (a TenantConfig, not a spec) checks the same, naming head_params."""
-    from master.service import base_fit_errors
+    from master.tenant_checks import base_fit_errors
     from protocol.messages import TenantConfig
 
     cfg = TenantConfig(name="x", base="tiny-qwen3-vl", schema={}, head="expert", head_params={"num_heads": 3},

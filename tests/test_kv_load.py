@@ -1,4 +1,4 @@
-"""A restarting master reads each KV bucket whole (`master.service.kv_items`), on a real
+"""A restarting master reads each KV bucket whole (`master.store.kv_items`), on a real
 nats-server: every live key, none of the deleted or purged ones, and a read that stops short
 of the stream's last sequence is taken again, then refused (issue 24: a master once loaded 0 of
 59 job records just after a NATS node came back, and trained steps twice)."""
@@ -9,7 +9,7 @@ import asyncio
 
 import pytest
 
-import master.service as service
+import master.store as store
 from actors.bus import Bus
 
 
@@ -32,7 +32,7 @@ def test_reads_every_live_key_and_no_deleted_one(nats_url, layout):
         await kv.put("t.j05", b"v5-again")  # a second revision: the newest wins
         await kv.delete("t.j10")
         await kv.purge("t.j39")  # the stream's last message is a purge marker
-        return await service.kv_items(kv)
+        return await store.kv_items(kv)
 
     items = _run(nats_url, layout, body)
     keys = [k for k, _ in items]
@@ -41,11 +41,11 @@ def test_reads_every_live_key_and_no_deleted_one(nats_url, layout):
 
 
 def test_an_empty_bucket_reads_empty(nats_url, layout):
-    assert _run(nats_url, layout, service.kv_items) == []
+    assert _run(nats_url, layout, store.kv_items) == []
 
 
 def test_a_short_read_is_read_again_then_refused(nats_url, layout, monkeypatch):
-    real = service._kv_read
+    real = store._kv_read
     calls = []
 
     async def short_once(kv):
@@ -56,19 +56,19 @@ def test_a_short_read_is_read_again_then_refused(nats_url, layout, monkeypatch):
     async def fill(kv):
         for i in range(5):
             await kv.put(f"t.j{i}", b"x")
-        return await service.kv_items(kv)
+        return await store.kv_items(kv)
 
-    monkeypatch.setattr(service, "_kv_read", short_once)
+    monkeypatch.setattr(store, "_kv_read", short_once)
     assert len(_run(nats_url, layout, fill)) == 5 and len(calls) == 2
 
     async def always_short(kv):
         calls.append(1)
         return [], 0
 
-    monkeypatch.setattr(service, "_kv_read", always_short)
-    monkeypatch.setattr(service, "KV_LOAD", service.KV_LOAD.__class__("kv_load", attempts=3, backoff_s=0.01,
-                                                                      max_backoff_s=0.01))
+    monkeypatch.setattr(store, "_kv_read", always_short)
+    monkeypatch.setattr(store, "KV_LOAD", store.KV_LOAD.__class__("kv_load", attempts=3, backoff_s=0.01,
+                                                                  max_backoff_s=0.01))
     calls.clear()
     with pytest.raises(RuntimeError, match="3 reads stopped short of the stream's last sequence"):
-        _run(nats_url, layout, service.kv_items)
+        _run(nats_url, layout, store.kv_items)
     assert len(calls) == 3

@@ -40,7 +40,7 @@ def test_bad_fields_are_named(adapter: dict, field: str) -> None:
 
 
 def test_checked_against_the_base_layers() -> None:
-    from master.service import adapter_errors
+    from master.tenant_checks import adapter_errors
 
     def cfg(adapter: dict) -> TenantConfig:
         return TenantConfig(name="t", base="tiny-qwen3-vl-64", schema={}, base_adapter=adapter)

@@ -157,7 +157,7 @@ def test_docs_examples_valid_for_both(validator):
 
 
 def test_generated_docs_are_current():
-    # Regenerate with `python -m master.spec_schema` when this fails.
+    # Regenerate with `python -m master.spec` when this fails.
     assert (ROOT / "docs/workload_spec.schema.json").read_text() == schema_json_text()
     doc = (ROOT / "docs/workload_spec.md").read_text()
     assert render_fields_doc(doc) == doc
