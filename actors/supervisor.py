@@ -39,7 +39,7 @@ import orjson
 
 from actors.bus import Bus
 from actors.auth import AuthStore
-from actors.base_names import REGISTERED_BASE_PREFIX, known_presets
+from protocol.base_names import REGISTERED_BASE_PREFIX, known_presets
 from actors.creds import ENV_CREDS, creds_from_env
 from actors.permissions import SUPERVISOR
 from actors.broker import EmbeddedBroker, EmbeddedCluster

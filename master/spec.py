@@ -23,8 +23,6 @@ the ``allOf``/``if``/``then`` part of the JSON Schema.
 
 from __future__ import annotations
 
-import ast
-import functools
 import json
 import re
 import string
@@ -59,6 +57,7 @@ from master.spec_schema import (
     rule,
     spec_errors,
 )
+from protocol.base_names import REGISTERED_BASE_PREFIX, known_presets
 from protocol.errors import ErrorCode, NexusError
 from protocol.messages import MAX_STEP_ROWS, TenantConfig
 
@@ -85,29 +84,15 @@ ENV_ID_PATTERN = r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+"
 # A base that is not a preset must be a path, spelled with a '/' (./my_model), so a typo in a
 # preset name is an error instead of a missing directory found minutes later on a trainer.
 BASE_PATH_PATTERN = r".*/.*"
-# A base the operator registered (`nexus base add NAME PATH`): the master resolves the name to
-# its directory; a tenant never names a host path (docs/security.md "Paths a tenant names").
-REGISTERED_BASE_PREFIX = "registered:"
+# A base the operator registered (`nexus base add NAME PATH`, prefix REGISTERED_BASE_PREFIX): the
+# master resolves the name to its directory; a tenant never names a host path (docs/security.md
+# "Paths a tenant names").
 REGISTERED_BASE_PATTERN = rf"{REGISTERED_BASE_PREFIX}{TENANT_PATTERN}"
 VERSION_PIN_PATTERN = rf"latest|tenant:{TENANT_PATTERN}@(latest|[0-9]+)"
 # PPO fields the gaussian head reads from its own config (models/heads/gaussian.py).
 PPO_HEAD_FIELDS = ("clip_ratio", "value_coef", "entropy_coef")
 # Metrics a budget target can name, per task: what each producer already measures.
 TARGET_METRICS = {"sft": ("loss",), "rl": ("success_rate", "mean_return"), "eval": ()}
-
-_PRESETS_SOURCE = Path(__file__).resolve().parents[1] / "models" / "presets.py"
-
-
-@functools.cache
-def known_presets() -> tuple[str, ...]:
-    """Base preset names, read from models/presets.py's source: importing models pulls in
-    torch, which `nexus spec validate` must not (tests/test_spec.py checks both agree)."""
-    tree = ast.parse(_PRESETS_SOURCE.read_text())
-    names = {node.args[0].value for node in ast.walk(tree)
-             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Preset"
-             and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)}
-    return tuple(sorted(names))
-
 
 class SpecError(NexusError, ValueError):
     """A workload spec is invalid. ``details["errors"]`` lists every problem as

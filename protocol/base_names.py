@@ -1,9 +1,6 @@
 """The names a base goes by outside a path: the preset names and the ``registered:`` prefix of
-an operator's registered base, below master/ so a role (the supervisor's pool names) reads them
-without importing the master's spec module.
-
-master/spec.py holds the same two (tests/test_spec.py checks they agree) until it imports them
-from here."""
+an operator's registered base: the spec (master/spec.py) checks a tenant's base against them and
+the supervisor names its inference pools with them, neither importing the other."""
 
 from __future__ import annotations
 
