@@ -8,7 +8,7 @@ the kind up, so they never import the workflows themselves.
     runner = recipes.lookup(spec.kind)(spec, data_dir=d, log=log, nats_url=url, prefix=p)
 
 A factory is called ``factory(spec, *, data_dir, log=None, client=None, nats_url="",
-prefix="")`` with the workload's `ProducerSpec` and returns its runner, not started (a
+prefix="")`` with the workload's `WorkflowSpec` and returns its runner, not started (a
 `workflows.Workflow`: ``await runner.main()``, ``await runner.stop()``, ``runner.status()``).
 ``client``: the SDK client to run on (a hosted env process passes its own); None means the
 recipe makes its own to ``nats_url`` / ``prefix`` (the env worker's cluster).

@@ -20,7 +20,9 @@ import numpy as np
 from envs.simproc import SimFailure
 from protocol.messages import MAX_TASK_ROWS, MAX_TASK_TEXT, TaskResult
 
-EVAL_DEFAULTS = {"exec_steps": 0}
+# Env steps per predicted action chunk: all of it (the horizon the policy was trained for; no
+# spec knob sets fewer).
+WHOLE_CHUNK = 0
 
 
 class EvalTaskError(ValueError):
@@ -79,14 +81,13 @@ async def evaluate(wf: Any) -> None:
         await wf._refresh_version()
         version = wf.progress.version
     wf.progress.version = version
-    exec_steps = int({**EVAL_DEFAULTS, **spec.algo}["exec_steps"])
     table = TaskTable()
     try:
         plan = task_plan(list(spec.eval_tasks), spec.eval_all_tasks, env.spec)
         for ep in range(spec.eval_episodes):
             task = plan[ep % len(plan)] if plan else None
             try:
-                success, ret = await wf._episode(env, spec.eval_seed + ep, spec.eval_sample, version, exec_steps,
+                success, ret = await wf._episode(env, spec.eval_seed + ep, spec.eval_sample, version, WHOLE_CHUNK,
                                                  None, task=task)
                 done_task = wf.last_task
             except SimFailure as exc:
