@@ -993,6 +993,8 @@ class WorkflowSpec:
     camera_map: dict[str, str] = field(default_factory=dict)  # dataset camera key -> schema camera
     demo_episodes: int = 0
     demo_noise: float = 0.0  # DART noise on executed expert actions while recording
+    # The recipe's config (the spec's algorithm section, whole: protocol/recipe_configs.py), as
+    # plain data; the workflow validates it once into that model ({}: a kind that takes none).
     algo: dict[str, Any] = field(default_factory=dict)
     # This workload's budget, not the tenant's: optimizer steps it trains (0: no step limit),
     # of which ``steps_done`` were trained or queued (in jobs that will train) before this start

@@ -5,13 +5,16 @@ queue_put, mark_ready, job, wait_job, latest_weights, export_params, predict, te
 rollout_begin / rollout_end, publish_event), the same way examples/custom_loop.py is. Env
 workers run them for submitted workloads (`start_workflow`, actors/env_worker.py), finding
 them by kind in `protocol.recipes`, where importing this package registers sft, rl and eval
-(NEXUS_WORKFLOW_MODULES names the modules an env worker imports; this one by default). A loop of
-your own can subclass `Workflow` or run one directly:
+(NEXUS_WORKFLOW_MODULES names the modules an env worker imports; this one by default). Each
+reads its recipe's typed config (`Workflow.config`: `WorkflowSpec.algo` validated once into
+`protocol.recipe_configs.SFTConfig` / `RLConfig`). A loop of your own can subclass `Workflow`,
+register it as a recipe (docs/workload_spec.md "Adding a recipe"), or run one directly:
 
     wf = workflow_for(AsyncClient(url, prefix, timeout_s=60), workflow_spec, data_dir=".nexus")
     await wf.main()          # connects, runs, publishes its events, closes
 
-    workflows/common.py   Workflow: budget / target, reserve / put / mark_ready with retries, episodes, events
+    workflows/common.py   Workflow: its typed config, budget / target, reserve / put / mark_ready with
+                          retries, episodes, events; as_recipe(cls): a class as a recipes factory
     workflows/sft.py      SFTWorkflow: demos or a LeRobot root -> micro-batches with action chunks
     workflows/rl.py       RLWorkflow: parallel rollouts -> GAE -> PPO jobs
     workflows/eval.py     EvalWorkflow: an eval workload (its run is `evaluate`)

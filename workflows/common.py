@@ -345,15 +345,15 @@ class Workflow:
         self.progress.jobs.append(job)
 
     # -- episodes ------------------------------------------------------------------------
-    async def _episode(self, env: Any, seed: int, sample: bool, version: int, exec_steps: int,
+    async def _episode(self, env: Any, seed: int, sample: bool, version: int,
                        record: list[dict[str, Any]] | None, task: int | None = None) -> tuple[bool, float]:
         """One episode with the inference service's policy; transitions go to ``record``.
         ``task``: the env's task index to reset to (None: the env draws one from the seed)."""
         with tracer().start_as_current_span("workflow.episode", attributes={
                 "nexus.tenant": self.spec.tenant, "nexus.workload": self.spec.workload, "nexus.seed": seed}):
-            return await self._episode_steps(env, seed, sample, version, exec_steps, record, task)
+            return await self._episode_steps(env, seed, sample, version, record, task)
 
-    async def _episode_steps(self, env: Any, seed: int, sample: bool, version: int, exec_steps: int,
+    async def _episode_steps(self, env: Any, seed: int, sample: bool, version: int,
                              record: list[dict[str, Any]] | None, task: int | None = None) -> tuple[bool, float]:
         # Every simulator call in its env's child process, bounded (envs.simproc): a hung one
         # (killed) raises SimTimeout, a dead one SimCrashed.
@@ -369,10 +369,10 @@ class Workflow:
                                               version=version, sample=sample, timeout_s=60,
                                               workload=self.spec.workload)  # metered to this workload
             chunk = np.asarray(reply.actions, np.float32)
-            n = len(chunk) if exec_steps <= 0 else min(exec_steps, len(chunk))
             reward, terminated, truncated = 0.0, False, False
             next_obs = obs
-            for a in chunk[:n]:
+            # The whole chunk: the horizon the policy was trained to act over.
+            for a in chunk:
                 next_obs, r, terminated, truncated, info = await env.step(np.clip(a, low, high))
                 reward += float(r)
                 if terminated or truncated:

@@ -20,10 +20,6 @@ import numpy as np
 from envs.simproc import SimFailure
 from protocol.messages import MAX_TASK_ROWS, MAX_TASK_TEXT, TaskResult
 
-# Env steps per predicted action chunk: all of it (the horizon the policy was trained for; no
-# spec knob sets fewer).
-WHOLE_CHUNK = 0
-
 
 class EvalTaskError(ValueError):
     """eval.tasks names a task the env does not have (raised before any episode)."""
@@ -87,8 +83,7 @@ async def evaluate(wf: Any) -> None:
         for ep in range(spec.eval_episodes):
             task = plan[ep % len(plan)] if plan else None
             try:
-                success, ret = await wf._episode(env, spec.eval_seed + ep, spec.eval_sample, version, WHOLE_CHUNK,
-                                                 None, task=task)
+                success, ret = await wf._episode(env, spec.eval_seed + ep, spec.eval_sample, version, None, task=task)
                 done_task = wf.last_task
             except SimFailure as exc:
                 # A simulator that hung (its process killed) or crashed fails its episode (a

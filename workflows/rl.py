@@ -16,7 +16,6 @@ from protocol.errors import Busy
 from protocol.messages import QueuePutRequest
 from protocol.recipe_configs import RLConfig
 from workflows.common import Workflow
-from workflows.evaluation import WHOLE_CHUNK
 from workflows.gae import gae
 
 
@@ -66,7 +65,7 @@ class RLWorkflow(Workflow):
             # a partial segment has no end to bootstrap from) and is replaced by a new process;
             # past SIM_REPLACE failures in a row the workload fails (Workflow._replace_env).
             try:
-                return await self._episode(pool[j], seed_j, True, -1, WHOLE_CHUNK, record)
+                return await self._episode(pool[j], seed_j, True, -1, record)
             except SimFailure as exc:
                 self.log.warning(f"rl episode dropped: simulator {exc.what}; env replaced",
                                  workload=self.spec.workload, error=exc.message)
