@@ -27,9 +27,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from protocol import recipes
 from protocol.messages import WorkflowSpec
-from protocol.recipes import register
+from protocol.recipes import lookup, register
 from sdk.client import AsyncClient
 from workflows.common import Progress, Workflow, as_recipe
 from workflows.eval import EvalWorkflow
@@ -42,7 +41,7 @@ WORKFLOWS: dict[str, type[Workflow]] = {"sft": SFTWorkflow, "rl": RLWorkflow, "e
 
 def workflow_for(client: AsyncClient, spec: WorkflowSpec, *, data_dir: str | Path = ".", log: Any = None) -> Workflow:
     """The registered workflow of ``spec.kind`` (sft, rl, eval, or a recipe of your own), not started."""
-    return recipes.lookup(spec.kind)(spec, data_dir=data_dir, log=log, client=client)
+    return lookup(spec.kind)(spec, data_dir=data_dir, log=log, client=client)
 
 
 for _kind, _cls in WORKFLOWS.items():
