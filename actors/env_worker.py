@@ -11,7 +11,7 @@ error reply naming it); the worker and every other session go on. Each simulator
 child process of its own (`envs.simproc`, at most NEXUS_SIM_PROCS_MAX), so a scene build or a
 slow renderer never stalls the worker's event loop or heartbeats, a call past
 NEXUS_SIM_TIMEOUT_S kills its child, and a child that dies fails only its session.
-Producers (RL rollouts, SFT sampling, evaluation) also run here: the loops of `workflows/`, on
+Workflows (RL rollouts, SFT sampling, evaluation) also run here: the loops of `workflows/`, on
 the SDK's primitives, found by kind in `protocol.recipes` (registered by the modules
 NEXUS_WORKFLOW_MODULES names, imported at start), so this role never imports them.
 
@@ -48,7 +48,7 @@ from protocol.messages import (
     DatasetBatch,
     HandbackRequest,
     Ok,
-    ProducerSpec,
+    WorkflowSpec,
     SampleRequest,
     WorkloadRef,
 )
@@ -84,7 +84,7 @@ class EnvWorker(Role):
         self.max_sessions = self.env_settings.max_sessions
         self.max_sessions_per_tenant = self.env_settings.max_sessions_per_tenant
         self.expired = 0
-        self.producers: dict[str, Any] = {}
+        self.workflows: dict[str, Any] = {}
         self.readers: OrderedDict[str, Any] = OrderedDict()
         self.sim = configure_sim_pool(self.env_settings.plugins)  # simulator children (envs.simproc)
 
@@ -94,17 +94,17 @@ class EnvWorker(Role):
         # Users register their own simulators from modules named here (envs.register(...)).
         for module in self.env_settings.plugins:
             importlib.import_module(module)
-        # The producers' workflows register by kind (`protocol.recipes`) from the modules named
+        # The workflows register by kind (`protocol.recipes`) from the modules named
         # here: the loops are user-level code this role never imports by name.
         recipes.load_modules(self.workflow_settings.modules)
         self.spawn(self._sweep_loop, "session-sweeper", critical=True, max_quiet_s=30.0)
 
     def info_extra(self) -> dict[str, Any]:
         return {"sessions": len(self.sessions), "expired": self.expired,
-                "producers": {k: p.status() for k, p in self.producers.items()}, "sim": self.sim.info()}
+                "workflows": {k: p.status() for k, p in self.workflows.items()}, "sim": self.sim.info()}
 
     def heartbeat_gauges(self) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
-        """Simulator steps answered in this process (its producers' and its sessions') and their
+        """Simulator steps answered in this process (its workflows' and its sessions') and their
         seconds summed: running totals, so a reader takes the mean step latency between two beats
         (the monitor's ``env_step_seconds``, the scaler's ``env_step_s``)."""
         gauges, per_tenant = super().heartbeat_gauges()
@@ -153,7 +153,7 @@ class EnvWorker(Role):
     def _check_tenant_sessions(self, caller: Any) -> None:
         """A tenant's sessions on this worker (counted by its account) within
         NEXUS_ENV_MAX_SESSIONS_PER_TENANT: one tenant cannot take every session of a worker
-        all tenants share. The platform's own sessions (producers) are bounded by the worker's."""
+        all tenants share. The platform's own sessions (workflows) are bounded by the worker's."""
         if caller.is_platform:
             return
         held = sum(1 for s in self.sessions.values() if s.owner == caller.account)
@@ -217,38 +217,38 @@ class EnvWorker(Role):
         self.readers[root] = reader  # most recently used last
         return reader
 
-    # -- producers -----------------------------------------------------------------------
-    @op("start_producer", ProducerSpec, access="admin")
-    async def start_producer(self, req: ProducerSpec) -> Ok:
+    # -- workflows -----------------------------------------------------------------------
+    @op("start_workflow", WorkflowSpec, access="admin")
+    async def start_workflow(self, req: WorkflowSpec) -> Ok:
         check_token("workload", req.workload)  # its events go to a subject named after it
         if req.hosted:  # the tenant's own env runs only on its own machine (docs/hosted_envs.md)
             raise FailedPrecondition(f"workload {req.workload}'s env is hosted by its tenant ({req.hosted}); an env "
                                      "worker never runs it", details={"workload": req.workload})
-        if req.workload in self.producers:
-            return Ok(detail=f"producer of {req.workload} already running on {self.instance}")
+        if req.workload in self.workflows:
+            return Ok(detail=f"workflow of {req.workload} already running on {self.instance}")
         # The loops are user-level code on the SDK's public primitives (workflows/): the recipe
         # makes its own client to this worker's cluster.
         make = recipes.lookup(req.kind)
-        producer = make(req, data_dir=self.cfg.data_dir, log=self.log, nats_url=self.cfg.nats_url,
+        workflow = make(req, data_dir=self.cfg.data_dir, log=self.log, nats_url=self.cfg.nats_url,
                         prefix=self.cfg.prefix)
-        self.producers[req.workload] = producer
-        producer.task = self.spawn(self._run_producer(producer), f"producer-{req.workload}")
-        self.log.info("producer started", workload=req.workload, tenant=req.tenant, kind=req.kind)
-        return Ok(detail=f"{req.kind} producer of {req.workload} running on {self.instance}")
+        self.workflows[req.workload] = workflow
+        workflow.task = self.spawn(self._run_workflow(workflow), f"workflow-{req.workload}")
+        self.log.info("workflow started", workload=req.workload, tenant=req.tenant, kind=req.kind)
+        return Ok(detail=f"{req.kind} workflow of {req.workload} running on {self.instance}")
 
-    async def _run_producer(self, producer: Any) -> None:
+    async def _run_workflow(self, workflow: Any) -> None:
         try:
-            await producer.main()
+            await workflow.main()
         finally:
-            self.producers.pop(producer.spec.workload, None)
+            self.workflows.pop(workflow.spec.workload, None)
 
-    @op("stop_producer", WorkloadRef, access="admin")
-    async def stop_producer(self, req: WorkloadRef) -> Ok:
-        producer = self.producers.get(req.workload)
-        if producer is None:
-            raise NotFound(f"no producer of workload {req.workload!r} on {self.instance}")
-        await producer.stop()
-        return Ok(detail=f"producer of {req.workload} stopped")
+    @op("stop_workflow", WorkloadRef, access="admin")
+    async def stop_workflow(self, req: WorkloadRef) -> Ok:
+        workflow = self.workflows.get(req.workload)
+        if workflow is None:
+            raise NotFound(f"no workflow of workload {req.workload!r} on {self.instance}")
+        await workflow.stop()
+        return Ok(detail=f"workflow of {req.workload} stopped")
 
     async def _call(self, s: _Session, fn, *args) -> Any:
         try:
@@ -278,10 +278,10 @@ class EnvWorker(Role):
                     await self._drop(s, f"lease of {s.lease_s:g} s expired (client gone)")
 
     async def on_drain(self) -> None:
-        # 1. stop the producers (their half-filled jobs are failed by the master), 2. hand
+        # 1. stop the workflows (their half-filled jobs are failed by the master), 2. hand
         # their workloads back so another worker resumes them, 3. close the sessions.
-        workloads = list(self.producers)
-        for p in list(self.producers.values()):
+        workloads = list(self.workflows)
+        for p in list(self.workflows.values()):
             await p.stop()
         if workloads:
             assert self.bus is not None

@@ -105,7 +105,7 @@ OP_WORDS = {
     "usage": "read the usage of", "usage_report": "report usage", "workloads": "list the workloads of",
     "workload": "see workload", "cancel": "cancel workload", "workload_report": "read the report of workload",
     "base_add": "register a base model", "drain": "drain a role", "handback": "hand workloads back",
-    "start_producer": "start a workload's producer", "stop_producer": "stop a workload's producer",
+    "start_workflow": "start a workload's workflow", "stop_workflow": "stop a workload's workflow",
     "train_batch": "train a batch", "rollout_begin": "begin a rollout for", "rollout_end": "end a rollout for",
     "hosted_claim": "serve the hosted envs of", "hosted_event": "report hosted workload events for",
 }

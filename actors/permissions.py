@@ -50,7 +50,7 @@ JS_FLOW = "$JS.FC.>"
 # Every JetStream API call: only the master and the supervisor.
 JS_ALL = "$JS.API.>"
 
-# The master's ops each role (or its producers, on the env worker) calls.
+# The master's ops each role (or its workflows, on the env worker) calls.
 TRAINER_MASTER_OPS = ("lease", "lease_renew", "lease_release", "job_update", "checkpoint_commit",
                       "checkpoint_get", "tenant_get", "usage_report")
 # The env worker's workflow loops (workflows/, on the SDK's primitives) and its hand-back.
@@ -114,8 +114,8 @@ def role_permissions(role: str, prefix: str) -> dict[str, Any]:
             pub += [JS_ALL, "$JS.ACK.>", JS_FLOW, *(_kv(b) for b in kv_buckets(n)),
                     *(f"$O.{b}.>" for b in object_buckets(n)),
                     f"{p}.tq.>", n.sched_ready, f"{p}.tenants.>", f"{p}.workloads.events.*",
-                    f"{p}.tenant_events.>", n.env("start_producer"), f"{p}.svc.*.*.info",
-                    f"{p}.svc.env.*.stop_producer", n.role_op("trainer", "init_weights"),
+                    f"{p}.tenant_events.>", n.env("start_workflow"), f"{p}.svc.*.*.info",
+                    f"{p}.svc.env.*.stop_workflow", n.role_op("trainer", "init_weights"),
                     n.master("usage_report")]
             sub += [n.health_events_all, n.weights_all, n.workload_events_all]
     return {"pub": {"allow": _unique(pub)}, "sub": {"allow": _unique(sub)},

@@ -48,7 +48,7 @@ SIGNALS: dict[str, Signal] = {s.name: s for s in (
     Signal("dropped_stale", "control", "counter", _T, "rollout jobs dropped as too stale", True),
     Signal("active_rollouts", "control", "gauge", _T, "rollouts holding the master's rollout gate", True),
     Signal("waiting_rollouts", "control", "gauge", _T,
-           "rollouts refused a turn of the master's rollout gate and still asking (their producers retry)", True),
+           "rollouts refused a turn of the master's rollout gate and still asking (their workflows retry)", True),
     Signal("priority", "control", "gauge", _T,
            "the tenant's priority as routing uses it (its spec's, within its max_priority quota; 'other': the min)"),
     Signal("infer_queued", "control", "gauge", _RI, "predict requests queued in an inferencer"),
@@ -57,7 +57,7 @@ SIGNALS: dict[str, Signal] = {s.name: s for s in (
     Signal("batch_wait_seconds", "control", "gauge", _RI,
            "mean wait of a predict request from arrival to its group's forward, since the last beat", unit="s"),
     Signal("env_step_seconds", "control", "gauge", _RI,
-           "mean simulator step latency in an env worker (producers' and sessions' steps), since the last beat",
+           "mean simulator step latency in an env worker (workflows' and sessions' steps), since the last beat",
            unit="s"),
     # the health manager's scaler (NEXUS_SCALER; docs/scaling.md), from its ScaleDecision events
     Signal("scale_target", "control", "gauge", ("role",), "instance count the scaler last decided for the role"),

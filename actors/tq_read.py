@@ -23,7 +23,7 @@ use, below both, so neither imports the other (STYLE.md practice 14).
 
 A micro-batch over the max payload is stored as parts (`sdk.client.AsyncClient.queue_put`,
 seqs from `protocol.messages.chunk_seq`); `join_parts` concatenates them back, so the trainer
-takes one optimizer step on exactly the rows the producer put, as if it had fit.
+takes one optimizer step on exactly the rows the workflow put, as if it had fit.
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ def join_parts(items: list[QueuePutRequest]) -> list[QueuePutRequest]:
     """The micro-batches ``items`` hold, in order: the parts of one split item (same item seq,
     same part count) joined back into that item, rows in part order.
 
-    Why join, not accumulate per part: the joined item is the very micro-batch the producer put
+    Why join, not accumulate per part: the joined item is the very micro-batch the workflow put
     (bit-equal arrays), so its step is the unsplit step by construction (the loss is the mean
     over all its rows, RL statistics are over the whole micro-batch), it counts once in the
     tenant's version and the workload's step budget, and nothing downstream of the queue needs
@@ -110,7 +110,7 @@ def join_parts(items: list[QueuePutRequest]) -> list[QueuePutRequest]:
     a job whole), so joining costs one copy of one micro-batch.
 
     Exactly-once is unchanged: each part is deduplicated on its own seq when it is put. A part
-    that is missing (its producer died half-way through a split and the job was sealed) leaves
+    that is missing (its workflow died half-way through a split and the job was sealed) leaves
     a smaller micro-batch of the parts that were stored; it still trains as one step, as
     `JobRecord.steps` counted it."""
     groups: dict[object, list[QueuePutRequest]] = {}

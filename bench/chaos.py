@@ -672,7 +672,7 @@ class Chaos:
                                                        f"back in {self.nats.back_s:.1f} s")
         failed = [name for name, (ok, _) in invariants.items() if not ok]
         # Observations (reported, not invariants): an SFT tenant trained past its step budget
-        # means a restarted producer did not resume its count.
+        # means a restarted workflow did not resume its count.
         observations = []
         sft_steps = BUDGETS[self.cfg.budget]["sft"]["steps"]
         for wid, task in self.task_of.items():
@@ -680,7 +680,7 @@ class Chaos:
             final = versions.get(tenant)
             if task == "sft" and final is not None and final > sft_steps:
                 observations.append(f"{tenant} trained {final} steps for a budget of {sft_steps} "
-                                    "(a restarted SFT producer counted its steps from 0 again?)")
+                                    "(a restarted SFT workflow counted its steps from 0 again?)")
         report = {
             "config": {**asdict(self.cfg), "data_dir": str(self.dep.data_dir), "out": str(self.cfg.out)},
             "invariants": {name: {"ok": ok, "detail": d} for name, (ok, d) in invariants.items()},

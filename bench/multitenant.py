@@ -77,8 +77,8 @@ MAX_TENANTS = 64  # a deployment's tenants in one run (the scaling curve goes to
 MAX_BUDGET = 100_000
 INFO_ATTEMPTS = 3  # a role's info that fails (internal error) this often in a row fails the run
 # Heartbeat silence before the health manager declares a role dead. The default (3 s) trips
-# on this 2-core machine while an env worker imports ManiSkill / SAPIEN for a producer (~30 s
-# holding the GIL in bursts): the worker is killed and its producers restart, so every run
+# on this 2-core machine while an env worker imports ManiSkill / SAPIEN for a workflow (~30 s
+# holding the GIL in bursts): the worker is killed and its workflows restart, so every run
 # of the experiment gets this longer timeout (the same for shared and alone runs).
 HEALTH_TIMEOUT_S = 30.0
 
@@ -115,7 +115,7 @@ def _rl(kind: str, env_id: str, options: dict[str, Any], cameras: list[dict[str,
             rl["action"]["dim"] = action_dim
         rl["algorithm"].update(steps_per_update=sz.rl_steps_per_update, parallel_envs=sz.rl_parallel_envs,
                                micro_batch=sz.rl_micro_batch, epochs=sz.rl_epochs)
-        # A fixed amount of env work: episodes (checked by the producer between updates, so
+        # A fixed amount of env work: episodes (checked by the workflow between updates, so
         # the same in both runs whatever the trainer's pace), never wall time.
         rl["schedule"]["budget"] = {"max_episodes": budget}
         rl.pop("eval", None)  # the result is the success rate of its own last training episodes
@@ -441,7 +441,7 @@ class Runner:
             await self._tenants(client, ids, records)
             restarted = self._restarted(state)
             if restarted:
-                # A replaced env worker restarts its producers (work redone), a replaced
+                # A replaced env worker restarts its workflows (work redone), a replaced
                 # trainer / inferencer starts its counters over: not a clean comparison.
                 self.rec.error = "roles restarted during the run: " + ", ".join(restarted)
             self.rec.ok = not self.rec.error and all(t["state"] == "completed" for t in self.rec.tenants.values())

@@ -67,7 +67,7 @@ class Result:
 
 
 def queued_item(schema, tenant: str, rows: int, seed: int) -> QueuePutRequest:
-    """One micro-batch as a producer queues it (the tenant's schema, uint8 frames)."""
+    """One micro-batch as a workflow queues it (the tenant's schema, uint8 frames)."""
     rng = np.random.default_rng(seed)
     return QueuePutRequest(
         tenant=tenant, job="bench", seq=0,

@@ -9,7 +9,7 @@ each such process calls ``hosted_claim`` about once a second with the tenant's c
   half-filled jobs sealed, so nothing queued is lost; the episodes it had in flight are);
 * the reply names the workloads it said it runs that are no longer its own (cancelled,
   finished, moved after a lapsed lease): it stops them;
-* with room, it gets one pending hosted workload of its tenant (the compiled `ProducerSpec`),
+* with room, it gets one pending hosted workload of its tenant (the compiled `WorkflowSpec`),
   and runs the platform's own workflow (workflows/) on it against its local env, through the
   ops a tenant account may call; its events come back through ``hosted_event``.
 
@@ -122,11 +122,11 @@ class HostedOps:
                     compiled = await self.compile_start(rec)
                     if compiled is None:
                         continue  # an eval waiting for its tenant's training
-                    producer, eval_version = compiled
+                    workflow, eval_version = compiled
                     rec.worker, rec.eval_version = worker, eval_version
                     if await self._set_state(rec, "running",
-                                             f"producer running on hosted env process {process} of tenant {tenant}"):
-                        start.append(producer)
+                                             f"workflow running on hosted env process {process} of tenant {tenant}"):
+                        start.append(workflow)
                     else:
                         rec.worker = ""
                 finally:
@@ -148,7 +148,7 @@ class HostedOps:
             raise FailedPrecondition(f"workload {rec.workload} is {rec.state} and not on hosted process {process}; "
                                      "stop it", details={"workload": rec.workload, "state": rec.state})
         # Applied before the reply (a done event ends the workload before its process drops
-        # it), then published as an env worker's producer would, for the monitor's series.
+        # it), then published as an env worker's workflow would, for the monitor's series.
         await self._apply_event(ev)
         await self.bus.publish(self.names.workload_events(rec.workload), ev)
         return Ok(detail="event taken")

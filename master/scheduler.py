@@ -23,7 +23,7 @@ Caps enforced at `check_reserve`: the tenant's quota ``max_inflight_jobs`` over 
 ``max_inflight_jobs`` unfinished jobs per tenant-task (its spec's, default 2), and at most ``sft_prefetch_items`` SFT micro-batches per tenant in
 ready or leased jobs (default 16) so offline data cannot crowd out online RL. A job still being
 filled does not count: it waits for nobody, and a job larger than the cap is refused at submit
-(`master.spec`), so a producer's Busy put always clears once the trainer catches up.
+(`master.spec`), so a workflow's Busy put always clears once the trainer catches up.
 """
 
 from __future__ import annotations
@@ -138,7 +138,7 @@ class Scheduler:
     def check_reserve(self, tenant: TenantConfig, task: str, quotas: TenantQuotas | None = None) -> None:
         unfinished = [j for j in self.tenant_jobs(tenant.name) if j.state in UNFINISHED]
         if quotas is not None and len(unfinished) >= quotas.max_inflight_jobs:
-            # The operator's ceiling over all the tenant's tasks (a kind of Busy: a producer
+            # The operator's ceiling over all the tenant's tasks (a kind of Busy: a workflow
             # waits until one of its jobs is trained).
             raise QuotaExceeded.of("max_inflight_jobs", quotas.max_inflight_jobs,
                                    f"tenant {tenant.name} has {len(unfinished)} jobs in flight; retry when one is "
@@ -293,7 +293,7 @@ class Scheduler:
         return True
 
     def orphans(self, now: float, ttl_s: float) -> list[JobRecord]:
-        """Jobs idle past ``ttl_s`` while reserved or filling: their producer is gone."""
+        """Jobs idle past ``ttl_s`` while reserved or filling: their workflow is gone."""
         return [j for j in self.live_jobs() if j.state in ("reserved", "filling") and now - j.updated_at > ttl_s]
 
     def compactable(self, now: float, keep_s: float) -> list[JobRecord]:

@@ -122,7 +122,7 @@ EXPIRE_EVERY_S = 1.0
 # near 40 KB, far under NATS's 1 MB payload); the rest ride as "other".
 BEAT_TENANTS_MAX = 256
 # Rollout gate: 1 active rollout per tenant, NEXUS_MAX_ACTIVE_ROLLOUTS across the deployment;
-# a slot not released within the TTL (its producer died) is reclaimed.
+# a slot not released within the TTL (its workflow died) is reclaimed.
 ROLLOUT_TTL_S = 600.0
 # Whole objects `weights_read` keeps between slices (a payload and its manifest, twice over).
 WEIGHTS_READ_CACHE = 4
@@ -168,7 +168,7 @@ class Master(WorkloadOps, HostedOps, UsageOps, BaseOps, UploadOps, Role):
         # How long the decisions and the start-up took (`info`: bench/scale.py reads them).
         self.lease_decision_s: deque[float] = deque(maxlen=LEASE_TIMES_KEPT)
         self.startup_s: dict[str, float] = {}
-        self._starting: set[str] = set()  # workloads whose producer start is under way (workloads.py)
+        self._starting: set[str] = set()  # workloads whose workflow start is under way (workloads.py)
 
     async def setup(self) -> None:
         assert self.bus is not None
@@ -583,7 +583,7 @@ class Master(WorkloadOps, HostedOps, UsageOps, BaseOps, UploadOps, Role):
             if owner is not None and owner.state in TERMINAL_WORKLOAD_STATES:
                 # Checked under the lock: a cancel sets the state first, then fails the
                 # workload's jobs under this lock, so a job is either refused here or failed
-                # there, never left reserved by a producer that had not stopped yet.
+                # there, never left reserved by a workflow that had not stopped yet.
                 raise FailedPrecondition(f"workload {req.workload} is {owner.state}; it takes no new jobs",
                                          details={"workload": req.workload, "state": owner.state})
             priority = tenant.priority if req.priority is None else req.priority
@@ -633,7 +633,7 @@ class Master(WorkloadOps, HostedOps, UsageOps, BaseOps, UploadOps, Role):
         in_stream = (info.state.subjects or {}).get(self.names.tq_job(req.tenant, req.job), 0)
         async with self._lock:
             # Checked again after the awaits: a handback or a cancel may have sealed or failed
-            # the job while this micro-batch was being stored (its producer stopped mid-put).
+            # the job while this micro-batch was being stored (its workflow stopped mid-put).
             # Setting it back to filling would strand it (a sealed job would never be leased).
             closed = job.state not in ("reserved", "filling")
             if not closed:
@@ -819,13 +819,13 @@ class Master(WorkloadOps, HostedOps, UsageOps, BaseOps, UploadOps, Role):
     # -- rollout gate: the tenant's max_active_rollouts quota (1) and 3 in all ---------------
     @op("rollout_begin", JobRef)
     async def rollout_begin(self, req: JobRef) -> Ok:
-        """A producer asks to start collecting a rollout batch (``job`` = its workload id).
+        """A workflow asks to start collecting a rollout batch (``job`` = its workload id).
         Access ``tenant``: a hosted env process (docs/hosted_envs.md) takes its own tenant's
-        turns, for a workload of its tenant that runs; the platform's producers any."""
+        turns, for a workload of its tenant that runs; the platform's workflows any."""
         self._tenant(req.tenant)
         self._check_rollout_workload(req)
         now = time.time()
-        # A producer that died mid-rollout must not hold its slot forever.
+        # A workflow that died mid-rollout must not hold its slot forever.
         self.rollouts = {k: v for k, v in self.rollouts.items() if v > now}
         key = f"{req.tenant}/{req.job}"
         if key in self.rollouts:
@@ -941,7 +941,7 @@ class Master(WorkloadOps, HostedOps, UsageOps, BaseOps, UploadOps, Role):
                     self.log.warning("lease expired", tenant=job.tenant, job=job.job, state=job.state)
                     await self._save(job)
                 for job in self.sched.orphans(now, self.leases.orphan_ttl_s):
-                    why = f"idle for {self.leases.orphan_ttl_s:g} s while {job.state}: its producer is gone"
+                    why = f"idle for {self.leases.orphan_ttl_s:g} s while {job.state}: its workflow is gone"
                     if job.state == "filling" and job.items > 0:
                         self._seal(job, now, why)  # what was acknowledged is trained
                         sealed = True
@@ -958,7 +958,7 @@ class Master(WorkloadOps, HostedOps, UsageOps, BaseOps, UploadOps, Role):
 
     async def fail_unready_jobs(self, workload: str, reason: str, states: tuple[str, ...] = ("reserved", "filling"),
                                 seal: bool = True) -> int:
-        """A workload's producer stopped (crash, handback; or a cancel, ``seal=False``): its
+        """A workload's workflow stopped (crash, handback; or a cancel, ``seal=False``): its
         jobs it can no longer complete leave the in-flight cap at once. With ``seal``, a job
         that already holds micro-batches is marked ready with what it has (every acknowledged
         micro-batch is trained: each is a whole optimizer step of its own); an empty one fails

@@ -27,23 +27,19 @@ import json
 import re
 import string
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    StrictBool,
-    StrictInt,
-    StrictStr,
     ValidationError,
     ValidationInfo,
     WithJsonSchema,
     field_validator,
     model_validator,
 )
-from pydantic import Strict as _Strict
 from pydantic_core import InitErrorDetails
 
 from master.spec_schema import (
@@ -52,14 +48,25 @@ from master.spec_schema import (
     BySibling,
     field_rows,
     model_schema,
-    raise_rules,
     reraise_details,
-    rule,
     spec_errors,
 )
 from protocol.base_names import REGISTERED_BASE_PREFIX, known_presets
 from protocol.errors import ErrorCode, NexusError
-from protocol.messages import MAX_STEP_ROWS, TenantConfig
+from protocol.messages import TenantConfig
+from protocol.recipe_configs import doc as _doc
+from protocol.recipe_configs import (
+    CONFIGS,
+    Bool,
+    Float,
+    Int,
+    RecipeConfig,
+    RLConfig,
+    SFTConfig,
+    Str,
+    raise_rules,
+    rule,
+)
 
 SPEC_VERSION = 1
 TaskType = Literal["sft", "rl", "eval"]
@@ -91,7 +98,7 @@ REGISTERED_BASE_PATTERN = rf"{REGISTERED_BASE_PREFIX}{TENANT_PATTERN}"
 VERSION_PIN_PATTERN = rf"latest|tenant:{TENANT_PATTERN}@(latest|[0-9]+)"
 # PPO fields the gaussian head reads from its own config (models/heads/gaussian.py).
 PPO_HEAD_FIELDS = ("clip_ratio", "value_coef", "entropy_coef")
-# Metrics a budget target can name, per task: what each producer already measures.
+# Metrics a budget target can name, per task: what each workflow already measures.
 TARGET_METRICS = {"sft": ("loss",), "rl": ("success_rate", "mean_return"), "eval": ()}
 
 class SpecError(NexusError, ValueError):
@@ -112,23 +119,13 @@ class SpecError(NexusError, ValueError):
 
 
 # ---- field types -----------------------------------------------------------------------
-# Strict scalars: "64" is not an integer, true is not 1; floats are finite.
-Int = StrictInt
-Float = Annotated[float, _Strict(), Field(allow_inf_nan=False)]
-Str = StrictStr
-Bool = StrictBool
-
-
-def _doc(text: str, default: Any = ..., **kw: Any) -> Any:
-    return Field(default, description=text, **kw)
-
-
+# Strict scalars (Int, Float, Str, Bool), `_doc` and the sections' base come from
+# protocol/recipe_configs.py: the recipes' configs are sections of this spec too.
 def _docf(text: str, factory: Any, **kw: Any) -> Any:
     return Field(default_factory=factory, description=text, **kw)
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=False)
+_Section = RecipeConfig
 
 
 def _custom(message: str) -> Exception:
@@ -289,117 +286,13 @@ class DatasetSource(_Section):
                            "LeRobot's name for it", "action", min_length=1)
 
 
-class SFTAlgorithm(_Section):
-    """Supervised fine-tuning of the action module (task sft)."""
-
-    lr: Float = _doc("peak AdamW learning rate. Default 1e-4: the model core's default, stable for "
-                     "small heads on a frozen base", 1e-4, gt=0, le=1)
-    batch_size: Int = _doc("samples per micro-batch (one optimizer step each). Default 32: fits one "
-                           "queue message for 2 cameras at 64x64", 32, ge=1, le=MAX_STEP_ROWS)
-    DEFAULT_STEPS: ClassVar[int] = 1000  # a few minutes for the tiny bases on CPU
-
-    steps: Int | None = _doc("optimizer steps this workload trains, counted from the tenant's version "
-                             "when it is accepted (a tenant at version 384 given steps 128 ends at 512); "
-                             "also the length of the cosine LR decay. Set either steps or until_version. "
-                             "Default null: 1000 steps (a few minutes for the tiny bases on CPU) unless "
-                             "until_version is set", None, ge=1)
-    until_version: Int | None = _doc("train until the tenant's policy version reaches this (a total, not "
-                                     "a count: the workload trains until_version minus the version it is "
-                                     "accepted at); one already reached is refused at submit. Default null: "
-                                     "train `steps` more", None, ge=1)
-    items_per_job: Int = _doc("micro-batches per training-queue job; at most "
-                              "schedule.sft_prefetch_items. The trainer commits once per job (and "
-                              "exports per outputs.export_every_steps), so more items per job mean "
-                              "less overhead per step. Default 1: a commit after every step",
-                              1, ge=1, le=256)
-    weight_decay: Float = _doc("AdamW weight decay. Default 0.01: the model core's default", 0.01, ge=0)
-    grad_clip: Float | None = _doc("global gradient-norm clip (null: none). Default 1.0: guards the "
-                                   "first steps of a fresh head", 1.0, gt=0)
-    warmup_steps: Int = _doc("linear LR warmup steps (at most steps). Default 0: heads start small "
-                             "and AdamW's bias correction already damps early steps", 0, ge=0)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _default_steps(cls, data: Any) -> Any:
-        # Neither set: the default step count. Normalised here so a stored spec says what ran.
-        if isinstance(data, dict) and data.get("steps") is None and data.get("until_version") is None:
-            data = {**data, "steps": cls.DEFAULT_STEPS}
-        return data
-
-    @model_validator(mode="after")
-    def _checks(self) -> SFTAlgorithm:
-        if self.steps is not None and self.until_version is not None:
-            raise_rules("SFTAlgorithm", [rule(("until_version",), "set either steps (how many more) or "
-                                              "until_version (the version to reach), not both", self.until_version)])
-        if self.steps is not None and self.warmup_steps > self.steps:
-            raise_rules("SFTAlgorithm", [rule(("warmup_steps",), f"{self.warmup_steps} exceeds "
-                                              f"steps={self.steps}; allowed: <= steps", self.warmup_steps)])
-        return self
-
-
-class PPOAlgorithm(_Section):
-    """Asynchronous PPO (task rl): producers roll out, compute GAE, and queue micro-batches."""
-
-    DEFAULT_EPISODES_PER_UPDATE: ClassVar[int] = 16  # enough episodes for advantages, small jobs
-
-    lr: Float = _doc("AdamW learning rate (constant after warmup). Default 3e-4: the usual PPO Adam "
-                     "rate", 3e-4, gt=0, le=1)
-    gamma: Float = _doc("discount (0: only the immediate reward counts). Default 0.99: episodes of "
-                        "tens of steps", 0.99, ge=0, le=1)
-    gae_lambda: Float = _doc("GAE lambda (0: one-step TD advantages). Default 0.95: the PPO paper's "
-                             "value", 0.95, ge=0, le=1)
-    clip_ratio: Float = _doc("PPO surrogate clip. Default 0.2: the PPO paper's value", 0.2, gt=0, le=1)
-    value_coef: Float = _doc("value-loss weight. Default 0.5: the gaussian head's default", 0.5, ge=0)
-    entropy_coef: Float = _doc("entropy bonus. Default 0: the learnt log-std explores enough on "
-                               "continuous control", 0.0, ge=0)
-    normalize_advantages: Bool = _doc("standardise advantages over each rollout (zero mean, unit std) "
-                                      "before queueing. Default true: the usual PPO practice; rewards "
-                                      "of any scale then give steps of one size", True)
-    epochs: Int = _doc("passes over each rollout. Default 1: async RL trains each queued job once; more "
-                       "passes reuse data beyond what staleness allows", 1, ge=1, le=64)
-    episodes_per_update: Int | None = _doc("episodes rolled out per update (one job). Default null: 16 "
-                                           "episodes, unless steps_per_update is set (set at most one)",
-                                           None, ge=1)
-    steps_per_update: Int | None = _doc("env steps rolled out per update instead of whole episodes. "
-                                        "Default null: count episodes", None, ge=1)
-    parallel_envs: Int = _doc("episodes rolled out at once, each in its own env session; their "
-                              "predict requests share the inferencer's group forwards. Default 1: one "
-                              "episode at a time", 1, ge=1, le=256)
-    micro_batch: Int = _doc("samples per queued micro-batch (one optimizer step each). Default 64: a "
-                            "few steps per update", 64, ge=1, le=MAX_STEP_ROWS)
-    weight_decay: Float = _doc("AdamW weight decay. Default 0: the usual choice for RL, where data "
-                               "shifts under the policy", 0.0, ge=0)
-    grad_clip: Float | None = _doc("global gradient-norm clip (null: none). Default 0.5: the usual PPO "
-                                   "max_grad_norm", 0.5, gt=0)
-    warmup_steps: Int = _doc("linear LR warmup steps. Default 0: the clip ratio already bounds early "
-                             "updates", 0, ge=0)
-    value_warmup_episodes: Int = _doc("the workload's first episodes (the updates that end within them) "
-                                      "train the value head only: their advantages are queued as zeros, so "
-                                      "the policy takes no PPO step until the value head has seen its "
-                                      "returns. For a tenant starting from an SFT version. Default 0: none",
-                                      0, ge=0, le=1_000_000)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _default_collection(cls, data: Any) -> Any:
-        # Neither set: collect by episodes. Normalised here so a stored spec says what ran.
-        if isinstance(data, dict) and data.get("episodes_per_update") is None and data.get("steps_per_update") is None:
-            data = {**data, "episodes_per_update": cls.DEFAULT_EPISODES_PER_UPDATE}
-        return data
-
-    @model_validator(mode="after")
-    def _checks(self) -> PPOAlgorithm:
-        if self.episodes_per_update is not None and self.steps_per_update is not None:
-            raise_rules("PPOAlgorithm", [rule(("steps_per_update",), "set either episodes_per_update or "
-                                              "steps_per_update, not both", self.steps_per_update)])
-        return self
-
-
-ALGORITHMS: dict[str, type[BaseModel]] = {"sft": SFTAlgorithm, "rl": PPOAlgorithm}
+# The task's algorithm section is its recipe's config (protocol/recipe_configs.py): the
+# workflow reads the same model, so each knob has its one default there.
+ALGORITHMS: dict[str, type[BaseModel]] = dict(CONFIGS)
 
 
 class BudgetTarget(_Section):
-    """A quality target: the workload completes once a metric its producer measures reaches it."""
+    """A quality target: the workload completes once a metric its workflow measures reaches it."""
 
     metric: Literal["loss", "success_rate", "mean_return"] = _doc(
         "what to watch: loss (sft: the mean training loss of the last `window` jobs), success_rate or "
@@ -424,7 +317,7 @@ class BudgetSpec(_Section):
                                  "when it is accepted, not from 0; sft: the smaller of this and "
                                  "algorithm.steps / until_version)", None, ge=1)
     max_episodes: Int | None = _doc("env episodes of this workload (rollouts, demos excluded, or eval); a "
-                                    "producer resumed on another env worker counts its predecessor's",
+                                    "workflow resumed on another env worker counts its predecessor's",
                                     None, ge=1)
     max_wall_s: Float | None = _doc("seconds since the workload started", None, gt=0)
     target: BudgetTarget | None = _doc("a quality target, e.g. {metric: success_rate, at_least: 0.95} "
@@ -438,13 +331,13 @@ class ScheduleSpec(_Section):
     priority: Int = _doc(f"higher is leased first; ties go round-robin; allowed {PRIORITY_MIN}..{PRIORITY_MAX}. "
                          "Default 0: equal shares", 0, ge=PRIORITY_MIN, le=PRIORITY_MAX)
     max_inflight_jobs: Int = _doc("unfinished training jobs per tenant-task, at most the tenant's quota "
-                                  "max_inflight_jobs (set by the operator). Default 2: keeps a producer "
+                                  "max_inflight_jobs (set by the operator). Default 2: keeps a workflow "
                                   "from running far ahead of training", 2, ge=1, le=MAX_INFLIGHT_JOBS_PER_TASK)
     staleness_bound: Int = _doc("RL data more than this many policy versions old is dropped. Default "
                                 "128: the reference system's bound", 128, ge=1, le=STALENESS_BOUND_MAX)
     sft_prefetch_items: Int = _doc("SFT micro-batches per tenant in ready or leased jobs (the ones "
                                    "waiting for or on a trainer); a put beyond it is retried by the "
-                                   "producer. Default 16: offline data cannot crowd out online RL",
+                                   "workflow. Default 16: offline data cannot crowd out online RL",
                                    16, ge=1, le=SFT_PREFETCH_ITEMS_MAX)
     budget: BudgetSpec = _docf("limits; default none: sft ends after algorithm.steps (or at "
                                "algorithm.until_version), eval after "
@@ -624,9 +517,9 @@ class WorkloadSpec(_Section):
     env: EnvSource | None = _doc("simulator: required by rl and eval; sft uses it with env.demos "
                                  "(exclusive with dataset)", None)
     dataset: DatasetSource | None = _doc("sft only: a local LeRobot v3.0 dataset (exclusive with env)", None)
-    algorithm: Annotated[SFTAlgorithm | PPOAlgorithm | None, BySibling("task", ALGORITHMS)] = Field(
+    algorithm: Annotated[SFTConfig | RLConfig | None, BySibling("task", ALGORITHMS)] = Field(
         None, validate_default=True,
-        description="hyper-parameters typed by task (sft: SFTAlgorithm, rl: PPOAlgorithm; eval: none). "
+        description="hyper-parameters typed by task (sft: SFTConfig, rl: RLConfig; eval: none). "
                     "Default null: the task's defaults")
     schedule: ScheduleSpec = _docf("priority, caps and budget", ScheduleSpec)
     init: InitSpec | None = _doc("sft / rl: start a new tenant's slot from weights it uploaded. Default null: "
@@ -764,7 +657,7 @@ def _cross_errors(spec: WorkloadSpec) -> list[InitErrorDetails]:
     if spec.init is not None and spec.init.adapter and spec.base_adapter is None:
         errors.append(rule(("init", "adapter"), "a LoRA adapter to start from needs base_adapter (the adapter's "
                            "rank and target modules); set base_adapter, or remove init.adapter", spec.init.adapter))
-    if isinstance(spec.algorithm, SFTAlgorithm) and spec.algorithm.items_per_job > spec.schedule.sft_prefetch_items:
+    if isinstance(spec.algorithm, SFTConfig) and spec.algorithm.items_per_job > spec.schedule.sft_prefetch_items:
         # A job's items must all be queued before it is ready: more than the cap can never fit.
         errors.append(rule(("algorithm", "items_per_job"),
                            f"{spec.algorithm.items_per_job} exceeds schedule.sft_prefetch_items="
@@ -878,11 +771,11 @@ def compile_tenant(spec: WorkloadSpec) -> TenantConfig:
         # Key names are models.slot.OptimConfig's fields.
         optim = {"lr": alg.lr, "weight_decay": alg.weight_decay, "grad_clip": alg.grad_clip,
                  "warmup_steps": alg.warmup_steps}
-        if isinstance(alg, SFTAlgorithm):
+        if isinstance(alg, SFTConfig):
             # Cosine decay over the planned run; the master sets where it starts (the tenant's
             # version at accept: optim.schedule_start) and turns until_version into steps from there.
             optim["total_steps"] = alg.steps if alg.steps is not None else alg.until_version
-        if isinstance(alg, PPOAlgorithm) and spec.action_module.kind == "gaussian":
+        if isinstance(alg, RLConfig) and spec.action_module.kind == "gaussian":
             # The gaussian head computes the PPO loss, so these live in its config.
             head_params.update({k: getattr(alg, k) for k in PPO_HEAD_FIELDS})
     sched = spec.schedule
@@ -921,7 +814,7 @@ def dataset_errors(spec: WorkloadSpec, root: str | Path | None = None) -> list[t
 
 def feature_errors(features: dict[str, Any], state_key: str, action_key: str, cameras: list[str],
                    state_dim: int, action_dim: int) -> list[tuple[str, str, Any]]:
-    """Shared by the master (at submit) and the SFT producer (at start)."""
+    """Shared by the master (at submit) and the SFT workflow (at start)."""
     numeric = sorted(k for k, f in features.items() if isinstance(f, dict) and f.get("dtype") not in ("image", "video"))
     errors: list[tuple[str, str, Any]] = []
 
@@ -1050,8 +943,8 @@ def main(argv: list[str] | None = None) -> int:
 
 __all__ = [
     "ALGORITHMS", "TASK_RULES", "ActionModuleSpec", "ActionSpec", "BaseAdapterSpec", "BudgetSpec", "BudgetTarget", "Camera",
-    "DatasetSource", "DemosSpec", "EnvSource", "EvalSpec", "ObservationSpec", "OutputsSpec", "PPOAlgorithm",
-    "SFTAlgorithm", "ScheduleSpec", "SpecError", "TaskRule", "WorkloadSpec", "compile_tenant", "dataset_errors",
+    "DatasetSource", "DemosSpec", "EnvSource", "EvalSpec", "ObservationSpec", "OutputsSpec", "RLConfig",
+    "SFTConfig", "ScheduleSpec", "SpecError", "TaskRule", "WorkloadSpec", "compile_tenant", "dataset_errors",
     "feature_errors", "known_presets", "load_document", "load_spec", "parse_spec", "spec_from_dict",
     "spec_json_schema", "spec_to_dict",
 ]

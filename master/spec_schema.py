@@ -4,8 +4,8 @@ Schema and the docs' field reference, all derived from the same models (`master.
 - `spec_errors(model, exc, raw)`: a pydantic `ValidationError` -> ``[{"field": "a.b[0].c",
   "message": ..., "value": ...}]``, every problem at once, each message saying what is
   allowed (the range, the enum, the pattern, the fields of the section);
-- `rule(loc, message, value)` / `raise_rules(title, rules)`: cross-field rules raised from
-  model validators as ordinary line errors, so pydantic prefixes their paths like any other;
+- `reraise_details(exc)`: a `ValidationError`'s line errors in a form `raise_rules`
+  (protocol/recipe_configs.py: cross-field rules as ordinary line errors) can raise again;
 - `model_schema(model)`: pydantic's JSON Schema (draft 2020-12) without the noise titles;
 - `field_rows(model)`: (path, type, default, doc) for every leaf and section, depth first.
 
@@ -48,17 +48,7 @@ class BySibling:
 
 
 # ---- rules as line errors ----------------------------------------------------------------
-def rule(loc: tuple[str | int, ...], message: str, value: Any = None) -> InitErrorDetails:
-    # "{message}" template: the text is substituted, never parsed (it may contain braces).
-    return InitErrorDetails(type=PydanticCustomError("spec_rule", "{message}", {"message": message}),
-                            loc=loc, input=value)
-
-
-def raise_rules(title: str, rules: list[InitErrorDetails]) -> None:
-    if rules:
-        raise ValidationError.from_exception_data(title, rules)
-
-
+# `rule` / `raise_rules` live in protocol/recipe_configs.py (the recipes' configs raise them too).
 def reraise_details(exc: ValidationError) -> list[InitErrorDetails]:
     """Line errors of ``exc`` in a form that `raise_rules` can raise again with more."""
     out = []

@@ -1,4 +1,4 @@
-"""The workload orchestrator half of the master: specs in, producers out, lifecycle events.
+"""The workload orchestrator half of the master: specs in, workflows out, lifecycle events.
 
 Two ways in, one path:
   * request-reply ``<prefix>.master.submit`` (the SDK, `nexus submit`): the reply is the
@@ -12,13 +12,13 @@ Then, in order: 1. validate (`master.spec.parse_spec`); 2. create the tenant (sf
 the compiled config, or (eval) resolve the policy it scores: that tenant must exist, the
 version too (``latest``: its newest export), and base, head and schema come from the
 version's export manifest; 3. record the workload ``pending`` in KV;
-4. start its producer on an env worker (``running``); 5. follow the producer's events
-(progress, done) into the record (``completed`` / ``failed``); ``cancel`` stops the producer
+4. start its workflow on an env worker (``running``); 5. follow the workflow's events
+(progress, done) into the record (``completed`` / ``failed``); ``cancel`` stops the workflow
 (``cancelled``). Every state change is published as an event. An eval workload's version
 is resolved at submit and recorded (``eval_version``); one submitted while a training
 workload of its tenant is pending or running waits for it and pins ``latest`` when it ends
 (the trained result). A restarted master reloads every record and
-keeps following; producers live on env workers and are not interrupted.
+keeps following; workflows live on env workers and are not interrupted.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from protocol.messages import (
     CreateTenantRequest,
     HandbackRequest,
     Ok,
-    ProducerSpec,
+    WorkflowSpec,
     SubmitRequest,
     TaskResult,
     TenantConfig,
@@ -115,12 +115,11 @@ def budget_note(spec: Any, version: int) -> str:
     return f"; from version {version}, {steps} more steps (to version {version + steps})"
 
 
-def compile_producer(spec: Any, workload: str, eval_version: int = -1, start_version: int = 0) -> ProducerSpec:
+def compile_workflow(spec: Any, workload: str, eval_version: int = -1, start_version: int = 0) -> WorkflowSpec:
     """The env worker's part of a workload spec; ``start_version``: the tenant's version when
     the workload was accepted (its step budget counts from there)."""
     budget = spec.schedule.budget
-    algo = spec.algorithm.model_dump() if spec.algorithm is not None else {}
-    p = ProducerSpec(workload=workload, tenant=spec.tenant, kind=spec.task, seed=spec.seed,
+    p = WorkflowSpec(workload=workload, tenant=spec.tenant, kind=spec.task, seed=spec.seed,
                      max_steps=step_budget(spec, start_version), max_episodes=budget.max_episodes or 0,
                      max_wall_s=float(budget.max_wall_s or 0.0),
                      start_version=start_version if spec.task != "eval" else -1)
@@ -143,15 +142,11 @@ def compile_producer(spec: Any, workload: str, eval_version: int = -1, start_ver
         tasks = spec.eval.tasks
         p.eval_all_tasks = tasks == "all"
         p.eval_tasks = list(tasks) if isinstance(tasks, list) else []
-    if spec.task == "sft":
-        p.algo = {"batch_size": algo["batch_size"], "items_per_job": algo["items_per_job"]}
-    elif spec.task == "rl":
-        # `is not None`, not truthiness: gamma 0 and gae_lambda 0 are meaningful values.
-        p.algo = {k: algo[k] for k in ("gamma", "gae_lambda", "episodes_per_update", "steps_per_update",
-                                       "micro_batch", "epochs", "parallel_envs") if algo.get(k) is not None}
-        p.algo["normalize_advantages"] = bool(algo["normalize_advantages"])
-        p.algo["value_warmup_episodes"] = int(algo["value_warmup_episodes"])
-    else:
+    if spec.algorithm is not None:
+        # The task's recipe config, whole: the workflow validates it back into the same model
+        # (protocol/recipe_configs.py), so no knob gets a second default on the way.
+        p.algo = spec.algorithm.model_dump(mode="json")
+    if spec.task == "eval":
         p.policy_tenant, _ = policy_pin(spec)
         p.eval_version = eval_version
     return p
@@ -174,7 +169,7 @@ class WorkloadOps:
             self.workloads[rec.workload] = rec
         nc = self.bus.nc
         await nc.subscribe(self.names.workload_events_all, cb=self._on_workload_event)
-        # Events that arrived while no master ran (a producer finishing, say) are in the
+        # Events that arrived while no master ran (a workflow finishing, say) are in the
         # events stream: apply each unfinished workload's last one.
         for rec in list(self.workloads.values()):
             if rec.state not in TERMINAL_WORKLOAD_STATES:
@@ -184,7 +179,7 @@ class WorkloadOps:
                 except NotFoundError:
                     continue
                 await self._apply_event(decode(last.data, WorkloadEvent))
-        # Workloads whose producer's worker is gone (it stopped or died while no master ran)
+        # Workloads whose workflow's worker is gone (it stopped or died while no master ran)
         # are handed to another worker now, not left running on nobody.
         for rec in list(self.workloads.values()):
             if (rec.state == "running" and rec.worker and not is_hosted_worker(rec.worker)
@@ -462,7 +457,7 @@ class WorkloadOps:
 
     # -- lifecycle -----------------------------------------------------------------------
     async def _try_start(self, rec: WorkloadRecord) -> None:
-        """Start ``rec``'s producer, once: a submit's start and the pending loop's retry can
+        """Start ``rec``'s workflow, once: a submit's start and the pending loop's retry can
         overlap while an env worker is slow to answer (seen with 256 submits at once), and with
         several env workers the second start would land on another one and run it twice."""
         if rec.state != "pending" or rec.workload in self._starting or rec.workload in self._unsaved:
@@ -482,18 +477,18 @@ class WorkloadOps:
         compiled = await self.compile_start(rec)
         if compiled is None:
             return
-        producer, eval_version = compiled
+        workflow, eval_version = compiled
         try:
-            reply = await self.bus.request(self.names.env("start_producer"), producer, Ok, timeout_s=30)
+            reply = await self.bus.request(self.names.env("start_workflow"), workflow, Ok, timeout_s=30)
         except NexusError as exc:
-            self.log.warning("producer start failed; will retry", workload=rec.workload, error=exc.message)
+            self.log.warning("workflow start failed; will retry", workload=rec.workload, error=exc.message)
             return
         rec.worker = reply.detail.rsplit(" on ", 1)[-1]
         rec.eval_version = eval_version
-        await self._set_state(rec, "running", f"producer running on {rec.worker}")
+        await self._set_state(rec, "running", f"workflow running on {rec.worker}")
 
-    async def compile_start(self, rec: WorkloadRecord) -> tuple[ProducerSpec, int] | None:
-        """(the producer of pending ``rec``, the eval version it pins); None while it must
+    async def compile_start(self, rec: WorkloadRecord) -> tuple[WorkflowSpec, int] | None:
+        """(the workflow of pending ``rec``, the eval version it pins); None while it must
         wait (an eval of a tenant whose training workload is still ahead)."""
         from master.spec import spec_from_dict
 
@@ -510,23 +505,23 @@ class WorkloadOps:
             # Resolved at submit unless a training workload was ahead: then now, its result.
             eval_version = rec.eval_version if rec.eval_version >= 0 else await self._pin_version(target, pin)
         if rec.task == "eval":
-            producer = compile_producer(spec, rec.workload, eval_version)
+            workflow = compile_workflow(spec, rec.workload, eval_version)
         else:
             if rec.start_version < 0:  # a record from before start_version: its budget was a version to reach
                 rec.start_version, rec.budget_steps = 0, step_budget(spec, 0)
-            producer = compile_producer(spec, rec.workload, start_version=rec.start_version)
-            producer.max_steps = rec.budget_steps  # fixed at accept (until_version against that version)
-            producer.steps_done, producer.jobs = self._steps_done(rec)
-            producer.episodes_done = rec.episodes
-        return producer, eval_version
+            workflow = compile_workflow(spec, rec.workload, start_version=rec.start_version)
+            workflow.max_steps = rec.budget_steps  # fixed at accept (until_version against that version)
+            workflow.steps_done, workflow.jobs = self._steps_done(rec)
+            workflow.episodes_done = rec.episodes
+        return workflow, eval_version
 
     def _steps_done(self, rec: WorkloadRecord) -> tuple[int, list[str]]:
         """(steps of ``rec``'s budget already trained or queued, its unfinished jobs): the
         tenant's versions since the workload was accepted plus the micro-batches (one step
         each; a split micro-batch's parts are one: `JobRecord.steps`) of its jobs still to
-        train (a stopped producer's, sealed by `_repend`). Read in
+        train (a stopped workflow's, sealed by `_repend`). Read in
         one go, with no await between: a job that trains meanwhile moves from one term to the
-        other, never into both or neither. A resumed producer queues only the rest."""
+        other, never into both or neither. A resumed workflow queues only the rest."""
         from master.scheduler import UNFINISHED
 
         trained = max(0, self.sched.versions.get(rec.tenant, 0) - rec.start_version)
@@ -585,7 +580,7 @@ class WorkloadOps:
         if ev.kind == "done":
             state = "failed" if ev.state == "failed" else "completed"
             if await self._set_state(rec, state, ev.message):
-                # Its producer is done: a job it reserved and never filled would hold the
+                # Its workflow is done: a job it reserved and never filled would hold the
                 # tenant's in-flight cap until the orphan sweep (minutes); one half-filled is
                 # sealed (its acknowledged micro-batches train), an empty one fails now.
                 await self.fail_unready_jobs(rec.workload, f"its workload {state}")
@@ -733,7 +728,7 @@ class WorkloadOps:
             return rec
         worker = rec.worker if rec.state == "running" else ""
         if not await self._set_state(rec, "cancelled", "cancelled by request"):
-            if rec.state in TERMINAL_WORKLOAD_STATES:  # it ended meanwhile (its producer's done)
+            if rec.state in TERMINAL_WORKLOAD_STATES:  # it ended meanwhile (its workflow's done)
                 return rec
             from protocol.errors import Unavailable
 
@@ -745,18 +740,18 @@ class WorkloadOps:
                                      ("reserved", "filling", "ready", "leased"), seal=False)
         self._release_rollouts(rec.workload)
         if worker and not is_hosted_worker(worker):  # a hosted process hears it at its next claim
-            # Not awaited by the caller: a producer inside a simulator step stops when the step
+            # Not awaited by the caller: a workflow inside a simulator step stops when the step
             # returns, and until then it can change nothing (its jobs are failed, its events
             # ignored past the terminal state), so the cancel answers at once.
-            self.spawn(self._stop_producer(rec.workload, worker), f"stop-producer-{rec.workload}")
+            self.spawn(self._stop_workflow(rec.workload, worker), f"stop-workflow-{rec.workload}")
         return rec
 
-    async def _stop_producer(self, workload: str, worker: str) -> None:
+    async def _stop_workflow(self, workload: str, worker: str) -> None:
         try:
-            await self.bus.request(self.names.instance_op("env", worker, "stop_producer"),
+            await self.bus.request(self.names.instance_op("env", worker, "stop_workflow"),
                                    WorkloadRef(workload=workload), Ok, timeout_s=30)
         except NexusError as exc:  # the worker may be gone: the workload is cancelled anyway
-            self.log.warning("stop_producer failed", workload=workload, worker=worker, error=exc.message)
+            self.log.warning("stop_workflow failed", workload=workload, worker=worker, error=exc.message)
 
     async def compact_workloads(self, now: float) -> tuple[int, int]:
         """Finished workload records past the retention (NEXUS_RETENTION_S), or past the
@@ -799,7 +794,7 @@ class WorkloadOps:
 
     @op("handback", HandbackRequest, access="admin")
     async def handback(self, req: HandbackRequest) -> Ok:
-        """A draining env worker's producers stopped: resume their workloads elsewhere."""
+        """A draining env worker's workflows stopped: resume their workloads elsewhere."""
         n = 0
         for workload in req.workloads:
             rec = self.workloads.get(workload)
@@ -809,17 +804,17 @@ class WorkloadOps:
         return Ok(detail=f"{n} workloads pending again")
 
     async def on_env_worker_down(self, instance: str, how: str = "died") -> None:
-        """Restart the producers of a dead (or stopped) env worker elsewhere (RL and SFT resume
+        """Restart the workflows of a dead (or stopped) env worker elsewhere (RL and SFT resume
         from the tenant's state; an eval starts its episodes over)."""
         for rec in list(self.workloads.values()):
             if rec.state == "running" and rec.worker == instance:
-                await self._repend(rec, f"env worker {instance} {how}; restarting the producer")
+                await self._repend(rec, f"env worker {instance} {how}; restarting the workflow")
 
     async def _repend(self, rec: WorkloadRecord, message: str) -> None:
-        # The producer is gone: its half-filled jobs are sealed (marked ready with the
+        # The workflow is gone: its half-filled jobs are sealed (marked ready with the
         # micro-batches they hold: nothing acknowledged is dropped), empty ones fail, and its
         # rollout slot is free; ready jobs stay and are trained.
-        await self.fail_unready_jobs(rec.workload, f"its producer stopped: {message}")
+        await self.fail_unready_jobs(rec.workload, f"its workflow stopped: {message}")
         self._release_rollouts(rec.workload)
         rec.worker = ""
         await self._set_state(rec, "pending", message)
@@ -832,7 +827,7 @@ class WorkloadOps:
 
 def bounded_task_rows(rows: list[TaskResult]) -> list[TaskResult]:
     """An event's per-task table as the record keeps it: MAX_TASK_ROWS rows by task index,
-    texts cut to MAX_TASK_TEXT, counts made consistent (an event is a producer's word, and a
+    texts cut to MAX_TASK_TEXT, counts made consistent (an event is a workflow's word, and a
     record must stay small enough for KV and the report's reader)."""
     out = []
     for r in sorted(rows, key=lambda r: r.task_index)[:MAX_TASK_ROWS]:

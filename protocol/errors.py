@@ -133,7 +133,7 @@ class FailedPrecondition(NexusError):
 
 class QuotaExceeded(Busy):
     """A tenant's quota (`protocol.messages.TenantQuotas`) is reached. A subclass of `Busy`:
-    every caller that waits out back-pressure (a producer's reserve, the rollout gate, the
+    every caller that waits out back-pressure (a workflow's reserve, the rollout gate, the
     SDK's predict failover) waits this out the same way instead of failing its workload.
 
         raise QuotaExceeded.of("max_inflight_jobs", 8, "tenant acme has 8 jobs in flight", 0.5)
@@ -159,7 +159,7 @@ class QuotaExceeded(Busy):
 class CapacityExceeded(NexusError):
     """The deployment holds as much as it is configured to (tenants, active workloads, slot
     memory): a new tenant or workload is refused, nothing admitted before is touched. Not a
-    `Busy`: a producer must not wait it out; the operator raises the named setting.
+    `Busy`: a workflow must not wait it out; the operator raises the named setting.
 
         raise CapacityExceeded.of("max_tenants", 1000, "NEXUS_MAX_TENANTS", "1000 tenants are registered")
     """

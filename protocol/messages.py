@@ -508,8 +508,8 @@ class JobRecord:
     # Incremented at every lease: a trainer's commit must name the epoch it was leased, so a
     # trainer whose lease ran out (and was handed to another) can no longer commit.
     lease_epoch: int = 0
-    key: str = ""  # the producer's idempotency key (a retried reserve returns this job)
-    workload: str = ""  # the workload whose producer made it ("" for a custom loop)
+    key: str = ""  # the workflow's idempotency key (a retried reserve returns this job)
+    workload: str = ""  # the workload whose workflow made it ("" for a custom loop)
     # W3C trace context (traceparent / tracestate) stored with the job's first micro-batch in
     # the stream: the trainer's `trainer.job` span is its child (docs/observability.md).
     trace: dict[str, str] = field(default_factory=dict)
@@ -528,7 +528,7 @@ class ReserveRequest:
     workload: str = ""
 
 
-# A job's micro-batch sequence numbers. Producers number their items 0..MAX_ITEM_SEQ; an item
+# A job's micro-batch sequence numbers. Workflows number their items 0..MAX_ITEM_SEQ; an item
 # the SDK splits to fit the max payload becomes parts numbered by `chunk_seq`, which sets bit 62
 # and packs (seq, log2 of the part count, part index) into disjoint bit fields below it:
 #   bits 0-15 index (< 2**16), bits 16-20 log2 parts (<= 16), bits 21-51 seq (< 2**31).
@@ -564,7 +564,7 @@ def chunk_parts(seq: int) -> tuple[int, int, int] | None:
     """(item seq, log2 of the part count, part index) of a part's seq; None for an ordinary seq.
 
     The inverse of `chunk_seq`: the trainer joins the parts of one split item back into the
-    one micro-batch (one optimizer step) the producer put (`actors.tq_read.join_parts`)."""
+    one micro-batch (one optimizer step) the workflow put (`actors.tq_read.join_parts`)."""
     if not is_chunk_seq(seq):
         return None
     return (seq >> 21) & MAX_ITEM_SEQ, (seq >> 16) & 0x1F, seq & 0xFFFF
@@ -751,7 +751,7 @@ class CheckpointCommitRequest:
 @dataclass
 class HandbackRequest:
     """A draining env worker hands its running workloads back: the master re-pends them so
-    another worker resumes them (producers resume from the tenant's state)."""
+    another worker resumes them (workflows resume from the tenant's state)."""
 
     worker: str
     workloads: list[str]
@@ -973,10 +973,10 @@ class EnvObs:
     info: dict[str, Any] = field(default_factory=dict)
 
 
-# -- producers and workloads -----------------------------------------------------------
-@message("producer.spec", 1)
+# -- workflows and workloads -----------------------------------------------------------
+@message("workflow.spec", 1)
 @dataclass
-class ProducerSpec:
+class WorkflowSpec:
     """What an env worker runs for one workload (compiled by the master from its spec)."""
 
     workload: str
@@ -993,16 +993,18 @@ class ProducerSpec:
     camera_map: dict[str, str] = field(default_factory=dict)  # dataset camera key -> schema camera
     demo_episodes: int = 0
     demo_noise: float = 0.0  # DART noise on executed expert actions while recording
+    # The recipe's config (the spec's algorithm section, whole: protocol/recipe_configs.py), as
+    # plain data; the workflow validates it once into that model ({}: a kind that takes none).
     algo: dict[str, Any] = field(default_factory=dict)
     # This workload's budget, not the tenant's: optimizer steps it trains (0: no step limit),
     # of which ``steps_done`` were trained or queued (in jobs that will train) before this start
-    # of its producer (a resumed one trains only the rest); episodes likewise.
+    # of its workflow (a resumed one trains only the rest); episodes likewise.
     max_steps: int = 0
     steps_done: int = 0
     max_episodes: int = 0
     episodes_done: int = 0
     start_version: int = -1  # the tenant's version when the workload was accepted (-1: unknown)
-    jobs: list[str] = field(default_factory=list)  # its unfinished jobs a resumed producer waits for
+    jobs: list[str] = field(default_factory=list)  # its unfinished jobs a resumed workflow waits for
     max_wall_s: float = 0.0
     eval_version: int = -1
     eval_episodes: int = 0
@@ -1101,7 +1103,7 @@ class HostedClaimRequest:
 @dataclass
 class HostedClaimReply:
     lease_s: float  # the process's lease: claim again well within it, or its workloads go back
-    start: list[ProducerSpec] = field(default_factory=list)  # run these now (at most one a claim)
+    start: list[WorkflowSpec] = field(default_factory=list)  # run these now (at most one a claim)
     stop: list[str] = field(default_factory=list)  # workloads it named that are no longer its own
     processes: int = 1  # hosted processes of this tenant connected now (this one included)
 
@@ -1134,14 +1136,14 @@ class WorkloadRecord:
     spec: dict[str, Any]
     created_at: float
     updated_at: float
-    worker: str = ""  # env worker running its producer
+    worker: str = ""  # env worker running its workflow
     step: int = 0  # policy version reached
     episodes: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
     message: str = ""
     eval_version: int = -1
     # sft / rl: the tenant's version when the workload was accepted, never changed after (a
-    # producer resumed on another env worker counts from it); -1: an eval, or an older record.
+    # workflow resumed on another env worker counts from it); -1: an eval, or an older record.
     start_version: int = -1
     # Optimizer steps this workload trains (0: no step budget); its steps so far are
     # ``step - start_version`` (`workload_steps`).

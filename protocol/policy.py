@@ -67,7 +67,7 @@ class Leases:
     renew_every_s: float = 2.0
     # A draining trainer keeps training its running jobs this long, then releases what is left.
     drain_finish_s: float = 30.0
-    # A job idle this long while reserved or filling has lost its producer: failed, purged,
+    # A job idle this long while reserved or filling has lost its workflow: failed, purged,
     # and off the tenant's in-flight cap.
     orphan_ttl_s: float = 300.0
 
@@ -128,7 +128,7 @@ DRAIN_RELEASE = RetryPolicy("drain_release", deadline_s=10.0, backoff_s=0.5, max
 
 
 # -- background loops and role restarts ------------------------------------------------------
-# A producer's simulator that hung or crashed (envs.simproc) fails its episode and is replaced
+# A workflow's simulator that hung or crashed (envs.simproc) fails its episode and is replaced
 # by a new child process; this many failures in a row (no episode completed between them) is a
 # broken simulator, not bad luck: the workload fails with the last error.
 SIM_REPLACE = RetryPolicy("sim_replace", attempts=3, backoff_s=0.5, max_backoff_s=4.0)
@@ -340,7 +340,7 @@ class FairSharePolicy:
     base: float = 2.0
     step: float = 5.0
     # The rollout gate: a refused requester waits its turn this long after its last retry
-    # (producers retry on the gate's Busy hint, 0.2 s), and at most this many waiters are remembered
+    # (workflows retry on the gate's Busy hint, 0.2 s), and at most this many waiters are remembered
     # (past that, a newcomer is refused without a place in line: fairness degrades, bounds hold).
     gate_waiter_ttl_s: float = 2.0
     gate_max_waiters: int = 4096

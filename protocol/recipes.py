@@ -3,15 +3,18 @@ per workload kind here; the hosts that run workloads (the env worker, `nexus env
 the kind up, so they never import the workflows themselves.
 
     from protocol import recipes
-    recipes.register("rl", make_rl)      # in a recipe module (workflows/__init__.py does sft, rl, eval)
+    recipes.register("rl", make_rl)      # in a recipe module (workflows/__init__.py does sft, rl, eval;
+                                         # workflows.common.as_recipe(cls) makes a factory of a Workflow)
     recipes.load_modules(("workflows",)) # a host, at start
     runner = recipes.lookup(spec.kind)(spec, data_dir=d, log=log, nats_url=url, prefix=p)
 
 A factory is called ``factory(spec, *, data_dir, log=None, client=None, nats_url="",
-prefix="")`` with the workload's `ProducerSpec` and returns its runner, not started (a
+prefix="")`` with the workload's `WorkflowSpec` and returns its runner, not started (a
 `workflows.Workflow`: ``await runner.main()``, ``await runner.stop()``, ``runner.status()``).
 ``client``: the SDK client to run on (a hosted env process passes its own); None means the
-recipe makes its own to ``nats_url`` / ``prefix`` (the env worker's cluster).
+recipe makes its own to ``nats_url`` / ``prefix`` (the env worker's cluster). The runner
+validates ``spec.algo`` into its recipe's config model when it is made (`protocol.recipe_configs`;
+a bad value is `InvalidField` naming ``algo.<field>``). Adding a recipe: docs/workload_spec.md.
 """
 
 from __future__ import annotations

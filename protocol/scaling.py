@@ -6,7 +6,7 @@
 
 Only the workers scale (`SCALABLE`): they join and leave elastically (an inferencer syncs its
 weights before it registers ready and drains on leave; a trainer trains or hands back its
-leases on drain; an env worker hands its producers' workloads back). The master, health
+leases on drain; an env worker hands its workflows' workloads back). The master, health
 manager and monitor run once: a second master needs leader election (planned).
 """
 

@@ -446,16 +446,16 @@ class SimCallSettings(EnvSettings):
     """Simulator child processes (`envs.simproc`): a hung simulator is killed, its episode fails."""
 
     roles = ("env",)
-    readers = "env worker (sessions and producers)"
+    readers = "env worker (sessions and workflows)"
 
     timeout_s: float = Field(120.0, gt=0, le=86400, **var(
         "NEXUS_SIM_TIMEOUT_S", "a simulator call (make, reset, step, close) taking longer kills its process and "
         "fails its session or episode (s)"))
     # One simulator per child process (~50 MB for the built-in task, hundreds for ManiSkill):
-    # the bound of the worker's sessions and its producers' envs together.
+    # the bound of the worker's sessions and its workflows' envs together.
     procs_max: int = Field(64, ge=1, le=1024, **var(
-        "NEXUS_SIM_PROCS_MAX", "simulator child processes per env worker (sessions and producer envs); past it "
-        "`create` is refused `busy` and a producer's make waits up to NEXUS_SIM_TIMEOUT_S for one to end"))
+        "NEXUS_SIM_PROCS_MAX", "simulator child processes per env worker (sessions and workflow envs); past it "
+        "`create` is refused `busy` and a workflow's make waits up to NEXUS_SIM_TIMEOUT_S for one to end"))
 
 
 class UsageSettings(EnvSettings):

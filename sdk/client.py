@@ -307,7 +307,7 @@ class AsyncClient:
                 raise RequestTimeout(f"job {job} of {tenant} still {rec.state} after {timeout_s:g} s")
             await asyncio.sleep(0.1)
 
-    # -- workflow primitives (what workflows/ builds its producer loops on) ----------------
+    # -- workflow primitives (what workflows/ builds its workflow loops on) ----------------
     async def rollout_begin(self, tenant: str, workload: str, timeout_s: float | None = None) -> Ok:
         """Take a turn at the master's rollout gate (1 active rollout per tenant, 3 in all):
         Busy, with ``retry_after_s``, while the gate is full. Safe to repeat."""

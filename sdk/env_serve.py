@@ -34,7 +34,7 @@ from protocol.messages import (
     HostedClaimRequest,
     HostedEventRequest,
     Ok,
-    ProducerSpec,
+    WorkflowSpec,
     TenantShow,
     WeightsRef,
     WorkloadEvent,
@@ -131,7 +131,7 @@ class EnvServer:
                 await self._fail(spec, f"the hosted env process could not start it: {type(exc).__name__}: {exc}")
         return reply
 
-    async def _fail(self, spec: ProducerSpec, message: str) -> None:
+    async def _fail(self, spec: WorkflowSpec, message: str) -> None:
         import time
 
         event = WorkloadEvent(workload=spec.workload, tenant=spec.tenant, kind="done", state="failed",
@@ -142,7 +142,7 @@ class EnvServer:
         except NexusError as exc:  # not named in the next claim: the master takes it back
             log.warning("could not report %s failed (%s)", spec.workload, exc.message)
 
-    async def _start(self, spec: ProducerSpec) -> None:
+    async def _start(self, spec: WorkflowSpec) -> None:
         from envs import registry
 
         if not spec.hosted or spec.tenant != self.tenant:  # the master hands only these; a second line

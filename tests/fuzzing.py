@@ -331,7 +331,7 @@ def template(cls: type, ctx: Context) -> dict[str, Any]:
         return {"root": ctx.roots[0] if ctx.roots else "/nonexistent", "n": 2}
     if name == "TenantConfig":
         return {"name": ctx.tenant, "base": ctx.base, "schema": dict(s), "optim": {"lr": 1e-3}}
-    if name == "ProducerSpec":
+    if name == "WorkflowSpec":
         return {"workload": "w-fuzz", "tenant": ctx.ghost_tenant, "kind": "eval", "env_id": ctx.env_ids[0],
                 "eval_episodes": 1}
     body: dict[str, Any] = {}
@@ -388,11 +388,11 @@ def sanitize(target: Target, body: Any, ctx: Context) -> Any:
     """Keep a generated request from legitimately starting unbounded work (see `Context`), or
     from closing the one session every other env case steps.
 
-    ``start_producer`` runs a real producer for any spec it decodes (the master validates
+    ``start_workflow`` runs a real workflow for any spec it decodes (the master validates
     specs; the env worker trusts it): its tenant is forced to one that does not exist and its
     episode / env counts to small values, so a case costs milliseconds, not a training run.
     """
-    if target.op == "start_producer" and isinstance(body, dict):
+    if target.op == "start_workflow" and isinstance(body, dict):
         body = dict(body)
         body["tenant"] = "fz-ghost"
         body["workload"] = f"w-fuzz-{len(str(body.get('workload', ''))) % 4}"  # a bounded set of ids
@@ -784,7 +784,7 @@ async def warm_up(nc: Any, targets: list[Target]) -> None:
 def regression_cases(ctx: Context, names: Names) -> list[tuple[str, str, bytes, str]]:
     """(label, subject, payload, expected error code) for each bug this harness found."""
     from protocol.messages import EnvCreateRequest, EnvResetRequest, EnvStepRequest, JobRef, LeaseRequest, \
-        ProducerSpec, QueuePutRequest, SampleRequest
+        WorkflowSpec, QueuePutRequest, SampleRequest
 
     def env(cls: type, **over: Any) -> bytes:
         body = {**template(cls, ctx), **over}
@@ -814,9 +814,9 @@ def regression_cases(ctx: Context, names: Names) -> list[tuple[str, str, bytes, 
          "invalid_field"),
         ("env.create options.image_size 5.0", names.env("create"), env(EnvCreateRequest, options={"image_size": 5.0}),
          "invalid_field"),
-        # Not a token: the producer ran, but none of its events could be published.
-        ("env.start_producer workload 'w.x'", names.env("start_producer"),
-         env(ProducerSpec, workload="w.x"), "invalid_field"),
+        # Not a token: the workflow ran, but none of its events could be published.
+        ("env.start_workflow workload 'w.x'", names.env("start_workflow"),
+         env(WorkflowSpec, workload="w.x"), "invalid_field"),
         # An option the env's config did not type-check itself (TypeError in ReachConfig).
         ("env.create options.cameras 5", names.env("create"), env(EnvCreateRequest, options={"cameras": 5}),
          "invalid_field"),

@@ -1,7 +1,7 @@
 """Budgets that mean what they say, from the user's side, on real roles: ``algorithm.steps``
 is this workload's steps (a tenant outlives its workloads, so the same spec submitted again
 trains its steps again, from where the last one ended); ``algorithm.until_version`` is the
-total to reach, refused at submit when it is already reached; a producer resumed on another
+total to reach, refused at submit when it is already reached; a workflow resumed on another
 env worker after a kill trains exactly the rest of its budget."""
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def test_steps_count_this_workload_and_until_version_is_a_total(cluster, tmp_pat
     assert (third.step, workload_steps(third)) == (8, 2) and ref.version == 8
 
 
-def test_a_producer_resumed_after_a_kill_trains_exactly_its_budget(cluster):
+def test_a_workflow_resumed_after_a_kill_trains_exactly_its_budget(cluster):
     """The env worker running an SFT of a tenant already at version 2 is SIGKILLed mid-run;
     the workload resumes on another worker and trains exactly its 24 steps (2 -> 26): the
     steps trained, the jobs still queued and the half-filled ones sealed at the kill all

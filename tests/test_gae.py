@@ -47,18 +47,19 @@ def test_value_warmup_zeroes_advantages_until_its_episodes_are_done():
     """`algorithm.value_warmup_episodes`: updates that end within the first N episodes queue
     zero advantages (PPO's policy term has no gradient; the value head still learns the GAE
     returns); later ones are normalised as usual."""
-    from workflows.rl import RL_DEFAULTS, rollout_rows
+    from protocol.recipe_configs import RLConfig
+    from workflows.rl import rollout_rows
 
     def seg(rewards, values):
         return [{"reward": r, "value": v, "terminated": i == len(rewards) - 1, "step": i}
                 for i, (r, v) in enumerate(zip(rewards, values))]
 
     segments = [seg([0.0, 0.0, 1.0], [0.1, 0.2, 0.3]), seg([0.0, 1.0], [0.5, 0.4])]
-    algo = {**RL_DEFAULTS, "value_warmup_episodes": 4}
-    warm = rollout_rows(segments, algo, episodes_done=4)
-    after = rollout_rows(segments, algo, episodes_done=6)
+    cfg = RLConfig(value_warmup_episodes=4)
+    warm = rollout_rows(segments, cfg, episodes_done=4)
+    after = rollout_rows(segments, cfg, episodes_done=6)
     assert [r["adv"] for r in warm] == [0.0] * 5
     assert [r["ret"] for r in warm] == [r["ret"] for r in after]  # the value head's targets are kept
     advs = np.array([r["adv"] for r in after])
     assert abs(advs.mean()) < 1e-6 and abs(advs.std() - 1) < 1e-3  # normalised, not zeros
-    assert rollout_rows(segments, {**RL_DEFAULTS}, episodes_done=1)[0]["adv"] != 0.0  # default: no warm-up
+    assert rollout_rows(segments, RLConfig(), episodes_done=1)[0]["adv"] != 0.0  # default: no warm-up

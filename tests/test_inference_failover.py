@@ -51,7 +51,7 @@ def _request(cfg, seed: int = 0, request_id: str = "", timeout_s: float = 30.0, 
 
 
 class Load:
-    """Callers predicting in a loop through the SDK, each call with the producers' signature."""
+    """Callers predicting in a loop through the SDK, each call with the workflows' signature."""
 
     def __init__(self, c: AsyncClient, cfg, callers: int = 3, timeout_s: float = 90.0) -> None:
         self.c, self.cfg, self.timeout_s = c, cfg, timeout_s
@@ -331,7 +331,7 @@ SFT_SPEC = {**{k: v for k, v in EVAL_SPEC.items() if k != "eval"}, "tenant": "fo
 
 
 def test_an_eval_workload_survives_an_inferencer_kill_and_restart(roles):
-    """examples/eval_reach.yaml, smaller: master + env + inferencer; the producer's predicts
+    """examples/eval_reach.yaml, smaller: master + env + inferencer; the workflow's predicts
     go through the SDK's predict, so a killed and restarted inferencer costs time, not the run."""
     for role in ("master", "trainer", "env"):
         roles.start(role)

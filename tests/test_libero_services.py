@@ -61,7 +61,7 @@ def test_task_table_and_the_record_bound():
     for i in range(MAX_TASK_ROWS + 5):
         many.add((i, "x" * 1000, ""), True)
     assert len(many.table()) == MAX_TASK_ROWS
-    # A producer's event is checked again by the master: bounded rows, cut texts, sane counts.
+    # A workflow's event is checked again by the master: bounded rows, cut texts, sane counts.
     forged = [TaskResult(task_index=i, task="y" * 10_000, episodes=1, successes=5, success_rate=7.0)
               for i in range(200, 0, -1)]
     kept = bounded_task_rows(forged)

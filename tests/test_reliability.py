@@ -98,7 +98,7 @@ def test_a_lost_lease_can_neither_renew_nor_commit(roles):
 
 
 def test_reserve_is_idempotent_and_orphans_expire(roles):
-    """A retried reserve returns the same job; jobs their producer abandoned leave the
+    """A retried reserve returns the same job; jobs their workflow abandoned leave the
     in-flight cap after the TTL: an empty one fails with a reason, one holding micro-batches is
     sealed (ready with what it has)."""
     roles.start("master", NEXUS_ORPHAN_TTL_S="1.5")
@@ -116,7 +116,7 @@ def test_reserve_is_idempotent_and_orphans_expire(roles):
             with pytest.raises(Busy, match="the cap is 2"):
                 await c.reserve(cfg.name, "sft", key="p1.3")
             empty = await _wait_state(c, cfg, a.job, ("failed",), timeout_s=15)
-            assert "producer is gone" in empty.reason and "held no data" in empty.reason, empty.reason
+            assert "workflow is gone" in empty.reason and "held no data" in empty.reason, empty.reason
             # What was acknowledged is not dropped: b is sealed as it is, and will be trained.
             sealed = await _wait_state(c, cfg, b.job, ("ready",), timeout_s=15)
             assert "sealed with its 1 micro-batches" in sealed.reason and sealed.items == 1, sealed
@@ -315,7 +315,7 @@ def test_workload_resumes_on_another_env_worker(services, how):
     assert done.state == "completed", (done.state, done.message)
     assert done.worker == second.instance
     assert not [j for j in jobs if j.state in ("reserved", "filling", "ready", "leased")], jobs
-    # Whatever the first producer left half-filled was sealed and trained; only empty ones failed.
+    # Whatever the first workflow left half-filled was sealed and trained; only empty ones failed.
     assert all(j.state == "cleared" or (j.state == "failed" and j.items == 0) for j in jobs), jobs
     assert done.step >= 40
 
@@ -331,7 +331,7 @@ def test_cancel_fails_the_workloads_unfinished_jobs(services):
             wl = await c.submit(spec)
             await _wait_workload(c, wl.id, lambda r: r.state == "running" and r.step >= 2)
             await wl.cancel()
-            # A producer that has not stopped yet (inside a step) may still ask for a job: the
+            # A workflow that has not stopped yet (inside a step) may still ask for a job: the
             # master refuses it, so nothing is left reserved behind the cancel.
             with pytest.raises(FailedPrecondition, match="cancelled; it takes no new jobs"):
                 await c.reserve(spec["tenant"], "sft", workload=wl.id, key="late")
@@ -387,7 +387,7 @@ def test_finished_records_and_old_versions_are_compacted(roles):
 
 
 def test_a_failed_workload_releases_its_reserved_jobs_at_once(roles):
-    """A workload whose producer reports `done` (failed) holds no reserved job: it used to stay
+    """A workload whose workflow reports `done` (failed) holds no reserved job: it used to stay
     `reserved`, counting against the tenant's in-flight cap, until the orphan sweep minutes
     later (issue 26)."""
     import time as _time
@@ -395,7 +395,7 @@ def test_a_failed_workload_releases_its_reserved_jobs_at_once(roles):
 
     from protocol.messages import WorkloadEvent
 
-    roles.start("master")  # no env worker: the workload stays pending; its "producer" is this test
+    roles.start("master")  # no env worker: the workload stays pending; its "workflow" is this test
     spec = sft_spec("fail-frees", steps=400)
 
     async def go():
@@ -405,7 +405,7 @@ def test_a_failed_workload_releases_its_reserved_jobs_at_once(roles):
             job = await c.reserve(spec["tenant"], "sft", workload=wl.id, key="k1")
             assert job.state == "reserved"
             done = WorkloadEvent(workload=wl.id, tenant=spec["tenant"], kind="done", state="failed",
-                                 message="simulated producer failure", at=_time.time())
+                                 message="simulated workflow failure", at=_time.time())
             await c.bus.publish(c.names.workload_events(wl.id), done)
             await _wait_workload(c, wl.id, lambda r: r.state == "failed", timeout_s=30)
             return await _wait_state(c, SimpleNamespace(name=spec["tenant"]), job.job, ("failed",), timeout_s=5)

@@ -267,13 +267,13 @@ def test_pool_bound_errors_and_loop_stay_free_without_a_worker():
     assert _state(pid) in ("", "Z") and isinstance(reward, float)
 
 
-def test_a_producers_dying_simulator_fails_its_episode_and_is_replaced(roles):
+def test_a_workflows_dying_simulator_fails_its_episode_and_is_replaced(roles):
     """Eval workloads (the workflow path, through the services): an episode whose simulator
     process dies counts as a failure and the env is replaced by a new process; a simulator that
     dies in every episode fails its workload after SIM_REPLACE failures in a row, naming it."""
-    from protocol.messages import ProducerSpec
+    from protocol.messages import WorkflowSpec
     from protocol.policy import SIM_REPLACE
-    from tests.test_producers import reach_tenant, run_producer
+    from tests.test_workflows import reach_tenant, run_workflow
 
     roles.start("master")
     worker = roles.start("env", NEXUS_ENV_PLUGINS=PLUGIN)
@@ -283,10 +283,10 @@ def test_a_producers_dying_simulator_fails_its_episode_and_is_replaced(roles):
         c = await AsyncClient(roles.nats_url, roles.prefix, timeout_s=30).connect()
         try:
             await c.create_tenant(reach_tenant("sim-t", "mlp"))
-            once = await run_producer(c, ProducerSpec(
+            once = await run_workflow(c, WorkflowSpec(
                 workload="w-once", tenant="sim-t", kind="eval", env_id="test/dying-v0", eval_version=0,
                 eval_episodes=4, eval_seed=10, env_options={"die_seeds": [11], "die_at_step": 2}))
-            always = await run_producer(c, ProducerSpec(
+            always = await run_workflow(c, WorkflowSpec(
                 workload="w-always", tenant="sim-t", kind="eval", env_id="test/dying-v0", eval_version=0,
                 eval_episodes=20, env_options={"die_at_step": 2}))
             return once[-1], always[-1], await c.info("env")

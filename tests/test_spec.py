@@ -17,8 +17,8 @@ import pytest
 import yaml
 
 from master.spec import (
-    PPOAlgorithm,
-    SFTAlgorithm,
+    RLConfig,
+    SFTConfig,
     SpecError,
     WorkloadSpec,
     compile_tenant,
@@ -107,7 +107,7 @@ def test_examples_say_what_the_brief_asks():
     assert [(c.name, c.height, c.width) for c in sft.observation.cameras] == [("top", 64, 64), ("wrist", 64, 64)]
     assert (sft.observation.state_dim, sft.action.dim) == (4, 2)
     rl = load_spec(ROOT / "examples/rl_reach.yaml")
-    assert rl.action_module.kind == "gaussian" and isinstance(rl.algorithm, PPOAlgorithm)
+    assert rl.action_module.kind == "gaussian" and isinstance(rl.algorithm, RLConfig)
     ev = load_spec(ROOT / "examples/eval_reach.yaml")
     assert (ev.eval.version, ev.eval.episodes, ev.algorithm) == ("latest", 50, None)
     assert ev.tenant == "sft-reach" and ev.base is ev.action_module is ev.observation is ev.action is None
@@ -274,7 +274,7 @@ def test_version_pins():
 
 def test_defaults_and_normalisation():
     sft = parse_spec(minimal("sft"))
-    assert sft.algorithm == SFTAlgorithm()
+    assert sft.algorithm == SFTConfig()
     sched = sft.schedule
     assert (sched.max_inflight_jobs, sched.staleness_bound, sched.sft_prefetch_items) == (2, 128, 16)
     rl = parse_spec(minimal("rl"))
@@ -480,7 +480,7 @@ def test_schema_is_generated_from_the_models():
 
     schema = spec_json_schema()
     defs = schema["$defs"]
-    for model in (ScheduleSpec, OutputsSpec, BudgetTarget, SFTAlgorithm, PPOAlgorithm):
+    for model in (ScheduleSpec, OutputsSpec, BudgetTarget, SFTConfig, RLConfig):
         assert set(defs[model.__name__]["properties"]) == set(model.model_fields)
         for name, info in model.model_fields.items():
             assert defs[model.__name__]["properties"][name]["description"] == info.description

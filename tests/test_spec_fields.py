@@ -2,7 +2,7 @@
 
 The spec models are walked (`master.spec_schema.leaf_paths`): for each leaf, a spec with a
 non-default value must compile into something different from the baseline: the tenant's
-`TenantConfig` (`compile_tenant`), the producer's `ProducerSpec` (`compile_producer`), the
+`TenantConfig` (`compile_tenant`), the workflow's `WorkflowSpec` (`compile_workflow`), the
 eval pin (`policy_pin`) or the report location (`report_file`). A new field without an entry
 in VALUES fails here until it is wired and listed. Pure functions, no NATS, no torch.
 """
@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 
 from master.spec import (
-    PPOAlgorithm,
+    RLConfig,
     POLICY_FIELDS,
-    SFTAlgorithm,
+    SFTConfig,
     SpecError,
     WorkloadSpec,
     compile_tenant,
@@ -30,7 +30,7 @@ from master.spec import (
     parse_spec,
 )
 from master.spec_schema import leaf_paths
-from master.workloads import compile_producer, policy_pin, report_file
+from master.workloads import compile_workflow, policy_pin, report_file
 from protocol.messages import WorkloadRecord
 
 CAMERAS = [{"name": "top", "height": 64, "width": 64}, {"name": "wrist", "height": 64, "width": 64}]
@@ -87,30 +87,30 @@ VALUES: dict[str, tuple[str, Any]] = {
     "dataset.camera_map": ("dataset", {"cam.x": "top", "cam.b": "wrist"}),
     "dataset.state_key": ("dataset", "observation.joints"),
     "dataset.action_key": ("dataset", "action.ee"),
-    "SFTAlgorithm.lr": ("sft", 1e-3),
-    "SFTAlgorithm.batch_size": ("sft", 8),
-    "SFTAlgorithm.steps": ("sft", 20),
-    "SFTAlgorithm.until_version": ("sft", 2000),
-    "SFTAlgorithm.items_per_job": ("sft", 4),
-    "SFTAlgorithm.weight_decay": ("sft", 0.0),
-    "SFTAlgorithm.grad_clip": ("sft", None),
-    "SFTAlgorithm.warmup_steps": ("sft", 5),
-    "PPOAlgorithm.lr": ("rl", 1e-3),
-    "PPOAlgorithm.gamma": ("rl", 0.0),  # zero is a value, not "unset"
-    "PPOAlgorithm.gae_lambda": ("rl", 0.0),
-    "PPOAlgorithm.clip_ratio": ("rl", 0.1),
-    "PPOAlgorithm.value_coef": ("rl", 1.0),
-    "PPOAlgorithm.entropy_coef": ("rl", 0.01),
-    "PPOAlgorithm.normalize_advantages": ("rl", False),
-    "PPOAlgorithm.epochs": ("rl", 2),
-    "PPOAlgorithm.episodes_per_update": ("rl", 4),
-    "PPOAlgorithm.steps_per_update": ("rl", 128),  # with episodes_per_update removed: see _set
-    "PPOAlgorithm.parallel_envs": ("rl", 4),
-    "PPOAlgorithm.micro_batch": ("rl", 32),
-    "PPOAlgorithm.weight_decay": ("rl", 0.01),
-    "PPOAlgorithm.grad_clip": ("rl", None),
-    "PPOAlgorithm.warmup_steps": ("rl", 3),
-    "PPOAlgorithm.value_warmup_episodes": ("rl", 32),
+    "SFTConfig.lr": ("sft", 1e-3),
+    "SFTConfig.batch_size": ("sft", 8),
+    "SFTConfig.steps": ("sft", 20),
+    "SFTConfig.until_version": ("sft", 2000),
+    "SFTConfig.items_per_job": ("sft", 4),
+    "SFTConfig.weight_decay": ("sft", 0.0),
+    "SFTConfig.grad_clip": ("sft", None),
+    "SFTConfig.warmup_steps": ("sft", 5),
+    "RLConfig.lr": ("rl", 1e-3),
+    "RLConfig.gamma": ("rl", 0.0),  # zero is a value, not "unset"
+    "RLConfig.gae_lambda": ("rl", 0.0),
+    "RLConfig.clip_ratio": ("rl", 0.1),
+    "RLConfig.value_coef": ("rl", 1.0),
+    "RLConfig.entropy_coef": ("rl", 0.01),
+    "RLConfig.normalize_advantages": ("rl", False),
+    "RLConfig.epochs": ("rl", 2),
+    "RLConfig.episodes_per_update": ("rl", 4),
+    "RLConfig.steps_per_update": ("rl", 128),  # with episodes_per_update removed: see _set
+    "RLConfig.parallel_envs": ("rl", 4),
+    "RLConfig.micro_batch": ("rl", 32),
+    "RLConfig.weight_decay": ("rl", 0.01),
+    "RLConfig.grad_clip": ("rl", None),
+    "RLConfig.warmup_steps": ("rl", 3),
+    "RLConfig.value_warmup_episodes": ("rl", 32),
     "schedule.priority": ("sft", 3),
     "schedule.max_inflight_jobs": ("sft", 4),
     "schedule.staleness_bound": ("rl", 8),
@@ -169,7 +169,7 @@ def reach(spec: WorkloadSpec) -> dict[str, Any]:
     rec = WorkloadRecord(workload="w1", tenant=spec.tenant, task=spec.task, state="completed",
                          spec=spec.model_dump(mode="json"), created_at=0.0, updated_at=0.0)
     tenant = asdict(compile_tenant(spec)) if spec.task != "eval" else None  # an eval makes no slot
-    return {"tenant": tenant, "producer": asdict(compile_producer(spec, "w1")),
+    return {"tenant": tenant, "workflow": asdict(compile_workflow(spec, "w1")),
             "pin": policy_pin(spec), "report": str(report_file("/data", rec))}
 
 
@@ -205,14 +205,14 @@ def _section(spec: WorkloadSpec, path: str) -> Any:
 
 def test_zero_gamma_and_lambda_are_honoured():
     spec = parse_spec(_set(_set(doc("rl"), "algorithm.gamma", 0), "algorithm.gae_lambda", 0))
-    algo = compile_producer(spec, "w1").algo
+    algo = compile_workflow(spec, "w1").algo
     assert (algo["gamma"], algo["gae_lambda"]) == (0.0, 0.0)
-    assert compile_producer(parse_spec(doc("rl")), "w1").algo["gamma"] == 0.99
+    assert compile_workflow(parse_spec(doc("rl")), "w1").algo["gamma"] == 0.99
 
 
 def test_algorithm_types_follow_the_task():
-    assert isinstance(parse_spec(doc("sft")).algorithm, SFTAlgorithm)
-    assert isinstance(parse_spec(doc("rl")).algorithm, PPOAlgorithm)
+    assert isinstance(parse_spec(doc("sft")).algorithm, SFTConfig)
+    assert isinstance(parse_spec(doc("rl")).algorithm, RLConfig)
     assert parse_spec(doc("eval")).algorithm is None
 
 

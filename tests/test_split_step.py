@@ -1,6 +1,6 @@
 """A micro-batch the SDK splits to fit the max payload trains as ONE optimizer step.
 
-Unit level (no broker): the trainer's `join_parts` rebuilds the very micro-batch the producer
+Unit level (no broker): the trainer's `join_parts` rebuilds the very micro-batch the workflow
 put from its parts (any order, unequal sizes), and its loss and gradients are those of the
 whole micro-batch, the mean over all its rows, not a mean of the part means. End to end (real
 nats-server, master, trainer, env worker): an SFT workload whose every micro-batch is split in

@@ -248,7 +248,7 @@ def test_inflight_jobs_quota_names_the_quota_and_clears(deploy):
         return err.value
 
     exc = run_client(deploy, go)
-    assert isinstance(exc, Busy)  # producers wait it out as back-pressure, not a failure
+    assert isinstance(exc, Busy)  # workflows wait it out as back-pressure, not a failure
     assert (exc.quota, exc.limit) == ("max_inflight_jobs", 2) and "max_inflight_jobs=2" in str(exc)
     assert exc.details["retry_after_s"] > 0
 

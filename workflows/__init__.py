@@ -3,15 +3,18 @@
 Each is built only on the SDK's public primitives (`sdk.client.AsyncClient`: reserve,
 queue_put, mark_ready, job, wait_job, latest_weights, export_params, predict, tenant,
 rollout_begin / rollout_end, publish_event), the same way examples/custom_loop.py is. Env
-workers run them for submitted workloads (`start_producer`, actors/env_worker.py), finding
+workers run them for submitted workloads (`start_workflow`, actors/env_worker.py), finding
 them by kind in `protocol.recipes`, where importing this package registers sft, rl and eval
-(NEXUS_WORKFLOW_MODULES names the modules an env worker imports; this one by default). A loop of
-your own can subclass `Workflow` or run one directly:
+(NEXUS_WORKFLOW_MODULES names the modules an env worker imports; this one by default). Each
+reads its recipe's typed config (`Workflow.config`: `WorkflowSpec.algo` validated once into
+`protocol.recipe_configs.SFTConfig` / `RLConfig`). A loop of your own can subclass `Workflow`,
+register it as a recipe (docs/workload_spec.md "Adding a recipe"), or run one directly:
 
-    wf = workflow_for(AsyncClient(url, prefix, timeout_s=60), producer_spec, data_dir=".nexus")
+    wf = workflow_for(AsyncClient(url, prefix, timeout_s=60), workflow_spec, data_dir=".nexus")
     await wf.main()          # connects, runs, publishes its events, closes
 
-    workflows/common.py   Workflow: budget / target, reserve / put / mark_ready with retries, episodes, events
+    workflows/common.py   Workflow: its typed config, budget / target, reserve / put / mark_ready with
+                          retries, episodes, events; as_recipe(cls): a class as a recipes factory
     workflows/sft.py      SFTWorkflow: demos or a LeRobot root -> micro-batches with action chunks
     workflows/rl.py       RLWorkflow: parallel rollouts -> GAE -> PPO jobs
     workflows/eval.py     EvalWorkflow: an eval workload (its run is `evaluate`)
@@ -24,11 +27,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from protocol.errors import InvalidField
-from protocol.messages import ProducerSpec
-from protocol.recipes import RecipeFactory, register
+from protocol.messages import WorkflowSpec
+from protocol.recipes import lookup, register
 from sdk.client import AsyncClient
-from workflows.common import Progress, Workflow
+from workflows.common import Progress, Workflow, as_recipe
 from workflows.eval import EvalWorkflow
 from workflows.gae import gae
 from workflows.rl import RLWorkflow
@@ -37,31 +39,14 @@ from workflows.sft import SFTWorkflow
 WORKFLOWS: dict[str, type[Workflow]] = {"sft": SFTWorkflow, "rl": RLWorkflow, "eval": EvalWorkflow}
 
 
-def workflow_for(client: AsyncClient, spec: ProducerSpec, *, data_dir: str | Path = ".", log: Any = None) -> Workflow:
-    """The workflow of ``spec.kind`` (sft, rl or eval), not started."""
-    cls = WORKFLOWS.get(spec.kind)
-    if cls is None:
-        raise InvalidField("kind", f"{spec.kind!r} is not a workflow; allowed: {', '.join(WORKFLOWS)}")
-    return cls(client, spec, data_dir=data_dir, log=log)
-
-
-def _recipe(cls: type[Workflow]) -> RecipeFactory:
-    """``cls`` as a `protocol.recipes` factory: on the host's ``client``, or on a new
-    `AsyncClient` of ``nats_url`` / ``prefix`` (an env worker's cluster: the client is made here,
-    on the SDK's floor, not by the role)."""
-
-    def make(spec: ProducerSpec, *, data_dir: str | Path = ".", log: Any = None, client: AsyncClient | None = None,
-             nats_url: str = "", prefix: str = "") -> Workflow:
-        if client is None:
-            client = AsyncClient(nats_url, prefix, timeout_s=60)
-        return cls(client, spec, data_dir=data_dir, log=log)
-
-    make.__qualname__ = f"{cls.__name__}.recipe"
-    return make
+def workflow_for(client: AsyncClient, spec: WorkflowSpec, *, data_dir: str | Path = ".", log: Any = None) -> Workflow:
+    """The registered workflow of ``spec.kind`` (sft, rl, eval, or a recipe of your own), not started."""
+    return lookup(spec.kind)(spec, data_dir=data_dir, log=log, client=client)
 
 
 for _kind, _cls in WORKFLOWS.items():
-    register(_kind, _recipe(_cls))
+    register(_kind, as_recipe(_cls))
 
 
-__all__ = ["WORKFLOWS", "EvalWorkflow", "Progress", "RLWorkflow", "SFTWorkflow", "Workflow", "gae", "workflow_for"]
+__all__ = ["WORKFLOWS", "EvalWorkflow", "Progress", "RLWorkflow", "SFTWorkflow", "Workflow", "as_recipe", "gae",
+           "workflow_for"]

@@ -13,14 +13,17 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
+from pydantic import ValidationError
 
 from envs import simproc
-from protocol.errors import Busy, FailedPrecondition, NexusError, NotFound
-from protocol.messages import JobRecord, ProducerSpec, QueuePutRequest, TaskResult, WorkloadEvent
+from protocol.errors import Busy, FailedPrecondition, InvalidField, NexusError, NotFound
+from protocol.messages import JobRecord, WorkflowSpec, QueuePutRequest, TaskResult, WorkloadEvent
 from protocol.policy import SIM_REPLACE, RetryPolicy
+from protocol.recipe_configs import RecipeConfig
+from protocol.recipes import RecipeFactory
 from sdk.client import AsyncClient, retry_through_outage
 from sdk.tracing import current_context, detached, new_root, tracer
 from workflows.evaluation import evaluate
@@ -43,7 +46,7 @@ class Progress:
     version: int = 0
     items: int = 0
     # Optimizer steps (micro-batches) of this workload's budget trained or queued, a resumed
-    # producer's predecessors' included (ProducerSpec.steps_done).
+    # workflow's predecessors' included (WorkflowSpec.steps_done).
     steps: int = 0
     started: float = field(default_factory=time.monotonic)
 
@@ -72,17 +75,23 @@ class Workflow:
     """One workload's data side: subclasses implement `train` (sft, rl) or are the eval.
 
     ``client``: an `AsyncClient` (connected by `main`); ``spec``: the workload's
-    `ProducerSpec` (compiled by the master from its spec); ``data_dir``: where recorded demos
-    go; ``log``: a structured logger (an env worker's own, or the stdlib's)."""
+    `WorkflowSpec` (compiled by the master from its spec); ``data_dir``: where recorded demos
+    go; ``log``: a structured logger (an env worker's own, or the stdlib's).
+
+    ``config_model``: the recipe's config (a `protocol.recipe_configs.RecipeConfig`), which
+    ``spec.algo`` is validated into once, here, as ``self.config``; None: the recipe takes
+    none (``spec.algo`` must be empty)."""
 
     kind = ""
+    config_model: ClassVar[type[RecipeConfig] | None] = None
 
-    def __init__(self, client: AsyncClient, spec: ProducerSpec, *, data_dir: str | Path = ".",
+    def __init__(self, client: AsyncClient, spec: WorkflowSpec, *, data_dir: str | Path = ".",
                  log: Any = None) -> None:
         self.client, self.spec = client, spec
+        self.config = self.read_config(spec)
         self.data_dir = Path(data_dir)
         self.log = log if log is not None else _StdLog(f"workflows.{spec.kind}")
-        # A resumed producer carries on where its workload stands: the steps and episodes of its
+        # A resumed workflow carries on where its workload stands: the steps and episodes of its
         # budget already spent, and the jobs still to train that it waits for before it is done.
         self.progress = Progress(steps=spec.steps_done, episodes=spec.episodes_done, jobs=list(spec.jobs))
         self.task: asyncio.Task | None = None  # set by whoever runs `main` as a task
@@ -96,11 +105,30 @@ class Workflow:
         self._life = uuid.uuid4().hex[:8]  # this incarnation (a resumed workload gets a new one)
         self._reserves = 0
         self.target_message = ""  # set once schedule.budget.target is reached
-        # Where the workload started (the env worker's start_producer span): each update's
+        # Where the workload started (the env worker's start_workflow span): each update's
         # trace links to it, and is never its child (one trace per update, not per workload).
         self._origin: Any = None
         self._sim_failures = 0  # simulators failed in a row (SIM_REPLACE bounds it)
         self.jobs_not_trained: list[JobRecord] = []  # failed or dropped as stale (`_wait_jobs`)
+
+    @classmethod
+    def read_config(cls, spec: WorkflowSpec) -> Any:
+        """``spec.algo`` as the recipe's typed config; a bad value is `InvalidField` naming
+        ``algo.<field>`` (a start the master did not compile, or a master of another version)."""
+        if cls.config_model is None:
+            if spec.algo:
+                raise InvalidField("algo", f"a {spec.kind} workflow takes no algorithm config; got {sorted(spec.algo)}")
+            return None
+        try:
+            return cls.config_model.model_validate(spec.algo)
+        except ValidationError as exc:
+            from master.spec_schema import spec_errors
+
+            errors = spec_errors(cls.config_model, exc, spec.algo)
+            first = errors[0]
+            raise InvalidField(f"algo.{first['field']}", "; ".join(
+                [first["message"], *(f"algo.{e['field']}: {e['message']}" for e in errors[1:])]),
+                details={"errors": errors}) from None
 
     def status(self) -> dict[str, Any]:
         return {"kind": self.spec.kind, "tenant": self.spec.tenant, "state": self.state,
@@ -119,7 +147,7 @@ class Workflow:
         evaluation of the final version), publish ``done`` (completed or failed), close."""
         self._origin = current_context()
         # This task's spans start traces of their own (an update, an episode), not children of
-        # the start_producer request that spawned it (asyncio copied its context into the task).
+        # the start_workflow request that spawned it (asyncio copied its context into the task).
         with detached():  # a caller's own task gets its context back after
             await self._main()
 
@@ -146,7 +174,7 @@ class Workflow:
             raise
         except Exception as exc:
             self.state, self.error = "failed", f"{type(exc).__name__}: {exc}"
-            self.log.error("producer failed", workload=self.spec.workload, exc_info=exc)
+            self.log.error("workflow failed", workload=self.spec.workload, exc_info=exc)
             await self._event("done", state="failed", message=self.error)
         finally:
             await self.client.close()
@@ -227,7 +255,7 @@ class Workflow:
             self.progress.version = max(self.progress.version, ref.version)
 
     async def _reserve(self, task: str) -> str:
-        # One key per reserve of this producer's life: a retry after a lost reply (timeout)
+        # One key per reserve of this workflow's life: a retry after a lost reply (timeout)
         # gets the same job back instead of leaving an orphan on the tenant's in-flight cap.
         self._reserves += 1
         key = f"{self.spec.workload}.{self._life}.{self._reserves}"
@@ -242,7 +270,7 @@ class Workflow:
                     return ""
 
     async def _wait_jobs(self) -> None:
-        """Wait until every job this producer queued is trained (or dropped / failed). None of
+        """Wait until every job this workflow queued is trained (or dropped / failed). None of
         them trained is the workload's failure, naming the first job's reason (a workload whose
         every job failed said `completed, trained 0/12 steps`); some not trained are counted in
         its final metrics (`jobs_not_trained`) and its done message."""
@@ -283,7 +311,7 @@ class Workflow:
         """queue_put that waits out the SFT prefetch cap (Busy) with the master's retry hint.
 
         False when the job is no longer open (the master sealed or failed it while this
-        producer was thought gone): the caller moves on to a new job; what was put is kept."""
+        workflow was thought gone): the caller moves on to a new job; what was put is kept."""
         deadline = time.monotonic() + PUT_BUSY.deadline_s
         attempt = 0
         while True:
@@ -294,7 +322,7 @@ class Workflow:
                 rec = await self._retry(self.client.job, item.tenant, item.job)
                 if rec.state in ("reserved", "filling"):
                     raise
-                self.log.warning("job closed under its producer; moving on", job=item.job, state=rec.state,
+                self.log.warning("job closed under its workflow; moving on", job=item.job, state=rec.state,
                                  reason=rec.reason)
                 return False
             except Busy as exc:
@@ -317,15 +345,15 @@ class Workflow:
         self.progress.jobs.append(job)
 
     # -- episodes ------------------------------------------------------------------------
-    async def _episode(self, env: Any, seed: int, sample: bool, version: int, exec_steps: int,
+    async def _episode(self, env: Any, seed: int, sample: bool, version: int,
                        record: list[dict[str, Any]] | None, task: int | None = None) -> tuple[bool, float]:
         """One episode with the inference service's policy; transitions go to ``record``.
         ``task``: the env's task index to reset to (None: the env draws one from the seed)."""
         with tracer().start_as_current_span("workflow.episode", attributes={
                 "nexus.tenant": self.spec.tenant, "nexus.workload": self.spec.workload, "nexus.seed": seed}):
-            return await self._episode_steps(env, seed, sample, version, exec_steps, record, task)
+            return await self._episode_steps(env, seed, sample, version, record, task)
 
-    async def _episode_steps(self, env: Any, seed: int, sample: bool, version: int, exec_steps: int,
+    async def _episode_steps(self, env: Any, seed: int, sample: bool, version: int,
                              record: list[dict[str, Any]] | None, task: int | None = None) -> tuple[bool, float]:
         # Every simulator call in its env's child process, bounded (envs.simproc): a hung one
         # (killed) raises SimTimeout, a dead one SimCrashed.
@@ -341,10 +369,10 @@ class Workflow:
                                               version=version, sample=sample, timeout_s=60,
                                               workload=self.spec.workload)  # metered to this workload
             chunk = np.asarray(reply.actions, np.float32)
-            n = len(chunk) if exec_steps <= 0 else min(exec_steps, len(chunk))
             reward, terminated, truncated = 0.0, False, False
             next_obs = obs
-            for a in chunk[:n]:
+            # The whole chunk: the horizon the policy was trained to act over.
+            for a in chunk:
                 next_obs, r, terminated, truncated, info = await env.step(np.clip(a, low, high))
                 reward += float(r)
                 if terminated or truncated:
@@ -393,3 +421,18 @@ class Workflow:
         p.episodes += 1
         p.successes += int(success)
         p.returns.append(ret)
+
+
+def as_recipe(cls: type[Workflow]) -> RecipeFactory:
+    """``cls`` as a `protocol.recipes` factory (``register(kind, as_recipe(cls))``): on the
+    host's ``client``, or on a new `AsyncClient` of ``nats_url`` / ``prefix`` (an env worker's
+    cluster: the client is made here, on the SDK's floor, not by the role)."""
+
+    def make(spec: WorkflowSpec, *, data_dir: str | Path = ".", log: Any = None, client: AsyncClient | None = None,
+             nats_url: str = "", prefix: str = "") -> Workflow:
+        if client is None:
+            client = AsyncClient(nats_url, prefix, timeout_s=60)
+        return cls(client, spec, data_dir=data_dir, log=log)
+
+    make.__qualname__ = f"{cls.__name__}.recipe"
+    return make

@@ -20,8 +20,6 @@ import numpy as np
 from envs.simproc import SimFailure
 from protocol.messages import MAX_TASK_ROWS, MAX_TASK_TEXT, TaskResult
 
-EVAL_DEFAULTS = {"exec_steps": 0}
-
 
 class EvalTaskError(ValueError):
     """eval.tasks names a task the env does not have (raised before any episode)."""
@@ -79,15 +77,13 @@ async def evaluate(wf: Any) -> None:
         await wf._refresh_version()
         version = wf.progress.version
     wf.progress.version = version
-    exec_steps = int({**EVAL_DEFAULTS, **spec.algo}["exec_steps"])
     table = TaskTable()
     try:
         plan = task_plan(list(spec.eval_tasks), spec.eval_all_tasks, env.spec)
         for ep in range(spec.eval_episodes):
             task = plan[ep % len(plan)] if plan else None
             try:
-                success, ret = await wf._episode(env, spec.eval_seed + ep, spec.eval_sample, version, exec_steps,
-                                                 None, task=task)
+                success, ret = await wf._episode(env, spec.eval_seed + ep, spec.eval_sample, version, None, task=task)
                 done_task = wf.last_task
             except SimFailure as exc:
                 # A simulator that hung (its process killed) or crashed fails its episode (a

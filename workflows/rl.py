@@ -12,26 +12,15 @@ from typing import Any
 import numpy as np
 
 from envs.simproc import SimFailure
-from protocol.errors import Busy, InvalidField
+from protocol.errors import Busy
 from protocol.messages import QueuePutRequest
+from protocol.recipe_configs import RLConfig
 from workflows.common import Workflow
 from workflows.gae import gae
 
-# Defaults with a reason each; a spec's algo dict overrides them.
-RL_DEFAULTS = {
-    "gamma": 0.99,  # episodes are short (<= 50 steps): little discounting needed
-    "gae_lambda": 0.95,
-    "episodes_per_update": 8,  # one job = the transitions of this many episodes
-    "micro_batch": 64,  # rows per queue item (a trainer step each)
-    "normalize_advantages": True,  # standardise over each rollout (master/spec.py)
-    "parallel_envs": 1,  # episodes rolled out at once (their requests share inferencer groups)
-    "exec_steps": 0,  # env steps per predicted chunk; 0 = the whole chunk
-    "value_warmup_episodes": 0,  # the first episodes train the value head only (master/spec.py)
-}
-MAX_PARALLEL_ENVS = 256  # the spec's bound (master/spec.py PPOAlgorithm.parallel_envs)
 
 
-def rollout_rows(segments: list[list[dict[str, Any]]], algo: dict[str, Any], episodes_done: int
+def rollout_rows(segments: list[list[dict[str, Any]]], cfg: RLConfig, episodes_done: int
                  ) -> list[dict[str, Any]]:
     """An update's transitions with their GAE advantage (``adv``) and return (``ret``).
     ``episodes_done``: the workload's episodes so far, this update's included. While that is at
@@ -47,12 +36,12 @@ def rollout_rows(segments: list[list[dict[str, Any]]], algo: dict[str, Any], epi
         dones = np.array([s["terminated"] for s in steps], bool)
         # A truncated episode bootstraps from its last value estimate (time limit, not failure).
         last_value = 0.0 if steps[-1]["terminated"] else float(values[-1])
-        adv, ret = gae(rewards, values, dones, last_value, float(algo["gamma"]), float(algo["gae_lambda"]))
+        adv, ret = gae(rewards, values, dones, last_value, cfg.gamma, cfg.gae_lambda)
         for s, a, r in zip(steps, adv, ret):
             rows.append({**s, "adv": a, "ret": r})
-    if episodes_done <= int(algo.get("value_warmup_episodes", 0)):
+    if episodes_done <= cfg.value_warmup_episodes:
         return [{**r, "adv": np.float32(0.0)} for r in rows]
-    if algo.get("normalize_advantages", True) and len(rows) > 1:
+    if cfg.normalize_advantages and len(rows) > 1:
         adv_all = np.array([r["adv"] for r in rows], np.float32)
         mean, std = float(adv_all.mean()), float(adv_all.std())
         rows = [{**r, "adv": (r["adv"] - mean) / (std + 1e-8)} for r in rows]
@@ -61,14 +50,14 @@ def rollout_rows(segments: list[list[dict[str, Any]]], algo: dict[str, Any], epi
 
 class RLWorkflow(Workflow):
     kind = "rl"
+    config_model = RLConfig
+    config: RLConfig
 
     async def train(self) -> None:
-        algo = {**RL_DEFAULTS, **self.spec.algo}
+        cfg = self.config
         # Several episodes at once: their predict requests meet in the inferencer's groups
         # (one base forward for all of them) instead of queueing one round trip at a time.
-        n_envs = max(1, int(algo.get("parallel_envs", 1)))
-        if n_envs > MAX_PARALLEL_ENVS:  # the spec bounds it too; a raw start_producer must not
-            raise InvalidField("algo.parallel_envs", f"{n_envs} is over the limit of {MAX_PARALLEL_ENVS}")
+        n_envs = cfg.parallel_envs  # bounded by RLConfig, a start the master did not compile too
         pool = await self._make_envs(n_envs)  # one child process each (envs.simproc)
 
         async def episode(j: int, seed_j: int, record: list[dict[str, Any]]) -> tuple[bool, float] | None:
@@ -76,7 +65,7 @@ class RLWorkflow(Workflow):
             # a partial segment has no end to bootstrap from) and is replaced by a new process;
             # past SIM_REPLACE failures in a row the workload fails (Workflow._replace_env).
             try:
-                return await self._episode(pool[j], seed_j, True, -1, int(algo["exec_steps"]), record)
+                return await self._episode(pool[j], seed_j, True, -1, record)
             except SimFailure as exc:
                 self.log.warning(f"rl episode dropped: simulator {exc.what}; env replaced",
                                  workload=self.spec.workload, error=exc.message)
@@ -93,10 +82,10 @@ class RLWorkflow(Workflow):
                     try:
                         segments: list[list[dict[str, Any]]] = []
                         # Either so many episodes, or episodes until so many policy steps.
-                        by_steps = int(algo.get("steps_per_update") or 0)
+                        by_steps = cfg.steps_per_update or 0
                         while (sum(len(seg) for seg in segments) < by_steps if by_steps
-                               else len(segments) < int(algo["episodes_per_update"])):
-                            k = n_envs if by_steps else min(n_envs, int(algo["episodes_per_update"]) - len(segments))
+                               else len(segments) < (cfg.episodes_per_update or 0)):
+                            k = n_envs if by_steps else min(n_envs, (cfg.episodes_per_update or 0) - len(segments))
                             records: list[list[dict[str, Any]]] = [[] for _ in range(k)]
                             results = await asyncio.gather(*(episode(j, seed + j, records[j]) for j in range(k)))
                             seed += k
@@ -109,7 +98,7 @@ class RLWorkflow(Workflow):
                                 window.append((success, ret))
                     finally:
                         await self._rollout_gate(False)
-                    await self._queue_rl(segments, algo)
+                    await self._queue_rl(segments, cfg)
                 if self.spec.target_metric:
                     key = 0 if self.spec.target_metric == "success_rate" else 1
                     self._target_reached([float(w[key]) for w in window])
@@ -135,18 +124,18 @@ class RLWorkflow(Workflow):
             except Busy as exc:
                 await asyncio.sleep(float(exc.details.get("retry_after_s", 0.5)))
 
-    async def _queue_rl(self, segments: list[list[dict[str, Any]]], algo: dict[str, Any]) -> None:
-        rows = rollout_rows(segments, algo, self.progress.episodes)
+    async def _queue_rl(self, segments: list[list[dict[str, Any]]], cfg: RLConfig) -> None:
+        rows = rollout_rows(segments, cfg, self.progress.episodes)
         if not rows:
             return
         # PPO epochs: each pass over the rollout, in a fresh order, is more micro-batches of
         # the same job (the trainer applies them in order, one step each).
         order_rng = np.random.default_rng(self.progress.episodes)
         passes = []
-        for _ in range(max(1, int(algo.get("epochs", 1)))):
+        for _ in range(cfg.epochs):
             passes.extend(rows[i] for i in order_rng.permutation(len(rows)))
         rows = passes
-        mb = int(algo["micro_batch"])
+        mb = cfg.micro_batch
         if self.spec.max_steps:  # the last job takes only the micro-batches (steps) left of the budget
             rows = rows[: max(0, self.spec.max_steps - self.progress.steps) * mb]
             if not rows:

@@ -11,19 +11,20 @@ from typing import Any
 import numpy as np
 
 from protocol.messages import QueuePutRequest
+from protocol.recipe_configs import SFTConfig
 from workflows.common import Workflow
-
-SFT_DEFAULTS = {"batch_size": 32, "items_per_job": 1}
 
 
 class SFTWorkflow(Workflow):
     kind = "sft"
+    config_model = SFTConfig
+    config: SFTConfig
 
     async def train(self) -> None:
         from envs.lerobot import LeRobotReader
         from envs.lerobot.reader import ReaderConfig
 
-        algo = {**SFT_DEFAULTS, **self.spec.algo}
+        cfg = self.config
         root = await self._dataset_root()
         tenant = await self._retry(self.client.tenant, self.spec.tenant)
         horizon = int(tenant.schema["action_horizon"])
@@ -33,7 +34,7 @@ class SFTWorkflow(Workflow):
         rng = np.random.default_rng(self.spec.seed)
         losses: list[float] = []
         # The budget is this workload's steps: progress.steps starts at what a stopped
-        # predecessor already trained or queued (the master counts it), so a resumed producer
+        # predecessor already trained or queued (the master counts it), so a resumed workflow
         # queues only the rest.
         await self._refresh_version()
         try:
@@ -42,11 +43,11 @@ class SFTWorkflow(Workflow):
                     job = await self._reserve("sft")
                     if not job:
                         break
-                    n_items = int(algo["items_per_job"])
+                    n_items = cfg.items_per_job
                     if self.spec.max_steps:  # the last job takes only what is left
                         n_items = min(n_items, self.spec.max_steps - self.progress.steps)
                     for seq in range(n_items):
-                        item = await asyncio.to_thread(self._sft_item, reader, rng, int(algo["batch_size"]), horizon, job, seq)
+                        item = await asyncio.to_thread(self._sft_item, reader, rng, cfg.batch_size, horizon, job, seq)
                         if not await self._put(item):
                             break
                         self.progress.steps += 1
@@ -96,7 +97,7 @@ class SFTWorkflow(Workflow):
         # The tenant's own datasets dir, as the master named it: it may read its demos back
         # (dataset.root, sample), no other tenant may (actors/paths.py).
         if not self.spec.record_path or ".." in Path(self.spec.record_path).parts or Path(self.spec.record_path).is_absolute():
-            raise ValueError(f"producer spec of {self.spec.workload}: record_path {self.spec.record_path!r} is no "
+            raise ValueError(f"workflow spec of {self.spec.workload}: record_path {self.spec.record_path!r} is no "
                              "relative path under the data dir (a master older than this env worker?)")
         root = self.data_dir / self.spec.record_path
         if not (root / "meta" / "info.json").exists():

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from protocol.messages import Ok, ProducerSpec, TenantConfig, WorkloadEvent
+from protocol.messages import Ok, TenantConfig, WorkflowSpec, WorkloadEvent
 from protocol.wire import decode
 from sdk.client import AsyncClient
 
@@ -20,14 +20,14 @@ def reach_tenant(name: str, head: str) -> TenantConfig:
     return TenantConfig(name=name, base="tiny-qwen3-vl-64", schema=REACH_SCHEMA, head=head, optim={"lr": 1e-3})
 
 
-async def run_producer(c: AsyncClient, spec: ProducerSpec, timeout_s: float = 240) -> list[WorkloadEvent]:
+async def run_workflow(c: AsyncClient, spec: WorkflowSpec, timeout_s: float = 240) -> list[WorkloadEvent]:
     events: asyncio.Queue = asyncio.Queue()
 
     async def on_event(msg):
         await events.put(decode(msg.data, WorkloadEvent))
 
     await c.bus.nc.subscribe(c.names.workload_events(spec.workload), cb=on_event)
-    await c.bus.request(c.names.env("start_producer"), spec, Ok, timeout_s=30)
+    await c.bus.request(c.names.env("start_workflow"), spec, Ok, timeout_s=30)
     seen = []
     while True:
         ev = await asyncio.wait_for(events.get(), timeout=timeout_s)
@@ -36,7 +36,7 @@ async def run_producer(c: AsyncClient, spec: ProducerSpec, timeout_s: float = 24
             return seen
 
 
-def test_rl_sft_and_eval_producers(roles):
+def test_rl_sft_and_eval_workflows(roles):
     for role in ("master", "trainer", "env"):
         roles.start(role)
     roles.start("inferencer", NEXUS_INFER_BASE="tiny-qwen3-vl-64")
@@ -47,14 +47,14 @@ def test_rl_sft_and_eval_producers(roles):
             await c.create_tenant(reach_tenant("rl-t", "gaussian"))
             await c.create_tenant(reach_tenant("sft-t", "mlp"))
             rl, sft = await asyncio.gather(
-                run_producer(c, ProducerSpec(workload="w-rl", tenant="rl-t", kind="rl", env_id="builtin/reach-v0",
+                run_workflow(c, WorkflowSpec(workload="w-rl", tenant="rl-t", kind="rl", env_id="builtin/reach-v0",
                                              algo={"episodes_per_update": 2, "parallel_envs": 2}, max_episodes=4)),
-                run_producer(c, ProducerSpec(workload="w-sft", tenant="sft-t", kind="sft", env_id="builtin/reach-v0",
+                run_workflow(c, WorkflowSpec(workload="w-sft", tenant="sft-t", kind="sft", env_id="builtin/reach-v0",
                                              demo_episodes=4, algo={"batch_size": 8, "items_per_job": 2},
                                              max_steps=3, record_path="datasets/tenants/sft-t/w-sft")),
             )
             sft_version = (await c.latest_weights("sft-t")).version
-            ev = await run_producer(c, ProducerSpec(workload="w-eval", tenant="sft-t", kind="eval",
+            ev = await run_workflow(c, WorkflowSpec(workload="w-eval", tenant="sft-t", kind="eval",
                                                     env_id="builtin/reach-v0", eval_version=sft_version,
                                                     eval_episodes=5))
             rl_jobs, sft_jobs = await c.jobs("rl-t"), await c.jobs("sft-t")
@@ -85,8 +85,11 @@ def test_workflows_stand_on_the_sdk_alone():
     import ast
     from pathlib import Path
 
-    allowed = ("sdk.client", "sdk.tracing", "protocol.errors", "protocol.messages", "protocol.policy", "protocol.recipes", "envs", "master.spec",
-               "workflows", "numpy", "__future__", "asyncio", "logging", "time", "uuid", "dataclasses", "pathlib",
+    # protocol.recipe_configs, pydantic and master.spec_schema: a recipe's typed config and its
+    # errors in the spec's words (Workflow.read_config).
+    allowed = ("sdk.client", "sdk.tracing", "protocol.errors", "protocol.messages", "protocol.policy", "protocol.recipes",
+               "protocol.recipe_configs", "pydantic", "envs", "master.spec", "master.spec_schema", "workflows",
+               "numpy", "__future__", "asyncio", "logging", "time", "uuid", "dataclasses", "pathlib",
                "typing")
     root = Path(__file__).resolve().parents[1] / "workflows"
     bad = []
