@@ -44,6 +44,7 @@ from actors.tracing import JobSpans
 from actors.tq_read import read_job_items
 from actors.train_loop import TrainLoop, Work
 from actors.trainer_ranks import Entry, RankLost
+from protocol import ops
 from protocol.errors import Busy, Conflict, FailedPrecondition, NexusError, NotFound
 from protocol.messages import (
     is_slot_reset,
@@ -561,7 +562,7 @@ class Trainer(Role):
             self.unhold(job.job)  # after the report: its span closes with the failed state
 
     # -- low-level ops -------------------------------------------------------------------
-    @op("train_batch", JobRef)
+    @op(ops.TRAINER_TRAIN_BATCH)
     async def train_batch(self, req: JobRef) -> TrainBatchReply:
         """Train one ready job now (a custom algorithm's step), then export it."""
         assert self.bus is not None
@@ -600,14 +601,14 @@ class Trainer(Role):
         finally:
             self.compute.release()
 
-    @op("export_params", ExportRequest)
+    @op(ops.TRAINER_EXPORT_PARAMS)
     async def export_params(self, req: ExportRequest) -> WeightsRef:
         assert self.store is not None
         async with self._quiet(req.tenant):
             await self.store.slot(await self._tenant(req.tenant))
             return await self.store.export(req.tenant, {})
 
-    @op("init_weights", InitWeightsRequest, access="admin")
+    @op(ops.TRAINER_INIT_WEIGHTS)
     async def init_weights(self, req: InitWeightsRequest) -> Ok:
         """The master at submit: a new tenant starts from weights it uploaded (master/uploads.py)."""
         assert self.store is not None
@@ -615,7 +616,7 @@ class Trainer(Role):
         return Ok(detail=f"{req.config.name} starts from {req.weights}"
                          + (f" and {req.adapter}" if req.adapter else "") + f" as version {ref.version}")
 
-    @op("load_weights", LoadWeightsRequest)
+    @op(ops.TRAINER_LOAD_WEIGHTS)
     async def load_weights(self, req: LoadWeightsRequest) -> Ok:
         assert self.store is not None
         # The runtime checked the slot is the caller's; the object read must be too

@@ -32,6 +32,7 @@ from nats.js.errors import NotFoundError, ObjectNotFoundError
 
 from actors.bus import js_retry
 from actors.runtime import op
+from protocol import ops
 from protocol.errors import CapacityExceeded, InvalidField, NotFound
 from protocol.messages import Ok, WeightsUploadRequest
 from protocol.policy import MAX_UPLOAD_BYTES, MAX_UPLOADS_PER_TENANT
@@ -115,7 +116,7 @@ class UploadOps:
         head = f"{tenant}/{UPLOAD_PREFIX}"
         return {i.name[len(head):] for i in infos if i.name.startswith(head)}
 
-    @op("weights_upload", WeightsUploadRequest)
+    @op(ops.MASTER_WEIGHTS_UPLOAD)
     async def weights_upload(self, req: WeightsUploadRequest) -> Ok:
         check_token("name", req.name)  # a token: never a path ('../x', 'a/b' are refused here)
         obj = upload_object(req.tenant, req.name)

@@ -42,6 +42,7 @@ from actors.paths import caller_roots, confine, tenant_datasets
 from actors.bus import js_retry
 from actors.runtime import op
 from actors.tracing import consumer_span
+from protocol import ops
 from protocol.errors import Conflict, FailedPrecondition, NexusError, NotFound
 from protocol.messages import (
     MAX_TASK_ROWS,
@@ -194,7 +195,7 @@ class WorkloadOps:
         self.spawn(self._pending_loop, "workload-pending", critical=True, max_quiet_s=60.0)
 
     # -- submission ----------------------------------------------------------------------
-    @op("submit", SubmitRequest, access="checked")
+    @op(ops.MASTER_SUBMIT)
     async def submit(self, req: SubmitRequest) -> WorkloadRecord:
         data: Any = req.spec if req.spec else req.spec_text
         return await self._accept(data, new_workload_id())
@@ -680,13 +681,13 @@ class WorkloadOps:
             raise NotFound(f"unknown workload {workload!r}", details={"workload": workload})
         return rec
 
-    @op("workload", WorkloadRef, access="checked")
+    @op(ops.MASTER_WORKLOAD)
     async def workload(self, req: WorkloadRef) -> WorkloadRecord:
         rec = self._workload(req.workload)
         _require_own(rec, "workload")
         return rec
 
-    @op("workload_report", WorkloadRef, access="checked")
+    @op(ops.MASTER_WORKLOAD_REPORT)
     async def workload_report(self, req: WorkloadRef) -> WorkloadReport:
         """A finished workload's report, read back from where the master wrote it."""
         from protocol.errors import FailedPrecondition
@@ -704,7 +705,7 @@ class WorkloadOps:
                            details={"path": rel}) from None
         return WorkloadReport(workload=rec.workload, path=rel, report=report)
 
-    @op("workloads", WorkloadsRequest)
+    @op(ops.MASTER_WORKLOADS)
     async def list_workloads(self, req: WorkloadsRequest) -> WorkloadsReply:
         # One page (master/paging.py), oldest first: the whole history passed the max payload.
         recs = [(time_key(w.created_at, w.workload), w) for w in self.workloads.values()
@@ -712,7 +713,7 @@ class WorkloadOps:
         out, cursor = page(recs, req.limit, req.cursor, self.bus.max_payload, lambda w: len(encode(w)))
         return WorkloadsReply(workloads=out, next_cursor=cursor)
 
-    @op("tenants", WorkloadsRequest, access="admin")
+    @op(ops.MASTER_TENANTS)
     async def list_tenants(self, req: WorkloadsRequest) -> TenantsReply:
         """One page of tenants by name, with their versions and workload history (ids)."""
         history: dict[str, list[str]] = {}
@@ -725,7 +726,7 @@ class WorkloadOps:
         return TenantsReply(tenants=out, versions={t: v for t, v in self.sched.versions.items() if t in names},
                             history={t: h for t, h in history.items() if t in names}, next_cursor=cursor)
 
-    @op("cancel", WorkloadRef, access="checked")
+    @op(ops.MASTER_CANCEL)
     async def cancel(self, req: WorkloadRef) -> WorkloadRecord:
         rec = self._workload(req.workload)
         _require_own(rec, "cancel")  # before anything changes
@@ -797,7 +798,7 @@ class WorkloadOps:
                 out.setdefault(policy_pin_tenant(rec), set()).add(version)
         return out
 
-    @op("handback", HandbackRequest, access="admin")
+    @op(ops.MASTER_HANDBACK)
     async def handback(self, req: HandbackRequest) -> Ok:
         """A draining env worker's producers stopped: resume their workloads elsewhere."""
         n = 0

@@ -149,7 +149,7 @@ class AsyncClient:
     async def connect(self) -> AsyncClient:
         if self._bus is None:
             self._bus = await Bus.connect(self.url, name="sdk", reconnect_forever=False, creds=self.creds,
-                                          tracer=self.tracer)
+                                          tracer=self.tracer, prefix=self.names.prefix)
         return self
 
     async def close(self) -> None:

@@ -43,6 +43,7 @@ from hypothesis import HealthCheck, Phase, given, seed as hyp_seed, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from protocol import ops
 from protocol.codec import EXT_NDARRAY, EXT_TENSOR, packb
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.messages import ErrorReply, PredictReply, PredictRequest, WorkloadEvent
@@ -570,38 +571,24 @@ def draw_cases(target: Target, ctx: Context, n: int, seed: int = 0) -> list[Case
 
 
 # -- targets -------------------------------------------------------------------------------
-def reply_types(role: str) -> dict[str, tuple[type, type]]:
-    """op -> (request type, documented reply type), read from the role class's handlers."""
-    from actors.run import load_role
-
-    cls = load_role(role)
-    out: dict[str, tuple[type, type]] = {}
-    for klass in reversed(cls.__mro__):
-        for attr in vars(klass).values():
-            spec = getattr(attr, "__nexus_op__", None)
-            if spec is not None:
-                ret = typing.get_type_hints(getattr(cls, spec.handler_name)).get("return")
-                out[spec.name] = (spec.request, ret)
-    return out
-
-
 async def discover(bus: Any, names: Names, roles: list[tuple[str, str]]) -> list[Target]:
     """Every op the live roles list in ``info``, plus instance info, predict and the intake."""
     from protocol.messages import InfoRequest, RoleInfo
 
     targets: list[Target] = []
     for role, instance in roles:
-        info = await bus.request(names.instance_op(role, instance, "info"), InfoRequest(), RoleInfo, timeout_s=10)
-        known = reply_types(role)
+        info_op = ops.INFO.of(role)
+        info = await bus.request(info_op.instance_subject(names, instance), InfoRequest(), RoleInfo, timeout_s=10)
+        known = {o.name: o for o in ops.ops_of(role)}
         for op_name in info.ops:
             if op_name in EXCLUDED_OPS:
                 continue
             if op_name not in known:
-                raise AssertionError(f"{role} lists op {op_name!r} in info but its class has no handler")
-            req, rep = known[op_name]
-            targets.append(Target(role, op_name, names.role_op(role, op_name), req, (rep,)))
-        req, rep = known["info"]
-        targets.append(Target(role, "info", names.instance_op(role, instance, "info"), req, (rep,), kind="instance"))
+                raise AssertionError(f"{role} lists op {op_name!r} in info but protocol/ops.py has no such op")
+            o = known[op_name]
+            targets.append(Target(role, op_name, o.subject(names), o.request, o.replies))
+        targets.append(Target(role, "info", info_op.instance_subject(names, instance), info_op.request,
+                              info_op.replies, kind="instance"))
         if role == "inferencer":
             targets.append(Target(role, PREDICT, names.infer(info.extra["pool"]), PredictRequest, (PredictReply,),
                                   kind="predict"))
