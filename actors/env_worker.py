@@ -286,8 +286,8 @@ class EnvWorker(Role):
         if workloads:
             assert self.bus is not None
             try:
-                await retry(self.bus.request, self.names.master("handback"),
-                            HandbackRequest(worker=self.instance, workloads=workloads), Ok, timeout_s=10,
+                await retry(self.bus.call, ops.MASTER_HANDBACK,
+                            HandbackRequest(worker=self.instance, workloads=workloads), timeout_s=10,
                             policy=DRAIN_RELEASE)
                 self.log.info("workloads handed back", workloads=workloads)
             except NexusError as exc:

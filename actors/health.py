@@ -42,7 +42,6 @@ from protocol.messages import (
     InfoRequest,
     Ok,
     RestartRequest,
-    RoleInfo,
     ScaleDecision,
     ScaleRequest,
 )
@@ -165,8 +164,8 @@ class HealthManager(Role):
         """Whether a silent instance still answers ``info`` (slow beats, not a hung process)."""
         assert self.bus is not None
         try:
-            await self.bus.request(self.names.instance_op(hb.role, hb.instance, "info"), InfoRequest(),
-                                   RoleInfo, timeout_s=HUNG_PROBE_TIMEOUT_S)
+            await self.bus.call(ops.INFO.of(hb.role), InfoRequest(), instance=hb.instance,
+                                timeout_s=HUNG_PROBE_TIMEOUT_S)
         except NexusError:  # no responder (gone) or no answer in time (hung)
             return False
         return True

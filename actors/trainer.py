@@ -49,9 +49,7 @@ from protocol.errors import Busy, Conflict, FailedPrecondition, NexusError, NotF
 from protocol.messages import (
     is_slot_reset,
     CheckpointCommitRequest,
-    CheckpointRef,
     LeaseReleaseRequest,
-    LeaseRenewReply,
     LeaseRenewRequest,
     ExportRequest,
     GetTenantRequest,
@@ -59,7 +57,6 @@ from protocol.messages import (
     JobRecord,
     JobRef,
     JobUpdate,
-    LeaseReply,
     LeaseRequest,
     LoadWeightsRequest,
     Ok,
@@ -272,8 +269,8 @@ class Trainer(Role):
 
     async def _tenant(self, name: str) -> TenantConfig:
         assert self.bus is not None
-        return await retry_through_outage(self.bus.request, self.names.master("tenant_get"),
-                                          GetTenantRequest(tenant=name), TenantConfig, timeout_s=10)
+        return await retry_through_outage(self.bus.call, ops.MASTER_TENANT_GET,
+                                          GetTenantRequest(tenant=name), timeout_s=10)
 
     async def slot_for(self, job: JobRecord) -> Resident:
         """The job's tenant slot, brought up to its committed checkpoint."""
@@ -294,10 +291,9 @@ class Trainer(Role):
     async def lease_jobs(self, max_jobs: int) -> list[JobRecord]:
         """Up to ``max_jobs`` ready jobs, picked by the master's scheduler, leased to this trainer."""
         assert self.bus is not None
-        reply = await self.bus.request(
-            self.names.master("lease"),
-            LeaseRequest(trainer=self.instance, max_jobs=max_jobs, lease_s=self.tcfg.lease_s), LeaseReply,
-            timeout_s=10)
+        reply = await self.bus.call(
+            ops.MASTER_LEASE,
+            LeaseRequest(trainer=self.instance, max_jobs=max_jobs, lease_s=self.tcfg.lease_s), timeout_s=10)
         return reply.jobs
 
     async def read_items(self, job: JobRecord) -> list[QueuePutRequest]:
@@ -334,7 +330,7 @@ class Trainer(Role):
             req = LeaseRenewRequest(trainer=self.instance, jobs=[JobRef(tenant=j.tenant, job=j.job) for j in held],
                                     epochs=[j.lease_epoch for j in held], lease_s=self.tcfg.lease_s)
             try:
-                reply = await self.bus.request(self.names.master("lease_renew"), req, LeaseRenewReply, timeout_s=10)
+                reply = await self.bus.call(ops.MASTER_LEASE_RENEW, req, timeout_s=10)
             except NexusError as exc:
                 # The master is restarting: keep training; the commit fence decides in the end.
                 self.log.warning("lease renewal failed", error=exc.message)
@@ -355,7 +351,7 @@ class Trainer(Role):
         req = LeaseReleaseRequest(trainer=self.instance, jobs=[JobRef(tenant=j.tenant, job=j.job) for j in jobs],
                                   epochs=[j.lease_epoch for j in jobs], reason=reason)
         try:
-            await retry(self.bus.request, self.names.master("lease_release"), req, Ok, timeout_s=5,
+            await retry(self.bus.call, ops.MASTER_LEASE_RELEASE, req, timeout_s=5,
                         policy=DRAIN_RELEASE)
             self.released += len(jobs)
             self.log.info("released jobs", jobs=[j.job for j in jobs], reason=reason)
@@ -540,7 +536,7 @@ class Trainer(Role):
         # A master restart must not strand a job we hold: updates are idempotent, so retry
         # through the outage (bounded) instead of dropping the job until its lease expires.
         rec = await retry_through_outage(
-            self.bus.request, self.names.master("job_update"), update, JobRecord, timeout_s=10,
+            self.bus.call, ops.MASTER_JOB_UPDATE, update, timeout_s=10,
             on_retry=lambda exc: self.log.warning("master unavailable; retrying job update", job=job.job,
                                                   state=state, error=exc.message))
         job.state = rec.state
@@ -567,10 +563,10 @@ class Trainer(Role):
         """Train one ready job now (a custom algorithm's step), then export it."""
         assert self.bus is not None
         check_token("job", req.job)  # an empty job would make the lease pick any ready jobs
-        reply = await self.bus.request(
-            self.names.master("lease"),
+        reply = await self.bus.call(
+            ops.MASTER_LEASE,
             LeaseRequest(trainer=self.instance, job=req.job, tenant=req.tenant, lease_s=self.tcfg.lease_s),
-            LeaseReply, timeout_s=10)
+            timeout_s=10)
         if not reply.jobs:
             raise FailedPrecondition(f"job {req.job} was dropped as stale: {reply.dropped_stale[0].reason}")
         # It joins the running group at the next step (after its tenant's job here, if any).
@@ -635,9 +631,9 @@ class Trainer(Role):
             res = self.store.resident[req.tenant]
             name = await self.store.write_checkpoint(req.tenant, f"w{time.time_ns()}")
             try:
-                await self.bus.request(self.names.master("checkpoint_commit"), CheckpointCommitRequest(
+                await self.bus.call(ops.MASTER_CHECKPOINT_COMMIT, CheckpointCommitRequest(
                     tenant=req.tenant, object_name=name, base_checkpoint=res.checkpoint_name, trainer=self.instance,
-                    step=res.slot.step_count, version=res.slot.policy_version), CheckpointRef, timeout_s=10)
+                    step=res.slot.step_count, version=res.slot.policy_version), timeout_s=10)
             except NexusError:
                 await self.store.delete_checkpoint(name)
                 await self.store.reload(req.tenant)

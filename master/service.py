@@ -80,7 +80,6 @@ from protocol.messages import (
     LeaseReleaseRequest,
     LeaseRenewReply,
     LeaseRenewRequest,
-    RoleInfo,
     CreateTenantRequest,
     GetTenantRequest,
     HealthEvent,
@@ -291,8 +290,7 @@ class Master(WorkloadOps, HostedOps, UsageOps, BaseOps, UploadOps, Role):
         (busy or hung: the health manager's watch decides that)."""
         assert self.bus is not None
         try:
-            await self.bus.request(self.names.instance_op(role, instance, "info"), InfoRequest(), RoleInfo,
-                                   timeout_s=3)
+            await self.bus.call(ops.INFO.of(role), InfoRequest(), instance=instance, timeout_s=3)
             return True
         except NexusError as exc:
             return not isinstance(exc, Unavailable)

@@ -188,8 +188,8 @@ class UploadOps:
         weights, adapter = await self.resolve_init(cfg.name, init)
         req = InitWeightsRequest(config=replace(cfg, signature=schema_signature(cfg.schema)), weights=weights,
                                  adapter=adapter)
-        await self.bus.request(self.names.role_op("trainer", "init_weights"), req, Ok,  # type: ignore[attr-defined]
-                               timeout_s=INIT_WEIGHTS_TIMEOUT_S)
+        await self.bus.call(ops.TRAINER_INIT_WEIGHTS, req,  # type: ignore[attr-defined]
+                            timeout_s=INIT_WEIGHTS_TIMEOUT_S)
         return weights_name(cfg.name, 0)
 
     async def drop_start(self, tenant: str) -> None:

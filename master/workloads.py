@@ -374,7 +374,7 @@ class WorkloadOps:
         pools that exist) when inferencers are registered and none serves it; accepted with a
         note when none is registered at all (they may start later; tests without inference)."""
         from master.spec import SpecError
-        from protocol.messages import InfoRequest, RoleInfo, ServiceRecord
+        from protocol.messages import InfoRequest, ServiceRecord
         from protocol.subjects import pool_name
 
         kv = await js_retry(self.bus.js.key_value, self.names.kv_services)
@@ -392,8 +392,8 @@ class WorkloadOps:
                 continue
             registered += 1
             try:
-                info = await self.bus.request(self.names.instance_op("inferencer", svc.instance, "info"),
-                                              InfoRequest(), RoleInfo, timeout_s=INFERENCER_INFO_TIMEOUT_S)
+                info = await self.bus.call(ops.INFO.of("inferencer"), InfoRequest(), instance=svc.instance,
+                                           timeout_s=INFERENCER_INFO_TIMEOUT_S)
             except NexusError as exc:
                 self.log.info("inferencer did not answer info at submit", instance=svc.instance, error=exc.message)
                 continue
@@ -485,7 +485,7 @@ class WorkloadOps:
             return
         producer, eval_version = compiled
         try:
-            reply = await self.bus.request(self.names.env("start_producer"), producer, Ok, timeout_s=30)
+            reply = await self.bus.call(ops.ENV_START_PRODUCER, producer, timeout_s=30)
         except NexusError as exc:
             self.log.warning("producer start failed; will retry", workload=rec.workload, error=exc.message)
             return
@@ -754,8 +754,7 @@ class WorkloadOps:
 
     async def _stop_producer(self, workload: str, worker: str) -> None:
         try:
-            await self.bus.request(self.names.instance_op("env", worker, "stop_producer"),
-                                   WorkloadRef(workload=workload), Ok, timeout_s=30)
+            await self.bus.call(ops.ENV_STOP_PRODUCER, WorkloadRef(workload=workload), instance=worker, timeout_s=30)
         except NexusError as exc:  # the worker may be gone: the workload is cancelled anyway
             self.log.warning("stop_producer failed", workload=workload, worker=worker, error=exc.message)
 
