@@ -4,8 +4,13 @@
 the headers of every publish and request, and turns error replies back into exceptions.
 Every request has a timeout; none waits forever::
 
-    bus = await Bus.connect("nats://127.0.0.1:4222", name="sdk")
-    info = await bus.request(names.role_op("master", "info"), InfoRequest(), RoleInfo)
+    bus = await Bus.connect("nats://127.0.0.1:4222", name="sdk", prefix="nexus")
+    info = await bus.call(ops.INFO.of("master"), InfoRequest())   # a RoleInfo
+    env = await bus.call(ops.ENV_STEP, step, instance=session.worker)
+
+`call` takes an op of the one table (`protocol.ops`), which gives the subject and the reply
+type; `request` is for subjects outside it (predictions, the supervisor) and for tests that
+send a raw or wrong message on purpose.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ from actors.tracing import hop_name, inject, messaging, nexus_attrs, reply_link
 from actors.creds import Credentials, redact_url, strip_userinfo, url_creds
 from protocol.errors import PayloadTooLarge, RequestTimeout, Unauthenticated, Unavailable
 from protocol.messages import ErrorReply, ok_or_raise
+from protocol.ops import Op
+from protocol.subjects import Names
 from protocol.policy import MASTER_OUTAGE, RetryPolicy
 from protocol.wire import decode, encode
 
@@ -51,10 +58,12 @@ def _is_auth_refusal(reason: str) -> bool:
 
 
 class Bus:
-    def __init__(self, nc: NATS, tracer: trace.Tracer | None = None) -> None:
+    def __init__(self, nc: NATS, tracer: trace.Tracer | None = None, names: Names | None = None) -> None:
         self.nc = nc
         self.js = nc.jetstream(timeout=JS_API_TIMEOUT_S)
         self.tracer = tracer or trace.get_tracer("vla-nexus")
+        # The deployment whose ops `call` reaches; None: connected without a prefix (`request` only).
+        self.names = names
 
     @classmethod
     async def connect(
@@ -66,10 +75,13 @@ class Bus:
         reconnect_forever: bool = True,
         tracer: trace.Tracer | None = None,
         creds: Path | Credentials | None = None,
+        prefix: str | None = None,
         **callbacks: Any,
     ) -> Bus:
         """``creds``: a NATS credentials file (`actors.creds`) or its contents; without it,
-        the file the URL names (``nats://host:4222?creds=PATH``), or none."""
+        the file the URL names (``nats://host:4222?creds=PATH``), or none. ``prefix``: the
+        deployment's (`protocol.subjects.Names`), needed by `call`."""
+        names = Names(prefix) if prefix is not None else None
         if creds is None:
             creds = url_creds(url)
         who = creds if isinstance(creds, Credentials) or creds is None else Credentials.read(creds)
@@ -149,7 +161,7 @@ class Bus:
                     details={"reason": reason}) from None
             raise Unavailable(f"cannot connect to NATS at {redact_url(url)}: {exc}") from None
         connecting = False
-        return cls(nc, tracer)
+        return cls(nc, tracer, names)
 
     @property
     def max_payload(self) -> int:
@@ -209,6 +221,19 @@ class Bus:
             if isinstance(result, ErrorReply):
                 span.set_attribute("nexus.error_code", result.code)
             return ok_or_raise(result)
+
+    async def call(self, op: Op, msg: Any, *, timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
+                   instance: str | None = None) -> Any:
+        """`request` ``op`` (`protocol.ops`) with ``msg``: on the role-wide subject (one instance
+        of the role answers), or on ``instance``'s own; the reply is decoded as the op's."""
+        if self.names is None:
+            raise TypeError(f"call({op.role}.{op.name}): this Bus knows no deployment prefix; "
+                            "connect with Bus.connect(..., prefix=PREFIX)")
+        if not isinstance(msg, op.request):
+            raise TypeError(f"call({op.role}.{op.name}): the request is a {type(msg).__name__}, "
+                            f"the op takes a {op.request.__name__}")
+        subject = op.subject(self.names) if instance is None else op.instance_subject(self.names, instance)
+        return await self.request(subject, msg, op.reply, timeout_s=timeout_s)
 
     async def close(self) -> None:
         if not self.nc.is_closed:

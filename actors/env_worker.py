@@ -35,7 +35,7 @@ from actors.identity import current_caller, deny
 from actors.paths import caller_roots, confine
 from actors.runtime import Role, RoleConfig, op
 from envs.simproc import SimFailure, configure as configure_sim_pool, pool as sim_pool
-from protocol import recipes
+from protocol import ops, recipes
 from protocol.policy import DRAIN_RELEASE
 from protocol.errors import FailedPrecondition, InvalidField, NexusError, NotFound, QuotaExceeded
 from protocol.messages import (
@@ -124,7 +124,7 @@ class EnvWorker(Role):
         s.last_used = time.monotonic()
         return s
 
-    @op("create", EnvCreateRequest, access="any")
+    @op(ops.ENV_CREATE)
     async def create(self, req: EnvCreateRequest) -> EnvSession:
         if not 0 < req.lease_s <= MAX_LEASE_S:
             raise InvalidField("lease_s", f"must be in (0, {MAX_LEASE_S:g}]")
@@ -164,7 +164,7 @@ class EnvWorker(Role):
                 f"(NEXUS_ENV_MAX_SESSIONS_PER_TENANT); close one, or let an unused one's lease lapse",
                 SWEEP_EVERY_S, setting="NEXUS_ENV_MAX_SESSIONS_PER_TENANT", held=held)
 
-    @op("reset", EnvResetRequest, access="any")
+    @op(ops.ENV_RESET)
     async def reset(self, req: EnvResetRequest) -> EnvObs:
         s = self._session(req.session)
         async with s.lock:
@@ -172,7 +172,7 @@ class EnvWorker(Role):
             s.reset_done = True
         return to_env_obs(s.id, obs, info=info)
 
-    @op("step", EnvStepRequest, access="any")
+    @op(ops.ENV_STEP)
     async def step(self, req: EnvStepRequest) -> EnvObs:
         s = self._session(req.session)
         try:
@@ -184,14 +184,14 @@ class EnvWorker(Role):
             s.steps += 1
         return to_env_obs(s.id, obs, reward, terminated, truncated, info)
 
-    @op("close", EnvCloseRequest, access="any")
+    @op(ops.ENV_CLOSE)
     async def close(self, req: EnvCloseRequest) -> Ok:
         s = self._session(req.session)
         await self._drop(s, "closed by its client")
         return Ok(detail=f"session {s.id} closed")
 
     # -- datasets -----------------------------------------------------------------------
-    @op("sample", SampleRequest, access="checked")
+    @op(ops.ENV_SAMPLE)
     async def sample(self, req: SampleRequest) -> DatasetBatch:
         """Frames of a local LeRobot v3.0 dataset; readers stay open (bounded) between calls."""
         # n and len(indices) are bounded by SampleRequest itself (at decode, SAMPLE_MAX_FRAMES).
@@ -218,7 +218,7 @@ class EnvWorker(Role):
         return reader
 
     # -- workflows -----------------------------------------------------------------------
-    @op("start_workflow", WorkflowSpec, access="admin")
+    @op(ops.ENV_START_WORKFLOW)
     async def start_workflow(self, req: WorkflowSpec) -> Ok:
         check_token("workload", req.workload)  # its events go to a subject named after it
         if req.hosted:  # the tenant's own env runs only on its own machine (docs/hosted_envs.md)
@@ -242,7 +242,7 @@ class EnvWorker(Role):
         finally:
             self.workflows.pop(workflow.spec.workload, None)
 
-    @op("stop_workflow", WorkloadRef, access="admin")
+    @op(ops.ENV_STOP_WORKFLOW)
     async def stop_workflow(self, req: WorkloadRef) -> Ok:
         workflow = self.workflows.get(req.workload)
         if workflow is None:
@@ -286,8 +286,8 @@ class EnvWorker(Role):
         if workloads:
             assert self.bus is not None
             try:
-                await retry(self.bus.request, self.names.master("handback"),
-                            HandbackRequest(worker=self.instance, workloads=workloads), Ok, timeout_s=10,
+                await retry(self.bus.call, ops.MASTER_HANDBACK,
+                            HandbackRequest(worker=self.instance, workloads=workloads), timeout_s=10,
                             policy=DRAIN_RELEASE)
                 self.log.info("workloads handed back", workloads=workloads)
             except NexusError as exc:

@@ -32,6 +32,7 @@ from typing import Any
 from actors.liveness import Entry, LivenessTable
 from actors.scaler import RateWindow, Scaler, pool_signals_from_beats, signals_from_beats
 from actors.runtime import Role, RoleConfig, op
+from protocol import ops
 from protocol.errors import NexusError, Unavailable
 from protocol.messages import (
     HealthEvent,
@@ -41,7 +42,6 @@ from protocol.messages import (
     InfoRequest,
     Ok,
     RestartRequest,
-    RoleInfo,
     ScaleDecision,
     ScaleRequest,
 )
@@ -164,8 +164,8 @@ class HealthManager(Role):
         """Whether a silent instance still answers ``info`` (slow beats, not a hung process)."""
         assert self.bus is not None
         try:
-            await self.bus.request(self.names.instance_op(hb.role, hb.instance, "info"), InfoRequest(),
-                                   RoleInfo, timeout_s=HUNG_PROBE_TIMEOUT_S)
+            await self.bus.call(ops.INFO.of(hb.role), InfoRequest(), instance=hb.instance,
+                                timeout_s=HUNG_PROBE_TIMEOUT_S)
         except NexusError:  # no responder (gone) or no answer in time (hung)
             return False
         return True
@@ -214,7 +214,7 @@ class HealthManager(Role):
         log("health event", health_event=event, target_role=hb.role, target_instance=hb.instance, reason=reason)
         await self.bus.publish(self.names.health_event(hb.role, hb.instance), ev, span_name=f"health {event}")
 
-    @op("report", HealthReportRequest, access="admin")
+    @op(ops.HEALTH_REPORT)
     async def report(self, req: HealthReportRequest) -> HealthReport:
         alive = [k for k, e in self.table.entries.items() if e.state == "alive"]
         dead = [k for k, e in self.table.entries.items() if e.state == "dead"]

@@ -7,7 +7,7 @@ sent. A tenant's user JWT, signed by its account's key that only the operator ho
 the tag ``nexus-tenant:NAME``. A request with no such header came from inside the platform
 account (a role, the admin's CLI, or a deployment without auth).
 
-Every op declares its access (`actors.runtime.op`):
+Every op declares its access (`protocol.ops`, one table of every op):
 
 - ``tenant`` (the default): the request's ``tenant`` field must be the caller's (an empty
   one, meaning "all tenants" on a listing, becomes the caller's); an op whose request has
@@ -29,9 +29,9 @@ from typing import Any
 from actors.auth import PLATFORM_ACCOUNT
 from actors.creds import tenant_of_tags
 from protocol.errors import PermissionDenied
+from protocol.ops import ACCESS_LEVELS  # noqa: F401 (re-exported: the levels the docstring lists)
 
 REQUEST_INFO_HEADER = "Nats-Request-Info"
-ACCESS_LEVELS = ("tenant", "checked", "admin", "any")
 
 
 @dataclass(frozen=True)

@@ -28,8 +28,9 @@ import threading
 import uuid
 from typing import Any, Literal
 
+from protocol import ops
 from protocol.errors import NexusError, PayloadTooLarge
-from protocol.messages import Ok, UsageCounters, UsageEntry, UsageReport
+from protocol.messages import UsageCounters, UsageEntry, UsageReport
 from protocol.policy import UsageFlush
 from protocol.wire import encode
 
@@ -167,7 +168,7 @@ async def flush(bus: Any, names: Any, meter: Meter, role: str, instance: str, ti
     if report is None:
         return True
     try:
-        await bus.request(names.master("usage_report"), report, Ok, timeout_s=timeout_s)
+        await bus.call(ops.MASTER_USAGE_REPORT, report, timeout_s=timeout_s)
     except PayloadTooLarge as exc:
         # One entry alone past the bound (names are at most 64 characters: not expected). It
         # would never fit: given up, loudly, so the rest of the metering goes on.

@@ -26,6 +26,7 @@ from actors.boards import TenantBoards
 from actors.liveness import Entry, LivenessTable
 from actors.runtime import Role, RoleConfig, op
 from actors.series import SeriesStore
+from protocol import ops
 from protocol.messages import (
     ClusterStatus,
     HealthEvent,
@@ -275,7 +276,7 @@ class Monitor(Role):
             self.store.record("role_restarts", float(self._restarts.get(role, 0)), at=now, role=role)
 
     # -- ops -----------------------------------------------------------------------------
-    @op("status", StatusRequest, access="admin")
+    @op(ops.MONITOR_STATUS)
     async def status(self, req: StatusRequest) -> ClusterStatus:
         self._expire()
         self.table.forget_older_than(RETAIN_S)
@@ -284,7 +285,7 @@ class Monitor(Role):
             rows = [r for r in rows if r.state == "alive"]
         return ClusterStatus(roles=rows, metrics=dict(self.metrics), generated_at=time.time())
 
-    @op("snapshot", SnapshotRequest, access="admin")
+    @op(ops.MONITOR_SNAPSHOT)
     async def snapshot(self, req: SnapshotRequest) -> MonitorSnapshot:
         from protocol.errors import InvalidField
 

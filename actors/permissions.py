@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from protocol import ops
 from protocol.subjects import ROLES, Names
 
 # Users besides the roles that `nexus up` issues: the supervisor (layout, restarts, the
@@ -51,11 +52,13 @@ JS_FLOW = "$JS.FC.>"
 JS_ALL = "$JS.API.>"
 
 # The master's ops each role (or its workflows, on the env worker) calls.
-TRAINER_MASTER_OPS = ("lease", "lease_renew", "lease_release", "job_update", "checkpoint_commit",
-                      "checkpoint_get", "tenant_get", "usage_report")
+TRAINER_MASTER_OPS = (ops.MASTER_LEASE, ops.MASTER_LEASE_RENEW, ops.MASTER_LEASE_RELEASE, ops.MASTER_JOB_UPDATE,
+                      ops.MASTER_CHECKPOINT_COMMIT, ops.MASTER_CHECKPOINT_GET, ops.MASTER_TENANT_GET,
+                      ops.MASTER_USAGE_REPORT)
 # The env worker's workflow loops (workflows/, on the SDK's primitives) and its hand-back.
-ENV_MASTER_OPS = ("handback", "usage_report", "tenant_get", "reserve", "queue_put", "mark_ready",
-                  "job", "rollout_begin", "rollout_end")
+ENV_MASTER_OPS = (ops.MASTER_HANDBACK, ops.MASTER_USAGE_REPORT, ops.MASTER_TENANT_GET, ops.MASTER_RESERVE,
+                  ops.MASTER_QUEUE_PUT, ops.MASTER_MARK_READY, ops.MASTER_JOB, ops.MASTER_ROLLOUT_BEGIN,
+                  ops.MASTER_ROLLOUT_END)
 
 
 def _kv(bucket: str, keys: str = ">") -> str:
@@ -70,7 +73,7 @@ def _common(n: Names, role: str) -> tuple[list[str], list[str]]:
     """(pub, sub) of every role (`actors.runtime.Role`): its own ops, beats, metrics, and
     its record in the services bucket; and `info` of its own instances (the container health
     probe, deploy/compose/probe.py, asks its instance as the role's user)."""
-    pub = [f"{n.prefix}.health.heartbeat.{role}.*", n.metrics_all, f"{n.prefix}.svc.{role}.*.info",
+    pub = [f"{n.prefix}.health.heartbeat.{role}.*", n.metrics_all, ops.INFO.of(role).instance_pattern(n),
            "$JS.API.INFO", f"$JS.API.STREAM.INFO.{_stream_of_kv(n.kv_services)}", _kv(n.kv_services, f"{role}.*")]
     sub = [n.role_ops(role), f"{n.prefix}.svc.{role}.*.*", _INBOX]
     return pub, sub
@@ -86,27 +89,27 @@ def role_permissions(role: str, prefix: str) -> dict[str, Any]:
         # ensure_layout creates the streams and buckets; the ready check reads the services
         # bucket and asks the monitor; the health manager asks it for restarts; `nexus scale
         # trainer 0` asks the master whether jobs still wait.
-        pub = [JS_ALL, _kv(n.kv_services), n.role_op("monitor", "status"), n.master("jobs")]
+        pub = [JS_ALL, _kv(n.kv_services), ops.MONITOR_STATUS.subject(n), ops.MASTER_JOBS.subject(n)]
         sub = [f"{p}.supervisor.*", _INBOX]
     else:
         pub, sub = _common(n, role)
         if role == "health":
-            pub += [f"{p}.svc.*.*.info", n.supervisor("restart"), f"{p}.health.events.*.*",
+            pub += [ops.INFO.instance_pattern(n), n.supervisor("restart"), f"{p}.health.events.*.*",
                     n.supervisor("scale"), f"{p}.scale.decisions.*"]  # its scaler (NEXUS_SCALER)
             sub += [n.heartbeat_all]
         elif role == "monitor":
             sub += [n.heartbeat_all, n.health_events_all, n.metrics_all, n.workload_events_all,
                     n.tenant_deleted_all, n.scale_decisions_all]
         elif role == "inferencer":
-            pub += [n.master("usage_report"), *JS_READ, JS_FLOW]
+            pub += [ops.MASTER_USAGE_REPORT.subject(n), *JS_READ, JS_FLOW]
             sub += [f"{p}.infer.*", n.weights_all, n.tenant_deleted_all, n.tenant_updated_all]
         elif role == "trainer":
-            pub += [*(n.master(op) for op in TRAINER_MASTER_OPS), n.weights_all, *JS_READ, JS_FLOW,
+            pub += [*(o.subject(n) for o in TRAINER_MASTER_OPS), n.weights_all, *JS_READ, JS_FLOW,
                     _kv(n.kv_versions, "*"), f"$O.{n.obj_weights}.>", f"$O.{n.obj_checkpoints}.>",
                     f"$JS.API.STREAM.PURGE.OBJ_{n.obj_weights}", f"$JS.API.STREAM.PURGE.OBJ_{n.obj_checkpoints}"]
             sub += [n.sched_ready, n.tenant_deleted_all]
         elif role == "env":
-            pub += [*(n.master(op) for op in ENV_MASTER_OPS), n.role_op("trainer", "export_params"),
+            pub += [*(o.subject(n) for o in ENV_MASTER_OPS), ops.TRAINER_EXPORT_PARAMS.subject(n),
                     f"{p}.infer.*", f"{p}.workloads.events.*", *JS_READ, JS_FLOW]
         elif role == "master":
             from actors.layout import kv_buckets, object_buckets
@@ -114,9 +117,9 @@ def role_permissions(role: str, prefix: str) -> dict[str, Any]:
             pub += [JS_ALL, "$JS.ACK.>", JS_FLOW, *(_kv(b) for b in kv_buckets(n)),
                     *(f"$O.{b}.>" for b in object_buckets(n)),
                     f"{p}.tq.>", n.sched_ready, f"{p}.tenants.>", f"{p}.workloads.events.*",
-                    f"{p}.tenant_events.>", n.env("start_workflow"), f"{p}.svc.*.*.info",
-                    f"{p}.svc.env.*.stop_workflow", n.role_op("trainer", "init_weights"),
-                    n.master("usage_report")]
+                    f"{p}.tenant_events.>", ops.ENV_START_WORKFLOW.subject(n), ops.INFO.instance_pattern(n),
+                    ops.ENV_STOP_WORKFLOW.instance_pattern(n), ops.TRAINER_INIT_WEIGHTS.subject(n),
+                    ops.MASTER_USAGE_REPORT.subject(n)]
             sub += [n.health_events_all, n.weights_all, n.workload_events_all]
     return {"pub": {"allow": _unique(pub)}, "sub": {"allow": _unique(sub)},
             "resp": {"max": REPLY_MAX, "ttl": REPLY_TTL_S * 1_000_000_000}}

@@ -1,12 +1,16 @@
 """The role runtime every process (master, trainer, inferencer, env, health, monitor) uses.
 
-A role subclasses `Role`, sets ``name``, and declares its ops with `@op`::
+A role subclasses `Role`, sets ``name``, and serves its ops of the one op table
+(`protocol.ops`: role, name, request and reply types, access) with `@op`::
 
     class Monitor(Role):
         name = "monitor"
 
-        @op("status", StatusRequest)
+        @op(ops.MONITOR_STATUS)
         async def status(self, req: StatusRequest) -> ClusterStatus: ...
+
+A role whose handlers and the table's ops of its role disagree (a handler for an op not in
+the table, or a table op without a handler) refuses to start, naming them.
 
 The runtime then, in order:
   1. connects to NATS (reconnecting forever) and installs the process's tracer and logger;
@@ -56,7 +60,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from actors.auth import PLATFORM_ACCOUNT
 from actors.creds import creds_from_env, redact_url
 from actors.bus import Bus, is_broker_outage, js_retry
-from actors.identity import ACCESS_LEVELS, Caller, authorize, caller_from_headers, check_reply, reset_caller, set_caller
+from actors.identity import Caller, authorize, caller_from_headers, check_reply, reset_caller, set_caller
 from actors.logs import bound_request, configure_logging
 from actors.tracing import extract, inject, messaging, nexus_attrs, setup_tracing, shutdown_tracing, trace_id_hex
 from protocol.errors import (BACK_PRESSURE_CODES, Busy, Draining, InternalError, NexusError, PayloadTooLarge,
@@ -72,6 +76,8 @@ from protocol.messages import (
     RoleState,
     ServiceRecord,
 )
+from protocol import ops
+from protocol.ops import Op
 from protocol.policy import BROKER_RETRY_AFTER_S, LOOP_HEALTHY_S, LOOP_RESTART, RetryPolicy
 from protocol.settings import RoleSettings
 from protocol.subjects import Names, check_token
@@ -186,30 +192,63 @@ class LoopState:
     starts: int = 0
 # Ops an operator needs on a saturated role (inspect it, drain it): admitted up to twice
 # max_pending, so a flood of ordinary requests cannot lock them out.
-CONTROL_OPS = frozenset({"info", "drain"})
+CONTROL_OPS = frozenset({ops.INFO.name, ops.DRAIN.name})
 
 
 @dataclass(frozen=True)
 class OpSpec:
-    name: str
-    request: type
+    """An op of the table and the name of the method that serves it."""
+
+    op: Op
     handler_name: str
-    access: str = "tenant"  # who may call it: see actors.identity
 
 
-def op(name: str, request: type, access: str = "tenant") -> Callable[[Callable], Callable]:
-    """Mark a coroutine method as the handler of ``<prefix>.<role>.<name>``.
-
-    ``access`` (`actors.identity`): ``tenant`` (the request's tenant is the caller's),
-    ``checked`` (the handler calls `require_tenant`), ``admin`` or ``any``."""
-    if access not in ACCESS_LEVELS:
-        raise ValueError(f"access: {access!r} is not one of {ACCESS_LEVELS}")
+def op(spec: Op) -> Callable[[Callable], Callable]:
+    """Mark a coroutine method as the handler of ``spec`` (one of `protocol.ops`): its
+    request type, reply type and access come from there."""
+    if not isinstance(spec, Op):
+        raise TypeError(f"@op takes an op of protocol.ops (e.g. @op(ops.MASTER_LEASE)), not {spec!r}")
 
     def wrap(fn: Callable) -> Callable:
-        fn.__nexus_op__ = OpSpec(name, request, fn.__name__, access)  # type: ignore[attr-defined]
+        fn.__nexus_op__ = OpSpec(spec, fn.__name__)  # type: ignore[attr-defined]
         return fn
 
     return wrap
+
+
+def declared_ops(role_cls: type) -> dict[str, OpSpec]:
+    """op name -> the `OpSpec` of each ``@op`` handler of ``role_cls`` and its bases (a
+    subclass's handler of an op replaces its base's)."""
+    found: dict[str, OpSpec] = {}
+    for klass in reversed(role_cls.__mro__):
+        for attr in vars(klass).values():
+            spec = getattr(attr, "__nexus_op__", None)
+            if spec is not None:
+                found[spec.op.name] = spec
+    return found
+
+
+def check_ops(role_cls: type[Role]) -> dict[str, Op]:
+    """The ops ``role_cls`` serves, bound to its role (op name -> `Op`), after checking its
+    handlers against its table (`Role.op_table`): one handler per op, none outside it.
+    Raises TypeError naming every mismatch."""
+    table = {o.name: o for o in role_cls.op_table()}
+    declared = declared_ops(role_cls)
+    problems = []
+    for name, spec in sorted(declared.items()):
+        served = spec.op.of(role_cls.name) if spec.op.role == ops.EVERY_ROLE else spec.op
+        if name not in table:
+            problems.append(f"handler {spec.handler_name} serves {spec.op.role}.{name}, which is not an op "
+                            f"of role {role_cls.name!r} in protocol/ops.py (add it there)")
+        elif served != table[name]:
+            problems.append(f"handler {spec.handler_name} serves an op {spec.op.role}.{name} other than the "
+                            "table's (another request, reply or access)")
+    problems += [f"op {o.role}.{name} of the table has no handler (add an @op(ops...) method)"
+                 for name, o in sorted(table.items()) if name not in declared]
+    if problems:
+        raise TypeError(f"{role_cls.__name__} (role {role_cls.name!r}) does not match its op table: "
+                        + "; ".join(problems))
+    return table
 
 
 class Role:
@@ -218,6 +257,12 @@ class Role:
     loop_restart: ClassVar[RetryPolicy] = LOOP_RESTART
     # The inference pool this instance serves (an inferencer sets it), carried on its beats.
     pool: str = ""
+
+    @classmethod
+    def op_table(cls) -> tuple[Op, ...]:
+        """The ops this role must serve: its role's in `protocol.ops`. Only a test role, whose
+        ops are no part of the platform, returns its own."""
+        return ops.ops_of(cls.name)
 
     def __init__(self, cfg: RoleConfig) -> None:
         if not self.name:
@@ -270,8 +315,7 @@ class Role:
         return {"memory_bytes": float(rss_bytes())}, {}
 
     # -- built-in ops --------------------------------------------------------------------
-    # info carries role internals (an inferencer's tenants and versions): platform only.
-    @op("info", InfoRequest, access="admin")
+    @op(ops.INFO)
     async def _op_info(self, req: InfoRequest) -> RoleInfo:
         return RoleInfo(
             role=self.name,
@@ -286,7 +330,7 @@ class Role:
             extra=self.info_extra(),
         )
 
-    @op("drain", DrainRequest, access="admin")
+    @op(ops.DRAIN)
     async def _op_drain(self, req: DrainRequest) -> Ok:
         self.log.info("drain requested", reason=req.reason)
         self.request_stop()
@@ -424,6 +468,7 @@ class Role:
             name=f"{self.name}.{self.instance}",
             tracer=self.tracer,
             creds=self.cfg.creds,
+            prefix=self.cfg.prefix,
             disconnected_cb=self._on_disconnect,
             reconnected_cb=self._on_reconnect,
             error_cb=self._on_nats_error,
@@ -603,14 +648,10 @@ class Role:
             await asyncio.sleep(self.cfg.heartbeat_interval_s)
 
     # -- request dispatch ----------------------------------------------------------------
-    def _collect_ops(self) -> dict[str, tuple[OpSpec, Handler]]:
-        ops: dict[str, tuple[OpSpec, Handler]] = {}
-        for klass in reversed(type(self).__mro__):
-            for attr in vars(klass).values():
-                spec = getattr(attr, "__nexus_op__", None)
-                if spec is not None:
-                    ops[spec.name] = (spec, getattr(self, spec.handler_name))
-        return ops
+    def _collect_ops(self) -> dict[str, tuple[Op, Handler]]:
+        table = check_ops(type(self))
+        return {name: (table[name], getattr(self, spec.handler_name))
+                for name, spec in declared_ops(type(self)).items()}
 
     async def _on_request(self, msg: Msg) -> None:
         # The subscription calls us one message at a time; hand each request to its own
@@ -697,7 +738,7 @@ class Role:
                 f"{self.name} has no op {op_name!r}; known ops: {sorted(self._ops)}",
                 details={"op": op_name},
             )
-        if self.state in ("draining", "stopped") and op_name not in ("info", "drain"):
+        if self.state in ("draining", "stopped") and op_name not in CONTROL_OPS:
             raise Draining(f"{self.name}.{self.instance} is draining; retry on another instance")
         spec, handler = entry
         req = decode(data, spec.request)

@@ -40,6 +40,7 @@ from actors.budget import lru_victims, mib
 from actors.bus import js_retry, retry_through_outage
 from actors.weights import (MANIFEST_FORMAT, base_identity, check_manifest, get_manifest, get_object,
                              manifest_name, weights_name)
+from protocol import ops
 from protocol.codec import packb, unpackb
 from protocol.errors import CapacityExceeded, InternalError, InvalidField, NotFound
 from protocol.messages import CheckpointGetRequest, CheckpointRef, TenantConfig, WeightsRef
@@ -161,8 +162,8 @@ class SlotStore:
 
     async def committed(self, tenant: str) -> CheckpointRef:
         """The master's checkpoint pointer for ``tenant`` (authoritative; rides out a restart)."""
-        return await retry_through_outage(self.bus.request, self.names.master("checkpoint_get"),
-                                          CheckpointGetRequest(tenant=tenant), CheckpointRef, timeout_s=10)
+        return await retry_through_outage(self.bus.call, ops.MASTER_CHECKPOINT_GET,
+                                          CheckpointGetRequest(tenant=tenant), timeout_s=10)
 
     async def slot(self, cfg: TenantConfig) -> Resident:
         """The tenant's slot, created or brought up to its committed checkpoint."""

@@ -39,6 +39,7 @@ import orjson
 
 from actors.bus import Bus
 from actors.auth import AuthStore
+from protocol import ops
 from protocol.base_names import REGISTERED_BASE_PREFIX, known_presets
 from actors.creds import ENV_CREDS, creds_from_env
 from actors.permissions import SUPERVISOR
@@ -47,11 +48,9 @@ from actors.layout import ensure_layout, read_deployment_settings
 from protocol.errors import Draining, FailedPrecondition, InternalError, InvalidField, NexusError, NotFound, Unavailable
 from protocol.messages import (
     DEFAULT_TQ_MAX_BYTES,
-    ClusterStatus,
     DeploymentSettings,
     ErrorReply,
     Ok,
-    JobsReply,
     JobsRequest,
     RestartRequest,
     ScaleRequest,
@@ -536,7 +535,8 @@ class Supervisor:
 
     async def _wait_ready(self, keys: list[str] | None = None) -> None:
         """Until the children in ``keys`` (default: all) registered ready and the monitor saw them."""
-        bus = await Bus.connect(self.nats_url, name="supervisor", reconnect_forever=False, creds=self.creds)
+        bus = await Bus.connect(self.nats_url, name="supervisor", reconnect_forever=False, creds=self.creds,
+                                prefix=self.names.prefix)
         try:
             kv = await bus.js.key_value(self.names.kv_services)
             deadline = time.monotonic() + self.cfg.ready_timeout_s
@@ -575,8 +575,7 @@ class Supervisor:
     async def _wait_monitor_sees_all(self, bus: Bus, deadline: float, want: set[str]) -> None:
         while True:
             try:
-                status = await bus.request(self.names.role_op("monitor", "status"),
-                                           StatusRequest(include_dead=False), ClusterStatus, timeout_s=2)
+                status = await bus.call(ops.MONITOR_STATUS, StatusRequest(include_dead=False), timeout_s=2)
                 seen = {r.instance for r in status.roles if r.state == "alive"}
             except NexusError:
                 seen = set()
@@ -679,7 +678,8 @@ class Supervisor:
 
     # -- restart requests ----------------------------------------------------------------
     async def _serve_restarts(self) -> None:
-        self._control = await Bus.connect(self.nats_url, name="supervisor-control", creds=self.creds)
+        self._control = await Bus.connect(self.nats_url, name="supervisor-control", creds=self.creds,
+                                          prefix=self.names.prefix)
         await self._control.nc.subscribe(self.names.supervisor("restart"), cb=self._on_restart)
         await self._control.nc.subscribe(self.names.supervisor("scale"), cb=self._on_restart)
 
@@ -893,8 +893,8 @@ class Supervisor:
         """Zero trainers while the master holds a job that still needs one would strand it."""
         assert self._control is not None
         try:
-            reply = await self._control.request(self.names.master("jobs"), JobsRequest(states=JOBS_WAITING, limit=1),
-                                                JobsReply, timeout_s=JOBS_CHECK_TIMEOUT_S)
+            reply = await self._control.call(ops.MASTER_JOBS, JobsRequest(states=JOBS_WAITING, limit=1),
+                                             timeout_s=JOBS_CHECK_TIMEOUT_S)
         except NexusError as exc:
             raise Unavailable(f"trainer=0 needs the master to say no job waits, and it did not answer: {exc.message}",
                               details={"role": "trainer"}) from None

@@ -44,13 +44,12 @@ from actors.tracing import JobSpans
 from actors.tq_read import read_job_items
 from actors.train_loop import TrainLoop, Work
 from actors.trainer_ranks import Entry, RankLost
+from protocol import ops
 from protocol.errors import Busy, Conflict, FailedPrecondition, NexusError, NotFound
 from protocol.messages import (
     is_slot_reset,
     CheckpointCommitRequest,
-    CheckpointRef,
     LeaseReleaseRequest,
-    LeaseRenewReply,
     LeaseRenewRequest,
     ExportRequest,
     GetTenantRequest,
@@ -58,7 +57,6 @@ from protocol.messages import (
     JobRecord,
     JobRef,
     JobUpdate,
-    LeaseReply,
     LeaseRequest,
     LoadWeightsRequest,
     Ok,
@@ -271,8 +269,8 @@ class Trainer(Role):
 
     async def _tenant(self, name: str) -> TenantConfig:
         assert self.bus is not None
-        return await retry_through_outage(self.bus.request, self.names.master("tenant_get"),
-                                          GetTenantRequest(tenant=name), TenantConfig, timeout_s=10)
+        return await retry_through_outage(self.bus.call, ops.MASTER_TENANT_GET,
+                                          GetTenantRequest(tenant=name), timeout_s=10)
 
     async def slot_for(self, job: JobRecord) -> Resident:
         """The job's tenant slot, brought up to its committed checkpoint."""
@@ -293,10 +291,9 @@ class Trainer(Role):
     async def lease_jobs(self, max_jobs: int) -> list[JobRecord]:
         """Up to ``max_jobs`` ready jobs, picked by the master's scheduler, leased to this trainer."""
         assert self.bus is not None
-        reply = await self.bus.request(
-            self.names.master("lease"),
-            LeaseRequest(trainer=self.instance, max_jobs=max_jobs, lease_s=self.tcfg.lease_s), LeaseReply,
-            timeout_s=10)
+        reply = await self.bus.call(
+            ops.MASTER_LEASE,
+            LeaseRequest(trainer=self.instance, max_jobs=max_jobs, lease_s=self.tcfg.lease_s), timeout_s=10)
         return reply.jobs
 
     async def read_items(self, job: JobRecord) -> list[QueuePutRequest]:
@@ -333,7 +330,7 @@ class Trainer(Role):
             req = LeaseRenewRequest(trainer=self.instance, jobs=[JobRef(tenant=j.tenant, job=j.job) for j in held],
                                     epochs=[j.lease_epoch for j in held], lease_s=self.tcfg.lease_s)
             try:
-                reply = await self.bus.request(self.names.master("lease_renew"), req, LeaseRenewReply, timeout_s=10)
+                reply = await self.bus.call(ops.MASTER_LEASE_RENEW, req, timeout_s=10)
             except NexusError as exc:
                 # The master is restarting: keep training; the commit fence decides in the end.
                 self.log.warning("lease renewal failed", error=exc.message)
@@ -354,7 +351,7 @@ class Trainer(Role):
         req = LeaseReleaseRequest(trainer=self.instance, jobs=[JobRef(tenant=j.tenant, job=j.job) for j in jobs],
                                   epochs=[j.lease_epoch for j in jobs], reason=reason)
         try:
-            await retry(self.bus.request, self.names.master("lease_release"), req, Ok, timeout_s=5,
+            await retry(self.bus.call, ops.MASTER_LEASE_RELEASE, req, timeout_s=5,
                         policy=DRAIN_RELEASE)
             self.released += len(jobs)
             self.log.info("released jobs", jobs=[j.job for j in jobs], reason=reason)
@@ -539,7 +536,7 @@ class Trainer(Role):
         # A master restart must not strand a job we hold: updates are idempotent, so retry
         # through the outage (bounded) instead of dropping the job until its lease expires.
         rec = await retry_through_outage(
-            self.bus.request, self.names.master("job_update"), update, JobRecord, timeout_s=10,
+            self.bus.call, ops.MASTER_JOB_UPDATE, update, timeout_s=10,
             on_retry=lambda exc: self.log.warning("master unavailable; retrying job update", job=job.job,
                                                   state=state, error=exc.message))
         job.state = rec.state
@@ -561,15 +558,15 @@ class Trainer(Role):
             self.unhold(job.job)  # after the report: its span closes with the failed state
 
     # -- low-level ops -------------------------------------------------------------------
-    @op("train_batch", JobRef)
+    @op(ops.TRAINER_TRAIN_BATCH)
     async def train_batch(self, req: JobRef) -> TrainBatchReply:
         """Train one ready job now (a custom algorithm's step), then export it."""
         assert self.bus is not None
         check_token("job", req.job)  # an empty job would make the lease pick any ready jobs
-        reply = await self.bus.request(
-            self.names.master("lease"),
+        reply = await self.bus.call(
+            ops.MASTER_LEASE,
             LeaseRequest(trainer=self.instance, job=req.job, tenant=req.tenant, lease_s=self.tcfg.lease_s),
-            LeaseReply, timeout_s=10)
+            timeout_s=10)
         if not reply.jobs:
             raise FailedPrecondition(f"job {req.job} was dropped as stale: {reply.dropped_stale[0].reason}")
         # It joins the running group at the next step (after its tenant's job here, if any).
@@ -600,14 +597,14 @@ class Trainer(Role):
         finally:
             self.compute.release()
 
-    @op("export_params", ExportRequest)
+    @op(ops.TRAINER_EXPORT_PARAMS)
     async def export_params(self, req: ExportRequest) -> WeightsRef:
         assert self.store is not None
         async with self._quiet(req.tenant):
             await self.store.slot(await self._tenant(req.tenant))
             return await self.store.export(req.tenant, {})
 
-    @op("init_weights", InitWeightsRequest, access="admin")
+    @op(ops.TRAINER_INIT_WEIGHTS)
     async def init_weights(self, req: InitWeightsRequest) -> Ok:
         """The master at submit: a new tenant starts from weights it uploaded (master/uploads.py)."""
         assert self.store is not None
@@ -615,7 +612,7 @@ class Trainer(Role):
         return Ok(detail=f"{req.config.name} starts from {req.weights}"
                          + (f" and {req.adapter}" if req.adapter else "") + f" as version {ref.version}")
 
-    @op("load_weights", LoadWeightsRequest)
+    @op(ops.TRAINER_LOAD_WEIGHTS)
     async def load_weights(self, req: LoadWeightsRequest) -> Ok:
         assert self.store is not None
         # The runtime checked the slot is the caller's; the object read must be too
@@ -634,9 +631,9 @@ class Trainer(Role):
             res = self.store.resident[req.tenant]
             name = await self.store.write_checkpoint(req.tenant, f"w{time.time_ns()}")
             try:
-                await self.bus.request(self.names.master("checkpoint_commit"), CheckpointCommitRequest(
+                await self.bus.call(ops.MASTER_CHECKPOINT_COMMIT, CheckpointCommitRequest(
                     tenant=req.tenant, object_name=name, base_checkpoint=res.checkpoint_name, trainer=self.instance,
-                    step=res.slot.step_count, version=res.slot.policy_version), CheckpointRef, timeout_s=10)
+                    step=res.slot.step_count, version=res.slot.policy_version), timeout_s=10)
             except NexusError:
                 await self.store.delete_checkpoint(name)
                 await self.store.reload(req.tenant)

@@ -730,9 +730,10 @@ class Chaos:
         import protocol.messages as m
 
         if hasattr(m, "CheckpointGetRequest"):
-            ref = await self.client.bus.request(self.names.master("checkpoint_get"),
-                                                m.CheckpointGetRequest(tenant=tenant), m.CheckpointRef,
-                                                timeout_s=REQUEST_TIMEOUT_S)
+            from protocol import ops
+
+            ref = await self.client.bus.call(ops.MASTER_CHECKPOINT_GET, m.CheckpointGetRequest(tenant=tenant),
+                                             timeout_s=REQUEST_TIMEOUT_S)
             return ref.object_name or None
         from nats.js.errors import ObjectNotFoundError
 

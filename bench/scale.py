@@ -60,6 +60,7 @@ import numpy as np
 
 from bench.chaos import Deployment
 from bench.chaos_audit import percentile
+from protocol import ops
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -235,7 +236,7 @@ def _summary(values: list[float]) -> dict[str, float]:
 
 async def drive(dep: ScaleDeployment, n: int, active: int, args: argparse.Namespace) -> dict[str, Any]:
     from protocol.errors import NexusError
-    from protocol.messages import InfoRequest, RoleInfo, TenantConfig, WorkloadEvent
+    from protocol.messages import InfoRequest, TenantConfig, WorkloadEvent
     from protocol.wire import decode
     from sdk.client import AsyncClient
 
@@ -315,7 +316,7 @@ async def drive(dep: ScaleDeployment, n: int, active: int, args: argparse.Namesp
             os.kill(pid, signal.SIGKILL)
             while time.monotonic() - t0 < args.restart_timeout_s:
                 try:
-                    info = await c.bus.request(c.names.role_op("master", "info"), InfoRequest(), RoleInfo, timeout_s=2)
+                    info = await c.bus.call(ops.INFO.of("master"), InfoRequest(), timeout_s=2)
                     if info.instance != old:
                         break
                 except NexusError:  # not up yet: no responder (Unavailable) or a timeout

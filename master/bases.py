@@ -20,6 +20,7 @@ import time
 from actors.bus import js_retry
 from actors.identity import Caller, current_caller
 from actors.runtime import op
+from protocol import ops
 from protocol.errors import CapacityExceeded, InvalidField
 from protocol.messages import BaseAddRequest, BasesReply, BasesRequest, RegisteredBase
 from protocol.policy import MAX_REGISTERED_BASES
@@ -48,7 +49,7 @@ class BaseOps:
             except Exception as exc:  # a record of another version: skip it, say so
                 self.log.warning("unreadable base record", key=key, error=str(exc))
 
-    @op("base_add", BaseAddRequest, access="admin")
+    @op(ops.MASTER_BASE_ADD)
     async def base_add(self, req: BaseAddRequest) -> RegisteredBase:
         """Register (or move) ``req.name`` -> the directory ``req.path`` on the master's host."""
         check_token("name", req.name)
@@ -66,7 +67,7 @@ class BaseOps:
         self.log.info("base registered", name=req.name, path=path)
         return rec
 
-    @op("bases", BasesRequest, access="any")
+    @op(ops.MASTER_BASES)
     async def list_bases(self, req: BasesRequest) -> BasesReply:
         from master.spec import known_presets
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import time
 
 from actors.runtime import op
+from protocol import ops
 from protocol.errors import FailedPrecondition, NotFound, QuotaExceeded
 from protocol.messages import (
     HostedClaimReply,
@@ -76,7 +77,7 @@ class HostedOps:
         return (f"; NO hosted env process of tenant {tenant!r} is connected: the workload waits up to "
                 f"{self.hosted_wait_s:g} s (NEXUS_HOSTED_WAIT_S) for one, then fails; start {serve_hint(tenant)}")
 
-    @op("hosted_claim", HostedClaimRequest)  # access tenant: only the caller's own tenant
+    @op(ops.MASTER_HOSTED_CLAIM)
     async def hosted_claim(self, req: HostedClaimRequest) -> HostedClaimReply:
         tenant = check_token("tenant", req.tenant)
         process = check_token("process", req.process)
@@ -135,7 +136,7 @@ class HostedOps:
         return HostedClaimReply(lease_s=self.hosted_lease_s, start=start, stop=stop,
                                 processes=self.hosted_processes(tenant))
 
-    @op("hosted_event", HostedEventRequest)  # access tenant: only the caller's own tenant
+    @op(ops.MASTER_HOSTED_EVENT)
     async def hosted_event(self, req: HostedEventRequest) -> Ok:
         ev = req.event
         process = check_token("process", req.process)

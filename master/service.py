@@ -63,6 +63,7 @@ from master.uploads import UploadOps
 from master.tenant_files import remove_tenant_files
 from master.workloads import WorkloadOps, report_file
 from master.validate import validate_put
+from protocol import ops
 from protocol.errors import Unavailable
 from protocol.errors import (Busy, CapacityExceeded, Conflict, FailedPrecondition, InvalidField, NexusError, NotFound,
                              QuotaExceeded)
@@ -79,7 +80,6 @@ from protocol.messages import (
     LeaseReleaseRequest,
     LeaseRenewReply,
     LeaseRenewRequest,
-    RoleInfo,
     CreateTenantRequest,
     GetTenantRequest,
     HealthEvent,
@@ -290,8 +290,7 @@ class Master(WorkloadOps, HostedOps, UsageOps, BaseOps, UploadOps, Role):
         (busy or hung: the health manager's watch decides that)."""
         assert self.bus is not None
         try:
-            await self.bus.request(self.names.instance_op(role, instance, "info"), InfoRequest(), RoleInfo,
-                                   timeout_s=3)
+            await self.bus.call(ops.INFO.of(role), InfoRequest(), instance=instance, timeout_s=3)
             return True
         except NexusError as exc:
             return not isinstance(exc, Unavailable)
@@ -328,7 +327,7 @@ class Master(WorkloadOps, HostedOps, UsageOps, BaseOps, UploadOps, Role):
         return rec
 
     # -- tenants -------------------------------------------------------------------------
-    @op("tenant_create", CreateTenantRequest, access="checked")
+    @op(ops.MASTER_TENANT_CREATE)
     async def tenant_create(self, req: CreateTenantRequest) -> TenantConfig:
         cfg = req.config
         check_token("config.name", cfg.name)
@@ -390,7 +389,7 @@ class Master(WorkloadOps, HostedOps, UsageOps, BaseOps, UploadOps, Role):
         # Replicas, byte limit and dedup window come from the deployment (actors/layout.py).
         await ensure_tq_stream(self.bus.js, self.names, tenant, self.deployment)
 
-    @op("tenant_delete", TenantDeleteRequest, access="admin")
+    @op(ops.MASTER_TENANT_DELETE)
     async def tenant_delete(self, req: TenantDeleteRequest) -> TenantDeleted:
         """Remove everything of a tenant; trainers and inferencers drop it on the announcement."""
         assert self.bus is not None
@@ -424,7 +423,7 @@ class Master(WorkloadOps, HostedOps, UsageOps, BaseOps, UploadOps, Role):
         self.log.info("tenant deleted", tenant=req.tenant, **removed)
         return event
 
-    @op("tenant_reset", TenantResetRequest)
+    @op(ops.MASTER_TENANT_RESET)
     async def tenant_reset(self, req: TenantResetRequest) -> TenantDeleted:
         """Drop a tenant's slot (config, versions, checkpoints, job records, queue stream) so
         its next submit registers a new schema. Its account and credentials (the CLI's), its
@@ -512,7 +511,7 @@ class Master(WorkloadOps, HostedOps, UsageOps, BaseOps, UploadOps, Role):
                     except ObjectNotFoundError:
                         pass
 
-    @op("tenant_show", GetTenantRequest)
+    @op(ops.MASTER_TENANT_SHOW)
     async def tenant_show(self, req: GetTenantRequest) -> TenantShow:
         """One tenant as its owner sees it: config (schema, head, base), newest version,
         quotas in force, workload ids. Access ``tenant``: a tenant sees itself (an empty name
@@ -530,11 +529,11 @@ class Master(WorkloadOps, HostedOps, UsageOps, BaseOps, UploadOps, Role):
         return TenantShow(tenant=tenant, config=cfg, version=max(0, self.sched.versions.get(tenant, 0)),
                           quotas=quotas, quotas_default=cfg is None or cfg.quotas is None, workloads=history)
 
-    @op("tenant_get", GetTenantRequest)
+    @op(ops.MASTER_TENANT_GET)
     async def tenant_get(self, req: GetTenantRequest) -> TenantConfig:
         return self._tenant(req.tenant)
 
-    @op("weights_read", WeightsReadRequest)
+    @op(ops.MASTER_WEIGHTS_READ)
     async def weights_read(self, req: WeightsReadRequest) -> WeightsChunk:
         """A slice of a tenant's exported policy (or its manifest): the download path of a
         client without JetStream. The whole object is read, and the last few kept, so a
@@ -561,7 +560,7 @@ class Master(WorkloadOps, HostedOps, UsageOps, BaseOps, UploadOps, Role):
         return WeightsChunk(tenant=req.tenant, version=version, object_name=name, offset=req.offset,
                             total=len(data), data=data[req.offset:req.offset + req.max_bytes])
 
-    @op("list", ListRequest, access="admin")
+    @op(ops.MASTER_LIST)
     async def list(self, req: ListRequest) -> ListReply:
         """Tenant names (at most NEXUS_MAX_TENANTS) and one page of workload ids (KV's keys)."""
         from master.paging import page
@@ -571,7 +570,7 @@ class Master(WorkloadOps, HostedOps, UsageOps, BaseOps, UploadOps, Role):
         return ListReply(tenants=sorted(self.sched.tenants), workloads=ids, next_cursor=cursor)
 
     # -- training queue ------------------------------------------------------------------
-    @op("reserve", ReserveRequest)
+    @op(ops.MASTER_RESERVE)
     async def reserve(self, req: ReserveRequest) -> JobRecord:
         async with self._lock:
             tenant = self._tenant(req.tenant)
@@ -601,7 +600,7 @@ class Master(WorkloadOps, HostedOps, UsageOps, BaseOps, UploadOps, Role):
                 self._keys[(tenant.name, req.key)] = job.job
             return await self._save(job)
 
-    @op("queue_put", QueuePutRequest)
+    @op(ops.MASTER_QUEUE_PUT)
     async def queue_put(self, req: QueuePutRequest) -> QueuePutReply:
         assert self.bus is not None
         job = self._job(req.tenant, req.job)
@@ -659,7 +658,7 @@ class Master(WorkloadOps, HostedOps, UsageOps, BaseOps, UploadOps, Role):
                                      "it is not part of the job")
         return QueuePutReply(tenant=job.tenant, job=job.job, items=job.items, duplicate=bool(ack.duplicate))
 
-    @op("mark_ready", JobRef)
+    @op(ops.MASTER_MARK_READY)
     async def mark_ready(self, req: JobRef) -> JobRecord:
         assert self.bus is not None
         async with self._lock:
@@ -674,7 +673,7 @@ class Master(WorkloadOps, HostedOps, UsageOps, BaseOps, UploadOps, Role):
         await self.bus.nc.publish(self.names.sched_ready, b"")
         return job
 
-    @op("lease", LeaseRequest, access="admin")
+    @op(ops.MASTER_LEASE)
     async def lease(self, req: LeaseRequest) -> LeaseReply:
         check_token("trainer", req.trainer)
         if not 1 <= req.max_jobs <= 256:
@@ -712,7 +711,7 @@ class Master(WorkloadOps, HostedOps, UsageOps, BaseOps, UploadOps, Role):
             self.log.warning("dropped stale job", tenant=job.tenant, job=job.job, reason=job.reason)
         return LeaseReply(jobs=leased, dropped_stale=stale)
 
-    @op("job_update", JobUpdate, access="admin")
+    @op(ops.MASTER_JOB_UPDATE)
     async def job_update(self, req: JobUpdate) -> JobRecord:
         async with self._lock:
             job = self._job(req.tenant, req.job)
@@ -746,7 +745,7 @@ class Master(WorkloadOps, HostedOps, UsageOps, BaseOps, UploadOps, Role):
             await self._purge(job)
         return job
 
-    @op("lease_renew", LeaseRenewRequest, access="admin")
+    @op(ops.MASTER_LEASE_RENEW)
     async def lease_renew(self, req: LeaseRenewRequest) -> LeaseRenewReply:
         check_token("trainer", req.trainer)
         if len(req.jobs) != len(req.epochs):
@@ -769,7 +768,7 @@ class Master(WorkloadOps, HostedOps, UsageOps, BaseOps, UploadOps, Role):
                     lost.append(ref.job)
         return LeaseRenewReply(held=held, lost=lost)
 
-    @op("lease_release", LeaseReleaseRequest, access="admin")
+    @op(ops.MASTER_LEASE_RELEASE)
     async def lease_release(self, req: LeaseReleaseRequest) -> Ok:
         check_token("trainer", req.trainer)
         if len(req.jobs) != len(req.epochs):
@@ -788,12 +787,12 @@ class Master(WorkloadOps, HostedOps, UsageOps, BaseOps, UploadOps, Role):
             await self.bus.nc.publish(self.names.sched_ready, b"")
         return Ok(detail=f"released {released} of {len(req.jobs)} jobs")
 
-    @op("checkpoint_get", CheckpointGetRequest, access="admin")
+    @op(ops.MASTER_CHECKPOINT_GET)
     async def checkpoint_get(self, req: CheckpointGetRequest) -> CheckpointRef:
         self._tenant(req.tenant)
         return self.ckpt_refs.get(req.tenant) or CheckpointRef(tenant=req.tenant, object_name="")
 
-    @op("checkpoint_commit", CheckpointCommitRequest, access="admin")
+    @op(ops.MASTER_CHECKPOINT_COMMIT)
     async def checkpoint_commit(self, req: CheckpointCommitRequest) -> CheckpointRef:
         self._tenant(req.tenant)
         check_token("trainer", req.trainer)
@@ -817,7 +816,7 @@ class Master(WorkloadOps, HostedOps, UsageOps, BaseOps, UploadOps, Role):
         self.ckpt_refs[tenant] = ref
 
     # -- rollout gate: the tenant's max_active_rollouts quota (1) and 3 in all ---------------
-    @op("rollout_begin", JobRef)
+    @op(ops.MASTER_ROLLOUT_BEGIN)
     async def rollout_begin(self, req: JobRef) -> Ok:
         """A workflow asks to start collecting a rollout batch (``job`` = its workload id).
         Access ``tenant``: a hosted env process (docs/hosted_envs.md) takes its own tenant's
@@ -867,17 +866,17 @@ class Master(WorkloadOps, HostedOps, UsageOps, BaseOps, UploadOps, Role):
                                      "taken for a running workload of the caller's own tenant",
                                      details={"workload": req.job})
 
-    @op("rollout_end", JobRef)
+    @op(ops.MASTER_ROLLOUT_END)
     async def rollout_end(self, req: JobRef) -> Ok:
         self.rollouts.pop(f"{req.tenant}/{req.job}", None)
         self.gate_line.settle({k.split("/", 1)[0] for k in self.rollouts})
         return Ok(detail="released")
 
-    @op("job", JobRef)
+    @op(ops.MASTER_JOB)
     async def job(self, req: JobRef) -> JobRecord:
         return self._job(req.tenant, req.job)
 
-    @op("jobs", JobsRequest)
+    @op(ops.MASTER_JOBS)
     async def jobs(self, req: JobsRequest) -> JobsReply:
         if req.tenant:
             self._tenant(req.tenant)
@@ -888,7 +887,7 @@ class Master(WorkloadOps, HostedOps, UsageOps, BaseOps, UploadOps, Role):
         jobs, cursor = page(out, req.limit, req.cursor, self.bus.max_payload, lambda j: len(encode(j)))
         return JobsReply(jobs=jobs, next_cursor=cursor)
 
-    @op("queue_get", QueueGetRequest)
+    @op(ops.MASTER_QUEUE_GET)
     async def queue_get(self, req: QueueGetRequest) -> QueueGetReply:
         job = self._job(req.tenant, req.job)
         if req.start < 0 or req.max_items < 1:
@@ -906,7 +905,7 @@ class Master(WorkloadOps, HostedOps, UsageOps, BaseOps, UploadOps, Role):
             items.append(item)
         return QueueGetReply(tenant=job.tenant, job=job.job, items=items, total=job.items)
 
-    @op("queue_clear", JobRef)
+    @op(ops.MASTER_QUEUE_CLEAR)
     async def queue_clear(self, req: JobRef) -> JobRecord:
         async with self._lock:
             job = self._job(req.tenant, req.job)

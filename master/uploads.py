@@ -32,6 +32,7 @@ from nats.js.errors import NotFoundError, ObjectNotFoundError
 
 from actors.bus import js_retry
 from actors.runtime import op
+from protocol import ops
 from protocol.errors import CapacityExceeded, InvalidField, NotFound
 from protocol.messages import Ok, WeightsUploadRequest
 from protocol.policy import MAX_UPLOAD_BYTES, MAX_UPLOADS_PER_TENANT
@@ -115,7 +116,7 @@ class UploadOps:
         head = f"{tenant}/{UPLOAD_PREFIX}"
         return {i.name[len(head):] for i in infos if i.name.startswith(head)}
 
-    @op("weights_upload", WeightsUploadRequest)
+    @op(ops.MASTER_WEIGHTS_UPLOAD)
     async def weights_upload(self, req: WeightsUploadRequest) -> Ok:
         check_token("name", req.name)  # a token: never a path ('../x', 'a/b' are refused here)
         obj = upload_object(req.tenant, req.name)
@@ -187,8 +188,8 @@ class UploadOps:
         weights, adapter = await self.resolve_init(cfg.name, init)
         req = InitWeightsRequest(config=replace(cfg, signature=schema_signature(cfg.schema)), weights=weights,
                                  adapter=adapter)
-        await self.bus.request(self.names.role_op("trainer", "init_weights"), req, Ok,  # type: ignore[attr-defined]
-                               timeout_s=INIT_WEIGHTS_TIMEOUT_S)
+        await self.bus.call(ops.TRAINER_INIT_WEIGHTS, req,  # type: ignore[attr-defined]
+                            timeout_s=INIT_WEIGHTS_TIMEOUT_S)
         return weights_name(cfg.name, 0)
 
     async def drop_start(self, tenant: str) -> None:

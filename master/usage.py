@@ -27,6 +27,7 @@ from nats.js.errors import NotFoundError
 
 from actors.bus import js_retry
 from actors.runtime import op
+from protocol import ops
 from protocol.errors import InvalidField
 from protocol.messages import (
     Ok,
@@ -108,7 +109,7 @@ class UsageOps:
                                                       "sets quotas with `nexus tenant quotas`)",
                                    details={"limit": top})
 
-    @op("tenant_quotas", TenantQuotasRequest, access="admin")
+    @op(ops.MASTER_TENANT_QUOTAS)
     async def tenant_quotas(self, req: TenantQuotasRequest) -> TenantConfig:
         async with self._lock:
             cfg = self._tenant(req.tenant)
@@ -130,7 +131,7 @@ class UsageOps:
                 return rec.workload
         return ""
 
-    @op("usage_report", UsageReport, access="admin")
+    @op(ops.MASTER_USAGE_REPORT)
     async def usage_report(self, req: UsageReport) -> Ok:
         check_token("instance", req.instance)
         writer = f"{req.instance}.{check_token('boot', req.boot)}" if req.boot else req.instance
@@ -239,7 +240,7 @@ class UsageOps:
             total.add(r.usage)
         return dataclasses.asdict(total)
 
-    @op("usage", UsageRequest)
+    @op(ops.MASTER_USAGE)
     async def usage_op(self, req: UsageRequest) -> UsageReply:
         if req.tenant:
             check_token("tenant", req.tenant)

@@ -42,6 +42,7 @@ from actors.paths import caller_roots, confine, tenant_datasets
 from actors.bus import js_retry
 from actors.runtime import op
 from actors.tracing import consumer_span
+from protocol import ops
 from protocol.errors import Conflict, FailedPrecondition, NexusError, NotFound
 from protocol.messages import (
     MAX_TASK_ROWS,
@@ -189,7 +190,7 @@ class WorkloadOps:
         self.spawn(self._pending_loop, "workload-pending", critical=True, max_quiet_s=60.0)
 
     # -- submission ----------------------------------------------------------------------
-    @op("submit", SubmitRequest, access="checked")
+    @op(ops.MASTER_SUBMIT)
     async def submit(self, req: SubmitRequest) -> WorkloadRecord:
         data: Any = req.spec if req.spec else req.spec_text
         return await self._accept(data, new_workload_id())
@@ -368,7 +369,7 @@ class WorkloadOps:
         pools that exist) when inferencers are registered and none serves it; accepted with a
         note when none is registered at all (they may start later; tests without inference)."""
         from master.spec import SpecError
-        from protocol.messages import InfoRequest, RoleInfo, ServiceRecord
+        from protocol.messages import InfoRequest, ServiceRecord
         from protocol.subjects import pool_name
 
         kv = await js_retry(self.bus.js.key_value, self.names.kv_services)
@@ -386,8 +387,8 @@ class WorkloadOps:
                 continue
             registered += 1
             try:
-                info = await self.bus.request(self.names.instance_op("inferencer", svc.instance, "info"),
-                                              InfoRequest(), RoleInfo, timeout_s=INFERENCER_INFO_TIMEOUT_S)
+                info = await self.bus.call(ops.INFO.of("inferencer"), InfoRequest(), instance=svc.instance,
+                                           timeout_s=INFERENCER_INFO_TIMEOUT_S)
             except NexusError as exc:
                 self.log.info("inferencer did not answer info at submit", instance=svc.instance, error=exc.message)
                 continue
@@ -479,7 +480,7 @@ class WorkloadOps:
             return
         workflow, eval_version = compiled
         try:
-            reply = await self.bus.request(self.names.env("start_workflow"), workflow, Ok, timeout_s=30)
+            reply = await self.bus.call(ops.ENV_START_WORKFLOW, workflow, timeout_s=30)
         except NexusError as exc:
             self.log.warning("workflow start failed; will retry", workload=rec.workload, error=exc.message)
             return
@@ -675,13 +676,13 @@ class WorkloadOps:
             raise NotFound(f"unknown workload {workload!r}", details={"workload": workload})
         return rec
 
-    @op("workload", WorkloadRef, access="checked")
+    @op(ops.MASTER_WORKLOAD)
     async def workload(self, req: WorkloadRef) -> WorkloadRecord:
         rec = self._workload(req.workload)
         _require_own(rec, "workload")
         return rec
 
-    @op("workload_report", WorkloadRef, access="checked")
+    @op(ops.MASTER_WORKLOAD_REPORT)
     async def workload_report(self, req: WorkloadRef) -> WorkloadReport:
         """A finished workload's report, read back from where the master wrote it."""
         from protocol.errors import FailedPrecondition
@@ -699,7 +700,7 @@ class WorkloadOps:
                            details={"path": rel}) from None
         return WorkloadReport(workload=rec.workload, path=rel, report=report)
 
-    @op("workloads", WorkloadsRequest)
+    @op(ops.MASTER_WORKLOADS)
     async def list_workloads(self, req: WorkloadsRequest) -> WorkloadsReply:
         # One page (master/paging.py), oldest first: the whole history passed the max payload.
         recs = [(time_key(w.created_at, w.workload), w) for w in self.workloads.values()
@@ -707,7 +708,7 @@ class WorkloadOps:
         out, cursor = page(recs, req.limit, req.cursor, self.bus.max_payload, lambda w: len(encode(w)))
         return WorkloadsReply(workloads=out, next_cursor=cursor)
 
-    @op("tenants", WorkloadsRequest, access="admin")
+    @op(ops.MASTER_TENANTS)
     async def list_tenants(self, req: WorkloadsRequest) -> TenantsReply:
         """One page of tenants by name, with their versions and workload history (ids)."""
         history: dict[str, list[str]] = {}
@@ -720,7 +721,7 @@ class WorkloadOps:
         return TenantsReply(tenants=out, versions={t: v for t, v in self.sched.versions.items() if t in names},
                             history={t: h for t, h in history.items() if t in names}, next_cursor=cursor)
 
-    @op("cancel", WorkloadRef, access="checked")
+    @op(ops.MASTER_CANCEL)
     async def cancel(self, req: WorkloadRef) -> WorkloadRecord:
         rec = self._workload(req.workload)
         _require_own(rec, "cancel")  # before anything changes
@@ -748,8 +749,7 @@ class WorkloadOps:
 
     async def _stop_workflow(self, workload: str, worker: str) -> None:
         try:
-            await self.bus.request(self.names.instance_op("env", worker, "stop_workflow"),
-                                   WorkloadRef(workload=workload), Ok, timeout_s=30)
+            await self.bus.call(ops.ENV_STOP_WORKFLOW, WorkloadRef(workload=workload), instance=worker, timeout_s=30)
         except NexusError as exc:  # the worker may be gone: the workload is cancelled anyway
             self.log.warning("stop_workflow failed", workload=workload, worker=worker, error=exc.message)
 
@@ -792,7 +792,7 @@ class WorkloadOps:
                 out.setdefault(policy_pin_tenant(rec), set()).add(version)
         return out
 
-    @op("handback", HandbackRequest, access="admin")
+    @op(ops.MASTER_HANDBACK)
     async def handback(self, req: HandbackRequest) -> Ok:
         """A draining env worker's workflows stopped: resume their workloads elsewhere."""
         n = 0

@@ -26,6 +26,8 @@ from typing import Any, TypeVar
 from actors.bus import DEFAULT_REQUEST_TIMEOUT_S, Bus, retry
 from actors.bus import retry_through_outage  # noqa: F401 - public: loops ride out a master restart with it
 from actors.supervisor import ClusterState
+from protocol import ops
+from protocol.ops import Op
 from protocol.errors import Busy, InvalidField, NotFound, PayloadTooLarge, QuotaExceeded, RequestTimeout, Unavailable
 from protocol.policy import CHUNK_HEADROOM_BYTES, INFERENCE_OUTAGE, RetryPolicy  # headroom: queue_put's split
 from protocol.wire import encode
@@ -45,7 +47,6 @@ from protocol.messages import (
     InfoRequest,
     JobRecord,
     JobRef,
-    JobsReply,
     JobsRequest,
     LoadWeightsRequest,
     ListReply,
@@ -149,7 +150,7 @@ class AsyncClient:
     async def connect(self) -> AsyncClient:
         if self._bus is None:
             self._bus = await Bus.connect(self.url, name="sdk", reconnect_forever=False, creds=self.creds,
-                                          tracer=self.tracer)
+                                          tracer=self.tracer, prefix=self.names.prefix)
         return self
 
     async def close(self) -> None:
@@ -170,31 +171,28 @@ class AsyncClient:
         return self._bus
 
     async def status(self, include_dead: bool = True) -> ClusterStatus:
-        return await self.bus.request(self.names.role_op("monitor", "status"),
-                                      StatusRequest(include_dead=include_dead), ClusterStatus,
-                                      timeout_s=self.timeout_s)
+        return await self.bus.call(ops.MONITOR_STATUS, StatusRequest(include_dead=include_dead),
+                                   timeout_s=self.timeout_s)
 
     async def info(self, role: str, instance: str | None = None) -> RoleInfo:
-        subject = (self.names.instance_op(role, instance, "info") if instance
-                   else self.names.role_op(role, "info"))
-        return await self.bus.request(subject, InfoRequest(), RoleInfo, timeout_s=self.timeout_s)
+        return await self.bus.call(ops.INFO.of(role), InfoRequest(), instance=instance, timeout_s=self.timeout_s)
 
     async def list(self) -> ListReply:
         """Tenant names and every workload id (the master's pages, followed)."""
-        pages = await self._all_pages("list", ListRequest(), ListReply)
+        pages = await self._all_pages(ops.MASTER_LIST, ListRequest())
         return ListReply(tenants=pages[0].tenants, workloads=[w for p in pages for w in p.workloads])
 
     # -- low-level training-queue primitives (compose your own algorithm) ---------------
-    async def _master(self, op: str, msg: Any, expect: type[T]) -> T:
-        return await self.bus.request(self.names.master(op), msg, expect, timeout_s=self.timeout_s)
+    async def _call(self, op: Op, msg: Any) -> Any:
+        return await self.bus.call(op, msg, timeout_s=self.timeout_s)
 
-    async def _all_pages(self, op: str, req: Any, expect: type[T]) -> list[T]:
+    async def _all_pages(self, op: Op, req: Any) -> list[Any]:
         """Every page of a list op (master/paging.py): each reply is bounded (records, bytes)
         and names the next page's cursor until the last. A failed page raises: a caller never
         gets part of a list as if it were all of it."""
-        pages: list[T] = []
+        pages: list[Any] = []
         while True:
-            reply = await self._master(op, req, expect)
+            reply = await self._call(op, req)
             pages.append(reply)
             cursor = getattr(reply, "next_cursor", "")
             if not cursor or cursor == req.cursor:
@@ -202,23 +200,23 @@ class AsyncClient:
             req = dataclasses.replace(req, cursor=cursor)
 
     async def create_tenant(self, config: TenantConfig, exist_ok: bool = False) -> TenantConfig:
-        return await self._master("tenant_create", CreateTenantRequest(config=config, exist_ok=exist_ok), TenantConfig)
+        return await self._call(ops.MASTER_TENANT_CREATE, CreateTenantRequest(config=config, exist_ok=exist_ok))
 
     async def tenant(self, name: str) -> TenantConfig:
-        return await self._master("tenant_get", GetTenantRequest(tenant=name), TenantConfig)
+        return await self._call(ops.MASTER_TENANT_GET, GetTenantRequest(tenant=name))
 
     async def set_quotas(self, tenant: str, quotas: TenantQuotas | None) -> TenantConfig:
         """Set a tenant's quotas (None: the deployment's defaults); an operator op."""
-        return await self._master("tenant_quotas", TenantQuotasRequest(tenant=tenant, quotas=quotas), TenantConfig)
+        return await self._call(ops.MASTER_TENANT_QUOTAS, TenantQuotasRequest(tenant=tenant, quotas=quotas))
 
     async def update_quotas(self, tenant: str, **changes: Any) -> TenantConfig:
         """Change some of a tenant's quotas (`TenantQuotas` fields), the others kept as they
         are (or the deployment's defaults); an operator op."""
-        return await self._master("tenant_quotas", TenantQuotasRequest(tenant=tenant, changes=changes), TenantConfig)
+        return await self._call(ops.MASTER_TENANT_QUOTAS, TenantQuotasRequest(tenant=tenant, changes=changes))
 
     async def usage(self, tenant: str = "", workload: str = "") -> UsageReply:
         """Metered usage per (tenant, workload): device-seconds, rows, requests, bytes."""
-        pages = await self._all_pages("usage", UsageRequest(tenant=tenant, workload=workload), UsageReply)
+        pages = await self._all_pages(ops.MASTER_USAGE, UsageRequest(tenant=tenant, workload=workload))
         return UsageReply(records=[r for p in pages for r in p.records],
                           stored_now={t: n for p in pages for t, n in p.stored_now.items()})
 
@@ -231,9 +229,9 @@ class AsyncClient:
         deadline = time.monotonic() + wait_s
         while True:
             try:
-                return await self._master("reserve", ReserveRequest(tenant=tenant, task=task, auto=auto,
-                                                                    priority=priority, key=key,
-                                                                    workload=workload), JobRecord)
+                return await self._call(ops.MASTER_RESERVE, ReserveRequest(tenant=tenant, task=task, auto=auto,
+                                                                           priority=priority, key=key,
+                                                                           workload=workload))
             except Busy as exc:
                 if time.monotonic() >= deadline:
                     raise
@@ -248,7 +246,7 @@ class AsyncClient:
             raise InvalidField("seq", f"{item.seq}: an item's seq must be in 0..{MAX_ITEM_SEQ} "
                                       "(larger seqs are reserved for the parts of a split item)")
         try:
-            return await self._master("queue_put", item, QueuePutReply)
+            return await self._call(ops.MASTER_QUEUE_PUT, item)
         except PayloadTooLarge:
             if len(item.instructions) < 2:
                 raise
@@ -259,39 +257,36 @@ class AsyncClient:
         chunks = _split_item(item, self.bus.max_payload - CHUNK_HEADROOM_BYTES)
         reply = None
         for chunk in chunks:
-            reply = await self._master("queue_put", chunk, QueuePutReply)
+            reply = await self._call(ops.MASTER_QUEUE_PUT, chunk)
         assert reply is not None
         return reply
 
     async def mark_ready(self, tenant: str, job: str) -> JobRecord:
-        return await self._master("mark_ready", JobRef(tenant=tenant, job=job), JobRecord)
+        return await self._call(ops.MASTER_MARK_READY, JobRef(tenant=tenant, job=job))
 
     async def job(self, tenant: str, job: str) -> JobRecord:
-        return await self._master("job", JobRef(tenant=tenant, job=job), JobRecord)
+        return await self._call(ops.MASTER_JOB, JobRef(tenant=tenant, job=job))
 
     async def jobs(self, tenant: str = "", states: list[str] | None = None) -> list[JobRecord]:
-        pages = await self._all_pages("jobs", JobsRequest(tenant=tenant, states=states or []), JobsReply)
+        pages = await self._all_pages(ops.MASTER_JOBS, JobsRequest(tenant=tenant, states=states or []))
         return [j for p in pages for j in p.jobs]
 
     async def queue_get(self, tenant: str, job: str, start: int = 0, max_items: int = 1) -> QueueGetReply:
-        return await self._master("queue_get", QueueGetRequest(tenant=tenant, job=job, start=start,
-                                                               max_items=max_items), QueueGetReply)
+        return await self._call(ops.MASTER_QUEUE_GET, QueueGetRequest(tenant=tenant, job=job, start=start,
+                                                                      max_items=max_items))
 
     async def queue_clear(self, tenant: str, job: str) -> JobRecord:
-        return await self._master("queue_clear", JobRef(tenant=tenant, job=job), JobRecord)
+        return await self._call(ops.MASTER_QUEUE_CLEAR, JobRef(tenant=tenant, job=job))
 
     async def train_batch(self, tenant: str, job: str, timeout_s: float = 600.0) -> TrainBatchReply:
-        return await self.bus.request(self.names.role_op("trainer", "train_batch"), JobRef(tenant=tenant, job=job),
-                                      TrainBatchReply, timeout_s=timeout_s)
+        return await self.bus.call(ops.TRAINER_TRAIN_BATCH, JobRef(tenant=tenant, job=job), timeout_s=timeout_s)
 
     async def export_params(self, tenant: str, timeout_s: float = 120.0) -> WeightsRef:
-        return await self.bus.request(self.names.role_op("trainer", "export_params"), ExportRequest(tenant=tenant),
-                                      WeightsRef, timeout_s=timeout_s)
+        return await self.bus.call(ops.TRAINER_EXPORT_PARAMS, ExportRequest(tenant=tenant), timeout_s=timeout_s)
 
     async def load_weights(self, tenant: str, object_name: str, timeout_s: float = 120.0) -> Ok:
-        return await self.bus.request(self.names.role_op("trainer", "load_weights"),
-                                      LoadWeightsRequest(tenant=tenant, object_name=object_name), Ok,
-                                      timeout_s=timeout_s)
+        return await self.bus.call(ops.TRAINER_LOAD_WEIGHTS, LoadWeightsRequest(tenant=tenant, object_name=object_name),
+                                   timeout_s=timeout_s)
 
     async def wait_job(self, tenant: str, job: str, states: tuple[str, ...] = ("cleared", "failed", "dropped_stale"),
                        timeout_s: float = 300.0) -> JobRecord:
@@ -311,13 +306,13 @@ class AsyncClient:
     async def rollout_begin(self, tenant: str, workload: str, timeout_s: float | None = None) -> Ok:
         """Take a turn at the master's rollout gate (1 active rollout per tenant, 3 in all):
         Busy, with ``retry_after_s``, while the gate is full. Safe to repeat."""
-        return await self.bus.request(self.names.master("rollout_begin"), JobRef(tenant=tenant, job=workload), Ok,
-                                      timeout_s=self.timeout_s if timeout_s is None else timeout_s)
+        return await self.bus.call(ops.MASTER_ROLLOUT_BEGIN, JobRef(tenant=tenant, job=workload),
+                                   timeout_s=self.timeout_s if timeout_s is None else timeout_s)
 
     async def rollout_end(self, tenant: str, workload: str, timeout_s: float | None = None) -> Ok:
         """Give the rollout gate's turn back (a turn not held is a no-op)."""
-        return await self.bus.request(self.names.master("rollout_end"), JobRef(tenant=tenant, job=workload), Ok,
-                                      timeout_s=self.timeout_s if timeout_s is None else timeout_s)
+        return await self.bus.call(ops.MASTER_ROLLOUT_END, JobRef(tenant=tenant, job=workload),
+                                   timeout_s=self.timeout_s if timeout_s is None else timeout_s)
 
     async def publish_event(self, event: WorkloadEvent) -> None:
         """Publish a workload's lifecycle event (progress, done) on its events subject; the
@@ -374,28 +369,27 @@ class AsyncClient:
             spec = Path(spec).read_text()
         req = SubmitRequest(spec=spec) if isinstance(spec, dict) else SubmitRequest(
             spec_text=spec.decode() if isinstance(spec, bytes) else spec)
-        rec = await self._master("submit", req, WorkloadRecord)
+        rec = await self._call(ops.MASTER_SUBMIT, req)
         return AsyncWorkload(self, rec.workload, rec.tenant)
 
     def workload_handle(self, workload: str, tenant: str = "") -> AsyncWorkload:
         return AsyncWorkload(self, workload, tenant)
 
     async def workload(self, workload: str) -> WorkloadRecord:
-        return await self._master("workload", WorkloadRef(workload=workload), WorkloadRecord)
+        return await self._call(ops.MASTER_WORKLOAD, WorkloadRef(workload=workload))
 
     async def workloads(self, tenant: str = "") -> list[WorkloadRecord]:
         """Every workload record (of ``tenant``), oldest first: the master's pages, followed."""
-        pages = await self._all_pages("workloads", WorkloadsRequest(tenant=tenant), WorkloadsReply)
+        pages = await self._all_pages(ops.MASTER_WORKLOADS, WorkloadsRequest(tenant=tenant))
         return [w for p in pages for w in p.workloads]
 
     async def workloads_page(self, tenant: str = "", limit: int = 0, cursor: str = "") -> WorkloadsReply:
         """One page of workload records; its ``next_cursor`` ("" after the last) asks for the next."""
-        return await self._master("workloads", WorkloadsRequest(tenant=tenant, limit=limit, cursor=cursor),
-                                  WorkloadsReply)
+        return await self._call(ops.MASTER_WORKLOADS, WorkloadsRequest(tenant=tenant, limit=limit, cursor=cursor))
 
     async def tenants(self) -> TenantsReply:
         """Every tenant, its version and workload history: the master's pages, followed."""
-        pages = await self._all_pages("tenants", WorkloadsRequest(), TenantsReply)
+        pages = await self._all_pages(ops.MASTER_TENANTS, WorkloadsRequest())
         return TenantsReply(tenants=[t for p in pages for t in p.tenants],
                             versions={t: v for p in pages for t, v in p.versions.items()},
                             history={t: h for p in pages for t, h in p.history.items()})
@@ -403,16 +397,16 @@ class AsyncClient:
     async def add_base(self, name: str, path: str) -> Any:
         """Register the base directory ``path`` (on the master's host) as ``name``; tenants then
         name it ``registered:<name>`` in a spec's base (an operator op)."""
-        from protocol.messages import BaseAddRequest, RegisteredBase
+        from protocol.messages import BaseAddRequest
 
-        return await self._master("base_add", BaseAddRequest(name=name, path=path), RegisteredBase)
+        return await self._call(ops.MASTER_BASE_ADD, BaseAddRequest(name=name, path=path))
 
     async def bases(self) -> Any:
         """`BasesReply`: the presets and registered names a spec's base may name (paths: the
         platform's callers only)."""
-        from protocol.messages import BasesReply, BasesRequest
+        from protocol.messages import BasesRequest
 
-        return await self._master("bases", BasesRequest(), BasesReply)
+        return await self._call(ops.MASTER_BASES, BasesRequest())
 
     async def delete_tenant(self, tenant: str, wait_s: float = 60.0) -> TenantDeleted:
         """Remove a tenant (slot, queue stream, versions, checkpoints, records); refused while
@@ -421,7 +415,7 @@ class AsyncClient:
         deadline = time.monotonic() + wait_s
         while True:
             try:
-                return await self._master("tenant_delete", TenantDeleteRequest(tenant=tenant), TenantDeleted)
+                return await self._call(ops.MASTER_TENANT_DELETE, TenantDeleteRequest(tenant=tenant))
             except Busy as exc:
                 if time.monotonic() >= deadline:
                     raise
@@ -430,7 +424,7 @@ class AsyncClient:
     async def tenant_show(self, tenant: str = "") -> TenantShow:
         """One tenant: config (schema, head, base; None when it has no slot), newest version,
         quotas in force, workload ids. A tenant sees itself (``""``: the caller's own)."""
-        return await self._master("tenant_show", GetTenantRequest(tenant=tenant), TenantShow)
+        return await self._call(ops.MASTER_TENANT_SHOW, GetTenantRequest(tenant=tenant))
 
     async def reset_tenant(self, tenant: str = "", wait_s: float = 60.0) -> TenantDeleted:
         """Drop a tenant's slot (config, versions, checkpoints, jobs, queue) so its next submit
@@ -440,23 +434,22 @@ class AsyncClient:
         deadline = time.monotonic() + wait_s
         while True:
             try:
-                return await self._master("tenant_reset", TenantResetRequest(tenant=tenant), TenantDeleted)
+                return await self._call(ops.MASTER_TENANT_RESET, TenantResetRequest(tenant=tenant))
             except Busy as exc:
                 if time.monotonic() >= deadline:
                     raise
                 await asyncio.sleep(float(exc.details.get("retry_after_s", 1.0)))
 
     async def cancel(self, workload: str) -> WorkloadRecord:
-        return await self._master("cancel", WorkloadRef(workload=workload), WorkloadRecord)
+        return await self._call(ops.MASTER_CANCEL, WorkloadRef(workload=workload))
 
     async def download_report(self, workload: str, out_dir: str | Path = ".") -> Path:
         """Write a finished workload's report (the master's copy at its outputs.report_path)
         to ``<out_dir>/<workload>.report.json``; return the path."""
         import json
 
-        from protocol.messages import WorkloadReport
 
-        rep = await self._master("workload_report", WorkloadRef(workload=workload), WorkloadReport)
+        rep = await self._call(ops.MASTER_WORKLOAD_REPORT, WorkloadRef(workload=workload))
         out = Path(out_dir) / f"{workload}.report.json"
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(rep.report, indent=2, sort_keys=True))
@@ -505,12 +498,12 @@ class AsyncClient:
 
     async def _read_object(self, tenant: str, version: int, manifest: bool) -> tuple[int, bytes]:
         """(version, bytes) of a tenant's export through the master, slice by slice."""
-        from protocol.messages import WeightsChunk, WeightsReadRequest
+        from protocol.messages import WeightsReadRequest
 
         out, offset, total, v = bytearray(), 0, None, version
         while total is None or offset < total:
-            chunk = await self._master("weights_read", WeightsReadRequest(
-                tenant=tenant, version=v, manifest=manifest, offset=offset), WeightsChunk)
+            chunk = await self._call(ops.MASTER_WEIGHTS_READ, WeightsReadRequest(
+                       tenant=tenant, version=v, manifest=manifest, offset=offset))
             v, total = chunk.version, chunk.total
             out += chunk.data
             offset += len(chunk.data)
@@ -543,8 +536,8 @@ class AsyncClient:
             while True:
                 data = f.read(UPLOAD_SLICE_BYTES)
                 final = offset + len(data) >= size
-                reply = await self._master("weights_upload", WeightsUploadRequest(
-                    tenant=tenant, name=name, offset=offset, data=data, final=final), Ok)
+                reply = await self._call(ops.MASTER_WEIGHTS_UPLOAD, WeightsUploadRequest(
+                           tenant=tenant, name=name, offset=offset, data=data, final=final))
                 offset += len(data)
                 detail = reply.detail
                 if final:
@@ -581,30 +574,26 @@ class AsyncClient:
 
     # -- environment service --------------------------------------------------------------
     async def env_create(self, env_id: str, lease_s: float = 30.0, **options: Any) -> EnvSession:
-        return await self.bus.request(self.names.env("create"), EnvCreateRequest(env_id=env_id, options=options,
-                                                                                 lease_s=lease_s),
-                                      EnvSession, timeout_s=self.timeout_s)
+        return await self.bus.call(ops.ENV_CREATE, EnvCreateRequest(env_id=env_id, options=options,
+                                                                    lease_s=lease_s), timeout_s=self.timeout_s)
 
     async def env_reset(self, session: EnvSession, seed: int | None = None, task: str | None = None) -> EnvObs:
-        return await self.bus.request(self.names.instance_op("env", session.worker, "reset"),
-                                      EnvResetRequest(session=session.session, seed=seed, task=task), EnvObs,
-                                      timeout_s=self.timeout_s)
+        return await self.bus.call(ops.ENV_RESET, EnvResetRequest(session=session.session, seed=seed, task=task),
+                                   instance=session.worker, timeout_s=self.timeout_s)
 
     async def env_step(self, session: EnvSession, action: Any) -> EnvObs:
-        return await self.bus.request(self.names.instance_op("env", session.worker, "step"),
-                                      EnvStepRequest(session=session.session, action=action), EnvObs,
-                                      timeout_s=self.timeout_s)
+        return await self.bus.call(ops.ENV_STEP, EnvStepRequest(session=session.session, action=action),
+                                   instance=session.worker, timeout_s=self.timeout_s)
 
     async def env_close(self, session: EnvSession) -> Ok:
-        return await self.bus.request(self.names.instance_op("env", session.worker, "close"),
-                                      EnvCloseRequest(session=session.session), Ok, timeout_s=self.timeout_s)
+        return await self.bus.call(ops.ENV_CLOSE, EnvCloseRequest(session=session.session), instance=session.worker,
+                                   timeout_s=self.timeout_s)
 
     async def sample(self, root: str, n: int = 16, seed: int | None = None,
                      indices: list[int] | None = None) -> DatasetBatch:
         """Frames of a LeRobot v3.0 dataset read by an env worker (the path is on its host)."""
-        return await self.bus.request(self.names.env("sample"), SampleRequest(root=str(root), n=n, seed=seed,
-                                                                              indices=list(indices or [])),
-                                      DatasetBatch, timeout_s=self.timeout_s)
+        return await self.bus.call(ops.ENV_SAMPLE, SampleRequest(root=str(root), n=n, seed=seed,
+                                                                 indices=list(indices or [])), timeout_s=self.timeout_s)
 
     async def latest_weights(self, tenant: str) -> WeightsRef | None:
         from nats.js.errors import KeyNotFoundError

@@ -14,6 +14,7 @@ import sys
 import time
 from typing import Any
 
+from protocol import ops
 from protocol.messages import MonitorSnapshot, SnapshotRequest
 
 REFRESH_S = 1.0
@@ -23,8 +24,7 @@ _TENANT_COLS = ("queue_depth", "jobs_in_flight", "policy_version", "loss", "succ
 
 
 async def fetch(client: Any) -> MonitorSnapshot:
-    return await client.bus.request(client.names.role_op("monitor", "snapshot"), SnapshotRequest(),
-                                    MonitorSnapshot, timeout_s=client.timeout_s)
+    return await client.bus.call(ops.MONITOR_SNAPSHOT, SnapshotRequest(), timeout_s=client.timeout_s)
 
 
 def build_view(snap: MonitorSnapshot) -> dict[str, Any]:

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import uuid
+from protocol import ops
 from pathlib import Path
 
 import pytest
@@ -267,22 +268,18 @@ class RoleProcs:
         import time
 
         from protocol.errors import NexusError
-        from protocol.messages import InfoRequest, RoleInfo
-        from protocol.subjects import Names
+        from protocol.messages import InfoRequest
         from actors.bus import Bus
 
-        names = Names(self.prefix)
-
         async def ping():
-            bus = await Bus.connect(self.nats_url, name="test-wait", reconnect_forever=False)
+            bus = await Bus.connect(self.nats_url, name="test-wait", reconnect_forever=False, prefix=self.prefix)
             try:
                 deadline = time.monotonic() + timeout_s
                 while True:
                     if proc.poll() is not None:
                         raise RuntimeError(f"{instance} exited with {proc.returncode}: {self.log(instance)[-3000:]}")
                     try:
-                        info = await bus.request(names.instance_op(role, instance, "info"), InfoRequest(),
-                                                 RoleInfo, timeout_s=2)
+                        info = await bus.call(ops.INFO.of(role), InfoRequest(), instance=instance, timeout_s=2)
                         if info.state == "ready":
                             return
                     except NexusError:

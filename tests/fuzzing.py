@@ -43,6 +43,7 @@ from hypothesis import HealthCheck, Phase, given, seed as hyp_seed, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from protocol import ops
 from protocol.codec import EXT_NDARRAY, EXT_TENSOR, packb
 from protocol.errors import ErrorCode, ProtocolError
 from protocol.messages import ErrorReply, PredictReply, PredictRequest, WorkloadEvent
@@ -570,38 +571,24 @@ def draw_cases(target: Target, ctx: Context, n: int, seed: int = 0) -> list[Case
 
 
 # -- targets -------------------------------------------------------------------------------
-def reply_types(role: str) -> dict[str, tuple[type, type]]:
-    """op -> (request type, documented reply type), read from the role class's handlers."""
-    from actors.run import load_role
-
-    cls = load_role(role)
-    out: dict[str, tuple[type, type]] = {}
-    for klass in reversed(cls.__mro__):
-        for attr in vars(klass).values():
-            spec = getattr(attr, "__nexus_op__", None)
-            if spec is not None:
-                ret = typing.get_type_hints(getattr(cls, spec.handler_name)).get("return")
-                out[spec.name] = (spec.request, ret)
-    return out
-
-
 async def discover(bus: Any, names: Names, roles: list[tuple[str, str]]) -> list[Target]:
     """Every op the live roles list in ``info``, plus instance info, predict and the intake."""
     from protocol.messages import InfoRequest, RoleInfo
 
     targets: list[Target] = []
     for role, instance in roles:
-        info = await bus.request(names.instance_op(role, instance, "info"), InfoRequest(), RoleInfo, timeout_s=10)
-        known = reply_types(role)
+        info_op = ops.INFO.of(role)
+        info = await bus.request(info_op.instance_subject(names, instance), InfoRequest(), RoleInfo, timeout_s=10)
+        known = {o.name: o for o in ops.ops_of(role)}
         for op_name in info.ops:
             if op_name in EXCLUDED_OPS:
                 continue
             if op_name not in known:
-                raise AssertionError(f"{role} lists op {op_name!r} in info but its class has no handler")
-            req, rep = known[op_name]
-            targets.append(Target(role, op_name, names.role_op(role, op_name), req, (rep,)))
-        req, rep = known["info"]
-        targets.append(Target(role, "info", names.instance_op(role, instance, "info"), req, (rep,), kind="instance"))
+                raise AssertionError(f"{role} lists op {op_name!r} in info but protocol/ops.py has no such op")
+            o = known[op_name]
+            targets.append(Target(role, op_name, o.subject(names), o.request, o.replies))
+        targets.append(Target(role, "info", info_op.instance_subject(names, instance), info_op.request,
+                              info_op.replies, kind="instance"))
         if role == "inferencer":
             targets.append(Target(role, PREDICT, names.infer(info.extra["pool"]), PredictRequest, (PredictReply,),
                                   kind="predict"))
@@ -793,35 +780,35 @@ def regression_cases(ctx: Context, names: Names) -> list[tuple[str, str, bytes, 
     bf16 = tensor_ext("bfloat16", (2, ctx.schema["state_dim"]))
     return [
         # IndexError in the trainer: an empty job made the lease pick any ready job.
-        ("trainer.train_batch job ''", names.role_op("trainer", "train_batch"), env(JobRef, job=""), "invalid_field"),
+        ("trainer.train_batch job ''", ops.TRAINER_TRAIN_BATCH.subject(names), env(JobRef, job=""), "invalid_field"),
         # InvalidKeyError from the KV: a tenant that is not a token.
         ("inferencer.predict tenant '*'", names.infer(pool_of(ctx)), env(PredictRequest, tenant="*"), "invalid_field"),
         # TypeError: a bfloat16 tensor has no numpy view.
-        ("master.queue_put bf16 state", names.master("queue_put"), env(QueuePutRequest, state=bf16), "invalid_field"),
-        ("env.step bf16 action", names.env("step"), env(EnvStepRequest, action=tensor_ext("bfloat16", (2,))),
+        ("master.queue_put bf16 state", ops.MASTER_QUEUE_PUT.subject(names), env(QueuePutRequest, state=bf16), "invalid_field"),
+        ("env.step bf16 action", ops.ENV_STEP.subject(names), env(EnvStepRequest, action=tensor_ext("bfloat16", (2,))),
          "invalid_field"),
         # OverflowError converting to int64; ValueError from numpy on a negative seed.
-        ("env.sample index 2**64-1", names.env("sample"), env(SampleRequest, indices=[2**64 - 1]), "invalid_field"),
-        ("env.sample seed -1", names.env("sample"), env(SampleRequest, seed=-1), "invalid_field"),
+        ("env.sample index 2**64-1", ops.ENV_SAMPLE.subject(names), env(SampleRequest, indices=[2**64 - 1]), "invalid_field"),
+        ("env.sample seed -1", ops.ENV_SAMPLE.subject(names), env(SampleRequest, seed=-1), "invalid_field"),
         # A negative seed made reset raise, and the session was closed as crashed.
-        ("env.reset seed -1", names.env("reset"), env(EnvResetRequest, seed=-1), "invalid_field"),
+        ("env.reset seed -1", ops.ENV_RESET.subject(names), env(EnvResetRequest, seed=-1), "invalid_field"),
         # TypeError / ValueError in the built-in env's config; an unbounded image size.
-        ("env.create options.seed 'x'", names.env("create"), env(EnvCreateRequest, options={"seed": "x"}),
+        ("env.create options.seed 'x'", ops.ENV_CREATE.subject(names), env(EnvCreateRequest, options={"seed": "x"}),
          "invalid_field"),
-        ("env.create options.max_step 'x'", names.env("create"), env(EnvCreateRequest, options={"max_step": "x"}),
+        ("env.create options.max_step 'x'", ops.ENV_CREATE.subject(names), env(EnvCreateRequest, options={"max_step": "x"}),
          "invalid_field"),
-        ("env.create image 10**6", names.env("create"), env(EnvCreateRequest, options={"image_height": 10**6}),
+        ("env.create image 10**6", ops.ENV_CREATE.subject(names), env(EnvCreateRequest, options={"image_height": 10**6}),
          "invalid_field"),
-        ("env.create options.image_size 5.0", names.env("create"), env(EnvCreateRequest, options={"image_size": 5.0}),
+        ("env.create options.image_size 5.0", ops.ENV_CREATE.subject(names), env(EnvCreateRequest, options={"image_size": 5.0}),
          "invalid_field"),
         # Not a token: the workflow ran, but none of its events could be published.
-        ("env.start_workflow workload 'w.x'", names.env("start_workflow"),
+        ("env.start_workflow workload 'w.x'", ops.ENV_START_WORKFLOW.subject(names),
          env(WorkflowSpec, workload="w.x"), "invalid_field"),
         # An option the env's config did not type-check itself (TypeError in ReachConfig).
-        ("env.create options.cameras 5", names.env("create"), env(EnvCreateRequest, options={"cameras": 5}),
+        ("env.create options.cameras 5", ops.ENV_CREATE.subject(names), env(EnvCreateRequest, options={"cameras": 5}),
          "invalid_field"),
         # nan never expires: the job would stay leased forever.
-        ("master.lease lease_s nan", names.master("lease"), env(LeaseRequest, lease_s=math.nan), "invalid_field"),
+        ("master.lease lease_s nan", ops.MASTER_LEASE.subject(names), env(LeaseRequest, lease_s=math.nan), "invalid_field"),
         # <= 0: dropped unworked, no reply ever.
         ("inferencer.predict timeout_s -1", names.infer(pool_of(ctx)), env(PredictRequest, timeout_s=-1.0),
          "invalid_field"),
@@ -857,7 +844,7 @@ async def concurrent_samples(nc: Any, ctx: Context, names: Names, n: int = 16) -
     from protocol.messages import SampleRequest
 
     payload = packb({"kind": SampleRequest.KIND, "v": SampleRequest.VERSION, "body": template(SampleRequest, ctx)})
-    replies = await asyncio.gather(*(nc.request(names.env("sample"), payload, timeout=REPLY_TIMEOUT_S)
+    replies = await asyncio.gather(*(nc.request(ops.ENV_SAMPLE.subject(names), payload, timeout=REPLY_TIMEOUT_S)
                                      for _ in range(n)), return_exceptions=True)
     out = []
     for r in replies:
@@ -932,13 +919,13 @@ async def fuzz(nats_url: str, prefix: str, procs: list[tuple[str, str, Any]], ct
     every role for info."""
     from actors.bus import Bus
     from protocol.errors import NexusError
-    from protocol.messages import InfoRequest, RoleInfo
+    from protocol.messages import InfoRequest
 
     names = Names(prefix)
     # In role order, whatever order they became ready in: the plan must not depend on it.
     instances = sorted(((role, inst) for role, inst, _ in procs), key=lambda ri: ROLE_ORDER.index(ri[0]))
     pids = {role: proc.pid for role, _, proc in procs}
-    bus = await Bus.connect(nats_url, name="fuzz", reconnect_forever=False)
+    bus = await Bus.connect(nats_url, name="fuzz", reconnect_forever=False, prefix=prefix)
     try:
         targets = await discover(bus, names, instances)
         per_target = math.ceil(cases / len(targets))
@@ -957,8 +944,7 @@ async def fuzz(nats_url: str, prefix: str, procs: list[tuple[str, str, Any]], ct
         infos: dict[str, Any] = {}
         for role, inst in instances:
             try:
-                infos[role] = await bus.request(names.instance_op(role, inst, "info"), InfoRequest(), RoleInfo,
-                                                timeout_s=10)
+                infos[role] = await bus.call(ops.INFO.of(role), InfoRequest(), instance=inst, timeout_s=10)
             except NexusError:
                 infos[role] = None
         return Run(targets, out, rss_warm, rss_end, infos, wall_s, regressions, concurrency)

@@ -14,7 +14,9 @@ import sys
 from dataclasses import dataclass
 
 from actors.runtime import Role, RoleConfig, op, run_role
+from protocol import ops
 from protocol.messages import Ok
+from protocol.ops import Op
 from protocol.policy import RetryPolicy
 from protocol.wire import message
 
@@ -47,8 +49,18 @@ class LoopInfo:
     iterations: int
 
 
+# A test role's ops are no part of the platform: declared here, not in protocol/ops.py.
+LOOPY_FAIL = Op("loopy", "fail", FailRequest, Ok)
+LOOPY_STALL = Op("loopy", "stall", StallRequest, Ok)
+LOOPY_LOOP_INFO = Op("loopy", "loop_info", LoopInfoRequest, LoopInfo)
+
+
 class LoopyRole(Role):
     name = "loopy"
+
+    @classmethod
+    def op_table(cls) -> tuple[Op, ...]:
+        return (LOOPY_FAIL, LOOPY_STALL, LOOPY_LOOP_INFO, *ops.ops_of(cls.name))
     # Fast back-off so a test sees the restarts and the exit in about a second.
     loop_restart = RetryPolicy("test_loop_restart", attempts=3, backoff_s=0.05, max_backoff_s=0.2)
 
@@ -73,17 +85,17 @@ class LoopyRole(Role):
                 await asyncio.Event().wait()  # stuck on something that never comes, no tick
             await self.idle(LOOP, 0.05)
 
-    @op("fail", FailRequest)
+    @op(LOOPY_FAIL)
     async def fail_op(self, req: FailRequest) -> Ok:
         self.fail_next = req.times
         return Ok(detail=f"failing {req.times} times")
 
-    @op("stall", StallRequest)
+    @op(LOOPY_STALL)
     async def stall(self, req: StallRequest) -> Ok:
         self.stalled.set()
         return Ok(detail="stalling")
 
-    @op("loop_info", LoopInfoRequest)
+    @op(LOOPY_LOOP_INFO)
     async def loop_info(self, req: LoopInfoRequest) -> LoopInfo:
         return LoopInfo(starts=self.starts, iterations=self.iterations)
 

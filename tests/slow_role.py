@@ -13,7 +13,9 @@ import threading
 from dataclasses import dataclass
 
 from actors.runtime import Role, RoleConfig, op, run_role
+from protocol import ops
 from protocol.messages import Ok
+from protocol.ops import Op
 from protocol.wire import message
 
 
@@ -23,29 +25,40 @@ class SleepRequest:
     seconds: float
 
 
+# A test role's ops are no part of the platform: declared here, not in protocol/ops.py.
+SLOW_SLEEP = Op("slow", "sleep", SleepRequest, Ok)
+SLOW_STUCK_THREAD = Op("slow", "stuck_thread", SleepRequest, Ok)
+SLOW_BROKER_TIMEOUT = Op("slow", "broker_timeout", SleepRequest, Ok)
+SLOW_CRASH = Op("slow", "crash", SleepRequest, Ok)
+
+
 class SlowRole(Role):
     name = "slow"
 
-    @op("sleep", SleepRequest)
+    @classmethod
+    def op_table(cls) -> tuple[Op, ...]:
+        return (SLOW_SLEEP, SLOW_STUCK_THREAD, SLOW_BROKER_TIMEOUT, SLOW_CRASH, *ops.ops_of(cls.name))
+
+    @op(SLOW_SLEEP)
     async def sleep(self, req: SleepRequest) -> Ok:
         await asyncio.sleep(req.seconds)
         return Ok(detail=f"slept {req.seconds}")
 
-    @op("stuck_thread", SleepRequest)
+    @op(SLOW_STUCK_THREAD)
     async def stuck_thread(self, req: SleepRequest) -> Ok:
         # A worker thread that never returns (a device call that hangs): asyncio.run would
         # wait for it at exit forever; the runtime's exit watchdog must end the process.
         self.spawn(asyncio.to_thread(threading.Event().wait), "stuck")
         return Ok(detail="a thread is stuck")
 
-    @op("broker_timeout", SleepRequest)
+    @op(SLOW_BROKER_TIMEOUT)
     async def broker_timeout(self, req: SleepRequest) -> Ok:
         # A real JetStream call that times out, as one to a stream without a leader does:
         # the API request gets no answer within the context's (here tiny) timeout.
         await self.bus.nc.jetstream(timeout=1e-6).account_info()
         return Ok(detail="the call was answered")
 
-    @op("crash", SleepRequest)
+    @op(SLOW_CRASH)
     async def crash(self, req: SleepRequest) -> Ok:
         raise RuntimeError("handler bug")
 

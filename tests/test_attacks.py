@@ -28,6 +28,7 @@ import pytest
 
 from actors.creds import redact_url
 from actors.supervisor import ClusterState
+from protocol import ops
 from protocol.subjects import Names
 from sdk.client import AsyncClient
 from tests.conftest import nexus_cmd, nexus_up, python_env, tenant_create
@@ -244,8 +245,7 @@ def test_a_tenant_with_valid_credentials_reaches_nothing_it_does_not_own(deploym
 
         async def past_share() -> Any:
             mal_sessions.append(await mal.env_create("builtin/reach-v0"))  # her last one: fine
-            return await b.request(names.env("create"), EnvCreateRequest(env_id="builtin/reach-v0"), EnvSession,
-                                   timeout_s=60)
+            return await b.call(ops.ENV_CREATE, EnvCreateRequest(env_id="builtin/reach-v0"), timeout_s=60)
 
         PD, IF, QE = ("permission_denied",), ("invalid_field",), ("quota_exceeded",)
         NF, FP = ("not_found",), ("failed_precondition",)
@@ -266,10 +266,10 @@ def test_a_tenant_with_valid_credentials_reaches_nothing_it_does_not_own(deploym
                 "camera_map": CAMERAS})), PD, "dataset.root"),
             "dataset.root relative": (submit(_spec(env=None, dataset={"root": "../../auth", "camera_map": CAMERAS})),
                                       PD, "dataset.root"),
-            "sample the data dir": (req(names.env("sample"), SampleRequest(root=str(data_dir), n=1), DatasetBatch), PD, "root"),
-            "sample alice's demos": (req(names.env("sample"), SampleRequest(root=str(alice_demos), n=1), DatasetBatch),
+            "sample the data dir": (req(ops.ENV_SAMPLE.subject(names), SampleRequest(root=str(data_dir), n=1), DatasetBatch), PD, "root"),
+            "sample alice's demos": (req(ops.ENV_SAMPLE.subject(names), SampleRequest(root=str(alice_demos), n=1), DatasetBatch),
                                      PD, "root"),
-            "sample /etc": (req(names.env("sample"), SampleRequest(root="/etc", n=1), DatasetBatch), PD, "root"),
+            "sample /etc": (req(ops.ENV_SAMPLE.subject(names), SampleRequest(root="/etc", n=1), DatasetBatch), PD, "root"),
             "base a host path": (submit(_spec(base=str(base_dir))), IF, "base"),
             "base a relative path": (submit(_spec(base="./models")), IF, "base"),
             "base the data dir": (submit(_spec(base=str(data_dir) + "/")), IF, "base"),
@@ -305,7 +305,7 @@ def test_a_tenant_with_valid_credentials_reaches_nothing_it_does_not_own(deploym
             "predict on alice's head": (req(names.infer(pool_name(BASE)), PredictRequest(
                 tenant="alice", images=obs_images, state=np.zeros(4, np.float32), instruction="reach", timeout_s=20),
                 PredictReply), PD, ""),
-            "step alice's env session": (req(names.instance_op("env", session.worker, "step"), EnvStepRequest(
+            "step alice's env session": (req(ops.ENV_STEP.instance_subject(names, session.worker), EnvStepRequest(
                 session=session.session, action=np.zeros(2, np.float32)), Ok), PD, ""),
             "upload weights as alice": (req(m("weights_upload"), WeightsUploadRequest(
                 tenant="alice", name="start", offset=0, data=b"x"), Ok), PD, ""),
@@ -368,11 +368,11 @@ def test_a_tenant_with_valid_credentials_reaches_nothing_it_does_not_own(deploym
             "submit priority over its ceiling": (submit(_spec(schedule={"priority": 9})), IF, "priority"),
             "submit in-flight over its quota": (submit(_spec(schedule={"max_inflight_jobs": 50})), IF, "max_inflight_jobs"),
             # -- sizes and rates past every limit -------------------------------------------------
-            "sample 10,000 indices": (raw(names.env("sample"), SampleRequest, {
+            "sample 10,000 indices": (raw(ops.ENV_SAMPLE.subject(names), SampleRequest, {
                 "root": "/x", "n": 1, "seed": None, "indices": list(range(10_000))}, DatasetBatch), IF, "indices"),
-            "sample n=1e9": (raw(names.env("sample"), SampleRequest, {
+            "sample n=1e9": (raw(ops.ENV_SAMPLE.subject(names), SampleRequest, {
                 "root": "/x", "n": 10**9, "seed": None, "indices": []}, DatasetBatch), IF, "n"),
-            "an env with 100k-pixel frames": (req(names.env("create"), EnvCreateRequest(
+            "an env with 100k-pixel frames": (req(ops.ENV_CREATE.subject(names), EnvCreateRequest(
                 env_id="builtin/reach-v0", options={"image_size": 100_000}), EnvSession), IF, "image_height"),
             "an env session past its share": (past_share, QE, "env_sessions_per_tenant"),
             "an eval of 10^9 episodes": (submit({"tenant": "mallory", "task": "eval", "env": _spec()["env"],

@@ -25,9 +25,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from actors.broker import free_port
 from actors.bus import Bus
 from actors.supervisor import ClusterState, pid_alive
+from protocol import ops
 from protocol.codec import packb
 from protocol.errors import ErrorCode
-from protocol.messages import ErrorReply, HealthEvent, InfoRequest, RoleInfo
+from protocol.messages import ErrorReply, HealthEvent, InfoRequest
 from protocol.subjects import ROLES, Names
 from protocol.wire import decode, encode
 from tests.conftest import nexus_cmd, python_env
@@ -82,8 +83,8 @@ def test_status_shows_all_six_roles_alive(cluster):
         assert role in table
 
 
-async def _with_bus(url: str, fn, tracer=None):
-    bus = await Bus.connect(url, name="test", reconnect_forever=False, tracer=tracer)
+async def _with_bus(url: str, fn, tracer=None, prefix: str | None = None):
+    bus = await Bus.connect(url, name="test", reconnect_forever=False, tracer=tracer, prefix=prefix)
     try:
         return await fn(bus)
     finally:
@@ -91,15 +92,13 @@ async def _with_bus(url: str, fn, tracer=None):
 
 
 def test_every_role_answers_info(cluster):
-    names = Names(cluster.prefix)
-
     async def go(bus):
         out = {}
         for role in ROLES:
-            out[role] = await bus.request(names.role_op(role, "info"), InfoRequest(), RoleInfo, timeout_s=5)
+            out[role] = await bus.call(ops.INFO.of(role), InfoRequest(), timeout_s=5)
         return out
 
-    infos = asyncio.run(_with_bus(cluster.nats_url, go))
+    infos = asyncio.run(_with_bus(cluster.nats_url, go, prefix=cluster.prefix))
     by_role = {r.role: r for r in cluster.roles}
     for role, info in infos.items():
         assert info.role == role and info.state == "ready" and "info" in info.ops
@@ -124,9 +123,9 @@ def test_bad_input_gets_error_envelope_and_role_keeps_serving(cluster, role):
 
     async def go(bus):
         results = {}
-        subjects = [names.role_op(role, "info")]
+        subjects = [ops.INFO.of(role).subject(names)]
         inst = next(r.instance for r in cluster.roles if r.role == role)
-        subjects.append(names.instance_op(role, inst, "info"))
+        subjects.append(ops.INFO.of(role).instance_subject(names, inst))
         for subject in subjects:
             for label, (data, code) in _bad_bodies().items():
                 reply = await bus.nc.request(subject, data, timeout=5)
@@ -140,12 +139,12 @@ def test_bad_input_gets_error_envelope_and_role_keeps_serving(cluster, role):
         err = decode(reply.data)
         assert err.code == ErrorCode.UNKNOWN_OP and "submitx" in err.message
         # And the role still serves.
-        info = await bus.request(names.role_op(role, "info"), InfoRequest(), RoleInfo, timeout_s=5)
+        info = await bus.call(ops.INFO.of(role), InfoRequest(), timeout_s=5)
         assert info.role == role
         return results
 
-    results = asyncio.run(_with_bus(cluster.nats_url, go))
-    missing = results[(names.role_op(role, "info"), "missing field")]
+    results = asyncio.run(_with_bus(cluster.nats_url, go, prefix=cluster.prefix))
+    missing = results[(ops.INFO.of(role).subject(names), "missing field")]
     assert missing.details.get("field") == "body"
 
 
@@ -154,7 +153,7 @@ def test_master_submit_subject_rejects_bad_input(cluster):
     names = Names(cluster.prefix)
 
     async def go(bus):
-        reply = await bus.nc.request(names.master("submit"), b"\x00garbage", timeout=5)
+        reply = await bus.nc.request(ops.MASTER_SUBMIT.subject(names), b"\x00garbage", timeout=5)
         return decode(reply.data)
 
     err = asyncio.run(_with_bus(cluster.nats_url, go))
@@ -166,15 +165,14 @@ def test_trace_context_crosses_processes(cluster):
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     tracer = provider.get_tracer("test")
-    names = Names(cluster.prefix)
     master = next(r for r in cluster.roles if r.role == "master")
 
     async def go(bus):
         with tracer.start_as_current_span("test-root") as root:
-            await bus.request(names.role_op("master", "info"), InfoRequest(), RoleInfo, timeout_s=5)
+            await bus.call(ops.INFO.of("master"), InfoRequest(), timeout_s=5)
             return format(root.get_span_context().trace_id, "032x")
 
-    trace_id = asyncio.run(_with_bus(cluster.nats_url, go, tracer=tracer))
+    trace_id = asyncio.run(_with_bus(cluster.nats_url, go, tracer=tracer, prefix=cluster.prefix))
     client_spans = [s for s in exporter.get_finished_spans() if s.name.startswith("request ")]
     assert client_spans and format(client_spans[0].context.trace_id, "032x") == trace_id
     trace_file = Path(cluster.traces_dir) / f"master-{master.instance}.jsonl"

@@ -39,6 +39,7 @@ import sys
 import threading
 import time
 import uuid
+from protocol import ops
 from collections import defaultdict
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -379,7 +380,7 @@ async def _audit(st: Stack, tenants: list[str]):
     from actors.slots import get_object
     from bench.chaos_audit import audit_jobs
     from protocol.codec import unpackb
-    from protocol.messages import CheckpointGetRequest, CheckpointRef, WeightsRef
+    from protocol.messages import CheckpointGetRequest, WeightsRef
     from protocol.subjects import Names
     from protocol.wire import decode
     from sdk.client import AsyncClient
@@ -397,8 +398,8 @@ async def _audit(st: Stack, tenants: list[str]):
         versions, checkpoints = {}, {}
         for t in tenants:
             versions[t] = decode((await js_retry(kv.get, t)).value, WeightsRef).version
-            ref = await retry_through_outage(client.bus.request, names.master("checkpoint_get"),
-                                             CheckpointGetRequest(tenant=t), CheckpointRef, timeout_s=15.0)
+            ref = await retry_through_outage(client.bus.call, ops.MASTER_CHECKPOINT_GET,
+                                             CheckpointGetRequest(tenant=t), timeout_s=15.0)
             blob = unpackb(await get_object(store, ref.object_name))
             checkpoints[t] = {"applied": list(blob.get("applied", [])), "version": blob.get("version")}
     return audit_jobs(jobs, versions, checkpoints), jobs

@@ -13,12 +13,13 @@ import pytest
 
 from actors.bus import Bus
 from actors.runtime import EXIT_NOW_STATUS
+from protocol import ops
 from protocol.errors import InternalError, Unavailable
-from protocol.messages import InfoRequest, Ok, RoleInfo
+from protocol.messages import InfoRequest, Ok
 from protocol.policy import BROKER_RETRY_AFTER_S
 from protocol.subjects import Names
 from tests.conftest import python_env
-from tests.slow_role import SleepRequest
+from tests.slow_role import SLOW_BROKER_TIMEOUT, SLOW_CRASH, SLOW_SLEEP, SLOW_STUCK_THREAD, SleepRequest
 
 
 @pytest.fixture
@@ -38,7 +39,7 @@ async def _wait_ready(bus: Bus, names: Names) -> None:
     deadline = time.monotonic() + 20
     while True:
         try:
-            await bus.request(names.role_op("slow", "info"), InfoRequest(), RoleInfo, timeout_s=1)
+            await bus.call(ops.INFO.of("slow"), InfoRequest(), timeout_s=1)
             return
         except Unavailable:
             if time.monotonic() > deadline:
@@ -49,7 +50,7 @@ async def _wait_ready(bus: Bus, names: Names) -> None:
 @contextlib.asynccontextmanager
 async def _ready_bus(nats_url: str, names: Names):
     """A client of the test's NATS, once the slow role answers; drained and closed after."""
-    bus = await Bus.connect(nats_url, name="test", reconnect_forever=False)
+    bus = await Bus.connect(nats_url, name="test", reconnect_forever=False, prefix=names.prefix)
     try:
         await _wait_ready(bus, names)
         yield bus
@@ -63,13 +64,13 @@ def test_sigterm_drains_in_flight_work_then_exits_0(slow_role, nats_url):
     async def go():
         async with _ready_bus(nats_url, names) as bus:
             pending = asyncio.ensure_future(
-                bus.request(names.role_op("slow", "sleep"), SleepRequest(1.5), Ok, timeout_s=10))
+                bus.request(SLOW_SLEEP.subject(names), SleepRequest(1.5), Ok, timeout_s=10))
             await asyncio.sleep(0.4)  # the request is in flight now
             proc.send_signal(signal.SIGTERM)
             reply = await pending
             # After the drain began, new requests find no responder (the role unsubscribed).
             with pytest.raises(Unavailable):
-                await bus.request(names.role_op("slow", "info"), InfoRequest(), RoleInfo, timeout_s=2)
+                await bus.call(ops.INFO.of("slow"), InfoRequest(), timeout_s=2)
             return reply
 
     reply = asyncio.run(go())
@@ -83,11 +84,11 @@ def test_second_signal_exits_now(slow_role, nats_url):
     proc, names = slow_role
 
     async def go():
-        bus = await Bus.connect(nats_url, name="test", reconnect_forever=False)
+        bus = await Bus.connect(nats_url, name="test", reconnect_forever=False, prefix=names.prefix)
         try:
             await _wait_ready(bus, names)
             asyncio.ensure_future(
-                bus.request(names.role_op("slow", "sleep"), SleepRequest(30), Ok, timeout_s=40))
+                bus.request(SLOW_SLEEP.subject(names), SleepRequest(30), Ok, timeout_s=40))
             await asyncio.sleep(0.4)
             proc.send_signal(signal.SIGTERM)
             await asyncio.sleep(0.3)
@@ -107,7 +108,7 @@ def test_a_stuck_worker_thread_does_not_keep_a_stopped_role_alive(slow_role, nat
 
     async def go():
         async with _ready_bus(nats_url, names) as bus:
-            await bus.request(names.role_op("slow", "stuck_thread"), SleepRequest(0), Ok, timeout_s=5)
+            await bus.request(SLOW_STUCK_THREAD.subject(names), SleepRequest(0), Ok, timeout_s=5)
 
     asyncio.run(go())
     proc.send_signal(signal.SIGTERM)
@@ -124,8 +125,8 @@ def test_handler_bug_is_an_error_reply_not_a_crash(slow_role, nats_url):
     async def go():
         async with _ready_bus(nats_url, names) as bus:
             with pytest.raises(InternalError, match="handler bug"):
-                await bus.request(names.role_op("slow", "crash"), SleepRequest(0), Ok, timeout_s=5)
-            return await bus.request(names.role_op("slow", "info"), InfoRequest(), RoleInfo, timeout_s=5)
+                await bus.request(SLOW_CRASH.subject(names), SleepRequest(0), Ok, timeout_s=5)
+            return await bus.call(ops.INFO.of("slow"), InfoRequest(), timeout_s=5)
 
     assert asyncio.run(go()).role == "slow"
     assert proc.poll() is None
@@ -139,7 +140,7 @@ def test_a_broker_timeout_in_a_handler_is_unavailable_with_a_retry_hint(slow_rol
     async def go():
         async with _ready_bus(nats_url, names) as bus:
             with pytest.raises(Unavailable, match="could not reach JetStream on broker_timeout") as err:
-                await bus.request(names.role_op("slow", "broker_timeout"), SleepRequest(0), Ok, timeout_s=5)
+                await bus.request(SLOW_BROKER_TIMEOUT.subject(names), SleepRequest(0), Ok, timeout_s=5)
             return err.value
 
     exc = asyncio.run(go())
@@ -154,7 +155,7 @@ def test_drain_request_stops_one_instance(slow_role, nats_url):
     async def go():
         async with _ready_bus(nats_url, names) as bus:
             from protocol.messages import DrainRequest
-            return await bus.request(names.instance_op("slow", "s1", "drain"), DrainRequest("test"), Ok, timeout_s=5)
+            return await bus.call(ops.DRAIN.of("slow"), DrainRequest("test"), instance="s1", timeout_s=5)
 
     assert "draining" in asyncio.run(go()).detail
     assert proc.wait(timeout=15) == 0
@@ -162,11 +163,11 @@ def test_drain_request_stops_one_instance(slow_role, nats_url):
 
 def test_request_to_nobody_fails_fast_and_timeouts_are_bounded(nats_url, layout):
     async def go():
-        bus = await Bus.connect(nats_url, name="test", reconnect_forever=False)
+        bus = await Bus.connect(nats_url, name="test", reconnect_forever=False, prefix=layout.prefix)
         try:
             t0 = time.monotonic()
             with pytest.raises(Unavailable, match="no role is serving"):
-                await bus.request(layout.role_op("nobody", "info"), InfoRequest(), RoleInfo, timeout_s=5)
+                await bus.call(ops.INFO.of("nobody"), InfoRequest(), timeout_s=5)
             return time.monotonic() - t0
         finally:
             await bus.close()

@@ -13,6 +13,7 @@ import copy
 import numpy as np
 import pytest
 
+from protocol import ops
 from protocol.errors import InvalidField
 # The LoRA services module's deployment (master, trainer, env, an inferencer with a longer batch
 # wait so concurrent requests group): one instance for this module.
@@ -30,7 +31,7 @@ def sft(tenant: str, module: dict, steps: int = 3) -> dict:
 
 
 def test_expert_and_frozen_tenants_train_side_by_side_and_serve_in_one_group(deployment):  # noqa: F811 (the fixture)
-    from protocol.messages import InfoRequest, RoleInfo
+    from protocol.messages import InfoRequest
 
     rng = np.random.default_rng(0)
     obs = {"images": {c: rng.integers(0, 256, (64, 64, 3), dtype=np.uint8) for c in ("top", "wrist")},
@@ -40,8 +41,7 @@ def test_expert_and_frozen_tenants_train_side_by_side_and_serve_in_one_group(dep
     async def body(c):
         handles = [await c.submit(sft("expert-a", EXPERT)), await c.submit(sft("frozen-e", {"kind": "mlp"}))]
         recs = await asyncio.gather(*(h.wait(timeout_s=240) for h in handles))
-        info = await c.bus.request(c.names.instance_op("trainer", trainer, "info"), InfoRequest(), RoleInfo,
-                                   timeout_s=10)
+        info = await c.bus.call(ops.INFO.of("trainer"), InfoRequest(), instance=trainer, timeout_s=10)
         replies = await asyncio.gather(*(c.predict(t, obs["images"], obs["state"], obs["instruction"], sample=False,
                                                    timeout_s=30) for t in ("expert-a", "frozen-e")))
         ref = await c.latest_weights("expert-a")

@@ -9,8 +9,9 @@ import time
 import numpy as np
 import pytest
 
+from protocol import ops
 from protocol.errors import InvalidField, MissingField, NotFound, RequestTimeout
-from protocol.messages import DrainRequest, InfoRequest, Ok, RoleInfo
+from protocol.messages import DrainRequest, InfoRequest
 from sdk.client import AsyncClient
 from tests.tq_helpers import BASE, CALVIN_SCHEMA, micro_batch, tenant
 
@@ -142,8 +143,7 @@ def test_weight_sync_and_pinned_versions(roles):
             while (v2 := await predict(c, cfg, 1)).version != 2 and time.monotonic() < deadline:
                 await asyncio.sleep(0.1)
             pinned = await predict(c, cfg, 1, version=0)
-            info = await c.bus.request(c.names.instance_op("inferencer", inf.instance, "info"), InfoRequest(),
-                                       RoleInfo, timeout_s=10)
+            info = await c.bus.call(ops.INFO.of("inferencer"), InfoRequest(), instance=inf.instance, timeout_s=10)
             return v0, v1, w1, v2, pinned, info
         finally:
             await c.close()
@@ -190,15 +190,14 @@ def test_add_and_remove_an_instance_under_load_without_failures(roles):
             second = await loop.run_in_executor(None, lambda: roles.start("inferencer", NEXUS_INFER_BASE=BASE))  # scale out
             await asyncio.sleep(1.5)
             before = results["ok"]
-            reply = await c.bus.request(c.names.instance_op("inferencer", first.instance, "drain"),
-                                        DrainRequest(reason="scale in"), Ok, timeout_s=10)  # scale in
+            reply = await c.bus.call(ops.DRAIN.of("inferencer"), DrainRequest(reason="scale in"),
+                                     instance=first.instance, timeout_s=10)  # scale in
             assert "draining" in reply.detail
             await loop.run_in_executor(None, first.wait, 30)
             await asyncio.sleep(1.5)
             stop.set()
             await asyncio.gather(*clients)
-            info = await c.bus.request(c.names.instance_op("inferencer", second.instance, "info"), InfoRequest(),
-                                       RoleInfo, timeout_s=10)
+            info = await c.bus.call(ops.INFO.of("inferencer"), InfoRequest(), instance=second.instance, timeout_s=10)
             return before, info
         finally:
             await c.close()
@@ -224,8 +223,7 @@ def test_engine_defaults_and_warmup_per_layout(roles):
         {"name": "top", "height": 16, "width": 16}]}, seed=4)  # 4 camera slots: a third layout
 
     async def info(c, inst):
-        return (await c.bus.request(c.names.instance_op("inferencer", inst.instance, "info"), InfoRequest(),
-                                    RoleInfo, timeout_s=10)).extra
+        return (await c.bus.call(ops.INFO.of("inferencer"), InfoRequest(), instance=inst.instance, timeout_s=10)).extra
 
     async def go():
         c = await AsyncClient(roles.nats_url, roles.prefix, timeout_s=60).connect()

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from actors.bus import Bus
+from protocol import ops
 from protocol.errors import Busy, NexusError
 from protocol.messages import (
     CHUNK_SEQ_FLAG,
@@ -34,14 +35,13 @@ from protocol.messages import (
 from protocol.wire import decode, encode
 from sdk.client import AsyncClient
 from tests.conftest import python_env
-from tests.slow_role import SleepRequest
+from tests.slow_role import SLOW_SLEEP, SleepRequest
 from tests.test_inference import obs
 from tests.tq_helpers import BASE, micro_batch, tenant
 
 
 async def _info(c: AsyncClient, instance: str) -> RoleInfo:
-    return await c.bus.request(c.names.instance_op("inferencer", instance, "info"), InfoRequest(), RoleInfo,
-                               timeout_s=10)
+    return await c.bus.call(ops.INFO.of("inferencer"), InfoRequest(), instance=instance, timeout_s=10)
 
 
 def _request(cfg, seed: int = 0, request_id: str = "", timeout_s: float = 30.0, sample: bool = True) -> PredictRequest:
@@ -226,25 +226,25 @@ def test_runtime_max_pending_answers_busy_before_making_a_task(nats_url, layout,
     )
 
     async def go():
-        bus = await Bus.connect(nats_url, name="test", reconnect_forever=False)
+        bus = await Bus.connect(nats_url, name="test", reconnect_forever=False, prefix=layout.prefix)
         try:
             deadline = time.monotonic() + 30
             while True:
                 try:
-                    await bus.request(layout.role_op("slow", "info"), InfoRequest(), RoleInfo, timeout_s=1)
+                    await bus.call(ops.INFO.of("slow"), InfoRequest(), timeout_s=1)
                     break
                 except NexusError:
                     assert time.monotonic() < deadline, "slow role never came up"
                     await asyncio.sleep(0.1)
-            sleeps = [asyncio.ensure_future(bus.request(layout.role_op("slow", "sleep"), SleepRequest(2.5), Ok,
+            sleeps = [asyncio.ensure_future(bus.request(SLOW_SLEEP.subject(layout), SleepRequest(2.5), Ok,
                                                         timeout_s=20)) for _ in range(6)]
             await asyncio.sleep(0.3)
             # Saturated, yet an operator can still look at it at once (control ops have
             # headroom and skip the concurrency slot), before the first sleep ends.
-            info = await bus.request(layout.role_op("slow", "info"), InfoRequest(), RoleInfo, timeout_s=5)
+            info = await bus.call(ops.INFO.of("slow"), InfoRequest(), timeout_s=5)
             assert not any(s.done() for s in sleeps[:2])
             results = await asyncio.gather(*sleeps, return_exceptions=True)
-            after = await bus.request(layout.role_op("slow", "sleep"), SleepRequest(0.01), Ok, timeout_s=10)
+            after = await bus.request(SLOW_SLEEP.subject(layout), SleepRequest(0.01), Ok, timeout_s=10)
             return info, results, after
         finally:
             await bus.close()

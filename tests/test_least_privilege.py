@@ -29,6 +29,7 @@ from actors.auth import AuthStore
 from actors.creds import Credentials, redact_url
 from actors.permissions import PROCESSES, role_permissions
 from actors.supervisor import ClusterState
+from protocol import ops
 from protocol.subjects import ROLES, Names
 from sdk.client import AsyncClient
 from tests.conftest import nexus_cmd, nexus_up, python_env
@@ -101,7 +102,7 @@ def test_each_role_logs_in_as_its_own_user_with_only_its_permissions(deployment)
     # A tenant's ops on another tenant's work are the master's business; the env worker may
     # not even ask for quotas, nor the health manager for anything of the master's.
     names = Names(deployment.prefix)
-    assert names.master("tenant_quotas") not in role_permissions("env", deployment.prefix)["pub"]["allow"]
+    assert ops.MASTER_TENANT_QUOTAS.subject(names) not in role_permissions("env", deployment.prefix)["pub"]["allow"]
     # Every running role was handed its own file: not the platform's, not the admin's.
     for child in deployment.roles:
         env = _environ(child.pid)
@@ -126,15 +127,15 @@ def test_the_server_refuses_a_role_outside_its_list(deployment):
         admin = await nats.connect(url, **Credentials.read(store.admin_creds).connect_options())
         try:
             # Allowed: the env worker asks the master about a job (a real answer, an error reply).
-            ok = await env.request(names.master("job"), b"{}", timeout=10)
+            ok = await env.request(ops.MASTER_JOB.subject(names), b"{}", timeout=10)
             assert ok.data
             # Refused by the server: an op not in its list, a stream delete, a bucket write.
-            for subject in (names.master("tenant_quotas"), "$JS.API.STREAM.DELETE." + names.stream_intake,
+            for subject in (ops.MASTER_TENANT_QUOTAS.subject(names), "$JS.API.STREAM.DELETE." + names.stream_intake,
                             f"$KV.{names.kv_tenants}.evil"):
                 with pytest.raises(nats.errors.TimeoutError):
                     await env.request(subject, b"{}", timeout=1.0)
             # ...and a subscription to what is not its own (the tenants' deletions are not).
-            await env.subscribe(names.master("submit"))
+            await env.subscribe(ops.MASTER_SUBMIT.subject(names))
             await env.flush()
             await asyncio.sleep(0.5)
             # Nothing changed: the intake stream is still there.
@@ -147,9 +148,9 @@ def test_the_server_refuses_a_role_outside_its_list(deployment):
 
     errors = asyncio.run(go())
     said = " ".join(errors).lower()  # nats.py lower-cases the server's -ERR
-    assert f'permissions violation for publish to "{names.master("tenant_quotas")}"' in said, errors
+    assert f'permissions violation for publish to "{ops.MASTER_TENANT_QUOTAS.subject(names)}"' in said, errors
     assert "permissions violation for publish to \"$js.api.stream.delete." in said, errors
-    assert f'permissions violation for subscription to "{names.master("submit")}"' in said, errors
+    assert f'permissions violation for subscription to "{ops.MASTER_SUBMIT.subject(names)}"' in said, errors
 
 
 def test_each_role_user_can_probe_its_own_instance(deployment):

@@ -24,16 +24,17 @@ from actors.broker import free_port
 from actors.bus import Bus
 from actors.runtime import EXIT_LOOP_FAILED
 from actors.supervisor import ClusterState, pid_alive
+from protocol import ops
 from protocol.errors import NexusError, NotFound
-from protocol.messages import HealthEvent, Heartbeat, InfoRequest, Ok, RestartRequest, RoleInfo
+from protocol.messages import HealthEvent, Heartbeat, InfoRequest, Ok, RestartRequest
 from protocol.subjects import Names
 from protocol.wire import decode
 from tests.conftest import nexus_cmd, python_env
-from tests.loopy_role import LOOP, FailRequest, LoopInfo, LoopInfoRequest, StallRequest
+from tests.loopy_role import LOOP, LOOPY_FAIL, LOOPY_LOOP_INFO, LOOPY_STALL, FailRequest, LoopInfo, LoopInfoRequest, StallRequest
 
 
-async def _connect(url: str) -> Bus:
-    return await Bus.connect(url, name="test-liveness", reconnect_forever=False)
+async def _connect(url: str, prefix: str) -> Bus:
+    return await Bus.connect(url, name="test-liveness", reconnect_forever=False, prefix=prefix)
 
 
 async def _until(fn, timeout_s: float, what: str, every_s: float = 0.1):
@@ -75,25 +76,25 @@ def _into(queue: asyncio.Queue, kind: type):
 
 
 async def _loop_info(bus: Bus, names: Names) -> LoopInfo:
-    return await bus.request(names.role_op("loopy", "loop_info"), LoopInfoRequest(), LoopInfo, timeout_s=2)
+    return await bus.request(LOOPY_LOOP_INFO.subject(names), LoopInfoRequest(), LoopInfo, timeout_s=2)
 
 
 def test_failed_loop_restarts_then_exhausted_budget_exits_nonzero(loopy, nats_url):
     proc, names, log_path = loopy
 
     async def go():
-        bus = await _connect(nats_url)
+        bus = await _connect(nats_url, names.prefix)
         try:
             await _until(lambda: _loop_info(bus, names), 30, "loopy ready")
-            await bus.request(names.role_op("loopy", "fail"), FailRequest(times=1), Ok, timeout_s=2)
+            await bus.request(LOOPY_FAIL.subject(names), FailRequest(times=1), Ok, timeout_s=2)
             info = await _until(lambda: _ok_if(_loop_info(bus, names), lambda i: i.starts == 2), 10,
                                 "the loop started a second time")
             # Restarted and still serving: the loop iterates again, the role answers.
             await _until(lambda: _ok_if(_loop_info(bus, names), lambda i: i.iterations > info.iterations + 3),
                          10, "the restarted loop iterating")
-            role = await bus.request(names.role_op("loopy", "info"), InfoRequest(), RoleInfo, timeout_s=2)
+            role = await bus.call(ops.INFO.of("loopy"), InfoRequest(), timeout_s=2)
             assert role.state == "ready"
-            await bus.request(names.role_op("loopy", "fail"), FailRequest(times=1000), Ok, timeout_s=2)
+            await bus.request(LOOPY_FAIL.subject(names), FailRequest(times=1000), Ok, timeout_s=2)
         finally:
             await bus.close()
 
@@ -113,7 +114,7 @@ def test_stalled_loop_is_in_heartbeats_and_yields_role_down(loopy, roles, nats_u
     roles.start("health")
 
     async def go():
-        bus = await _connect(nats_url)
+        bus = await _connect(nats_url, names.prefix)
         beats: asyncio.Queue = asyncio.Queue(maxsize=1000)
         events: asyncio.Queue = asyncio.Queue(maxsize=100)
         try:
@@ -124,13 +125,13 @@ def test_stalled_loop_is_in_heartbeats_and_yields_role_down(loopy, roles, nats_u
             await _until(lambda: _loop_info(bus, names), 30, "loopy ready")
             hb = await asyncio.wait_for(beats.get(), timeout=5)
             assert LOOP in hb.loops and hb.loops[LOOP] < 1.0 and hb.stalled == []
-            await bus.request(names.role_op("loopy", "stall"), StallRequest(), Ok, timeout_s=2)
+            await bus.request(LOOPY_STALL.subject(names), StallRequest(), Ok, timeout_s=2)
             while not hb.stalled:
                 hb = await asyncio.wait_for(beats.get(), timeout=5)
             assert hb.stalled == [LOOP] and hb.loops[LOOP] > hb.loop_limits_s[LOOP] == 1.0
             ev = await asyncio.wait_for(events.get(), timeout=5)
             # Still beating, still answering: only the loop is dead, and it is named.
-            role = await bus.request(names.role_op("loopy", "info"), InfoRequest(), RoleInfo, timeout_s=2)
+            role = await bus.call(ops.INFO.of("loopy"), InfoRequest(), timeout_s=2)
             return ev, role
         finally:
             await bus.close()
@@ -165,7 +166,7 @@ async def _successor(data_dir, role: str, old_instance: str) -> str | None:
 
 
 async def _ready(bus: Bus, names: Names, role: str, instance: str) -> bool:
-    info = await bus.request(names.instance_op(role, instance, "info"), InfoRequest(), RoleInfo, timeout_s=2)
+    info = await bus.call(ops.INFO.of(role), InfoRequest(), instance=instance, timeout_s=2)
     return info.state == "ready"
 
 
@@ -175,7 +176,7 @@ def test_hung_role_is_killed_and_replaced_in_place(cluster):
     victim = next(r for r in ClusterState.read(data_dir).roles if r.role == "env")
 
     async def go():
-        bus = await _connect(state.nats_url)
+        bus = await _connect(state.nats_url, state.prefix)
         events: asyncio.Queue = asyncio.Queue(maxsize=100)
         try:
             await bus.nc.subscribe(names.health_event("env", victim.instance),
@@ -209,7 +210,7 @@ def test_drain_restart_request_replaces_an_instance_cleanly(cluster):
     old = next(r for r in ClusterState.read(data_dir).roles if r.role == "trainer")
 
     async def go():
-        bus = await _connect(state.nats_url)
+        bus = await _connect(state.nats_url, state.prefix)
         try:
             ok = await bus.request(names.supervisor("restart"),
                                    RestartRequest(role="trainer", instance=old.instance, mode="drain",
@@ -233,7 +234,7 @@ def test_restart_request_for_unknown_instance_or_role_is_a_clear_error(cluster):
     live = next(r for r in ClusterState.read(data_dir).roles if r.role == "monitor")
 
     async def go():
-        bus = await _connect(state.nats_url)
+        bus = await _connect(state.nats_url, state.prefix)
         try:
             with pytest.raises(NotFound) as unknown:
                 await bus.request(names.supervisor("restart"), RestartRequest(role="monitor", instance="monitor-nope"),
@@ -262,7 +263,7 @@ def test_global_restart_replaces_every_role(cluster):
         return now if set(now) == set(before) and all(now[k] != before[k].instance for k in now) else None
 
     async def go():
-        bus = await _connect(state.nats_url)
+        bus = await _connect(state.nats_url, state.prefix)
         try:
             ok = await bus.request(names.supervisor("restart"), RestartRequest(role="master", mode="global",
                                                                               reason="test"), Ok, timeout_s=10)
@@ -364,7 +365,7 @@ def test_a_registration_the_broker_refused_is_written_again_with_the_heartbeats(
     names = layout
 
     async def drop_bucket():
-        bus = await _connect(nats_url)
+        bus = await _connect(nats_url, names.prefix)
         try:
             await bus.js.delete_key_value(names.kv_services)
         finally:
@@ -379,7 +380,7 @@ def test_a_registration_the_broker_refused_is_written_again_with_the_heartbeats(
             env=python_env(NEXUS_HEARTBEAT_INTERVAL_S="0.3"), stdout=log, stderr=subprocess.STDOUT)
         try:
             async def go():
-                bus = await _connect(nats_url)
+                bus = await _connect(nats_url, names.prefix)
                 try:
                     await _until(lambda: _loop_info(bus, names), 30, "loopy ready")
                     await _until(_async(lambda: "service registration failed" in log_path.read_text()), 10,

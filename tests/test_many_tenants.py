@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from protocol.messages import InfoRequest, RoleInfo
+from protocol import ops
+from protocol.messages import InfoRequest
 from sdk.client import AsyncClient
 from tests.tq_helpers import CALVIN_SCHEMA, micro_batch, tenant
 
@@ -28,8 +29,7 @@ def test_64_tenant_slots_on_one_trainer(roles):
                 await c.mark_ready(cfg.name, job.job)
                 jobs.append((cfg.name, job.job))
             recs = [await c.wait_job(t, j, timeout_s=300) for t, j in jobs]
-            info = await c.bus.request(c.names.instance_op("trainer", trainer.instance, "info"), InfoRequest(),
-                                       RoleInfo, timeout_s=10)
+            info = await c.bus.call(ops.INFO.of("trainer"), InfoRequest(), instance=trainer.instance, timeout_s=10)
             return recs, info
         finally:
             await c.close()

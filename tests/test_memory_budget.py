@@ -19,8 +19,9 @@ import numpy as np
 import pytest
 
 from actors.budget import lru_victims
+from protocol import ops
 from protocol.errors import CapacityExceeded
-from protocol.messages import CheckpointGetRequest, CheckpointRef
+from protocol.messages import CheckpointGetRequest
 from sdk.client import AsyncClient
 from tests.conftest import module_roles
 from tests.test_inference import predict
@@ -165,8 +166,7 @@ def test_trainer_evicts_idle_slots_and_restores_one_exactly(deployment):
             rec, _ = await _train(c, cfg, 1, seed=10 + i)
             assert rec.state == "cleared", rec
         mid = await _info(c, "trainer", trainer)
-        ckpt = await c.bus.request(c.names.master("checkpoint_get"), CheckpointGetRequest(tenant=a.name),
-                                   CheckpointRef, timeout_s=10)
+        ckpt = await c.bus.call(ops.MASTER_CHECKPOINT_GET, CheckpointGetRequest(tenant=a.name), timeout_s=10)
         second, items2 = await _train(c, a, 2, seed=2)
         after = await _info(c, "trainer", trainer)
         payload = (await c.download_weights(await c.latest_weights(a.name)))[0]

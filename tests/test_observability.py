@@ -16,6 +16,7 @@ import uuid
 import pytest
 
 from actors.series import OTHER_TENANT, SIGNALS, SeriesStore
+from protocol import ops
 from protocol.errors import InvalidField
 from protocol.messages import MonitorSnapshot, SnapshotRequest
 from sdk.client import AsyncClient
@@ -152,7 +153,7 @@ def test_snapshot_keeps_history_per_version(deployment):
     async def go():
         c = await AsyncClient(deployment.nats_url, deployment.prefix, timeout_s=10).connect()
         try:
-            subject = c.names.role_op("monitor", "snapshot")
+            subject = ops.MONITOR_SNAPSHOT.subject(c.names)
             snap = await c.bus.request(subject, SnapshotRequest(history=50, family="learning"), MonitorSnapshot,
                                        timeout_s=10)
             system = await c.bus.request(subject, SnapshotRequest(history=600, family="system"), MonitorSnapshot,

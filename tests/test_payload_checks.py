@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 from actors.weights import base_identity, check_manifest, manifest_name
+from protocol import ops
 from protocol.errors import FailedPrecondition
-from protocol.messages import InfoRequest, RoleInfo
+from protocol.messages import InfoRequest
 from sdk.client import AsyncClient
 from tests.tq_helpers import BASE, micro_batch, tenant
 
@@ -91,8 +92,7 @@ def test_inferencer_and_trainer_refuse_a_payload_of_another_base(roles):
             fresh = await asyncio.to_thread(roles.start, "inferencer", NEXUS_INFER_BASE=BASE)
             with pytest.raises(FailedPrecondition) as serve_err:
                 await c.predict(cfg.name, images, state, "x")
-            info = await c.bus.request(c.names.instance_op("inferencer", fresh.instance, "info"), InfoRequest(),
-                                       RoleInfo, timeout_s=10)
+            info = await c.bus.call(ops.INFO.of("inferencer"), InfoRequest(), instance=fresh.instance, timeout_s=10)
 
             await put_manifest(manifest | {"schema_signature": "sha256:" + "cd" * 32})
             with pytest.raises(FailedPrecondition) as schema_err:

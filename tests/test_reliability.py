@@ -14,17 +14,15 @@ import time
 
 import pytest
 
+from protocol import ops
 from protocol.errors import Busy, Conflict, FailedPrecondition
 from protocol.messages import (
     CheckpointCommitRequest,
     CheckpointGetRequest,
-    CheckpointRef,
     JobRecord,
     JobRef,
     JobUpdate,
-    LeaseRenewReply,
     LeaseRenewRequest,
-    LeaseReply,
     LeaseRequest,
 )
 from sdk.client import AsyncClient
@@ -61,35 +59,34 @@ def test_a_lost_lease_can_neither_renew_nor_commit(roles):
         try:
             await c.create_tenant(cfg)
             job, _ = await queue_job(c, cfg, 1)
-            lease = lambda who, s: c.bus.request(c.names.master("lease"), LeaseRequest(  # noqa: E731
-                trainer=who, job=job.job, tenant=cfg.name, lease_s=s), LeaseReply)
+            lease = lambda who, s: c.bus.call(ops.MASTER_LEASE, LeaseRequest(  # noqa: E731
+      trainer=who, job=job.job, tenant=cfg.name, lease_s=s))
             first = (await lease("trainer-a", 0.2)).jobs[0]
             rec = await _wait_state(c, cfg, job.job, ("ready",), timeout_s=10)  # expired, back to ready
             assert "lease expired" in rec.reason
             second = (await lease("trainer-b", 60)).jobs[0]
             assert second.lease_epoch == first.lease_epoch + 1
-            renew = await c.bus.request(c.names.master("lease_renew"), LeaseRenewRequest(
-                trainer="trainer-a", jobs=[JobRef(cfg.name, job.job)], epochs=[first.lease_epoch]), LeaseRenewReply)
+            renew = await c.bus.call(ops.MASTER_LEASE_RENEW, LeaseRenewRequest(
+      trainer="trainer-a", jobs=[JobRef(cfg.name, job.job)], epochs=[first.lease_epoch]))
             assert renew.lost == [job.job] and renew.held == []
             stale = JobUpdate(tenant=cfg.name, job=job.job, state="trained", trainer="trainer-a",
                               lease_epoch=first.lease_epoch, checkpoint="fence/ckpt/a", trained_version=1)
             with pytest.raises(Conflict, match="lease was lost"):
-                await c.bus.request(c.names.master("job_update"), stale, JobRecord)
+                await c.bus.call(ops.MASTER_JOB_UPDATE, stale)
             # The same trainer name with the old epoch is refused too (a restarted process).
             stale.trainer = "trainer-b"
             with pytest.raises(Conflict, match="lease was lost"):
-                await c.bus.request(c.names.master("job_update"), stale, JobRecord)
+                await c.bus.call(ops.MASTER_JOB_UPDATE, stale)
             ok = JobUpdate(tenant=cfg.name, job=job.job, state="trained", trainer="trainer-b",
                            lease_epoch=second.lease_epoch, checkpoint="fence/ckpt/b", trained_version=1)
-            assert (await c.bus.request(c.names.master("job_update"), ok, JobRecord)).state == "trained"
-            ptr = await c.bus.request(c.names.master("checkpoint_get"), CheckpointGetRequest(cfg.name), CheckpointRef)
+            assert (await c.bus.call(ops.MASTER_JOB_UPDATE, ok)).state == "trained"
+            ptr = await c.bus.call(ops.MASTER_CHECKPOINT_GET, CheckpointGetRequest(cfg.name))
             assert ptr.object_name == "fence/ckpt/b" and ptr.job == job.job
             # A writer whose state was built on an older checkpoint cannot move the pointer.
             with pytest.raises(Conflict, match="checkpoint moved"):
-                await c.bus.request(c.names.master("checkpoint_commit"), CheckpointCommitRequest(
-                    tenant=cfg.name, object_name="fence/ckpt/c", base_checkpoint="", trainer="trainer-a"),
-                    CheckpointRef)
-            ptr = await c.bus.request(c.names.master("checkpoint_get"), CheckpointGetRequest(cfg.name), CheckpointRef)
+                await c.bus.call(ops.MASTER_CHECKPOINT_COMMIT, CheckpointCommitRequest(
+          tenant=cfg.name, object_name="fence/ckpt/c", base_checkpoint="", trainer="trainer-a"))
+            ptr = await c.bus.call(ops.MASTER_CHECKPOINT_GET, CheckpointGetRequest(cfg.name))
             assert ptr.object_name == "fence/ckpt/b"
         finally:
             await c.close()
@@ -237,7 +234,7 @@ def test_a_trainer_that_lost_its_lease_commits_nothing(roles):
                 assert time.monotonic() < deadline, "trainer A never noticed its lost lease"
                 await asyncio.sleep(0.2)
             infos = await _infos_once_done(c, (a, b), 1)
-            ptr = await c.bus.request(c.names.master("checkpoint_get"), CheckpointGetRequest(cfg.name), CheckpointRef)
+            ptr = await c.bus.call(ops.MASTER_CHECKPOINT_GET, CheckpointGetRequest(cfg.name))
             payload, _ = await c.download_weights(await c.latest_weights(cfg.name))
             return rec, items, payload, infos, ptr, await c.job(cfg.name, job.job)
         finally:

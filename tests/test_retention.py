@@ -14,8 +14,8 @@ import time
 from nats.js.api import StreamConfig
 
 from actors.metering import Meter, flush
-from protocol.messages import (Ok, UsageCounters, UsageEntry, UsageReport, WorkloadEvent, WorkloadsReply,
-                               WorkloadsRequest)
+from protocol import ops
+from protocol.messages import (UsageCounters, UsageEntry, UsageReport, WorkloadEvent, WorkloadsRequest)
 from protocol.policy import COMPACTED_LABEL, LIST_PAGE_DEFAULT, OTHER_LABEL
 from protocol.wire import decode, encode
 from sdk.client import AsyncClient
@@ -39,9 +39,9 @@ async def _finished(c: AsyncClient, tenant: str, n: int) -> list[str]:
 
 
 async def _report(c: AsyncClient, seq: int, entries: list[tuple[str, str, int]], instance: str = "test-meter") -> None:
-    await c.bus.request(c.names.master("usage_report"), UsageReport(
-        role="inferencer", instance=instance, seq=seq,
-        entries=[UsageEntry(tenant=t, workload=w, usage=UsageCounters(requests=n)) for t, w, n in entries]), Ok)
+    await c.bus.call(ops.MASTER_USAGE_REPORT, UsageReport(
+role="inferencer", instance=instance, seq=seq,
+entries=[UsageEntry(tenant=t, workload=w, usage=UsageCounters(requests=n)) for t, w, n in entries]))
 
 
 def _requests(reply, tenant: str) -> int:
@@ -59,7 +59,7 @@ def test_lists_are_paged_past_the_max_payload_and_reports_split(roles):
                 ids += await _finished(c, "many", 50)
                 size = sum(len(encode(w)) for w in await c.workloads("many"))
             every = await c.workloads()  # the client follows the cursor
-            first = await c.bus.request(c.names.master("workloads"), WorkloadsRequest(), WorkloadsReply)
+            first = await c.bus.call(ops.MASTER_WORKLOADS, WorkloadsRequest())
             # A usage report far past the bound is split, each part acknowledged on its own.
             meter = Meter()
             for i in range(6000):

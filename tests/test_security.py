@@ -27,6 +27,7 @@ from actors.auth import AuthStore
 from actors.creds import Credentials
 from actors.bus import Bus
 from actors.supervisor import ClusterState
+from protocol import ops
 from protocol.errors import NexusError, PermissionDenied, QuotaExceeded, Unauthenticated
 from protocol.messages import (
     CheckpointCommitRequest,
@@ -172,10 +173,10 @@ def test_deny_matrix_own_workload_and_revocation(deployment, tmp_path):
             "load_weights from A": (trainer("load_weights"), LoadWeightsRequest(tenant="bob", object_name="alice/v00000001"), Ok),
             "master drain": (m("drain"), DrainRequest(reason="b"), Ok),
             "trainer info": (trainer("info"), InfoRequest(), RoleInfo),
-            "env step of A's session": (names.instance_op("env", session.worker, "step"),
+            "env step of A's session": (ops.ENV_STEP.instance_subject(names, session.worker),
                                         EnvStepRequest(session=session.session, action=np.zeros(2, np.float32)), Ok),
-            "sample outside the data roots": (names.env("sample"), SampleRequest(root="/etc", n=1), Ok),
-            "sample relative path": (names.env("sample"), SampleRequest(root="../../etc", n=1), Ok),
+            "sample outside the data roots": (ops.ENV_SAMPLE.subject(names), SampleRequest(root="/etc", n=1), Ok),
+            "sample relative path": (ops.ENV_SAMPLE.subject(names), SampleRequest(root="../../etc", n=1), Ok),
         }
         denied = {}
         for what, (subject, msg, expect) in cases.items():
@@ -337,12 +338,12 @@ def test_revoked_tenant_is_disconnected_at_once(deployment):
     creds = Credentials.read(path)
 
     async def connect():
-        return await Bus.connect(_url(state), name="test-carol", reconnect_forever=False, creds=creds)
+        return await Bus.connect(_url(state), name="test-carol", reconnect_forever=False, creds=creds,
+                                 prefix=state.prefix)
 
     async def go():
         bus = await connect()
-        names = Names(state.prefix)
-        await bus.request(names.master("workloads"), WorkloadsRequest(), WorkloadsReply, timeout_s=10)  # works now
+        await bus.call(ops.MASTER_WORKLOADS, WorkloadsRequest(), timeout_s=10)  # works now
         revoke = await asyncio.to_thread(nexus, "tenant", "revoke", "carol", "--data-dir", state.data_dir)
         assert revoke.returncode == 0, revoke.stderr
         deadline = time.monotonic() + 5
@@ -360,8 +361,8 @@ def test_revoked_tenant_is_disconnected_at_once(deployment):
         out = await asyncio.to_thread(nexus, "tenant", "create", "carol", "--data-dir", state.data_dir, "--json")
         assert out.returncode == 0, out.stderr
         new = await Bus.connect(_url(state), name="test-carol", reconnect_forever=False,
-                                creds=Path(json.loads(out.stdout)["creds"]))
-        reply = await new.request(names.master("workloads"), WorkloadsRequest(), WorkloadsReply, timeout_s=10)
+                                creds=Path(json.loads(out.stdout)["creds"]), prefix=state.prefix)
+        reply = await new.call(ops.MASTER_WORKLOADS, WorkloadsRequest(), timeout_s=10)
         await new.close()
         try:
             await connect()
@@ -390,9 +391,9 @@ def test_expired_credentials_are_refused_and_their_connection_closed(deployment,
     async def go():
         import nats
 
-        bus = await Bus.connect(_url(state), name="test-erin", reconnect_forever=False, creds=creds)
-        names = Names(state.prefix)
-        await bus.request(names.master("workloads"), WorkloadsRequest(), WorkloadsReply, timeout_s=10)  # works now
+        bus = await Bus.connect(_url(state), name="test-erin", reconnect_forever=False, creds=creds,
+                                prefix=state.prefix)
+        await bus.call(ops.MASTER_WORKLOADS, WorkloadsRequest(), timeout_s=10)  # works now
         deadline = creds.expires_at + 5
         while bus.nc.is_connected and time.time() < deadline:
             await asyncio.sleep(0.05)
@@ -433,16 +434,16 @@ def test_tenants_beyond_any_pool_are_added_while_the_server_runs(deployment):
     last one's user calls the platform at once, as itself."""
     state, _ = deployment
     store = AuthStore(Path(state.data_dir))
-    names = Names(state.prefix)
 
     async def go():
         path = None
         for i in range(70):
             path = store.add_tenant(f"many{i}")
             await store.push(_url(state), f"many{i}")
-        bus = await Bus.connect(_url(state), name="test-many", reconnect_forever=False, creds=path)
+        bus = await Bus.connect(_url(state), name="test-many", reconnect_forever=False, creds=path,
+                                prefix=state.prefix)
         try:
-            await bus.request(names.master("jobs"), JobsRequest(tenant="many0"), JobsReply, timeout_s=10)
+            await bus.call(ops.MASTER_JOBS, JobsRequest(tenant="many0"), timeout_s=10)
             return "ALLOWED"
         except PermissionDenied as exc:
             return exc

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from protocol import ops
 from pathlib import Path
 
 import numpy as np
@@ -78,7 +79,7 @@ def init_weights_as(deployment, tenant: str, obj: str) -> str:
     error it gets (it is the platform's op only)."""
     from actors.creds import redact_url
     from protocol.errors import NexusError
-    from protocol.messages import InitWeightsRequest, Ok, TenantConfig
+    from protocol.messages import InitWeightsRequest, TenantConfig
     from sdk.client import AsyncClient
 
     _, state, creds = deployment
@@ -87,8 +88,8 @@ def init_weights_as(deployment, tenant: str, obj: str) -> str:
         async with AsyncClient(redact_url(state.nats_url), state.prefix, timeout_s=20, creds=creds[tenant]) as c:
             cfg = TenantConfig(name=tenant, base=BASE, schema={})
             try:
-                await c.bus.request(c.names.role_op("trainer", "init_weights"), InitWeightsRequest(
-                    config=cfg, weights=obj), Ok, timeout_s=20)
+                await c.bus.call(ops.TRAINER_INIT_WEIGHTS, InitWeightsRequest(
+config=cfg, weights=obj), timeout_s=20)
             except NexusError as exc:
                 return str(exc)
             return "ALLOWED"

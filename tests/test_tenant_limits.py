@@ -28,6 +28,7 @@ from actors.auth import AuthStore
 from actors.creds import redact_url
 from actors.bus import Bus
 from actors.supervisor import ClusterState
+from protocol import ops
 from protocol.errors import InvalidField, NotFound, PermissionDenied, QuotaExceeded
 from protocol.messages import (
     CreateTenantRequest,
@@ -36,7 +37,6 @@ from protocol.messages import (
     PredictReply,
     PredictRequest,
     SampleRequest,
-    TenantConfig,
     TenantQuotas,
     TenantQuotasRequest,
 )
@@ -150,13 +150,11 @@ def test_quotas_and_ceilings_are_the_operators(deployment):
         try:
             before = encode(await admin.tenant("alice"))
             with pytest.raises(PermissionDenied):
-                await a.bus.request(a.names.master("tenant_quotas"),
-                                    TenantQuotasRequest(tenant="alice", changes={"max_priority": 10}), TenantConfig,
-                                    timeout_s=10)
+                await a.bus.call(ops.MASTER_TENANT_QUOTAS,
+                                 TenantQuotasRequest(tenant="alice", changes={"max_priority": 10}), timeout_s=10)
             # The same config again: accepted as it is, the operator's quotas kept.
-            again = await a.bus.request(a.names.master("tenant_create"),
-                                        CreateTenantRequest(config=tenant("alice"), exist_ok=True), TenantConfig,
-                                        timeout_s=30)
+            again = await a.bus.call(ops.MASTER_TENANT_CREATE,
+                                     CreateTenantRequest(config=tenant("alice"), exist_ok=True), timeout_s=30)
             own = await attempt(a, quotas=TenantQuotas(max_priority=10))
             prio = await attempt(a, priority=3)  # above its max_priority quota now
             # A spec is bounded by the same quotas; nothing of it is accepted.
@@ -213,7 +211,7 @@ def test_account_limits_are_enforced_by_the_server(deployment):
         out["dave_connected"] = sum(nc.is_connected for nc in others)
         # A message over carol's 4 KiB: the server refuses it and closes that connection;
         # one under it goes through; dave's 8 KiB message is fine.
-        small = await held[0].request(Names(state.prefix).master("list"), b"x" * 1000, timeout=10)
+        small = await held[0].request(ops.MASTER_LIST.subject(Names(state.prefix)), b"x" * 1000, timeout=10)
         out["small_reply"] = len(small.data) > 0
         await held[1].close()  # room for the next one
         big_errors: list = []
@@ -385,7 +383,7 @@ def test_sample_is_bounded_at_decode(deployment):
             # Sent raw, as a hostile client would (its own code skips the check).
             body = {"root": "/nowhere", "n": 1, "seed": None, "indices": list(range(10_000))}
             data = packb({"kind": SampleRequest.KIND, "v": SampleRequest.VERSION, "body": body})
-            reply = await bus.nc.request(Names(state.prefix).env("sample"), data, timeout=30)
+            reply = await bus.nc.request(ops.ENV_SAMPLE.subject(Names(state.prefix)), data, timeout=30)
             return decode(reply.data)
         finally:
             await bus.close()

@@ -26,9 +26,9 @@ from actors.identity import PLATFORM, Caller
 from actors.paths import confine, data_roots, publish_dataset, published_datasets, tenant_datasets
 from actors.supervisor import ClusterState
 from master.workloads import read_report, report_file, write_report
+from protocol import ops
 from protocol.errors import InvalidField, NexusError, NotFound, PermissionDenied
 from protocol.messages import DatasetBatch, SampleRequest, WorkloadRecord
-from protocol.subjects import Names
 from sdk.client import AsyncClient
 from tests.conftest import nexus_cmd, nexus_up, python_env, tenant_create
 from tests.test_workloads import sft_spec, rl_spec
@@ -261,7 +261,6 @@ def test_datasets_of_another_tenant_are_refused_published_ones_read(deployment, 
     out = nexus("dataset", "publish", str(src), "reach-demos", "--data-dir", str(data_dir))
     assert out.returncode == 0, out.stdout + out.stderr
     published = published_datasets(data_dir) / "reach-demos"
-    names = Names(state.prefix)
 
     async def go():
         got = {}
@@ -269,8 +268,7 @@ def test_datasets_of_another_tenant_are_refused_published_ones_read(deployment, 
             for what, root in {"bob's recorded demos": str(bobs), "the data dir": str(data_dir),
                                "the datasets dir": str(data_dir / "datasets"), "published": str(published)}.items():
                 try:
-                    got[what] = await a.bus.request(names.env("sample"), SampleRequest(root=root, n=2),
-                                                    DatasetBatch, timeout_s=60)
+                    got[what] = await a.bus.call(ops.ENV_SAMPLE, SampleRequest(root=root, n=2), timeout_s=60)
                 except NexusError as exc:
                     got[what] = exc
             spec = sft_spec("alice", steps=1)

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from actors.tracing import JOB_STAGES, PREDICT_STAGES
+from protocol import ops
 from protocol.messages import GetTenantRequest, PredictReply, PredictRequest, TenantConfig
 from protocol.subjects import pool_name
 from protocol.wire import decode, encode
@@ -209,7 +210,7 @@ def test_malformed_or_missing_context_starts_a_new_root_and_fails_nothing(deploy
                                              timeout=30, headers=headers)
                 replies.append(decode(msg.data, PredictReply))
             # A role op (the runtime's path) with a malformed context is answered too.
-            msg = await c.bus.nc.request(c.names.master("tenant_get"), encode(GetTenantRequest(tenant=TENANT)),
+            msg = await c.bus.nc.request(ops.MASTER_TENANT_GET.subject(c.names), encode(GetTenantRequest(tenant=TENANT)),
                                          timeout=10, headers=bad[0])
             return replies, decode(msg.data, TenantConfig)
         finally:
@@ -250,11 +251,11 @@ def test_destinations_are_templated_without_tenant_or_job_ids():
     n = Names("nx")
     assert subject_template(n.tq_job("acme", "j1")) == "nx.tq.{tenant}.{job}"
     assert subject_template(n.weights("acme")) == "nx.weights.{tenant}"
-    assert subject_template(n.instance_op("env", "env-3", "step")) == "nx.svc.env.{instance}.step"
+    assert subject_template(ops.ENV_STEP.instance_subject(n, "env-3")) == "nx.svc.env.{instance}.step"
     assert subject_template(n.workload_events("w1")) == "nx.workloads.events.{workload}"
     assert subject_template(n.tenant_deleted("acme")) == "nx.tenants.deleted.{tenant}"
     assert subject_template("_INBOX.abc.def") == "_INBOX.{id}"
-    assert subject_template(n.master("lease")) == "nx.master.lease"  # nothing to template
+    assert subject_template(ops.MASTER_LEASE.subject(n)) == "nx.master.lease"  # nothing to template
 
 
 def test_critical_path_shares_follow_the_deepest_running_span():

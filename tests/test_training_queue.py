@@ -12,7 +12,8 @@ import asyncio
 import numpy as np
 import pytest
 
-from protocol.messages import CheckpointCommitRequest, CheckpointRef
+from protocol import ops
+from protocol.messages import CheckpointCommitRequest
 
 from protocol.errors import FailedPrecondition, InvalidField, MissingField, NotFound, PayloadTooLarge
 from sdk.client import AsyncClient
@@ -119,7 +120,7 @@ def test_bad_input_is_refused_with_named_fields(roles):
             big.actions = np.zeros((rows, 4, 7), np.float32)
             big.instructions = ["x"] * rows
             with pytest.raises(PayloadTooLarge, match="chunks"):
-                await c.bus.request(c.names.master("queue_put"), big, object, timeout_s=10)
+                await c.bus.request(ops.MASTER_QUEUE_PUT.subject(c.names), big, object, timeout_s=10)
             reply = await c.queue_put(big)
             assert reply.items >= 2  # split into several micro-batches
             await c.queue_put(good)
@@ -186,8 +187,8 @@ def test_failure_in_one_tenant_fails_only_its_job(roles):
             store = await c.bus.js.object_store(c.names.obj_checkpoints)
             await store.put("iso-1/ckpt/corrupt", b"\x00 not a checkpoint")
             # Commit it as iso-1's state, as a trainer would (compare-and-set on "no checkpoint").
-            await c.bus.request(c.names.master("checkpoint_commit"), CheckpointCommitRequest(
-                tenant="iso-1", object_name="iso-1/ckpt/corrupt", base_checkpoint="", trainer="test"), CheckpointRef)
+            await c.bus.call(ops.MASTER_CHECKPOINT_COMMIT, CheckpointCommitRequest(
+      tenant="iso-1", object_name="iso-1/ckpt/corrupt", base_checkpoint="", trainer="test"))
             jobs = [(await _submit_job(c, cfg, 1, seed=i))[0] for i, cfg in enumerate(cfgs)]
             return [await c.wait_job(cfg.name, j.job, timeout_s=120) for cfg, j in zip(cfgs, jobs)]
         finally:

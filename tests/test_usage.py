@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from actors.metering import Meter, split_by_rows
+from protocol import ops
 from protocol.errors import Busy, InvalidField, QuotaExceeded
 from protocol.messages import (
     ErrorReply,
@@ -220,11 +221,11 @@ def test_a_resent_usage_report_is_counted_once(deploy):
 
     async def go(c: AsyncClient):
         for _ in range(2):  # a retry after a lost reply
-            await c.bus.request(c.names.master("usage_report"), report, Ok, timeout_s=10)
+            await c.bus.call(ops.MASTER_USAGE_REPORT, report, timeout_s=10)
         once = (await c.usage(tenant="urep")).records
         # The same instance id in a new process (its own boot id) numbers from 1 again: counted.
         report.boot = "b2"
-        await c.bus.request(c.names.master("usage_report"), report, Ok, timeout_s=10)
+        await c.bus.call(ops.MASTER_USAGE_REPORT, report, timeout_s=10)
         return once, (await c.usage(tenant="urep")).records
 
     (rec,), (again,) = run_client(deploy, go)
@@ -258,14 +259,14 @@ def test_rollout_quota_and_priority_bound(deploy):
 
     async def go(c: AsyncClient):
         await c.create_tenant(cfg)
-        begin = c.names.master("rollout_begin")
+        begin = ops.MASTER_ROLLOUT_BEGIN.subject(c.names)
         await c.bus.request(begin, JobRef(tenant=cfg.name, job="w1"), Ok, timeout_s=10)
         with pytest.raises(QuotaExceeded) as roll:
             await c.bus.request(begin, JobRef(tenant=cfg.name, job="w2"), Ok, timeout_s=10)
         await c.set_quotas(cfg.name, TenantQuotas(max_active_rollouts=2, max_priority=3))
         await c.bus.request(begin, JobRef(tenant=cfg.name, job="w2"), Ok, timeout_s=10)
         for name in ("w1", "w2"):
-            await c.bus.request(c.names.master("rollout_end"), JobRef(tenant=cfg.name, job=name), Ok, timeout_s=10)
+            await c.bus.call(ops.MASTER_ROLLOUT_END, JobRef(tenant=cfg.name, job=name), timeout_s=10)
         with pytest.raises(InvalidField) as prio:
             await c.reserve(cfg.name, "sft", priority=5)
         job = await c.reserve(cfg.name, "sft", priority=3)
@@ -289,7 +290,7 @@ def test_a_freed_rollout_turn_goes_to_the_higher_priority_waiter(deploy):
     lo, hi = tenant("ug-lo", priority=0), tenant("ug-hi", priority=10)
 
     async def go(c: AsyncClient):
-        begin, end = c.names.master("rollout_begin"), c.names.master("rollout_end")
+        begin, end = ops.MASTER_ROLLOUT_BEGIN.subject(c.names), ops.MASTER_ROLLOUT_END.subject(c.names)
         for cfg in (*holders, lo, hi):
             await c.create_tenant(cfg)
         for cfg in holders:

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
-from protocol.messages import Ok, TenantConfig, WorkflowSpec, WorkloadEvent
+from protocol import ops
+from protocol.messages import WorkflowSpec, TenantConfig, WorkloadEvent
 from protocol.wire import decode
 from sdk.client import AsyncClient
 
@@ -27,7 +28,7 @@ async def run_workflow(c: AsyncClient, spec: WorkflowSpec, timeout_s: float = 24
         await events.put(decode(msg.data, WorkloadEvent))
 
     await c.bus.nc.subscribe(c.names.workload_events(spec.workload), cb=on_event)
-    await c.bus.request(c.names.env("start_workflow"), spec, Ok, timeout_s=30)
+    await c.bus.call(ops.ENV_START_WORKFLOW, spec, timeout_s=30)
     seen = []
     while True:
         ev = await asyncio.wait_for(events.get(), timeout=timeout_s)

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from protocol import ops
 from protocol.messages import InfoRequest, QueuePutRequest, RoleInfo, TenantConfig
 
 if TYPE_CHECKING:
@@ -62,7 +63,7 @@ async def queue_job(c: AsyncClient, cfg: TenantConfig, n_items: int, seed: int =
 
 async def role_info(c: AsyncClient, role: str, instance: str) -> RoleInfo:
     """One role instance's `info` reply (a trainer's counters are in ``extra``)."""
-    return await c.bus.request(c.names.instance_op(role, instance, "info"), InfoRequest(), RoleInfo, timeout_s=10)
+    return await c.bus.call(ops.INFO.of(role), InfoRequest(), instance=instance, timeout_s=10)
 
 
 class Reference:
