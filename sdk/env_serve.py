@@ -26,16 +26,14 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from protocol import recipes
+from protocol import ops, recipes
 from protocol.errors import NexusError, PermissionDenied, Unauthenticated
 from protocol.messages import (
     GetTenantRequest,
     HostedClaimReply,
     HostedClaimRequest,
     HostedEventRequest,
-    Ok,
     WorkflowSpec,
-    TenantShow,
     WeightsRef,
     WorkloadEvent,
 )
@@ -61,10 +59,10 @@ class HostedClient(AsyncClient):
     async def publish_event(self, event: WorkloadEvent) -> None:
         req = HostedEventRequest(tenant=event.tenant, process=self.process, event=event)
         # A done event must arrive (it ends the workload): ride out a master restart.
-        await retry_through_outage(self._master, "hosted_event", req, Ok)
+        await retry_through_outage(self._call, ops.MASTER_HOSTED_EVENT, req)
 
     async def latest_weights(self, tenant: str) -> WeightsRef | None:
-        show = await self._master("tenant_show", GetTenantRequest(tenant=tenant), TenantShow)
+        show = await self._call(ops.MASTER_TENANT_SHOW, GetTenantRequest(tenant=tenant))
         if show.version <= 0:
             return None
         return WeightsRef(tenant=tenant, version=show.version, object_name="", size=0, manifest={})
@@ -116,7 +114,7 @@ class EnvServer:
     async def claim(self) -> HostedClaimReply:
         req = HostedClaimRequest(tenant=self.tenant, process=self.process, running=sorted(self.running),
                                  capacity=self.capacity)
-        reply = await self._client._master("hosted_claim", req, HostedClaimReply)
+        reply = await self._client._call(ops.MASTER_HOSTED_CLAIM, req)
         self.claims += 1
         for workload in reply.stop:
             wf = self.running.pop(workload, None)
@@ -137,8 +135,8 @@ class EnvServer:
         event = WorkloadEvent(workload=spec.workload, tenant=spec.tenant, kind="done", state="failed",
                               message=message, at=time.time())
         try:
-            await self._client._master("hosted_event", HostedEventRequest(
-                tenant=spec.tenant, process=self.process, event=event), Ok)
+            await self._client._call(ops.MASTER_HOSTED_EVENT, HostedEventRequest(
+                tenant=spec.tenant, process=self.process, event=event))
         except NexusError as exc:  # not named in the next claim: the master takes it back
             log.warning("could not report %s failed (%s)", spec.workload, exc.message)
 
@@ -201,8 +199,8 @@ class EnvServer:
             await wf.stop()
         self.running.clear()
         try:
-            await self._client._master("hosted_claim", HostedClaimRequest(
-                tenant=self.tenant, process=self.process, running=running, leaving=True), HostedClaimReply)
+            await self._client._call(ops.MASTER_HOSTED_CLAIM, HostedClaimRequest(
+                tenant=self.tenant, process=self.process, running=running, leaving=True))
         except NexusError as exc:  # the lease runs out on the master instead
             log.warning("hand-back failed (%s); the master takes the workloads back after the lease", exc.message)
         await self._client.close()

@@ -29,13 +29,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from protocol import ops
 from protocol.errors import FailedPrecondition, PermissionDenied
 from protocol.messages import (
-    HostedClaimReply,
     HostedClaimRequest,
     HostedEventRequest,
     JobRef,
-    Ok,
     WorkloadEvent,
 )
 from protocol.wire import decode
@@ -204,20 +203,20 @@ def test_another_tenant_cannot_claim_report_or_roll_out_and_an_unserved_workload
     async def go():
         async with AsyncClient(d.url, d.prefix, timeout_s=30, creds=d.creds["hbob"]) as b:
             refused = []
-            for op, req, reply in (
-                    ("hosted_claim", HostedClaimRequest(tenant=hal, process="p1"), HostedClaimReply),
-                    ("hosted_event", HostedEventRequest(tenant=hal, process="p1", event=WorkloadEvent(
-                        workload="w1", tenant=hal, kind="done")), Ok),
-                    ("rollout_begin", JobRef(tenant=hal, job="w1"), Ok)):
+            for op, req in (
+                    (ops.MASTER_HOSTED_CLAIM, HostedClaimRequest(tenant=hal, process="p1")),
+                    (ops.MASTER_HOSTED_EVENT, HostedEventRequest(tenant=hal, process="p1", event=WorkloadEvent(
+                        workload="w1", tenant=hal, kind="done"))),
+                    (ops.MASTER_ROLLOUT_BEGIN, JobRef(tenant=hal, job="w1"))):
                 with pytest.raises(PermissionDenied) as err:
-                    await b._master(op, req, reply)
+                    await b._call(op, req)
                 refused.append(str(err.value))
             # Nobody serves bob's hosted env: submit says so, and the workload fails after the wait.
             rec = await b.submit(_spec(bob))
             accepted = await b.workload(rec.id)
             # Its own tenant's rollout turn needs a running workload of its own (this one waits).
             with pytest.raises(FailedPrecondition) as own:
-                await b._master("rollout_begin", JobRef(tenant=bob, job=rec.id), Ok)
+                await b._call(ops.MASTER_ROLLOUT_BEGIN, JobRef(tenant=bob, job=rec.id))
             failed = await _wait_state(b, rec.id, ("failed", "completed", "running"), WAIT_S + 20)
             return refused, str(own.value), accepted, failed
 

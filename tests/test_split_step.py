@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from actors.tq_read import join_parts
+from protocol import ops
 from protocol.messages import (
     chunk_parts,
     chunk_seq,
@@ -198,8 +199,6 @@ def test_hand_made_parts_past_the_row_bound_fail_their_job_and_nothing_else(clus
     and its group go on)."""
     import dataclasses
 
-    from protocol.messages import QueuePutReply
-
     cfg = tenant("split-hostile")
 
     async def go():
@@ -209,7 +208,7 @@ def test_hand_made_parts_past_the_row_bound_fail_their_job_and_nothing_else(clus
             job = (await c.reserve(cfg.name, "sft")).job
             for k in range(32):
                 part = dataclasses.replace(micro_batch(cfg, job, 0, b=40), seq=chunk_seq(0, 5, k))
-                await c._master("queue_put", part, QueuePutReply)
+                await c._call(ops.MASTER_QUEUE_PUT, part)
             await c.mark_ready(cfg.name, job)
             failed = await c.wait_job(cfg.name, job, timeout_s=240)
             ok_job = (await c.reserve(cfg.name, "sft", key="after")).job
