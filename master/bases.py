@@ -26,6 +26,7 @@ from protocol.messages import BaseAddRequest, BasesReply, BasesRequest, Register
 from protocol.policy import MAX_REGISTERED_BASES
 from protocol.subjects import canonical_base, check_token
 from protocol.wire import decode, encode
+from master.state import MasterState
 from master.store import kv_items, store_put
 
 
@@ -36,18 +37,21 @@ def _registered_prefix() -> str:
 
 
 class BaseOps:
-    """Mixed into `master.service.Master` (bus, names, log)."""
+    """The master's part that registers bases (``base_add``, ``bases``) and resolves a
+    tenant's base name."""
 
-    bases: dict[str, RegisteredBase]
+    def __init__(self, st: MasterState) -> None:
+        self.st = st
+        self.bases: dict[str, RegisteredBase] = {}
 
     async def setup_bases(self) -> None:
-        self.kv_bases = await js_retry(self.bus.js.key_value, self.names.kv_bases)
+        self.kv_bases = await js_retry(self.st.bus.js.key_value, self.st.names.kv_bases)
         self.bases = {}
         for key, value in await kv_items(self.kv_bases):
             try:
                 self.bases[key] = decode(value, RegisteredBase)
             except Exception as exc:  # a record of another version: skip it, say so
-                self.log.warning("unreadable base record", key=key, error=str(exc))
+                self.st.log.warning("unreadable base record", key=key, error=str(exc))
 
     @op(ops.MASTER_BASE_ADD)
     async def base_add(self, req: BaseAddRequest) -> RegisteredBase:
@@ -64,7 +68,7 @@ class BaseOps:
         rec = RegisteredBase(name=req.name, path=path, added_at=time.time())
         await store_put(self.kv_bases, req.name, encode(rec))
         self.bases[req.name] = rec
-        self.log.info("base registered", name=req.name, path=path)
+        self.st.log.info("base registered", name=req.name, path=path)
         return rec
 
     @op(ops.MASTER_BASES)
