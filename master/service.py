@@ -55,6 +55,7 @@ from master.uploads import UploadOps
 from master.jobs import JobOps
 from master.state import MasterState
 from master.tenants import TenantOps
+from master.workload_views import WorkloadViews
 from master.workloads import WorkloadOps
 from protocol.errors import (NexusError)
 from protocol.messages import (
@@ -108,7 +109,7 @@ class Master(Role):
     each part serves its own ops (`Role.part_types`)."""
 
     name = "master"
-    part_types = (TenantOps, JobOps, WorkloadOps, UsageOps, BaseOps, HostedOps, UploadOps)
+    part_types = (TenantOps, JobOps, WorkloadOps, WorkloadViews, UsageOps, BaseOps, HostedOps, UploadOps)
 
     def __init__(self, cfg: RoleConfig) -> None:
         super().__init__(cfg)
@@ -124,9 +125,10 @@ class Master(Role):
                                         usage_ops=self.usage_ops, base_ops=self.base_ops,
                                         upload_ops=self.upload_ops, hosted_ops=self.hosted_ops)
         self.hosted_ops.bind(self.workload_ops)  # the two call each other
+        self.workload_views = WorkloadViews(self.st)
 
     def parts(self) -> tuple[object, ...]:
-        return (self.tenant_ops, self.job_ops, self.workload_ops, self.usage_ops, self.base_ops,
+        return (self.tenant_ops, self.job_ops, self.workload_ops, self.workload_views, self.usage_ops, self.base_ops,
                 self.hosted_ops, self.upload_ops)
 
     async def setup(self) -> None:

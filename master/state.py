@@ -93,6 +93,12 @@ class MasterState:
             raise NotFound(f"unknown tenant {name!r}", details={"tenant": name})
         return cfg
 
+    def workload(self, workload: str) -> WorkloadRecord:
+        rec = self.workloads.get(workload)
+        if rec is None:
+            raise NotFound(f"unknown workload {workload!r}", details={"workload": workload})
+        return rec
+
     def job(self, tenant: str, job: str) -> JobRecord:
         self.tenant(tenant)
         check_token("job", job)

@@ -31,7 +31,7 @@ from typing import Any
 from nats.js.api import AckPolicy, ConsumerConfig
 from nats.js.errors import KeyNotFoundError, NotFoundError, ObjectNotFoundError
 
-from actors.identity import current_caller, deny, require_tenant
+from actors.identity import require_tenant
 from actors.paths import caller_roots, confine
 from actors.bus import js_retry
 from actors.runtime import op
@@ -46,23 +46,18 @@ from protocol.messages import (
     WorkflowSpec,
     SubmitRequest,
     TenantConfig,
-    TenantsReply,
     WeightsRef,
     WorkloadEvent,
     WorkloadRecord,
     WorkloadRef,
-    WorkloadReport,
-    WorkloadsReply,
-    WorkloadsRequest,
 )
 from protocol.policy import LIFECYCLE_SAVE
 from protocol.wire import decode, encode
 from master.records import is_hosted, is_hosted_worker, policy_pin_tenant
-from master.paging import page, time_key
-from master.store import kv_keys, kv_values, store_put
+from master.store import kv_values, store_put
 from master.tenant_checks import base_fit_errors
 from master.policy_checks import MUTABLE_FIELDS, _check_same_policy, policy_mismatches, policy_sections
-from master.reports import bounded_task_rows, read_report, report_parts, write_report
+from master.reports import bounded_task_rows, write_report
 from master.bases import BaseOps
 from master.hosted import HostedOps
 from master.jobs import JobOps
@@ -70,15 +65,13 @@ from master.state import MasterState
 from master.tenants import TenantOps
 from master.uploads import UploadOps
 from master.usage import UsageOps
+from master.workload_views import require_own
 from master.workload_plan import budget_note, compile_workflow, new_workload_id, policy_pin, step_budget
 
 INTAKE_DURABLE = "master-intake"
 # Deliveries of one intake message at most; the last one that fails is rejected with an event.
 INTAKE_MAX_DELIVER = 5
 PENDING_RETRY_S = 1.0
-# Asking each registered inferencer which base it serves, at submit: a short bound per
-# instance (a busy one still answers info at once: control ops skip the concurrency slots).
-INFERENCER_INFO_TIMEOUT_S = 2.0
 
 
 class WorkloadOps:
@@ -155,7 +148,7 @@ class WorkloadOps:
             spec = spec.model_copy(update={"base": await self.base_ops.resolve_base(spec.base, "base")})
         if spec.task == "eval":
             return await self._accept_eval(spec, workload)
-        serving_note = await self._check_base_served(spec.tenant, spec.base) if spec.task == "rl" else ""
+        serving_note = await self.base_ops.check_base_served(spec.tenant, spec.base) if spec.task == "rl" else ""
         cfg = compile_tenant(spec)
         if cfg.base_adapter or cfg.head == "expert":
             # Against the base's own layers (config only, no weights), before anything is created.
@@ -260,7 +253,7 @@ class WorkloadOps:
                                  + (f", version {version})" if version >= 0 else ")"))
         if errors:
             raise SpecError(errors)
-        note = await self._check_base_served(spec.tenant, sections["base"])
+        note = await self.base_ops.check_base_served(spec.tenant, sections["base"])
         # The stored spec says what is scored: the policy's sections filled in.
         stored = {**spec_to_dict(spec), **sections}
         if version < 0:
@@ -296,50 +289,6 @@ class WorkloadOps:
                 f"tenant {tenant!r} has no exported policy version and no training workload that would make one; "
                 "evaluate after it trained", details={"field": "eval.version", "tenant": tenant}) from None
         return ref.version, {**as_manifest, **ref.manifest}
-
-    async def _check_base_served(self, tenant: str, base: str) -> str:
-        """An rl / eval workload needs an inferencer serving its base. Rejected (naming the
-        pools that exist) when inferencers are registered and none serves it; accepted with a
-        note when none is registered at all (they may start later; tests without inference)."""
-        from master.spec import SpecError
-        from protocol.messages import InfoRequest, ServiceRecord
-        from protocol.subjects import pool_name
-
-        kv = await js_retry(self.st.bus.js.key_value, self.st.names.kv_services)
-        pools: dict[str, str] = {}  # pool -> base
-        registered = 0
-        for key in await kv_keys(kv):
-            if not key.startswith("inferencer."):
-                continue
-            try:
-                svc = decode((await kv.get(key)).value, ServiceRecord)
-            except Exception as exc:  # a record of another version: skip it, say so
-                self.st.log.warning("unreadable service record", key=key, error=str(exc))
-                continue
-            if svc.state == "stopped":
-                continue
-            registered += 1
-            try:
-                info = await self.st.bus.call(ops.INFO.of("inferencer"), InfoRequest(), instance=svc.instance,
-                                           timeout_s=INFERENCER_INFO_TIMEOUT_S)
-            except NexusError as exc:
-                self.st.log.info("inferencer did not answer info at submit", instance=svc.instance, error=exc.message)
-                continue
-            if info.extra.get("pool"):
-                pools[str(info.extra["pool"])] = str(info.extra.get("base", ""))
-        if not registered:
-            self.st.log.info("no inferencer registered: base check skipped", tenant=tenant, base=base)
-            return (f"; note: no inferencer is registered yet, so nothing serves base {self.base_ops.base_label(base)!r} "
-                    "until one starts")
-        if not pools:
-            return f"; note: no inferencer answered, base {self.base_ops.base_label(base)!r} not checked"
-        if base in pools.values() or pool_name(base) in pools:
-            return ""
-        # Bases as the caller may name them: a registered one by its name, no host path to a tenant.
-        known = ", ".join(f"{p} (base {self.base_ops.base_label(b)})" for p, b in sorted(pools.items()))
-        shown = self.base_ops.base_label(base)
-        raise SpecError([("base", f"no inferencer serves {shown!r}; allowed: a base one of the inference "
-                                  f"pools serves: {known}", shown)])
 
     async def _intake_loop(self) -> None:
         """Durable intake: plain NATS clients publish specs on <prefix>.workloads.submit."""
@@ -603,61 +552,10 @@ class WorkloadOps:
         await self.st.bus.publish(self.st.names.tenant_events(rec.tenant, rec.workload), event)
 
     # -- queries and control -------------------------------------------------------------
-    def _workload(self, workload: str) -> WorkloadRecord:
-        rec = self.st.workloads.get(workload)
-        if rec is None:
-            raise NotFound(f"unknown workload {workload!r}", details={"workload": workload})
-        return rec
-
-    @op(ops.MASTER_WORKLOAD)
-    async def workload(self, req: WorkloadRef) -> WorkloadRecord:
-        rec = self._workload(req.workload)
-        _require_own(rec, "workload")
-        return rec
-
-    @op(ops.MASTER_WORKLOAD_REPORT)
-    async def workload_report(self, req: WorkloadRef) -> WorkloadReport:
-        """A finished workload's report, read back from where the master wrote it."""
-        from protocol.errors import FailedPrecondition
-
-        rec = self._workload(req.workload)
-        _require_own(rec, "workload_report")
-        if rec.state not in TERMINAL_WORKLOAD_STATES:
-            raise FailedPrecondition(f"workload {rec.workload} is {rec.state}; its report is written when it ends")
-        rel = str((rec.spec.get("outputs") or {}).get("report_path") or f"{rec.workload}.json")
-        try:
-            rel = "/".join(report_parts(rec))  # relative to the data dir: no host path to a tenant
-            report = await asyncio.to_thread(read_report, self.st.cfg.data_dir, rec)
-        except (FileNotFoundError, ValueError):
-            raise NotFound(f"no report of {rec.workload} at {rel} (it was not written: see the master's log)",
-                           details={"path": rel}) from None
-        return WorkloadReport(workload=rec.workload, path=rel, report=report)
-
-    @op(ops.MASTER_WORKLOADS)
-    async def list_workloads(self, req: WorkloadsRequest) -> WorkloadsReply:
-        # One page (master/paging.py), oldest first: the whole history passed the max payload.
-        recs = [(time_key(w.created_at, w.workload), w) for w in self.st.workloads.values()
-                if not req.tenant or w.tenant == req.tenant]
-        out, cursor = page(recs, req.limit, req.cursor, self.st.bus.max_payload, lambda w: len(encode(w)))
-        return WorkloadsReply(workloads=out, next_cursor=cursor)
-
-    @op(ops.MASTER_TENANTS)
-    async def list_tenants(self, req: WorkloadsRequest) -> TenantsReply:
-        """One page of tenants by name, with their versions and workload history (ids)."""
-        history: dict[str, list[str]] = {}
-        for rec in sorted(self.st.workloads.values(), key=lambda w: w.created_at):
-            history.setdefault(rec.tenant, []).append(rec.workload)
-        cfgs = [(t, cfg) for t, cfg in self.st.sched.tenants.items() if not req.tenant or t == req.tenant]
-        out, cursor = page(cfgs, req.limit, req.cursor, self.st.bus.max_payload,
-                           lambda c: len(encode(c)) + 16 * len(history.get(c.name, ())) + 32)
-        names = {c.name for c in out}
-        return TenantsReply(tenants=out, versions={t: v for t, v in self.st.sched.versions.items() if t in names},
-                            history={t: h for t, h in history.items() if t in names}, next_cursor=cursor)
-
     @op(ops.MASTER_CANCEL)
     async def cancel(self, req: WorkloadRef) -> WorkloadRecord:
-        rec = self._workload(req.workload)
-        _require_own(rec, "cancel")  # before anything changes
+        rec = self.st.workload(req.workload)
+        require_own(rec, "cancel")  # before anything changes
         if rec.state in TERMINAL_WORKLOAD_STATES:
             return rec
         worker = rec.worker if rec.state == "running" else ""
@@ -756,15 +654,6 @@ class WorkloadOps:
     def _release_rollouts(self, workload: str) -> None:
         for key in [k for k in self.st.rollouts if k.split("/", 1)[1] == workload]:
             del self.st.rollouts[key]
-
-
-def _require_own(rec: WorkloadRecord, op_name: str) -> None:
-    """`require_tenant` for an op that names a workload id: a tenant asking about another
-    tenant's workload is denied without being told whose it is."""
-    caller = current_caller()
-    if caller.is_platform or (caller.tenant is not None and caller.tenant == rec.tenant):
-        return
-    raise deny(caller, f"{op_name} {rec.workload}", None, "it is not one of the caller's workloads")
 
 
 def _tenant_guess(data: bytes) -> str:
