@@ -216,15 +216,28 @@ def op(spec: Op) -> Callable[[Callable], Callable]:
     return wrap
 
 
+def op_sources(role_cls: type) -> list[tuple[type, dict[str, OpSpec]]]:
+    """(class, its ``@op`` handlers by op name) for ``role_cls`` and each of its
+    `Role.part_types`, each over its own MRO (a subclass's handler of an op replaces its
+    base's)."""
+    out = []
+    for source in (role_cls, *getattr(role_cls, "part_types", ())):
+        found: dict[str, OpSpec] = {}
+        for klass in reversed(source.__mro__):
+            for attr in vars(klass).values():
+                spec = getattr(attr, "__nexus_op__", None)
+                if spec is not None:
+                    found[spec.op.name] = spec
+        out.append((source, found))
+    return out
+
+
 def declared_ops(role_cls: type) -> dict[str, OpSpec]:
-    """op name -> the `OpSpec` of each ``@op`` handler of ``role_cls`` and its bases (a
-    subclass's handler of an op replaces its base's)."""
+    """op name -> the `OpSpec` of each ``@op`` handler of ``role_cls``, its bases and its
+    parts (`Role.part_types`)."""
     found: dict[str, OpSpec] = {}
-    for klass in reversed(role_cls.__mro__):
-        for attr in vars(klass).values():
-            spec = getattr(attr, "__nexus_op__", None)
-            if spec is not None:
-                found[spec.op.name] = spec
+    for _, specs in op_sources(role_cls):
+        found.update(specs)
     return found
 
 
@@ -235,6 +248,12 @@ def check_ops(role_cls: type[Role]) -> dict[str, Op]:
     table = {o.name: o for o in role_cls.op_table()}
     declared = declared_ops(role_cls)
     problems = []
+    owners: dict[str, list[str]] = {}
+    for source, specs in op_sources(role_cls):
+        for name, spec in specs.items():
+            owners.setdefault(name, []).append(f"{source.__name__}.{spec.handler_name}")
+    problems += [f"op {name} has more than one handler ({', '.join(where)}): keep one"
+                 for name, where in sorted(owners.items()) if len(where) > 1]
     for name, spec in sorted(declared.items()):
         served = spec.op.of(role_cls.name) if spec.op.role == ops.EVERY_ROLE else spec.op
         if name not in table:
@@ -258,6 +277,10 @@ class Role:
     # The inference pool this instance serves (an inferencer sets it), carried on its beats.
     pool: str = ""
 
+    # Classes whose ``@op`` methods this role serves besides its own: a role composed of parts
+    # (the master) names them here, so the table check runs on the class, before any instance.
+    part_types: ClassVar[tuple[type, ...]] = ()
+
     @classmethod
     def op_table(cls) -> tuple[Op, ...]:
         """The ops this role must serve: its role's in `protocol.ops`. Only a test role, whose
@@ -277,7 +300,9 @@ class Role:
         self.log = configure_logging(self.name, self.instance, cfg.log_level)
         self.tracer = setup_tracing(self.name, self.instance, cfg.data_dir)
         self.bus: Bus | None = None
-        self._ops = self._collect_ops()
+        check_ops(type(self))  # a role that disagrees with the table refuses to start
+        # op name -> (op, bound handler); bound at `run` (a part exists once __init__ is done).
+        self._ops: dict[str, tuple[Op, Handler]] = {}
         self._subs: list[Any] = []
         self._instance_sub: Any = None
         self._inflight: set[asyncio.Task] = set()
@@ -462,6 +487,7 @@ class Role:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)
+        self._ops = self._collect_ops()  # the parts exist now (built in __init__)
         # 1. connect
         self.bus = await Bus.connect(
             self.cfg.nats_url,
@@ -648,10 +674,20 @@ class Role:
             await asyncio.sleep(self.cfg.heartbeat_interval_s)
 
     # -- request dispatch ----------------------------------------------------------------
+    def parts(self) -> tuple[object, ...]:
+        """The objects, one of each `part_types`, whose ``@op`` methods this role serves."""
+        return ()
+
     def _collect_ops(self) -> dict[str, tuple[Op, Handler]]:
         table = check_ops(type(self))
-        return {name: (table[name], getattr(self, spec.handler_name))
-                for name, spec in declared_ops(type(self)).items()}
+        objects = (self, *self.parts())
+        bound: dict[str, tuple[Op, Handler]] = {}
+        for source, specs in op_sources(type(self)):
+            obj = next((o for o in objects if isinstance(o, source)), None)
+            if obj is None:
+                raise TypeError(f"{type(self).__name__}.parts() returns no {source.__name__} (named in part_types)")
+            bound.update({name: (table[name], getattr(obj, spec.handler_name)) for name, spec in specs.items()})
+        return bound
 
     async def _on_request(self, msg: Msg) -> None:
         # The subscription calls us one message at a time; hand each request to its own

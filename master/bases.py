@@ -21,12 +21,13 @@ from actors.bus import js_retry
 from actors.identity import Caller, current_caller
 from actors.runtime import op
 from protocol import ops
-from protocol.errors import CapacityExceeded, InvalidField
+from protocol.errors import CapacityExceeded, InvalidField, NexusError
 from protocol.messages import BaseAddRequest, BasesReply, BasesRequest, RegisteredBase
 from protocol.policy import MAX_REGISTERED_BASES
 from protocol.subjects import canonical_base, check_token
 from protocol.wire import decode, encode
-from master.store import kv_items, store_put
+from master.state import MasterState
+from master.store import kv_items, kv_keys, store_put
 
 
 def _registered_prefix() -> str:
@@ -35,19 +36,27 @@ def _registered_prefix() -> str:
     return REGISTERED_BASE_PREFIX
 
 
-class BaseOps:
-    """Mixed into `master.service.Master` (bus, names, log)."""
+# Asking each registered inferencer which base it serves, at submit: a short bound per
+# instance (a busy one still answers info at once: control ops skip the concurrency slots).
+INFERENCER_INFO_TIMEOUT_S = 2.0
 
-    bases: dict[str, RegisteredBase]
+
+class BaseOps:
+    """The master's part that registers bases (``base_add``, ``bases``) and resolves a
+    tenant's base name."""
+
+    def __init__(self, st: MasterState) -> None:
+        self.st = st
+        self.bases: dict[str, RegisteredBase] = {}
 
     async def setup_bases(self) -> None:
-        self.kv_bases = await js_retry(self.bus.js.key_value, self.names.kv_bases)
+        self.kv_bases = await js_retry(self.st.bus.js.key_value, self.st.names.kv_bases)
         self.bases = {}
         for key, value in await kv_items(self.kv_bases):
             try:
                 self.bases[key] = decode(value, RegisteredBase)
             except Exception as exc:  # a record of another version: skip it, say so
-                self.log.warning("unreadable base record", key=key, error=str(exc))
+                self.st.log.warning("unreadable base record", key=key, error=str(exc))
 
     @op(ops.MASTER_BASE_ADD)
     async def base_add(self, req: BaseAddRequest) -> RegisteredBase:
@@ -64,7 +73,7 @@ class BaseOps:
         rec = RegisteredBase(name=req.name, path=path, added_at=time.time())
         await store_put(self.kv_bases, req.name, encode(rec))
         self.bases[req.name] = rec
-        self.log.info("base registered", name=req.name, path=path)
+        self.st.log.info("base registered", name=req.name, path=path)
         return rec
 
     @op(ops.MASTER_BASES)
@@ -123,3 +132,47 @@ class BaseOps:
         if caller.is_platform or "/" not in base:
             return base
         return "an operator's local base"
+
+    async def check_base_served(self, tenant: str, base: str) -> str:
+        """An rl / eval workload needs an inferencer serving its base. Rejected (naming the
+        pools that exist) when inferencers are registered and none serves it; accepted with a
+        note when none is registered at all (they may start later; tests without inference)."""
+        from master.spec import SpecError
+        from protocol.messages import InfoRequest, ServiceRecord
+        from protocol.subjects import pool_name
+
+        kv = await js_retry(self.st.bus.js.key_value, self.st.names.kv_services)
+        pools: dict[str, str] = {}  # pool -> base
+        registered = 0
+        for key in await kv_keys(kv):
+            if not key.startswith("inferencer."):
+                continue
+            try:
+                svc = decode((await kv.get(key)).value, ServiceRecord)
+            except Exception as exc:  # a record of another version: skip it, say so
+                self.st.log.warning("unreadable service record", key=key, error=str(exc))
+                continue
+            if svc.state == "stopped":
+                continue
+            registered += 1
+            try:
+                info = await self.st.bus.call(ops.INFO.of("inferencer"), InfoRequest(), instance=svc.instance,
+                                           timeout_s=INFERENCER_INFO_TIMEOUT_S)
+            except NexusError as exc:
+                self.st.log.info("inferencer did not answer info at submit", instance=svc.instance, error=exc.message)
+                continue
+            if info.extra.get("pool"):
+                pools[str(info.extra["pool"])] = str(info.extra.get("base", ""))
+        if not registered:
+            self.st.log.info("no inferencer registered: base check skipped", tenant=tenant, base=base)
+            return (f"; note: no inferencer is registered yet, so nothing serves base {self.base_label(base)!r} "
+                    "until one starts")
+        if not pools:
+            return f"; note: no inferencer answered, base {self.base_label(base)!r} not checked"
+        if base in pools.values() or pool_name(base) in pools:
+            return ""
+        # Bases as the caller may name them: a registered one by its name, no host path to a tenant.
+        known = ", ".join(f"{p} (base {self.base_label(b)})" for p, b in sorted(pools.items()))
+        shown = self.base_label(base)
+        raise SpecError([("base", f"no inferencer serves {shown!r}; allowed: a base one of the inference "
+                                  f"pools serves: {known}", shown)])

@@ -23,6 +23,7 @@ NEXUS_HOSTED_WAIT_S fails, naming why.
 from __future__ import annotations
 
 import time
+from typing import Protocol
 
 from actors.runtime import op
 from protocol import ops
@@ -32,9 +33,12 @@ from protocol.messages import (
     HostedClaimRequest,
     HostedEventRequest,
     Ok,
+    WorkflowSpec,
+    WorkloadEvent,
     WorkloadRecord,
 )
 from protocol.subjects import check_token
+from master.state import MasterState
 from master.records import HOSTED_WORKER_PREFIX, hosted_worker, is_hosted, is_hosted_worker, policy_pin_tenant
 
 # Hosted processes of one tenant at once: each claim is a lease entry (a bound on the map).
@@ -46,8 +50,30 @@ def serve_hint(tenant: str) -> str:
     return f"`nexus env serve --creds {tenant}.creds MODULE:FACTORY` with tenant {tenant!r}'s credentials"
 
 
+class WorkloadMoves(Protocol):
+    """What the hosted part asks of the workloads part (`master.workloads.WorkloadOps`)."""
+
+    async def set_state(self, rec: WorkloadRecord, state: str, message: str) -> bool: ...
+    async def repend(self, rec: WorkloadRecord, message: str) -> None: ...
+    async def apply_event(self, ev: WorkloadEvent) -> None: ...
+    async def compile_start(self, rec: WorkloadRecord) -> tuple[WorkflowSpec, int] | None: ...
+
+
 class HostedOps:
-    """Mixed into `master.service.Master`: hosted env processes, their leases and claims."""
+    """The master's part for hosted env processes: their leases and claims. It moves
+    workloads through ``workload_ops`` (`bind`: the two parts call each other)."""
+
+    def __init__(self, st: MasterState) -> None:
+        self.st = st
+        self.workload_ops: WorkloadMoves | None = None
+
+    def _moves(self) -> WorkloadMoves:
+        if self.workload_ops is None:
+            raise RuntimeError("HostedOps.bind was not called: the master binds its workloads part at construction")
+        return self.workload_ops
+
+    def bind(self, workload_ops: WorkloadMoves) -> None:
+        self.workload_ops = workload_ops
 
     hosted: dict[str, dict[str, float]]  # tenant -> process -> lease expiry (monotonic s); made in __init__
 
@@ -55,19 +81,19 @@ class HostedOps:
     hosted_lease_s: float
 
     def setup_hosted(self) -> None:
-        lease_s = self.hosted_lease_s
+        lease_s = self.st.hosted_lease_s
         # Workloads running on hosted processes when this master started: their processes get
         # one lease to claim again (they keep running through a master restart).
         now = time.monotonic()
-        for rec in self.workloads.values():
+        for rec in self.st.workloads.values():
             if rec.state == "running" and is_hosted_worker(rec.worker):
                 process = rec.worker[len(HOSTED_WORKER_PREFIX):]
-                self.hosted.setdefault(rec.tenant, {})[process] = now + lease_s
-        self.spawn(self._hosted_sweep_loop, "hosted-leases", critical=True, max_quiet_s=60.0)
+                self.st.hosted.setdefault(rec.tenant, {})[process] = now + lease_s
+        self.st.spawn(self._hosted_sweep_loop, "hosted-leases", critical=True, max_quiet_s=60.0)
 
     def hosted_processes(self, tenant: str) -> int:
         now = time.monotonic()
-        return sum(1 for expiry in self.hosted.get(tenant, {}).values() if expiry > now)
+        return sum(1 for expiry in self.st.hosted.get(tenant, {}).values() if expiry > now)
 
     def hosted_note(self, tenant: str) -> str:
         """What a submit of a hosted workload says about the processes that will run it."""
@@ -75,7 +101,7 @@ class HostedOps:
         if n:
             return f"; {n} hosted env process{'es' if n > 1 else ''} of tenant {tenant!r} connected"
         return (f"; NO hosted env process of tenant {tenant!r} is connected: the workload waits up to "
-                f"{self.hosted_wait_s:g} s (NEXUS_HOSTED_WAIT_S) for one, then fails; start {serve_hint(tenant)}")
+                f"{self.st.hosted_wait_s:g} s (NEXUS_HOSTED_WAIT_S) for one, then fails; start {serve_hint(tenant)}")
 
     @op(ops.MASTER_HOSTED_CLAIM)
     async def hosted_claim(self, req: HostedClaimRequest) -> HostedClaimReply:
@@ -85,21 +111,21 @@ class HostedOps:
             check_token("running", w)
         now = time.monotonic()
         if req.leaving:
-            self.hosted.get(tenant, {}).pop(process, None)
+            self.st.hosted.get(tenant, {}).pop(process, None)
             await self._release_process(tenant, process, f"hosted env process {process} of tenant {tenant} stopped and "
                                                          "handed it back")
-            return HostedClaimReply(lease_s=self.hosted_lease_s, stop=list(req.running),
+            return HostedClaimReply(lease_s=self.st.hosted_lease_s, stop=list(req.running),
                                     processes=self.hosted_processes(tenant))
-        procs = self.hosted.setdefault(tenant, {})
+        procs = self.st.hosted.setdefault(tenant, {})
         if process not in procs and len(procs) >= MAX_HOSTED_PROCESSES_PER_TENANT:
             raise QuotaExceeded.of("hosted_processes", MAX_HOSTED_PROCESSES_PER_TENANT,
                                    f"tenant {tenant!r} has {len(procs)} hosted env processes connected",
-                                   self.hosted_lease_s, tenant=tenant)
-        procs[process] = now + self.hosted_lease_s
+                                   self.st.hosted_lease_s, tenant=tenant)
+        procs[process] = now + self.st.hosted_lease_s
         worker = hosted_worker(process)
         stop, mine = [], []
         for w in req.running:
-            rec = self.workloads.get(w)
+            rec = self.st.workloads.get(w)
             if rec is None or rec.tenant != tenant or rec.state != "running" or rec.worker != worker:
                 stop.append(w)
             else:
@@ -108,39 +134,39 @@ class HostedOps:
         # never arrived, or it could not start it): back to pending, not running on nobody. A
         # process names what it took from the claim that handed it out on (sdk/env_serve.py),
         # and a done event is applied before its reply, so this never catches a live one.
-        for rec in list(self.workloads.values()):
+        for rec in list(self.st.workloads.values()):
             if rec.tenant == tenant and rec.state == "running" and rec.worker == worker and rec.workload not in mine:
-                await self._repend(rec, f"hosted env process {process} of tenant {tenant} no longer runs it")
+                await self._moves().repend(rec, f"hosted env process {process} of tenant {tenant} no longer runs it")
         start = []
         if len(mine) < req.capacity:
-            for rec in sorted(self.workloads.values(), key=lambda r: r.created_at):
+            for rec in sorted(self.st.workloads.values(), key=lambda r: r.created_at):
                 if rec.tenant != tenant or rec.state != "pending" or not is_hosted(rec):
                     continue
-                if rec.workload in self._starting or rec.workload in self._unsaved:
+                if rec.workload in self.st.starting or rec.workload in self.st.unsaved:
                     continue
-                self._starting.add(rec.workload)
+                self.st.starting.add(rec.workload)
                 try:
-                    compiled = await self.compile_start(rec)
+                    compiled = await self._moves().compile_start(rec)
                     if compiled is None:
                         continue  # an eval waiting for its tenant's training
                     workflow, eval_version = compiled
                     rec.worker, rec.eval_version = worker, eval_version
-                    if await self._set_state(rec, "running",
+                    if await self._moves().set_state(rec, "running",
                                              f"workflow running on hosted env process {process} of tenant {tenant}"):
                         start.append(workflow)
                     else:
                         rec.worker = ""
                 finally:
-                    self._starting.discard(rec.workload)
+                    self.st.starting.discard(rec.workload)
                 break  # one a claim: several processes of a tenant share its workloads
-        return HostedClaimReply(lease_s=self.hosted_lease_s, start=start, stop=stop,
+        return HostedClaimReply(lease_s=self.st.hosted_lease_s, start=start, stop=stop,
                                 processes=self.hosted_processes(tenant))
 
     @op(ops.MASTER_HOSTED_EVENT)
     async def hosted_event(self, req: HostedEventRequest) -> Ok:
         ev = req.event
         process = check_token("process", req.process)
-        rec = self.workloads.get(ev.workload)
+        rec = self.st.workloads.get(ev.workload)
         if rec is None or rec.tenant != req.tenant or ev.tenant != req.tenant:
             raise NotFound(f"tenant {req.tenant!r} has no workload {ev.workload!r}", details={"workload": ev.workload})
         if ev.kind not in ("progress", "done"):
@@ -150,8 +176,8 @@ class HostedOps:
                                      "stop it", details={"workload": rec.workload, "state": rec.state})
         # Applied before the reply (a done event ends the workload before its process drops
         # it), then published as an env worker's workflow would, for the monitor's series.
-        await self._apply_event(ev)
-        await self.bus.publish(self.names.workload_events(rec.workload), ev)
+        await self._moves().apply_event(ev)
+        await self.st.bus.publish(self.st.names.workload_events(rec.workload), ev)
         return Ok(detail="event taken")
 
     async def hosted_pending(self, rec: WorkloadRecord) -> None:
@@ -161,42 +187,42 @@ class HostedOps:
         if rec.task == "eval":
             # An eval waits for its policy's training workload first: that wait is not this one.
             target = policy_pin_tenant(rec)
-            ahead = [w for w in self.workloads.values() if w.tenant == target and w.task != "eval"]
+            ahead = [w for w in self.st.workloads.values() if w.tenant == target and w.task != "eval"]
             if any(w.state in ("pending", "running") for w in ahead):
                 return
             since = max([since, *(w.updated_at for w in ahead)])
         waited = time.time() - since
-        if waited <= self.hosted_wait_s:
+        if waited <= self.st.hosted_wait_s:
             return
         n = self.hosted_processes(rec.tenant)
         why = (f"{n} hosted env processes of tenant {rec.tenant!r} are connected but none took it"
                if n else f"no hosted env process of tenant {rec.tenant!r} connected")
-        await self._set_state(rec, "failed", f"waited {waited:.0f} s for a hosted env process (NEXUS_HOSTED_WAIT_S="
-                                             f"{self.hosted_wait_s:g}): {why}; start {serve_hint(rec.tenant)}")
+        await self._moves().set_state(rec, "failed", f"waited {waited:.0f} s for a hosted env process (NEXUS_HOSTED_WAIT_S="
+                                             f"{self.st.hosted_wait_s:g}): {why}; start {serve_hint(rec.tenant)}")
 
     async def _hosted_sweep_loop(self) -> None:
         while True:
-            await self.idle("hosted-leases", HOSTED_SWEEP_S)
+            await self.st.idle("hosted-leases", HOSTED_SWEEP_S)
             await self.expire_hosted(time.monotonic())
 
     async def expire_hosted(self, now: float) -> None:
-        for tenant, procs in list(self.hosted.items()):
+        for tenant, procs in list(self.st.hosted.items()):
             for process, expiry in list(procs.items()):
                 if expiry > now:
                     continue
                 del procs[process]
                 await self._release_process(tenant, process, f"hosted env process {process} of tenant {tenant} "
-                                                             f"stopped claiming (lease {self.hosted_lease_s:g} s, "
+                                                             f"stopped claiming (lease {self.st.hosted_lease_s:g} s, "
                                                              "NEXUS_HOSTED_LEASE_S)")
             if not procs:
-                self.hosted.pop(tenant, None)
+                self.st.hosted.pop(tenant, None)
 
     async def _release_process(self, tenant: str, process: str, why: str) -> None:
         """The workloads of a hosted process that is gone go back to pending: its half-filled
         jobs are sealed (what it queued trains), its rollout turn is freed, and another
         process of the tenant (or this one, back) takes them at its next claim."""
         worker = hosted_worker(process)
-        for rec in list(self.workloads.values()):
+        for rec in list(self.st.workloads.values()):
             if rec.tenant == tenant and rec.state == "running" and rec.worker == worker:
-                await self._repend(rec, f"{why}: its episodes in flight are lost, its queued data trains; waiting "
+                await self._moves().repend(rec, f"{why}: its episodes in flight are lost, its queued data trains; waiting "
                                         "for a hosted env process again")

@@ -34,9 +34,10 @@ from actors.bus import js_retry
 from actors.runtime import op
 from protocol import ops
 from protocol.errors import CapacityExceeded, InvalidField, NotFound
-from protocol.messages import Ok, WeightsUploadRequest
+from protocol.messages import Ok, WeightsChunk, WeightsReadRequest, WeightsUploadRequest
 from protocol.policy import MAX_UPLOAD_BYTES, MAX_UPLOADS_PER_TENANT
 from protocol.subjects import check_token
+from master.state import MasterState
 from master.tenant_checks import schema_signature
 
 UPLOAD_PREFIX = "upload-"
@@ -97,15 +98,24 @@ def safetensors_shapes(data: bytes, what: str) -> dict[str, tuple[str, tuple[int
     return out
 
 
+# Whole objects `weights_read` keeps between slices (a payload and its manifest, twice over).
+WEIGHTS_READ_CACHE = 4
+
+
 class UploadOps:
-    """Mixed into `master.service.Master`: ``weights_upload`` and the spec's ``init`` names."""
+    """The master's part for weights in and out: ``weights_upload``, the spec's ``init``
+    names, and ``weights_read``."""
+
+    def __init__(self, st: MasterState) -> None:
+        self.st = st
+        self._read_cache: dict[str, bytes] = {}  # object name -> bytes, oldest first (weights_read)
 
     def _upload_dir(self, tenant: str) -> Path:
         check_token("tenant", tenant)
-        return Path(self.cfg.data_dir).resolve() / "uploads" / tenant  # type: ignore[attr-defined]
+        return Path(self.st.cfg.data_dir).resolve() / "uploads" / tenant
 
     async def _weights_store(self) -> Any:
-        return await js_retry(self.bus.js.object_store, self.names.obj_weights)  # type: ignore[attr-defined]
+        return await js_retry(self.st.bus.js.object_store, self.st.names.obj_weights)
 
     async def _uploads_of(self, tenant: str) -> set[str]:
         store = await self._weights_store()
@@ -188,7 +198,7 @@ class UploadOps:
         weights, adapter = await self.resolve_init(cfg.name, init)
         req = InitWeightsRequest(config=replace(cfg, signature=schema_signature(cfg.schema)), weights=weights,
                                  adapter=adapter)
-        await self.bus.call(ops.TRAINER_INIT_WEIGHTS, req,  # type: ignore[attr-defined]
+        await self.st.bus.call(ops.TRAINER_INIT_WEIGHTS, req,
                             timeout_s=INIT_WEIGHTS_TIMEOUT_S)
         return weights_name(cfg.name, 0)
 
@@ -203,6 +213,33 @@ class UploadOps:
             except (ObjectNotFoundError, NotFoundError):
                 pass
         try:
-            await self.kv_versions.delete(tenant)  # type: ignore[attr-defined]
+            await self.st.kv_versions.delete(tenant)
         except NotFoundError:
             pass
+
+    @op(ops.MASTER_WEIGHTS_READ)
+    async def weights_read(self, req: WeightsReadRequest) -> WeightsChunk:
+        """A slice of a tenant's exported policy (or its manifest): the download path of a
+        client without JetStream. The whole object is read, and the last few kept, so a
+        download in slices reads it from the store once."""
+        from actors.weights import manifest_name, weights_name
+
+        assert self.st.bus is not None
+        version = self.st.sched.versions.get(req.tenant, 0) if req.version < 0 else req.version
+        if version <= 0:
+            raise NotFound(f"tenant {req.tenant!r} has no exported version yet", details={"tenant": req.tenant})
+        name = weights_name(req.tenant, version)
+        name = manifest_name(name) if req.manifest else name
+        data = self._read_cache.get(name)
+        if data is None:
+            store = await js_retry(self.st.bus.js.object_store, self.st.names.obj_weights)
+            try:
+                data = (await store.get(name)).data or b""
+            except ObjectNotFoundError:
+                raise NotFound(f"tenant {req.tenant!r} has no version {version}",
+                               details={"tenant": req.tenant, "version": version}) from None
+            self._read_cache[name] = data
+            while len(self._read_cache) > WEIGHTS_READ_CACHE:
+                self._read_cache.pop(next(iter(self._read_cache)))
+        return WeightsChunk(tenant=req.tenant, version=version, object_name=name, offset=req.offset,
+                            total=len(data), data=data[req.offset:req.offset + req.max_bytes])

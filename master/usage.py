@@ -44,6 +44,7 @@ from protocol.policy import (COMPACTED_LABEL, MAX_INFLIGHT_JOBS_PER_TASK, OTHER_
                              SFT_PREFETCH_ITEMS_MAX, STALENESS_BOUND_MAX)
 from protocol.subjects import Names, check_token
 from protocol.wire import decode, encode
+from master.state import MasterState
 from master.store import kv_items, store_put
 
 # Instances remembered per usage record (their last report seq): a role instance that
@@ -67,20 +68,23 @@ def _changed_quotas(base: TenantQuotas, changes: dict[str, Any]) -> TenantQuotas
 
 
 class UsageOps:
-    """Mixed into `master.service.Master` (which provides bus, names, sched, workloads, log)."""
+    """The master's part for usage and quotas: ``usage_report``, ``usage``, ``tenant_quotas``,
+    and the quota checks the other parts call."""
 
-    usage: dict[str, UsageRecord]
+    def __init__(self, st: MasterState) -> None:
+        self.st = st
+        self.usage: dict[str, UsageRecord] = {}
 
     async def setup_usage(self) -> None:
         self._usage_lock = asyncio.Lock()
-        self.kv_usage = await js_retry(self.bus.js.key_value, self.names.kv_usage)
+        self.kv_usage = await js_retry(self.st.bus.js.key_value, self.st.names.kv_usage)
         self.usage = {}
         for key, value in await kv_items(self.kv_usage):
             self.usage[key] = decode(value, UsageRecord)
 
     # -- quotas --------------------------------------------------------------------------
     def quotas(self, cfg: TenantConfig) -> TenantQuotas:
-        return cfg.quotas or self.default_quotas
+        return cfg.quotas or self.st.default_quotas
 
     def check_priority(self, priority: int, cfg: TenantConfig, field: str = "priority") -> None:
         """Priority within PRIORITY_MIN..the tenant's max_priority quota (its tier's bound)."""
@@ -111,22 +115,22 @@ class UsageOps:
 
     @op(ops.MASTER_TENANT_QUOTAS)
     async def tenant_quotas(self, req: TenantQuotasRequest) -> TenantConfig:
-        async with self._lock:
-            cfg = self._tenant(req.tenant)
+        async with self.st.lock:
+            cfg = self.st.tenant(req.tenant)
             quotas = _changed_quotas(self.quotas(cfg), req.changes) if req.changes else req.quotas
             if quotas is not None and quotas.max_priority > PRIORITY_MAX:
                 raise InvalidField("quotas.max_priority", f"{quotas.max_priority}: at most {PRIORITY_MAX}")
             cfg.quotas = quotas
-            await store_put(self.kv_tenants, cfg.name, encode(cfg))
+            await store_put(self.st.kv_tenants, cfg.name, encode(cfg))
         # Inferencers cache tenant configs (the predict rate is read from them): drop it.
-        await self.bus.publish(self.names.tenant_updated(cfg.name), cfg)
-        self.log.info("tenant quotas set", tenant=cfg.name, quotas=str(cfg.quotas or "defaults"))
+        await self.st.bus.publish(self.st.names.tenant_updated(cfg.name), cfg)
+        self.st.log.info("tenant quotas set", tenant=cfg.name, quotas=str(cfg.quotas or "defaults"))
         return cfg
 
     # -- usage ---------------------------------------------------------------------------
     def active_workload(self, tenant: str) -> str:
         """The workload a tenant runs now ("" if none): it runs one at a time."""
-        for rec in self.workloads.values():
+        for rec in self.st.workloads.values():
             if rec.tenant == tenant and rec.state in ACTIVE_STATES:
                 return rec.workload
         return ""
@@ -151,13 +155,13 @@ class UsageOps:
                     if known is None:
                         known = labels[e.tenant] = {r.workload for r in self.usage.values()
                                                     if r.tenant == e.tenant and self._is_label(r.tenant, r.workload)}
-                    if len(known) >= self.retention.usage_labels_max:
+                    if len(known) >= self.st.retention.usage_labels_max:
                         workload, key = OTHER_LABEL, Names.usage_key(e.tenant, OTHER_LABEL)
                     else:
                         known.add(workload)
             except InvalidField as exc:
                 # One bad name must not block the rest of the report (it would be resent forever).
-                self.log.error("usage entry with a bad name dropped", instance=req.instance, error=exc.message)
+                self.st.log.error("usage entry with a bad name dropped", instance=req.instance, error=exc.message)
                 continue
             _, _, counters = merged.setdefault(key, (e.tenant, workload, UsageCounters()))
             counters.add(e.usage)
@@ -183,7 +187,7 @@ class UsageOps:
         workloads or the master's own labels: the ones `usage_labels_max` bounds."""
         if not workload or workload in (COMPACTED_LABEL, OTHER_LABEL):
             return False
-        rec = self.workloads.get(workload)
+        rec = self.st.workloads.get(workload)
         return rec is None or rec.tenant != tenant
 
     async def compact_usage(self, now: float, workloads: list[tuple[str, str]]) -> int:
@@ -195,7 +199,7 @@ class UsageOps:
         async with self._usage_lock:
             keys = [k for k, r in self.usage.items() if r.workload != COMPACTED_LABEL and (
                 k in gone or (self._is_label(r.tenant, r.workload) or r.workload in ("_", OTHER_LABEL))
-                and now - r.updated_at > self.retention.records_s)]
+                and now - r.updated_at > self.st.retention.records_s)]
             by_tenant: dict[str, list[str]] = {}
             for k in keys:
                 by_tenant.setdefault(self.usage[k].tenant, []).append(k)
@@ -247,7 +251,7 @@ class UsageOps:
         from master.paging import name_key, page
 
         records, cursor = page(((name_key(r.tenant, r.workload), r) for r in self.usage_records(req.tenant, req.workload)),
-                               req.limit, req.cursor, self.bus.max_payload, lambda r: len(encode(r)) + 32)
+                               req.limit, req.cursor, self.st.bus.max_payload, lambda r: len(encode(r)) + 32)
         tenants = {r.tenant for r in records} | ({req.tenant} if req.tenant else set())
         return UsageReply(records=records, stored_now=await self.stored_bytes(tenants), next_cursor=cursor)
 
@@ -256,8 +260,8 @@ class UsageOps:
         out = {t: 0 for t in tenants}
         if not tenants:
             return out
-        for bucket in (self.names.obj_weights, self.names.obj_checkpoints):
-            store = await js_retry(self.bus.js.object_store, bucket)
+        for bucket in (self.st.names.obj_weights, self.st.names.obj_checkpoints):
+            store = await js_retry(self.st.bus.js.object_store, bucket)
             try:
                 infos = await store.list(ignore_deletes=True)
             except NotFoundError:

@@ -47,7 +47,7 @@ def test_task_plan_is_round_robin_and_names_a_bad_task():
 
 
 def test_task_table_and_the_record_bound():
-    from master.workloads import bounded_task_rows
+    from master.reports import bounded_task_rows
     from workflows.evaluation import TaskTable
 
     t = TaskTable()

@@ -19,8 +19,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _serving_class(role_cls: type, handler_name: str) -> type:
-    """The class of ``role_cls``'s MRO that defines the handler."""
-    return next(k for k in role_cls.__mro__ if handler_name in vars(k))
+    """The class of ``role_cls``'s MRO, or of one of its parts' MROs, that defines the handler."""
+    classes = (*role_cls.__mro__, *(k for part in role_cls.part_types for k in part.__mro__))
+    return next(k for k in classes if handler_name in vars(k))
 
 
 def test_every_handler_is_in_the_table_and_every_op_has_one_handler():

@@ -84,7 +84,7 @@ def test_the_compiled_spec_section_is_the_workflows_config():
     """What the master sends (the spec's algorithm section, whole) validates back into the same
     model: every leaf the user set reaches the workflow unchanged."""
     from master.spec import parse_spec
-    from master.workloads import compile_workflow
+    from master.workload_plan import compile_workflow
     from tests.test_spec_fields import _set, doc
 
     recipes.load_modules(("workflows",))

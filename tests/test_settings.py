@@ -300,22 +300,22 @@ def test_roles_read_every_variable(tmp_path, monkeypatch):
     reads["NEXUS_SCALER"] = (health.scaler is not None, True)
     reads["NEXUS_SCALE_BOUNDS (health)"] = (health.scaler.bounds["trainer"].text() if health.scaler else None, "0:4")
     master, trainer = Master(cfg), Trainer(cfg)
-    for who, role in (("master", master), ("trainer", trainer)):
+    for who, role in (("master", master.st), ("trainer", trainer)):
         reads[f"NEXUS_LEASE_RENEW_EVERY_S ({who})"] = (role.leases.renew_every_s, 0.3)
         reads[f"NEXUS_TRAINER_DRAIN_FINISH_S ({who})"] = (role.leases.drain_finish_s, 7.0)
         reads[f"NEXUS_ORPHAN_TTL_S ({who})"] = (role.leases.orphan_ttl_s, 12.5)
     reads |= {
-        "NEXUS_COMPACT_EVERY_S": (master.retention.every_s, 0.5),
-        "NEXUS_JOB_RETENTION_S": (master.retention.job_records_s, 99.0),
-        "NEXUS_VERSIONS_KEPT": (master.retention.versions_kept, 3),
-        "NEXUS_RETENTION_S": (master.retention.records_s, 120.0),
-        "NEXUS_RETENTION_MAX_WORKLOADS": (master.retention.workload_records_max, 50),
-        "NEXUS_USAGE_LABELS_MAX": (master.retention.usage_labels_max, 9),
-        "NEXUS_MAX_ACTIVE_ROLLOUTS": (master.max_active_rollouts, 5),
-        "NEXUS_MAX_TENANTS": (master.max_tenants, 2000),
-        "NEXUS_MAX_ACTIVE_WORKLOADS": (master.max_active_workloads, 64),
-        "NEXUS_HOSTED_WAIT_S": (master.hosted_wait_s, 30.0),
-        "NEXUS_HOSTED_LEASE_S": (master.hosted_lease_s, 5.0),
+        "NEXUS_COMPACT_EVERY_S": (master.st.retention.every_s, 0.5),
+        "NEXUS_JOB_RETENTION_S": (master.st.retention.job_records_s, 99.0),
+        "NEXUS_VERSIONS_KEPT": (master.st.retention.versions_kept, 3),
+        "NEXUS_RETENTION_S": (master.st.retention.records_s, 120.0),
+        "NEXUS_RETENTION_MAX_WORKLOADS": (master.st.retention.workload_records_max, 50),
+        "NEXUS_USAGE_LABELS_MAX": (master.st.retention.usage_labels_max, 9),
+        "NEXUS_MAX_ACTIVE_ROLLOUTS": (master.st.max_active_rollouts, 5),
+        "NEXUS_MAX_TENANTS": (master.st.max_tenants, 2000),
+        "NEXUS_MAX_ACTIVE_WORKLOADS": (master.st.max_active_workloads, 64),
+        "NEXUS_HOSTED_WAIT_S": (master.st.hosted_wait_s, 30.0),
+        "NEXUS_HOSTED_LEASE_S": (master.st.hosted_lease_s, 5.0),
         "NEXUS_TRAINER_GROUP_MAX": (trainer.tcfg.group_max, 6),
         "NEXUS_TRAINER_LEASE_S": (trainer.tcfg.lease_s, 45.0),
         "NEXUS_TRAINER_COHORT_WAIT_S": (trainer.tcfg.cohort_wait_s, 30.0),
@@ -355,7 +355,7 @@ def test_roles_read_every_variable(tmp_path, monkeypatch):
             reads[f"NEXUS_USAGE_FLUSH_EVERY_S ({who})"] = (role.usage_flush.every_s, 0.5)
             reads[f"NEXUS_METER_TRAIN_OVERHEAD_ROWS ({who})"] = (role.usage_flush.train_overhead_rows, 0.5)
             reads[f"NEXUS_METER_INFER_OVERHEAD_ROWS ({who})"] = (role.usage_flush.infer_overhead_rows, 2.0)
-        for who, role in (("master", master), ("inferencer", inf)):
+        for who, role in (("master", master.st), ("inferencer", inf)):
             q = role.default_quotas
             reads[f"NEXUS_QUOTA_MAX_INFLIGHT_JOBS ({who})"] = (q.max_inflight_jobs, 3)
             reads[f"NEXUS_QUOTA_MAX_ACTIVE_ROLLOUTS ({who})"] = (q.max_active_rollouts, 2)

@@ -30,7 +30,8 @@ from master.spec import (
     parse_spec,
 )
 from master.spec_schema import leaf_paths
-from master.workloads import compile_workflow, policy_pin, report_file
+from master.reports import report_file
+from master.workload_plan import compile_workflow, policy_pin
 from protocol.messages import WorkloadRecord
 
 CAMERAS = [{"name": "top", "height": 64, "width": 64}, {"name": "wrist", "height": 64, "width": 64}]
@@ -242,7 +243,7 @@ def test_a_later_workload_sets_export_every_steps_as_it_sets_the_other_schedulin
     """A tenant's next workload changes how it is scheduled, optimised and exported (not what
     it is): an RL workload after an SFT one that exported every 200 steps exports as its own
     spec says (it kept the SFT's 200 once, and starved: every rollout stale)."""
-    from master.workloads import MUTABLE_FIELDS
+    from master.policy_checks import MUTABLE_FIELDS
 
     assert "export_every_steps" in MUTABLE_FIELDS
     sft = compile_tenant(parse_spec(_set(doc("sft"), "outputs.export_every_steps", 200)))
@@ -261,7 +262,7 @@ def test_report_path_cannot_leave_the_tenants_reports_dir(bad):
 
 
 def test_report_path_symlink_out_is_refused(tmp_path):
-    from master.workloads import write_report
+    from master.reports import write_report
 
     (tmp_path / "data" / "reports" / "t").mkdir(parents=True)
     (tmp_path / "data" / "reports" / "t" / "link").symlink_to(tmp_path)
@@ -305,7 +306,7 @@ def test_dataset_errors_read_the_fixture(libero_like):
 def test_an_eval_takes_the_policy_sections_and_a_repeat_must_match():
     """What the master fills into an eval's stored spec from the scored version's manifest,
     and the field-named errors for a repeated section that differs (pure functions)."""
-    from master.workloads import policy_mismatches, policy_sections
+    from master.policy_checks import policy_mismatches, policy_sections
 
     manifest = {"base": "tiny-qwen3-vl-64", "head": "gaussian", "head_params": {"width": 64, "clip_ratio": 0.2},
                 "schema": {"cameras": CAMERAS, "state_dim": 4, "action_dim": 2, "action_horizon": 1,

@@ -25,7 +25,7 @@ import pytest
 from actors.identity import PLATFORM, Caller
 from actors.paths import confine, data_roots, publish_dataset, published_datasets, tenant_datasets
 from actors.supervisor import ClusterState
-from master.workloads import read_report, report_file, write_report
+from master.reports import read_report, report_file, write_report
 from protocol import ops
 from protocol.errors import InvalidField, NexusError, NotFound, PermissionDenied
 from protocol.messages import DatasetBatch, SampleRequest, WorkloadRecord
@@ -109,7 +109,7 @@ def test_a_report_read_back_is_the_workloads_own(tmp_path):
 # -- datasets, unit level ------------------------------------------------------------------
 def test_a_tenants_reports_are_bounded_oldest_first(tmp_path):
     """Past the bound, the oldest report files go; a link is removed, never its target."""
-    from master.workloads import _prune_reports
+    from master.reports import _prune_reports
 
     d = tmp_path / "reports" / "t"
     (d / "sub").mkdir(parents=True)

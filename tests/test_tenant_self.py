@@ -174,7 +174,7 @@ def test_schema_conflict_names_every_field_with_both_values():
     import dataclasses
 
     from master.spec import SpecError
-    from master.workloads import _check_same_policy
+    from master.policy_checks import _check_same_policy
     from models.schema import TenantSchema
     from protocol.messages import TenantConfig
 
