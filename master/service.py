@@ -44,9 +44,9 @@ from typing import Any
 from opentelemetry.trace import SpanKind
 from nats.js.errors import NotFoundError, ObjectNotFoundError
 
-from actors.bus import js_retry
+from transport.bus import js_retry
 
-from actors.layout import ensure_tq_stream, publish_tq, read_deployment_settings
+from transport.layout import ensure_tq_stream, publish_tq, read_deployment_settings
 from actors.identity import current_caller, require_tenant
 from actors.runtime import Role, RoleConfig, op
 from actors.tracing import carrier, hop_name, messaging, nexus_attrs
@@ -538,7 +538,7 @@ class Master(WorkloadOps, HostedOps, UsageOps, BaseOps, UploadOps, Role):
         """A slice of a tenant's exported policy (or its manifest): the download path of a
         client without JetStream. The whole object is read, and the last few kept, so a
         download in slices reads it from the store once."""
-        from actors.weights import manifest_name, weights_name
+        from transport.weights import manifest_name, weights_name
 
         assert self.bus is not None
         version = self.sched.versions.get(req.tenant, 0) if req.version < 0 else req.version

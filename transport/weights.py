@@ -45,7 +45,7 @@ PULL_TIMEOUT_S = 10.0  # one batch of chunks at most this long (the whole get is
 
 
 async def get_object(store: Any, name: str) -> bytes:
-    from actors.bus import js_retry
+    from transport.bus import js_retry
 
     async def once() -> bytes:
         # writeinto avoids nats-py's quadratic bytes concatenation for large objects; a fresh
