@@ -226,9 +226,8 @@ def up(
              "otherwise (then round-robin); indices are of the devices this machine shows")] = "",
 ) -> int:
     """Start nats-server and every role under a supervisor."""
-    from protocol.settings import ScaleSettings
     from transport.broker import PortTaken, port_is_free
-    from transport.cluster import ClusterState, SupervisorConfig, pid_alive
+    from transport.cluster import ClusterState, SupervisorConfig, pid_alive, scale_bounds
     from protocol.errors import NexusError
     from protocol.messages import DEFAULT_TQ_MAX_BYTES
     from protocol.subjects import DEFAULT_PREFIX
@@ -252,7 +251,7 @@ def up(
                                prefix=prefix or DEFAULT_PREFIX, ready_timeout_s=ready_timeout_s,
                                nats_cluster=nats_cluster,
                                tq_max_bytes=DEFAULT_TQ_MAX_BYTES if tq_max_bytes is None else tq_max_bytes,
-                               counts=parse_counts(roles), bounds=ScaleSettings.from_env().parsed(),
+                               counts=parse_counts(roles), bounds=scale_bounds(),
                                placement=parse_devices(devices, visible_devices()))
     except SettingsError as exc:
         for line in exc.lines:

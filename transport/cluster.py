@@ -4,7 +4,7 @@ the supervisor's typed config (which `nexus up` checks before starting it).
     state = ClusterState.read(Path(".nexus"))     # None when no deployment ran from there
     if state is not None and pid_alive(state.supervisor_pid): ...
     cfg = SupervisorConfig(data_dir=Path(".nexus"), counts={"env": 4})   # ValueError naming the field
-    os.execv(sys.executable, supervisor_command(cfg))   # `nexus up` in the foreground
+    cmd = supervisor_command(cfg); os.execv(cmd[0], cmd)   # `nexus up` in the foreground
 
 Here, on the transport floor, because the supervisor (actors/supervisor.py, which writes
 cluster.json and runs the config) and the SDK (whose commands read cluster.json to find the
