@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from actors.bus import retry
-from actors.auth import PLATFORM_ACCOUNT
+from transport.bus import retry
+from transport.auth import PLATFORM_ACCOUNT
 from actors.identity import current_caller, deny
 from actors.paths import caller_roots, confine
 from actors.runtime import Role, RoleConfig, op

@@ -1,6 +1,6 @@
 """Who is calling: the account the broker asserts, and what that account may do.
 
-A tenant reaches a role only through a service import with ``share: true`` (`actors.auth`):
+A tenant reaches a role only through a service import with ``share: true`` (`transport.auth`):
 the server then writes the requester's account (its public key), user and the user JWT's
 tags into the ``Nats-Request-Info`` header, replacing any header of that name the tenant
 sent. A tenant's user JWT, signed by its account's key that only the operator holds, carries
@@ -26,8 +26,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from actors.auth import PLATFORM_ACCOUNT
-from actors.creds import tenant_of_tags
+from transport.auth import PLATFORM_ACCOUNT
+from transport.creds import tenant_of_tags
 from protocol.errors import PermissionDenied
 from protocol.ops import ACCESS_LEVELS  # noqa: F401 (re-exported: the levels the docstring lists)
 

@@ -54,7 +54,7 @@ from actors.reply_cache import ReplyCache
 from actors.identity import caller_from_headers, require_tenant
 from actors.runtime import Role, RoleConfig, device_memory_bytes
 from actors.budget import budget_bytes
-from actors.bus import js_retry
+from transport.bus import js_retry
 from actors.serving import ServingHeads
 from actors.tracing import (
     carrier_of,

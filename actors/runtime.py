@@ -57,9 +57,9 @@ from nats.aio.msg import Msg
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from actors.auth import PLATFORM_ACCOUNT
-from actors.creds import creds_from_env, redact_url
-from actors.bus import Bus, is_broker_outage, js_retry
+from transport.auth import PLATFORM_ACCOUNT
+from transport.creds import creds_from_env, redact_url
+from transport.bus import Bus, is_broker_outage, js_retry
 from actors.identity import Caller, authorize, caller_from_headers, check_reply, reset_caller, set_caller
 from actors.logs import bound_request, configure_logging
 from actors.tracing import extract, inject, messaging, nexus_attrs, setup_tracing, shutdown_tracing, trace_id_hex

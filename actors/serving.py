@@ -36,8 +36,8 @@ from typing import Any
 from nats.js.errors import KeyNotFoundError, NoKeysError, ObjectNotFoundError
 
 from actors.budget import lru_victims, mib
-from actors.bus import js_retry
-from actors.weights import check_manifest, get_manifest, get_object, weights_name
+from transport.bus import js_retry
+from transport.weights import check_manifest, get_manifest, get_object, weights_name
 from protocol.errors import CapacityExceeded, FailedPrecondition, NotFound
 from protocol.messages import TenantConfig, WeightsRef
 from protocol.subjects import Names, check_token, pool_name

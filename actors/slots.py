@@ -37,8 +37,8 @@ from typing import Any, Callable, Iterator
 from nats.js.errors import ObjectNotFoundError
 
 from actors.budget import lru_victims, mib
-from actors.bus import js_retry, retry_through_outage
-from actors.weights import (MANIFEST_FORMAT, base_identity, check_manifest, get_manifest, get_object,
+from transport.bus import js_retry, retry_through_outage
+from transport.weights import (MANIFEST_FORMAT, base_identity, check_manifest, get_manifest, get_object,
                              manifest_name, weights_name)
 from protocol import ops
 from protocol.codec import packb, unpackb

@@ -32,19 +32,17 @@ import sys
 import time
 import uuid
 from collections import OrderedDict, deque
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
-import orjson
-
-from actors.bus import Bus
-from actors.auth import AuthStore
+from transport.bus import Bus
+from transport.auth import AuthStore
 from protocol import ops
 from protocol.base_names import REGISTERED_BASE_PREFIX, known_presets
-from actors.creds import ENV_CREDS, creds_from_env
-from actors.permissions import SUPERVISOR
-from actors.broker import EmbeddedBroker, EmbeddedCluster
-from actors.layout import ensure_layout, read_deployment_settings
+from transport.creds import ENV_CREDS, creds_from_env
+from transport.permissions import SUPERVISOR
+from transport.broker import EmbeddedBroker, EmbeddedCluster
+from transport.layout import ensure_layout, read_deployment_settings
 from protocol.errors import Draining, FailedPrecondition, InternalError, InvalidField, NexusError, NotFound, Unavailable
 from protocol.messages import (
     DEFAULT_TQ_MAX_BYTES,
@@ -57,13 +55,13 @@ from protocol.messages import (
     ServiceRecord,
     StatusRequest,
 )
-from protocol.policy import GLOBAL_RESTART, ROLE_RESTART, RestartBudget
+from protocol.policy import RestartBudget
 from protocol.placement import Placement
-from protocol.scaling import DEFAULT_BOUNDS, MAX_INSTANCES, Bounds, check_count
+from protocol.scaling import MAX_INSTANCES, check_count
 from protocol.subjects import DEFAULT_PREFIX, ROLES, Names, pool_name
 from protocol.wire import decode, encode
+from transport.cluster import STATE_FILE, ChildRecord, ClusterState, SupervisorConfig, scale_bounds
 
-STATE_FILE = "cluster.json"
 # `nexus down` drains the roles in these stages (any role not named goes in the last one).
 STOP_STAGES: tuple[tuple[str, ...], ...] = (("env", "inferencer", "trainer"), ("master",), ("monitor", "health"))
 # Roles every tenant depends on: when one of them cannot come back, every role is restarted.
@@ -80,13 +78,6 @@ JOBS_CHECK_TIMEOUT_S = 5.0
 BASES_READ_TIMEOUT_S = 5.0
 # The role whose instances serve a pool each (`ScaleRequest.pool`).
 POOLED = "inferencer"
-
-
-def scale_bounds() -> dict[str, Bounds]:
-    """The workers' bounds from NEXUS_SCALE_BOUNDS (`nexus up` and its supervisor read them here)."""
-    from protocol.settings import ScaleSettings
-
-    return ScaleSettings.from_env().parsed()
 
 
 def slot_key(role: str, slot: int) -> str:
@@ -156,67 +147,6 @@ def _chown_tree(path: Path, uid: int, gid: int) -> None:
             os.chown(os.path.join(root, name), uid, gid, follow_symlinks=False)
 
 
-@dataclass
-class ChildRecord:
-    role: str
-    instance: str
-    pid: int
-    log: str
-
-
-@dataclass
-class ClusterState:
-    """What client commands read from ``<data-dir>/cluster.json``."""
-
-    nats_url: str  # comma-separated on a NATS cluster (every node's URL)
-    prefix: str
-    data_dir: str
-    supervisor_pid: int
-    broker_pid: int | None  # the (first) embedded nats-server; kept for older readers
-    logs_dir: str
-    traces_dir: str
-    started_at: float
-    ready: bool = False
-    roles: list[ChildRecord] = field(default_factory=list)
-    broker_pids: list[int] = field(default_factory=list)  # every embedded nats-server
-    # The admin's credentials file (actors/auth.py) when the embedded broker runs with
-    # accounts; nats_url then names that file too (``?creds=``), so a client on this machine
-    # that reads cluster.json (mode 0600, beside admin.creds) is the admin by default.
-    creds: str = ""
-    # Instances wanted per role (`--roles`, `nexus scale`) and the workers' bounds (MIN:MAX).
-    counts: dict[str, int] = field(default_factory=dict)
-    bounds: dict[str, str] = field(default_factory=dict)
-    # Live inferencers per pool (each serves one base; `nexus scale inferencer N --pool`).
-    pools: dict[str, int] = field(default_factory=dict)
-
-    def write(self, data_dir: Path) -> None:
-        tmp = data_dir / (STATE_FILE + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(orjson.dumps(asdict(self), option=orjson.OPT_INDENT_2))
-        tmp.replace(data_dir / STATE_FILE)  # atomic: readers never see half a file
-
-    @classmethod
-    def read(cls, data_dir: Path) -> ClusterState | None:
-        path = Path(data_dir) / STATE_FILE
-        try:
-            raw = orjson.loads(path.read_bytes())
-        except FileNotFoundError:
-            return None
-        roles = [ChildRecord(**r) for r in raw.pop("roles", [])]
-        return cls(**raw, roles=roles)
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _die_with_parent() -> None:
     # Linux: the child gets SIGTERM (and so drains) if the supervisor itself dies.
     try:
@@ -224,62 +154,6 @@ def _die_with_parent() -> None:
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except OSError:
         pass  # not Linux: orphans are cleaned up by `nexus down` from cluster.json
-
-
-@dataclass
-class SupervisorConfig:
-    data_dir: Path = Path(".nexus")
-    nats_port: int = 4222
-    nats_url: str | None = None  # use an existing server instead of starting one
-    # nats-server processes to start: 1 (one server, R1) or 3 / 5 (a JetStream cluster on
-    # this machine, streams and buckets replicated on 3 / 5 nodes). Node 1 listens on
-    # nats_port, the others on free ports (all listed in cluster.json).
-    nats_cluster: int = 1
-    tq_max_bytes: int = DEFAULT_TQ_MAX_BYTES  # byte limit of each tenant's training-queue stream
-    prefix: str = DEFAULT_PREFIX
-    roles: tuple[str, ...] = ROLES
-    ready_timeout_s: float = 60.0
-    drain_timeout_s: float = 60.0
-    restart: RestartBudget = ROLE_RESTART
-    global_restart: RestartBudget = GLOBAL_RESTART
-    # Instances per role (`nexus up --roles env=4,...`; a role not named: 1) and the workers'
-    # bounds (NEXUS_SCALE_BOUNDS, protocol/scaling.py) every count must stay within.
-    counts: dict[str, int] = field(default_factory=dict)
-    bounds: dict[str, Bounds] = field(default_factory=lambda: dict(DEFAULT_BOUNDS))
-    # Devices per worker role (`nexus up --devices`, protocol/placement.py): each instance gets
-    # one through CUDA_VISIBLE_DEVICES; a role listed there and not in counts runs one per device.
-    placement: Placement = field(default_factory=Placement)
-
-    def __post_init__(self) -> None:
-        self.data_dir = Path(self.data_dir).resolve()
-        Names(self.prefix)
-        unknown = [r for r in self.roles if r not in ROLES]
-        if unknown:
-            raise ValueError(f"roles: unknown {unknown}; allowed: {list(ROLES)}")
-        named = [r for r in self.counts if r not in self.roles]
-        if named:
-            raise ValueError(f"--roles: {named} not started by this supervisor; roles: {list(self.roles)}")
-        placed = [r for r in self.placement.devices if r not in self.roles]
-        if placed:
-            raise ValueError(f"--devices: {placed} not started by this supervisor; roles: {list(self.roles)}")
-        # A trainer of N data-parallel ranks (NEXUS_TRAINER_RANKS, which its processes inherit
-        # from here) gets N of the trainer's listed devices.
-        from protocol.settings import TrainerSettings
-
-        self.placement = self.placement.per_instance("trainer", TrainerSettings.from_env().ranks)
-        self.counts = {r: self.counts.get(r, self.placement.count(r) or 1) for r in self.roles}
-        for role, n in self.counts.items():
-            if role in self.bounds:
-                check_count(role, n, self.bounds, field="--roles")  # InvalidField (a ValueError)
-            elif n != 1:
-                raise ValueError(f"--roles: {role}={n}: {role} runs exactly once")
-        if not 0 < self.nats_port < 65536:
-            raise ValueError(f"nats_port: {self.nats_port} is not a TCP port (1-65535)")
-        if self.nats_cluster not in (1, 3, 5):
-            raise ValueError(f"nats_cluster: {self.nats_cluster} nodes; use 1, 3 or 5")
-        if self.nats_cluster > 1 and self.nats_url:
-            raise ValueError("nats_cluster: cannot start a cluster and use nats_url at once; pick one")
-        DeploymentSettings(replicas=self.nats_cluster, tq_max_bytes=self.tq_max_bytes)  # checks tq_max_bytes
 
 
 @dataclass
@@ -1000,6 +874,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--roles", default="", help="instances per role, e.g. env=4,inferencer=2,trainer=1")
     p.add_argument("--devices", default="", help="CUDA ids per worker role, as `nexus up --devices` resolved them "
                    "(e.g. 'trainer=0,1 env=2')")
+    p.add_argument("--ready-timeout-s", type=float, default=SupervisorConfig.ready_timeout_s)
     args = p.parse_args(argv)
     from protocol.scaling import parse_counts
 
@@ -1007,7 +882,7 @@ def main(argv: list[str] | None = None) -> int:
                            nats_url=args.nats_url, prefix=args.prefix,
                            nats_cluster=args.nats_cluster, tq_max_bytes=args.tq_max_bytes,
                            counts=parse_counts(args.roles), bounds=scale_bounds(),
-                           placement=Placement.from_text(args.devices))
+                           placement=Placement.from_text(args.devices), ready_timeout_s=args.ready_timeout_s)
     return asyncio.run(Supervisor(cfg).run())
 
 

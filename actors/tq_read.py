@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 from nats.js.errors import NotFoundError
 
-from actors.bus import js_retry
+from transport.bus import js_retry
 from protocol.messages import MAX_STEP_ROWS, JobRecord, QueuePutRequest, chunk_parts
 from protocol.subjects import Names
 from protocol.wire import decode

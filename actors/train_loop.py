@@ -41,7 +41,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from actors.bus import is_broker_outage
+from transport.bus import is_broker_outage
 from actors.slots import Resident
 from actors.tq_read import join_parts
 from protocol.errors import Conflict, FailedPrecondition, NexusError

@@ -35,7 +35,7 @@ from typing import Any, AsyncIterator
 import numpy as np
 
 from actors.budget import budget_bytes
-from actors.bus import js_retry, retry, retry_through_outage
+from transport.bus import js_retry, retry, retry_through_outage
 from actors.identity import require_tenant
 from actors.metering import Meter, final_flush, flush_loop
 from actors.runtime import Role, RoleConfig, device_memory_bytes, op
@@ -616,7 +616,7 @@ class Trainer(Role):
     async def load_weights(self, req: LoadWeightsRequest) -> Ok:
         assert self.store is not None
         # The runtime checked the slot is the caller's; the object read must be too
-        # (objects are named <tenant>/v<version>: actors.weights.weights_name).
+        # (objects are named <tenant>/v<version>: transport.weights.weights_name).
         require_tenant(req.object_name.split("/", 1)[0], "load_weights from")
         async with self._quiet(req.tenant):
             await self.store.slot(await self._tenant(req.tenant))

@@ -176,7 +176,7 @@ class RankGroup:
     def spawn(self) -> None:
         """Start ranks 1..N-1 (on the event loop's thread: PR_SET_PDEATHSIG follows the thread
         that forked, and a pool thread may end before the trainer does)."""
-        from actors.broker import free_port
+        from transport.broker import free_port
 
         port = self.spec.port or free_port()
         self.spec = RankSpec(self.spec.world, self.spec.device, self.spec.timeout_s, port)

@@ -53,7 +53,7 @@ from typing import Any
 
 import orjson
 
-from actors.supervisor import pid_alive
+from transport.cluster import pid_alive
 from bench.chaos_audit import Findings, audit_jobs, percentile
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -337,7 +337,7 @@ class Chaos:
         from sdk.client import AsyncClient
 
         t0 = time.time()
-        from actors.broker import free_port
+        from transport.broker import free_port
 
         state = await asyncio.to_thread(self.dep.up, free_port())
         self.timeline["up_s"] = time.time() - t0
@@ -806,7 +806,7 @@ def _url_ports(url: str) -> set[int]:
     plain address, never by splitting the raw text at its last colon."""
     from urllib.parse import urlsplit
 
-    from actors.creds import strip_userinfo
+    from transport.creds import strip_userinfo
 
     ports = set()
     for one in url.split(","):

@@ -172,7 +172,7 @@ class Arm:
         print(f"[elastic {self.rec.arm}] {text}", flush=True)
 
     def _sample(self) -> None:
-        from actors.supervisor import pid_alive
+        from transport.cluster import pid_alive
 
         now = time.time()
         live: dict[str, int] = {}
@@ -188,7 +188,7 @@ class Arm:
             self.rec.counts.setdefault(role, []).append([now - self.t0, float(live.get(role, 0))])
 
     async def run(self) -> ArmRecord:
-        from actors.broker import free_port
+        from transport.broker import free_port
         from protocol.messages import ScaleDecision
         from protocol.wire import decode
         from sdk.client import AsyncClient

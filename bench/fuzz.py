@@ -39,9 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, default=Path("bench/results/fuzz.json"))
     args = p.parse_args(argv)
 
-    from actors.broker import EmbeddedBroker, free_port
-    from actors.bus import Bus
-    from actors.layout import ensure_layout
+    from transport.broker import EmbeddedBroker, free_port
+    from transport.bus import Bus
+    from transport.layout import ensure_layout
     from protocol.subjects import Names
     from tests.conftest import RoleProcs, write_libero_like
 

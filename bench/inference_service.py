@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from actors.broker import EmbeddedBroker, free_port
+from transport.broker import EmbeddedBroker, free_port
 from protocol.messages import PredictRequest, RoleInfo, TenantConfig
 from sdk.client import AsyncClient
 
@@ -131,8 +131,8 @@ async def run_mode(args, grouping: bool, data_dir: Path) -> list[dict]:
     broker.start()
     procs = []
     try:
-        from actors.bus import Bus
-        from actors.layout import ensure_layout
+        from transport.bus import Bus
+        from transport.layout import ensure_layout
         from protocol.subjects import Names
 
         prefix = "bench"

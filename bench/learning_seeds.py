@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from actors.broker import free_port
+from transport.broker import free_port
 from bench.chaos import ROOT, Deployment
 
 SPEC = ROOT / "examples" / "rl_reach.yaml"

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from actors.broker import free_port
+from transport.broker import free_port
 from bench.chaos import Deployment
 from bench.maniskill_sft import TASKS, dataset_facts, eval_spec, record_demos, success_rate
 

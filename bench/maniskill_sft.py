@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from actors.broker import free_port
+from transport.broker import free_port
 from bench.chaos import ROOT, Deployment
 
 # --task: the example specs (the SFT's and its eval's) and the published dataset's name.

@@ -397,7 +397,7 @@ class Runner:
         print(f"[multitenant {self.rec.name}] {text}", flush=True)
 
     async def run(self) -> RunRecord:
-        from actors.broker import free_port
+        from transport.broker import free_port
         from sdk.client import AsyncClient
 
         self.t0 = time.time()

@@ -161,7 +161,7 @@ class ScaleDeployment(Deployment):
     def __init__(self, data_dir: Path, tq_max_bytes: int) -> None:
         super().__init__(data_dir, nats_cluster=1)
         self.tq_max_bytes = tq_max_bytes
-        from actors.broker import free_port
+        from transport.broker import free_port
 
         self.client_port, self.monitor_port = free_port(), free_port()
         self.nats: subprocess.Popen | None = None
@@ -171,7 +171,7 @@ class ScaleDeployment(Deployment):
         return f"nats://127.0.0.1:{self.client_port}"
 
     def start_nats(self) -> None:
-        from actors.broker import nats_server_binary
+        from transport.broker import nats_server_binary
 
         store = self.data_dir / "nats"
         store.mkdir(parents=True, exist_ok=True)

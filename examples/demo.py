@@ -28,8 +28,8 @@ import sys
 import time
 from pathlib import Path
 
-from actors.broker import free_port
-from actors.supervisor import ClusterState
+from transport.broker import free_port
+from transport.cluster import ClusterState
 from sdk.client import AsyncClient
 from sdk.report import write_report
 
@@ -46,7 +46,7 @@ def tenant_creds(state: ClusterState, tenant: str) -> Path:
     """Issue the tenant's credentials on the running cluster; return the creds file."""
     if nexus("tenant", "create", tenant, "--data-dir", state.data_dir) != 0:
         raise SystemExit(f"could not issue credentials for tenant {tenant}")
-    from actors.auth import AuthStore
+    from transport.auth import AuthStore
 
     return AuthStore(Path(state.data_dir)).tenant_creds(tenant)
 
@@ -54,7 +54,7 @@ def tenant_creds(state: ClusterState, tenant: str) -> Path:
 async def run_workloads(state: ClusterState, timeout_s: float) -> int:
     import yaml
 
-    from actors.creds import redact_url
+    from transport.creds import redact_url
 
     started = time.time()
     plain_url = redact_url(state.nats_url)  # no credentials: each client names its own

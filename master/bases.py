@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import time
 
-from actors.bus import js_retry
+from transport.bus import js_retry
 from actors.identity import Caller, current_caller
 from actors.runtime import op
 from protocol import ops

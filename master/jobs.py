@@ -12,9 +12,9 @@ import uuid
 
 from opentelemetry.trace import SpanKind
 
-from actors.bus import js_retry
+from transport.bus import js_retry
 
-from actors.layout import publish_tq
+from transport.layout import publish_tq
 from actors.identity import current_caller
 from actors.runtime import op
 from actors.tracing import carrier, hop_name, messaging, nexus_attrs

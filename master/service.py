@@ -42,7 +42,7 @@ from typing import Any
 
 from nats.js.errors import NotFoundError, ObjectNotFoundError
 
-from actors.bus import js_retry
+from transport.bus import js_retry
 
 from actors.runtime import Role, RoleConfig
 from master.fairshare import clamp_priority

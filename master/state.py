@@ -14,8 +14,8 @@ from typing import Any, Awaitable, Callable
 
 from nats.js.errors import NotFoundError
 
-from actors.bus import Bus, js_retry
-from actors.layout import read_deployment_settings
+from transport.bus import Bus, js_retry
+from transport.layout import read_deployment_settings
 from actors.runtime import RoleConfig
 from actors.tq_read import PartitionReader
 from master.fairshare import GateLine

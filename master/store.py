@@ -7,7 +7,7 @@ import asyncio
 import structlog
 from nats.js.errors import NoKeysError
 
-from actors.bus import js_retry
+from transport.bus import js_retry
 from protocol.policy import KV_LOAD, KV_LOAD_ENTRY_TIMEOUT_S
 
 

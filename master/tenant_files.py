@@ -48,7 +48,7 @@ def remove_tenant_files(data_dir: str | Path, tenant: str, reports: list[Path]) 
     if datasets.is_dir():
         n += sum(_remove(p) for p in datasets.iterdir() if own.match(p.name))
         # Never datasets/<tenant>: a tenant named "published" or "tenants" would take the
-        # operator's published datasets or every tenant's (actors/paths.py layout).
+        # operator's published datasets or every tenant's (transport/datasets.py layout).
         n += _remove(datasets / "tenants" / tenant)
     removed["datasets"] = n
     removed["boards"] = _remove(root / "tensorboard" / tenant)

@@ -9,9 +9,9 @@ import time
 
 from nats.js.errors import NotFoundError, ObjectNotFoundError
 
-from actors.bus import js_retry
+from transport.bus import js_retry
 
-from actors.layout import ensure_tq_stream
+from transport.layout import ensure_tq_stream
 from actors.identity import current_caller, require_tenant
 from actors.runtime import op
 from master.records import policy_pin_tenant
@@ -108,7 +108,7 @@ class TenantOps:
 
     async def _ensure_queue_stream(self, tenant: str) -> None:
         assert self.st.bus is not None
-        # Replicas, byte limit and dedup window come from the deployment (actors/layout.py).
+        # Replicas, byte limit and dedup window come from the deployment (transport/layout.py).
         await ensure_tq_stream(self.st.bus.js, self.st.names, tenant, self.st.deployment)
 
     @op(ops.MASTER_TENANT_DELETE)

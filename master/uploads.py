@@ -30,7 +30,7 @@ from typing import Any
 
 from nats.js.errors import NotFoundError, ObjectNotFoundError
 
-from actors.bus import js_retry
+from transport.bus import js_retry
 from actors.runtime import op
 from protocol import ops
 from protocol.errors import CapacityExceeded, InvalidField, NotFound
@@ -191,7 +191,7 @@ class UploadOps:
         tensor of another shape, one missing or unknown, a name not uploaded) is the submit's."""
         from dataclasses import replace
 
-        from actors.weights import weights_name
+        from transport.weights import weights_name
         from protocol.messages import InitWeightsRequest
         from protocol.policy import INIT_WEIGHTS_TIMEOUT_S
 
@@ -204,7 +204,7 @@ class UploadOps:
 
     async def drop_start(self, tenant: str) -> None:
         """The tenant was not created after all: its version 0 export goes (best effort)."""
-        from actors.weights import manifest_name, weights_name
+        from transport.weights import manifest_name, weights_name
 
         store = await self._weights_store()
         for name in (weights_name(tenant, 0), manifest_name(weights_name(tenant, 0))):
@@ -222,7 +222,7 @@ class UploadOps:
         """A slice of a tenant's exported policy (or its manifest): the download path of a
         client without JetStream. The whole object is read, and the last few kept, so a
         download in slices reads it from the store once."""
-        from actors.weights import manifest_name, weights_name
+        from transport.weights import manifest_name, weights_name
 
         assert self.st.bus is not None
         version = self.st.sched.versions.get(req.tenant, 0) if req.version < 0 else req.version

@@ -25,7 +25,7 @@ from typing import Any
 
 from nats.js.errors import NotFoundError
 
-from actors.bus import js_retry
+from transport.bus import js_retry
 from actors.runtime import op
 from protocol import ops
 from protocol.errors import InvalidField

@@ -8,7 +8,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from actors.paths import tenant_datasets
+from transport.datasets import tenant_datasets
 from protocol.messages import WorkflowSpec
 
 

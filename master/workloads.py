@@ -33,7 +33,7 @@ from nats.js.errors import KeyNotFoundError, NotFoundError, ObjectNotFoundError
 
 from actors.identity import require_tenant
 from actors.paths import caller_roots, confine
-from actors.bus import js_retry
+from transport.bus import js_retry
 from actors.runtime import op
 from actors.tracing import consumer_span
 from protocol import ops
@@ -264,7 +264,7 @@ class WorkloadOps:
         """(version, export manifest) of the policy an eval pins; (-1, the tenant's config as a
         manifest) for ``latest`` behind a training workload. A version that does not exist is
         an error naming tenant and version, never a silent version 0."""
-        from actors.weights import get_manifest, weights_name
+        from transport.weights import get_manifest, weights_name
 
         tenant = cfg.name
         # A manifest of an older format may lack a key: the slot's config says the same.

@@ -988,7 +988,7 @@ class WorkflowSpec:
     hosted: str = ""
     dataset_root: str = ""  # SFT: a LeRobot v3.0 root ("" with demo_episodes > 0: record first)
     # SFT recording: where the demos go, relative to the env worker's data dir (the master
-    # names it: the tenant's own datasets dir, actors/paths.py).
+    # names it: the tenant's own datasets dir, transport/datasets.py).
     record_path: str = ""
     camera_map: dict[str, str] = field(default_factory=dict)  # dataset camera key -> schema camera
     demo_episodes: int = 0

@@ -170,7 +170,7 @@ class Names:
 
     def tenant_events(self, tenant: str, workload: str) -> str:
         """The master's events of one tenant's workload, again under the tenant's name: the
-        subject a tenant account imports (its own only; `actors.auth`)."""
+        subject a tenant account imports (its own only; `transport.auth`)."""
         return f"{self.prefix}.tenant_events.{check_token('tenant', tenant)}.{check_token('workload', workload)}"
 
     def tenant_events_all(self, tenant: str) -> str:

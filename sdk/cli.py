@@ -162,7 +162,7 @@ def _global_options(
 
 
 def _creds() -> Path | None:
-    from actors.creds import creds_from_env
+    from transport.creds import creds_from_env
 
     return _CREDS or creds_from_env()
 
@@ -171,7 +171,7 @@ def _tenant_caller() -> str | None:
     """The tenant whose credentials this command logs in with (``--creds`` / NEXUS_CREDS), or
     None for the platform's (the admin's, by default). Commands that show the whole deployment
     (roles, other tenants) say so in one line for a tenant instead of an empty view."""
-    from actors.creds import Credentials
+    from transport.creds import Credentials
 
     path = _creds()
     if path is None:
@@ -226,8 +226,8 @@ def up(
              "otherwise (then round-robin); indices are of the devices this machine shows")] = "",
 ) -> int:
     """Start nats-server and every role under a supervisor."""
-    from actors.broker import PortTaken, port_is_free
-    from actors.supervisor import ClusterState, Supervisor, SupervisorConfig, pid_alive
+    from transport.broker import PortTaken, port_is_free
+    from transport.cluster import ClusterState, SupervisorConfig, pid_alive, scale_bounds
     from protocol.errors import NexusError
     from protocol.messages import DEFAULT_TQ_MAX_BYTES
     from protocol.subjects import DEFAULT_PREFIX
@@ -242,7 +242,6 @@ def up(
         _err(PortTaken(f"port {nats_port} on 127.0.0.1 is taken; pick another with --nats-port PORT (or use "
                        f"the server there with --nats-url nats://127.0.0.1:{nats_port})").message)
         return EXIT_BAD_INPUT
-    from actors.supervisor import scale_bounds
     from protocol.placement import parse_devices, visible_devices
     from protocol.scaling import parse_counts
     from protocol.settings import SettingsError, check_supervised_roles, unknown_variables
@@ -271,25 +270,32 @@ def up(
             _err(line)
         return EXIT_BAD_INPUT
     if not detach:
-        return _run(Supervisor(cfg).run())
+        return _up_foreground(cfg)
     return _up_detached(data_dir, cfg, ready_timeout_s)
+
+
+def _up_foreground(cfg: Any) -> int:
+    """Become the supervisor: exec ``python -m actors.supervisor`` in this process (its pid, its
+    terminal, so Ctrl-C drains it and its exit status is `nexus up`'s) with the flags that
+    rebuild ``cfg``, checked here. The SDK never imports a role's module."""
+    from transport.cluster import supervisor_command
+
+    cmd = supervisor_command(cfg)
+    sys.stdout.flush()  # exec drops this process's buffers: the warnings above would be lost
+    sys.stderr.flush()
+    os.execv(cmd[0], cmd)
+    return EXIT_FAILED  # not reached: execv returns only by raising
 
 
 def _up_detached(shown_dir: Path, cfg: Any, ready_timeout_s: float) -> int:
     import subprocess
 
-    from actors.supervisor import ClusterState
+    from transport.cluster import ClusterState, supervisor_command
 
     cfg.data_dir.mkdir(parents=True, exist_ok=True)
     (cfg.data_dir / "logs").mkdir(exist_ok=True)
     log_path = cfg.data_dir / "logs" / "supervisor.log"
-    cmd = [sys.executable, "-m", "actors.supervisor", "--data-dir", str(cfg.data_dir),
-           "--nats-port", str(cfg.nats_port), "--prefix", cfg.prefix,
-           "--nats-cluster", str(cfg.nats_cluster), "--tq-max-bytes", str(cfg.tq_max_bytes),
-           "--roles", ",".join(f"{r}={n}" for r, n in cfg.counts.items()),
-           "--devices", cfg.placement.text()]
-    if cfg.nats_url:
-        cmd += ["--nats-url", cfg.nats_url]
+    cmd = supervisor_command(cfg)
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -303,7 +309,7 @@ def _up_detached(shown_dir: Path, cfg: Any, ready_timeout_s: float) -> int:
         if state is not None and state.supervisor_pid == proc.pid and state.ready:
             traces = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or f"{state.traces_dir}/"
             print(f"vla-nexus is up (supervisor pid {proc.pid})")
-            from actors.creds import redact_url
+            from transport.creds import redact_url
 
             print(f"  nats    {redact_url(state.nats_url)}" + (f" (admin credentials: {state.creds})" if state.creds else ""))
             print(f"  logs    {state.logs_dir}/ (supervisor.log, <role>.log)")
@@ -340,7 +346,7 @@ def down(
     timeout_s: Annotated[float, typer.Option("--timeout-s")] = 90.0,
 ) -> int:
     """Stop the cluster started from --data-dir (roles drain first)."""
-    from actors.supervisor import ClusterState, pid_alive
+    from transport.cluster import ClusterState, pid_alive
 
     resolved = data_dir.resolve()
     state = ClusterState.read(resolved)
@@ -390,7 +396,7 @@ def scale(
         "--timeout-s", help="how long to wait for new instances to be ready / surplus ones to drain")] = 180.0,
 ) -> int:
     """Run N instances of a role on the running deployment: new ones join once ready, surplus ones drain."""
-    from actors.supervisor import ClusterState, pid_alive
+    from transport.cluster import ClusterState, pid_alive
     from protocol.errors import InvalidField
     from protocol.messages import Ok, ScaleRequest
     from protocol.scaling import check_count, parse_bounds
@@ -428,7 +434,7 @@ def scale(
 
 def _counts_line(data_dir: Path, rows: list[dict]) -> str | None:
     """`role live/wanted` per role from cluster.json's counts (None: no local supervisor)."""
-    from actors.supervisor import ClusterState
+    from transport.cluster import ClusterState
 
     state = ClusterState.read(data_dir.resolve())
     if state is None or not state.counts:
@@ -538,7 +544,7 @@ def status(
     rows = [_asdict(r) for r in st.roles]
     wrows = workload_rows(workloads, jobs)
     if json:
-        from actors.supervisor import ClusterState
+        from transport.cluster import ClusterState
 
         cs = ClusterState.read(data_dir.resolve()) if tenant is None else None
         print_json({"roles": rows, "workloads": wrows, "metrics": st.metrics, "generated_at": st.generated_at,
@@ -741,7 +747,7 @@ def _accounts_without_record(data_dir: Path, known: set[str]) -> list[dict]:
     """Tenants with credentials (`nexus tenant create`) that the master has no record of yet:
     a tenant is registered at its first submit, so `nexus tenants` right after `tenant create`
     was empty. Read from this data dir's auth store, for the operator only."""
-    from actors.auth import AuthStore
+    from transport.auth import AuthStore
 
     if _tenant_caller() is not None:
         return []
@@ -940,7 +946,7 @@ def tenant_delete(
     if refused is not None:
         return refused
 
-    from actors.auth import AuthStore
+    from transport.auth import AuthStore
     from protocol.errors import NotFound
     from protocol.messages import TenantDeleted
 
@@ -970,9 +976,9 @@ def _remove_tenant_account(data_dir: Path, name: str, timeout_s: float) -> dict[
     revoked (pushed to the running cluster, its connections closed), then the account leaves
     the state and ``accounts.conf``, and the creds file goes. The master cannot do this: the
     auth dir (the operator's keys) is the CLI's, not the master role's."""
-    from actors.auth import AuthStore
-    from actors.creds import Credentials
-    from actors.supervisor import ClusterState
+    from transport.auth import AuthStore
+    from transport.creds import Credentials
+    from transport.cluster import ClusterState
     from protocol.errors import NexusError
 
     resolved = data_dir.resolve()
@@ -1093,9 +1099,9 @@ def tenant_creds_create(
     Again for the same name: new credentials; the old ones stop working (the rotation). The
     account's storage quota and limits (connections, subscriptions, message size) are the
     operator's: set here, kept when not given again."""
-    from actors.auth import AuthStore
-    from actors.creds import Credentials
-    from actors.supervisor import ClusterState
+    from transport.auth import AuthStore
+    from transport.creds import Credentials
+    from transport.cluster import ClusterState
     from sdk.term import print_json
 
     resolved = data_dir.resolve()
@@ -1156,7 +1162,7 @@ def auth_init(
     """Create the operator, system, platform and admin identities in DATA_DIR/auth, a user per
     role in DATA_DIR/role-creds (kept when they exist), and the include a NATS node's config
     needs (auth/nats-auth.conf)."""
-    from actors.auth import AuthStore
+    from transport.auth import AuthStore
     from protocol.subjects import DEFAULT_PREFIX
     from sdk.term import print_json
 
@@ -1179,7 +1185,7 @@ def auth_init(
 async def _push_and_wait(store: Any, url: str, tenant: str, creds: Any, *, accepted: bool, timeout_s: float) -> None:
     """Push the tenant's account JWT to the running servers, then wait until they accept
     (or refuse) ``creds``."""
-    from actors.auth import wait_login
+    from transport.auth import wait_login
 
     await store.push(url, tenant, timeout_s=timeout_s)
     if creds is not None:
@@ -1194,9 +1200,9 @@ def tenant_creds_revoke(
 ) -> int:
     """Revoke a tenant's credentials: its connections are closed now and it cannot log in
     again. Its workloads, policies and data stay (`nexus tenant delete` removes those)."""
-    from actors.auth import AuthStore
-    from actors.creds import Credentials
-    from actors.supervisor import ClusterState
+    from transport.auth import AuthStore
+    from transport.creds import Credentials
+    from transport.cluster import ClusterState
     from sdk.term import print_json
 
     resolved = data_dir.resolve()
@@ -1420,7 +1426,7 @@ def logs(
     tenant: Annotated[str | None, typer.Option("--tenant", help="only lines about this tenant")] = None,
 ) -> int:
     """A role's JSON log lines."""
-    from actors.supervisor import ClusterState
+    from transport.cluster import ClusterState
 
     state = ClusterState.read(data_dir.resolve())
     logs_dir = Path(state.logs_dir) if state else data_dir / "logs"
@@ -1518,8 +1524,8 @@ def layout(
     tq_max_bytes: Annotated[int | None, _tq_max_bytes_option()] = None,
 ) -> int:
     """Create streams and buckets on an existing NATS server."""
-    from actors.bus import Bus
-    from actors.layout import ensure_layout
+    from transport.bus import Bus
+    from transport.layout import ensure_layout
     from protocol.messages import DEFAULT_TQ_MAX_BYTES, DeploymentSettings
     from protocol.subjects import Names
     from sdk.client import resolve_cluster
@@ -1529,7 +1535,7 @@ def layout(
     async def go() -> None:
         from nats.js.errors import APIError
 
-        from actors.creds import redact_url
+        from transport.creds import redact_url
         from protocol.errors import Unavailable
 
         bus = await Bus.connect(url, name="nexus-layout", reconnect_forever=False, creds=_creds())
@@ -1543,7 +1549,7 @@ def layout(
             await bus.close()
 
     _run(go())
-    from actors.creds import redact_url
+    from transport.creds import redact_url
 
     print(f"streams and buckets of prefix {resolved_prefix!r} are in place on {redact_url(url)} (replicas={replicas})")
     return EXIT_OK

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from actors.bus import DEFAULT_REQUEST_TIMEOUT_S, Bus, retry
-from actors.bus import retry_through_outage  # noqa: F401 - public: loops ride out a master restart with it
-from actors.supervisor import ClusterState
+from transport.bus import DEFAULT_REQUEST_TIMEOUT_S, Bus, retry
+from transport.bus import retry_through_outage  # noqa: F401 - public: loops ride out a master restart with it
+from transport.cluster import ClusterState
 from protocol import ops
 from protocol.ops import Op
 from protocol.errors import Busy, InvalidField, NotFound, PayloadTooLarge, QuotaExceeded, RequestTimeout, Unavailable
@@ -137,7 +137,7 @@ class AsyncClient:
                  tracer: Any = None) -> None:
         """``tracer``: an OpenTelemetry tracer for this client's CLIENT / PRODUCER spans
         (default: the global provider's; with none set, no spans and no trace context)."""
-        from actors.creds import creds_from_env
+        from transport.creds import creds_from_env
 
         self.url = url
         self.names = Names(prefix)
@@ -491,7 +491,7 @@ class AsyncClient:
     @property
     def is_tenant(self) -> bool:
         """Logged in with a tenant's credentials (its account has no JetStream)."""
-        from actors.creds import Credentials, url_creds
+        from transport.creds import Credentials, url_creds
 
         creds = self.creds or url_creds(self.url)
         return creds is not None and Credentials.read(creds).tenant is not None
@@ -521,7 +521,7 @@ class AsyncClient:
 
         check_token("name", name)
         if tenant is None:
-            from actors.creds import Credentials, url_creds
+            from transport.creds import Credentials, url_creds
 
             creds = self.creds or url_creds(self.url)
             tenant = Credentials.read(creds).tenant if creds is not None else None
@@ -558,7 +558,7 @@ class AsyncClient:
             if ref is None:
                 raise NotFound(f"tenant {tenant!r} has no exported version yet")
         else:
-            from actors.weights import weights_name
+            from transport.weights import weights_name
 
             ref = WeightsRef(tenant=tenant, version=version, object_name=weights_name(tenant, version), size=0,
                              manifest={})
@@ -600,7 +600,7 @@ class AsyncClient:
 
         from protocol.wire import decode
 
-        from actors.bus import js_retry
+        from transport.bus import js_retry
 
         kv = await js_retry(self.bus.js.key_value, self.names.kv_versions)
         try:

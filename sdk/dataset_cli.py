@@ -161,7 +161,7 @@ def cmd_record(args: argparse.Namespace) -> int:
 def cmd_publish(args: argparse.Namespace) -> int:
     """Copy a dataset into the data dir's published area (an operator's act), where every
     tenant may name it as dataset.root and no tenant request writes."""
-    from actors.paths import publish_dataset
+    from transport.datasets import publish_dataset
 
     try:
         # Not given: the deployment's, as every other `nexus` command finds it (NEXUS_DATA_DIR).

@@ -70,7 +70,7 @@ class HostedClient(AsyncClient):
 
 def check_tenant_creds(creds: str | Path | None) -> str:
     """The tenant ``creds`` log in as; an error unless they are a tenant's."""
-    from actors.creds import Credentials, creds_from_env
+    from transport.creds import Credentials, creds_from_env
 
     path = Path(creds) if creds else creds_from_env()
     if path is None:
@@ -87,7 +87,7 @@ class EnvServer:
 
     def __init__(self, url: str, prefix: str, creds: str | Path | None, factory: str, *, capacity: int = 1,
                  data_dir: str | Path | None = None) -> None:
-        from actors.creds import creds_from_env
+        from transport.creds import creds_from_env
         from envs.hosted import load_factory
 
         from protocol.settings import WorkflowSettings

@@ -1,7 +1,7 @@
 """Tracing helpers for user-level code (the SDK and workflows/): the OpenTelemetry *API* only,
 so a workflow gets spans in the platform's traces without importing a role's module. The
 pieces the roles share (`TRACER_NAME`, `link_to`, `new_root`) live one floor down in
-actors/trace_api.py and are re-exported here; the roles' tracer provider, sampling and
+transport/trace_api.py and are re-exported here; the roles' tracer provider, sampling and
 exporters live in actors/tracing.py."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
-from actors.trace_api import TRACER_NAME, link_to, new_root
+from transport.trace_api import TRACER_NAME, link_to, new_root
 
 __all__ = ["TRACER_NAME", "current_context", "detached", "link_to", "new_root", "tracer"]
 

@@ -77,8 +77,8 @@ def nats_server(tmp_path_factory):
     """The session's nats-server, in operator mode as `nexus up` runs it (anonymous clients
     are refused). Its platform account exports every prefix's subjects (``*``), since each
     test has its own."""
-    from actors.auth import AuthStore
-    from actors.broker import EmbeddedBroker, free_port
+    from transport.auth import AuthStore
+    from transport.broker import EmbeddedBroker, free_port
 
     data_dir = tmp_path_factory.mktemp("nats")
     broker = EmbeddedBroker(data_dir=data_dir, port=free_port(), auth=AuthStore(data_dir, prefix="*"))
@@ -101,8 +101,8 @@ def prefix() -> str:
 
 def make_layout(nats_url: str, prefix: str):
     """Create the streams and buckets of ``prefix`` on the server; return its Names."""
-    from actors.bus import Bus
-    from actors.layout import ensure_layout
+    from transport.bus import Bus
+    from transport.layout import ensure_layout
     from protocol.subjects import Names
 
     names = Names(prefix)
@@ -178,8 +178,8 @@ def tenant_create(data_dir: Path, tenant: str, *flags: str) -> dict:
 def nexus_up(data_dir: Path, **env: str):
     """`nexus up --detach` in ``data_dir`` on a free port (operator mode), its `ClusterState`,
     and `nexus down` after; both asserted. ``env``: the deployment's NEXUS_* settings."""
-    from actors.broker import free_port
-    from actors.supervisor import ClusterState
+    from transport.broker import free_port
+    from transport.cluster import ClusterState
 
     up = nexus_run("up", "--detach", "--data-dir", str(data_dir), "--nats-port", str(free_port()), timeout=240, **env)
     assert up.returncode == 0, up.stdout + up.stderr
@@ -269,7 +269,7 @@ class RoleProcs:
 
         from protocol.errors import NexusError
         from protocol.messages import InfoRequest
-        from actors.bus import Bus
+        from transport.bus import Bus
 
         async def ping():
             bus = await Bus.connect(self.nats_url, name="test-wait", reconnect_forever=False, prefix=self.prefix)

@@ -917,7 +917,7 @@ async def fuzz(nats_url: str, prefix: str, procs: list[tuple[str, str, Any]], ct
     """Discover, send the regression cases, generate ``cases`` (spread evenly over the targets),
     send the first ``warmup_fraction`` of each target's, read RSS, send the rest, read RSS, ask
     every role for info."""
-    from actors.bus import Bus
+    from transport.bus import Bus
     from protocol.errors import NexusError
     from protocol.messages import InfoRequest
 

@@ -2,9 +2,10 @@
 local ones and type-only ones too: each is a tie someone reading the code must follow).
 
 Packages stand on floors, each allowed to import only the floors below it; no module takes
-part in an import circle. A change that adds an upward import or a circle fails here, naming
-the files and lines, so the structure docs/architecture.md draws stays the structure the code
-has."""
+part in an import circle. Beside the floors, one wall: the SDK and the roles never import each
+other (`APART`), not even downward: what both need sits on the transport floor beneath both. A
+change that adds an upward import, a circle or a tie across the wall fails here, naming the
+files and lines, so the structure docs/architecture.md draws stays the structure the code has."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("models",),
     ("protocol",),
     ("envs",),
+    ("transport",),
     ("actors",),
     ("master",),
     ("sdk",),
@@ -26,6 +28,9 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("bench", "deploy"),
 )
 FLOOR = {pkg: i for i, names in enumerate(FLOORS) for pkg in names}
+# Packages that import neither way although their floors would allow one of them to: the SDK
+# talks to the roles over the bus only (and starts the supervisor as a process, by name).
+APART: tuple[tuple[str, str], ...] = (("sdk", "actors"),)
 
 
 def _module(path: Path) -> str:
@@ -82,6 +87,18 @@ def upward_imports(graph: dict[str, dict[str, list[int]]]) -> list[str]:
             a, b = mod.split(".")[0], dep.split(".")[0]
             if FLOOR[b] > FLOOR[a]:
                 out.append(f"{mod} (floor {FLOOR[a] + 1}) imports {dep} (floor {FLOOR[b] + 1}) at line(s) {lines}")
+    return sorted(out)
+
+
+def ties_across(graph: dict[str, dict[str, list[int]]]) -> list[str]:
+    """Imports between two packages that `APART` keeps apart, in either direction."""
+    walls = {frozenset(pair) for pair in APART}
+    out = []
+    for mod, deps in graph.items():
+        for dep, lines in deps.items():
+            a, b = mod.split(".")[0], dep.split(".")[0]
+            if a != b and frozenset((a, b)) in walls:
+                out.append(f"{mod} imports {dep} at line(s) {lines}")
     return sorted(out)
 
 
@@ -146,13 +163,25 @@ def test_the_graph_is_read():
 
 def test_the_reader_finds_an_upward_import_and_a_circle():
     graph = {"models.a": {"actors.b": [3]}, "actors.b": {"models.a": [7]}}
-    assert upward_imports(graph) == ["models.a (floor 1) imports actors.b (floor 4) at line(s) [3]"]
+    assert upward_imports(graph) == ["models.a (floor 1) imports actors.b (floor 5) at line(s) [3]"]
     assert circles(graph) == [["actors.b", "models.a"]]
+
+
+def test_the_reader_finds_a_tie_across_the_wall():
+    graph = {"sdk.a": {"actors.b": [4], "transport.c": [5]}, "actors.b": {"sdk.a": [9]}, "transport.c": {}}
+    assert ties_across(graph) == ["actors.b imports sdk.a at line(s) [9]", "sdk.a imports actors.b at line(s) [4]"]
+    assert upward_imports(graph) == ["actors.b (floor 5) imports sdk.a (floor 7) at line(s) [9]"]
 
 
 def test_no_import_runs_up_a_floor():
     up = upward_imports(import_graph())
     assert not up, "imports that run from a lower floor to a higher one:\n  " + "\n  ".join(up)
+
+
+def test_the_sdk_and_the_roles_never_import_each_other():
+    ties = ties_across(import_graph())
+    assert not ties, ("imports between the SDK and the roles (move what both need down to transport/ or "
+                      "protocol/; start a role as a process by its module name):\n  " + "\n  ".join(ties))
 
 
 def test_no_import_circles():

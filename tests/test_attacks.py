@@ -26,8 +26,8 @@ import nats.js.errors
 import numpy as np
 import pytest
 
-from actors.creds import redact_url
-from actors.supervisor import ClusterState
+from transport.creds import redact_url
+from transport.cluster import ClusterState
 from protocol import ops
 from protocol.subjects import Names
 from sdk.client import AsyncClient

@@ -22,9 +22,9 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from actors.broker import free_port
-from actors.bus import Bus
-from actors.supervisor import ClusterState, pid_alive
+from transport.broker import free_port
+from transport.bus import Bus
+from transport.cluster import ClusterState, pid_alive
 from protocol import ops
 from protocol.codec import packb
 from protocol.errors import ErrorCode

@@ -195,7 +195,7 @@ class Stack:
 
     def login(self, tmp: str) -> None:
         """Copy the admin's credentials out of the creds volume; `nats_url` names them."""
-        from actors.creds import Credentials
+        from transport.creds import Credentials
 
         path = os.path.join(tmp, "admin.creds")
         with open(path, "w") as f:
@@ -224,7 +224,7 @@ class Stack:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    from actors.broker import free_port
+    from transport.broker import free_port
 
     t0 = time.monotonic()
     build = _run(["bash", str(COMPOSE_DIR / "build-images.sh")], timeout=BUILD_BOUND_S,
@@ -298,8 +298,8 @@ def test_roles_healthy_and_layout_r3(stack):
     layout = stack.containers("layout")
     assert layout and stack.inspect(layout[0])["State"]["ExitCode"] == 0
 
-    from actors.bus import Bus
-    from actors.layout import bucket_streams, stream_configs
+    from transport.bus import Bus
+    from transport.layout import bucket_streams, stream_configs
     from protocol.subjects import Names
 
     async def replicas() -> dict[str, int]:
@@ -318,7 +318,7 @@ def test_roles_healthy_and_layout_r3(stack):
 def test_nats_runs_in_operator_mode(stack):
     """The cluster refuses a client without credentials; the auth-init job ran once, and a
     second run keeps the identities (the roles' credentials still work after it)."""
-    from actors.bus import Bus
+    from transport.bus import Bus
     from protocol.errors import Unauthenticated
 
     with pytest.raises(Unauthenticated, match="no credentials"):
@@ -342,7 +342,7 @@ def test_each_container_mounts_only_its_own_credentials(stack):
             listed = _run(["docker", "exec", cid, "ls", "-A", "/creds"]).stdout.split()
             assert listed == ["role.creds"], (service, listed)
             user = _run(["docker", "exec", cid, "python", "-c",
-                         "from actors.creds import Credentials; print(Credentials.read('/creds/role.creds').user)"]).stdout
+                         "from transport.creds import Credentials; print(Credentials.read('/creds/role.creds').user)"]).stdout
             assert user.strip() == service, (service, user)
     for node in NATS_SERVICES:
         for cid in stack.containers(node):
@@ -385,7 +385,7 @@ async def _audit(st: Stack, tenants: list[str]):
     from protocol.wire import decode
     from sdk.client import AsyncClient
 
-    from actors.bus import js_retry, retry_through_outage
+    from transport.bus import js_retry, retry_through_outage
 
     names = Names("nexus")
     async with AsyncClient(st.nats_url, "nexus", timeout_s=15.0) as client:
@@ -406,7 +406,7 @@ async def _audit(st: Stack, tenants: list[str]):
 
 
 def _stream_leader(st: Stack, stream: str) -> str:
-    from actors.bus import Bus
+    from transport.bus import Bus
 
     async def go() -> str:
         bus = await Bus.connect(st.nats_url, name="test-compose", reconnect_forever=False)
@@ -484,7 +484,7 @@ def test_workloads_complete_through_nats_node_and_trainer_kills(stack, tmp_path)
 
 
 def _nodes_current(st: Stack) -> bool:
-    from actors.bus import Bus
+    from transport.bus import Bus
     from protocol.subjects import Names
 
     async def go() -> bool:
@@ -522,7 +522,7 @@ def _layout_fails_in_one_line(what: str, url: str, timeout: float, creds_volume:
 
 
 def test_bad_setting_no_broker_or_missing_node_exits_with_one_line(stack):
-    from actors.broker import free_port
+    from transport.broker import free_port
 
     bad = _run(["docker", "run", "--rm", "--network", "host", "-e", "NEXUS_HEARTBEAT_INTERVAL_S=abc",
                 "-e", f"NEXUS_NATS_URL={stack.plain_url}", ROLE_IMAGE, "trainer"], check=False)

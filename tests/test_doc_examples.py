@@ -44,7 +44,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from actors.broker import free_port
+from transport.broker import free_port
 from tests.conftest import ROOT, nexus_cmd, python_env
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from actors.bus import Bus
+from transport.bus import Bus
 from actors.runtime import EXIT_NOW_STATUS
 from protocol import ops
 from protocol.errors import InternalError, Unavailable

@@ -1,4 +1,4 @@
-"""`actors.broker.free_port`: a port handed out once is not handed out again on this host
+"""`transport.broker.free_port`: a port handed out once is not handed out again on this host
 while remembered, whichever process asks (test workers and `nexus up` pick concurrently, and
 a server binds its port only later)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-import actors.broker as broker
+import transport.broker as broker
 from tests.conftest import python_env
 
 
@@ -27,7 +27,7 @@ def test_an_unreadable_registry_is_started_again(tmp_path, monkeypatch):
 
 
 def test_two_processes_get_disjoint_ports(tmp_path):
-    code = ("import actors.broker as b, pathlib, sys; b._PORT_REGISTRY = pathlib.Path(sys.argv[1]); "
+    code = ("import transport.broker as b, pathlib, sys; b._PORT_REGISTRY = pathlib.Path(sys.argv[1]); "
             "print(' '.join(str(b.free_port()) for _ in range(150)))")
     procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "ports.json")], env=python_env(),
                               stdout=subprocess.PIPE, text=True) for _ in range(2)]

@@ -17,7 +17,7 @@ import time
 import numpy as np
 import pytest
 
-from actors.bus import Bus
+from transport.bus import Bus
 from protocol import ops
 from protocol.errors import Busy, NexusError
 from protocol.messages import (

@@ -10,7 +10,7 @@ import asyncio
 import pytest
 
 import master.store as store
-from actors.bus import Bus
+from transport.bus import Bus
 
 
 def _run(nats_url, layout, body):

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import yaml
 
-from actors.bus import Bus
-from actors.layout import ensure_layout, kv_buckets, object_buckets, stream_configs
+from transport.bus import Bus
+from transport.layout import ensure_layout, kv_buckets, object_buckets, stream_configs
 from protocol.subjects import ROLES, Names
 from tests.conftest import ROOT, nexus_cmd, python_env
 
@@ -103,7 +103,7 @@ def test_a_full_queue_is_busy_at_once_not_after_the_retries(nats_url, prefix):
     # (err_code 10077): final, not a leader election; js_retry must not spend its 20 s on it.
     import time
 
-    from actors.layout import ensure_tq_stream, publish_tq
+    from transport.layout import ensure_tq_stream, publish_tq
     from protocol.errors import Busy
     from protocol.messages import DeploymentSettings
 

@@ -1,7 +1,7 @@
 """Least privilege inside the platform, on a real `nexus up` (operator mode).
 
 Each role logs in as its own user of the platform account whose JWT allows only the
-subjects `actors.permissions` derives for it; the server refuses the rest ("Permissions
+subjects `transport.permissions` derives for it; the server refuses the rest ("Permissions
 Violation"); no role process is handed the platform's or the admin's credentials; SFT, RL
 and eval workloads run end to end on those lists with no violation in any log. When the
 tests run as root and the interpreter is usable by ``nobody`` (CI's image), the roles run as
@@ -24,11 +24,11 @@ import nats
 import pytest
 import yaml
 
-from actors import nats_jwt
-from actors.auth import AuthStore
-from actors.creds import Credentials, redact_url
-from actors.permissions import PROCESSES, role_permissions
-from actors.supervisor import ClusterState
+from transport import nats_jwt
+from transport.auth import AuthStore
+from transport.creds import Credentials, redact_url
+from transport.permissions import PROCESSES, role_permissions
+from transport.cluster import ClusterState
 from protocol import ops
 from protocol.subjects import ROLES, Names
 from sdk.client import AsyncClient

@@ -20,10 +20,10 @@ import time
 
 import pytest
 
-from actors.broker import free_port
-from actors.bus import Bus
+from transport.broker import free_port
+from transport.bus import Bus
 from actors.runtime import EXIT_LOOP_FAILED
-from actors.supervisor import ClusterState, pid_alive
+from transport.cluster import ClusterState, pid_alive
 from protocol import ops
 from protocol.errors import NexusError, NotFound
 from protocol.messages import HealthEvent, Heartbeat, InfoRequest, Ok, RestartRequest
@@ -325,7 +325,8 @@ def test_master_out_of_restarts_triggers_one_global_restart(nats_url, prefix, tm
     # at all (budget 0), so its first crash means "the master cannot come back".
     import io
 
-    from actors.supervisor import Supervisor, SupervisorConfig
+    from actors.supervisor import Supervisor
+    from transport.cluster import SupervisorConfig
     from protocol.policy import RestartBudget
 
     out = io.StringIO()

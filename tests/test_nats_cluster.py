@@ -24,9 +24,9 @@ import pytest
 from nats.js.api import DiscardPolicy
 from nats.js.errors import APIError
 
-from actors.broker import EmbeddedCluster, free_port
-from actors.bus import Bus
-from actors.layout import (
+from transport.broker import EmbeddedCluster, free_port
+from transport.bus import Bus
+from transport.layout import (
     bucket_streams,
     kv_buckets,
     object_buckets,
@@ -37,7 +37,7 @@ from actors.layout import (
     read_deployment_settings,
     stream_configs,
 )
-from actors.supervisor import ClusterState, pid_alive
+from transport.cluster import ClusterState, pid_alive
 from protocol.errors import Busy, FailedPrecondition
 from protocol.messages import DeploymentSettings
 from protocol.policy import DEDUP_WINDOW_S

@@ -255,7 +255,7 @@ def test_real_prometheus_scrapes_the_endpoint(deployment, tmp_path):
     import shutil
     import urllib.parse
 
-    from actors.broker import free_port
+    from transport.broker import free_port
 
     binary = shutil.which("prometheus")
     if binary is None:

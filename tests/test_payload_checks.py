@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from actors.weights import base_identity, check_manifest, manifest_name
+from transport.weights import base_identity, check_manifest, manifest_name
 from protocol import ops
 from protocol.errors import FailedPrecondition
 from protocol.messages import InfoRequest

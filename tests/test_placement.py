@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.supervisor import SupervisorConfig
+from transport.cluster import SupervisorConfig
 from protocol.errors import InvalidField
 from protocol.placement import Placement, parse_devices, visible_devices
 from sdk.cli import main as nexus_main

@@ -230,7 +230,7 @@ def test_tenant_delete_removes_all_of_its_state(roles):
 
 
 def test_auth_store_removes_a_deleted_tenants_account(tmp_path):
-    from actors.auth import AuthStore
+    from transport.auth import AuthStore
 
     store = AuthStore(tmp_path)
     store.ensure()

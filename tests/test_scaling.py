@@ -20,7 +20,8 @@ import time
 
 import pytest
 
-from actors.supervisor import ClusterState, SupervisorConfig, slot_key
+from actors.supervisor import slot_key
+from transport.cluster import ClusterState, SupervisorConfig
 from bench.chaos_audit import audit_jobs
 from protocol.errors import InvalidField, NexusError
 from protocol.scaling import DEFAULT_BOUNDS, check_count, parse_bounds, parse_counts
@@ -132,7 +133,7 @@ DEVICES = "trainer=0,1 env=2-3"  # trainer slots 0, 1 -> ids 7, 6; env slots 0, 
 def deployment(tmp_path_factory):
     """`nexus up --roles env=2,trainer=2 --devices 'trainer=0,1 env=2-3'` with bounds env 1:2,
     inferencer 1:2, trainer 0:2."""
-    from actors.broker import free_port
+    from transport.broker import free_port
 
     data = tmp_path_factory.mktemp("scaling") / "d"
     up = nexus_run("up", "--detach", "--data-dir", str(data), "--nats-port", str(free_port()),
@@ -413,7 +414,7 @@ def test_the_scaler_adds_a_trainer_under_a_sustained_backlog_and_says_why(tmp_pa
     while another of its jobs keeps the one trainer busy (one job per tenant on a trainer), past
     the scaler's 4-per-trainer backlog and 0.6 busy thresholds for its window, so the health
     manager decides trainer 1 -> 2, announces why with the signals, and the supervisor applies it."""
-    from actors.broker import free_port
+    from transport.broker import free_port
     from protocol.messages import ScaleDecision
     from protocol.wire import decode
 

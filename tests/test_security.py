@@ -23,10 +23,10 @@ import nats.js.errors
 import numpy as np
 import pytest
 
-from actors.auth import AuthStore
-from actors.creds import Credentials
-from actors.bus import Bus
-from actors.supervisor import ClusterState
+from transport.auth import AuthStore
+from transport.creds import Credentials
+from transport.bus import Bus
+from transport.cluster import ClusterState
 from protocol import ops
 from protocol.errors import NexusError, PermissionDenied, QuotaExceeded, Unauthenticated
 from protocol.messages import (
@@ -96,7 +96,7 @@ def deployment(tmp_path_factory):
 
 def _url(state: ClusterState) -> str:
     """The cluster's plain address (no credentials: each client names its own)."""
-    from actors.creds import redact_url
+    from transport.creds import redact_url
 
     return redact_url(state.nats_url)
 
@@ -300,7 +300,7 @@ def test_deny_matrix_own_workload_and_revocation(deployment, tmp_path):
 
 def _foreign_creds(user: str) -> Credentials:
     """A well-formed user JWT named ``user``, signed by an account no operator of ours signed."""
-    from actors import nats_jwt
+    from transport import nats_jwt
 
     account, seed = nats_jwt.new_key("account"), nats_jwt.new_key("user")
     token = nats_jwt.encode(account, nats_jwt.public(seed), user, nats_jwt.user_claims([f"nexus-tenant:{user}"]))
@@ -489,7 +489,8 @@ def test_storage_quota_is_the_tenant_accounts_jetstream_limit(deployment):
 def test_access_rules_and_path_confinement(tmp_path):
     """The runtime's rules on their own (the server-asserted caller as the header gives it)."""
     from actors.identity import PLATFORM, authorize, caller_from_headers
-    from actors.paths import confine, data_roots
+    from actors.paths import confine
+    from transport.datasets import data_roots
 
     bob = caller_from_headers({"Nats-Request-Info": json.dumps(
         {"acc": "ABOBACCOUNTKEY", "user": "UBOBUSERKEY", "name_tag": "bob", "tags": ["nexus-tenant:bob"]})})

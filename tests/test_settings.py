@@ -18,7 +18,7 @@ from protocol import settings as S
 from protocol.settings import GROUPS, SettingsError, role_settings
 
 ROOT = Path(__file__).resolve().parents[1]
-CODE_DIRS = ("actors", "master", "sdk", "protocol", "models", "envs", "examples", "bench", "workflows")
+CODE_DIRS = ("transport", "actors", "master", "sdk", "protocol", "models", "envs", "examples", "bench", "workflows")
 
 # A valid value other than the default for every variable: (raw, what the setting holds).
 GOOD: dict[str, tuple[str, object]] = {
@@ -391,13 +391,13 @@ def test_roles_read_every_variable(tmp_path, monkeypatch):
         "NEXUS_METRICS_HOST": (mon.metrics_host, "0.0.0.0"),
         "NEXUS_TENSORBOARD": (mon.tensorboard, False),
     }
-    from actors.paths import data_roots
+    from transport.datasets import data_roots
 
     reads["NEXUS_CREDS"] = (cfg.creds, Path("/tmp/x.creds"))
     from actors.supervisor import role_user_name
 
     reads["NEXUS_ROLE_USER"] = (role_user_name("trainer"), "nexus-trainer")
-    from actors.supervisor import scale_bounds
+    from transport.cluster import scale_bounds
 
     reads["NEXUS_SCALE_BOUNDS"] = (scale_bounds()["trainer"].text(), "0:4")
     reads["NEXUS_DATA_ROOTS"] = (data_roots(tmp_path)[-2:], [Path("/data/a"), Path("/data/b")])
@@ -517,7 +517,7 @@ def test_supervisor_checks_every_role_once():
 
 
 def test_nexus_up_with_a_bad_value_starts_nothing(tmp_path):
-    from actors.broker import free_port
+    from transport.broker import free_port
     from tests.conftest import nexus_cmd
 
     proc = subprocess.run(nexus_cmd("up", "--data-dir", str(tmp_path), "--nats-port", str(free_port())),

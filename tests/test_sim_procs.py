@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from actors.bus import Bus
+from transport.bus import Bus
 from protocol.errors import FailedPrecondition, NotFound
 from protocol.messages import HealthEvent, Heartbeat
 from protocol.subjects import Names

@@ -52,7 +52,7 @@ def write_spec(path: Path, tenant: str, init: dict | None = None, steps: int = 1
 
 def predict_all(deployment, calls: list[tuple[str, int]]) -> list[np.ndarray]:
     """Each (tenant, pinned version)'s mean actions for one fixed observation, each on its own login."""
-    from actors.creds import redact_url
+    from transport.creds import redact_url
     from sdk.client import AsyncClient
 
     _, state, creds = deployment
@@ -77,7 +77,7 @@ def predict_all(deployment, calls: list[tuple[str, int]]) -> list[np.ndarray]:
 def init_weights_as(deployment, tenant: str, obj: str) -> str:
     """The trainer's ``init_weights`` (the master's, at submit) asked directly by a tenant: the
     error it gets (it is the platform's op only)."""
-    from actors.creds import redact_url
+    from transport.creds import redact_url
     from protocol.errors import NexusError
     from protocol.messages import InitWeightsRequest, TenantConfig
     from sdk.client import AsyncClient

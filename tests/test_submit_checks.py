@@ -192,7 +192,7 @@ def test_static_facts_agree_with_the_real_configs():
 
 # -- on a real deployment ------------------------------------------------------------------------
 def test_a_refused_first_spec_registers_nothing(tmp_path):
-    from actors.creds import redact_url
+    from transport.creds import redact_url
     from sdk.client import AsyncClient
     from tests.test_workloads import sft_spec
 

@@ -24,10 +24,10 @@ import subprocess
 import nats
 import pytest
 
-from actors.auth import AuthStore
-from actors.creds import redact_url
-from actors.bus import Bus
-from actors.supervisor import ClusterState
+from transport.auth import AuthStore
+from transport.creds import redact_url
+from transport.bus import Bus
+from transport.cluster import ClusterState
 from protocol import ops
 from protocol.errors import InvalidField, NotFound, PermissionDenied, QuotaExceeded
 from protocol.messages import (

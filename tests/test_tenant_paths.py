@@ -23,8 +23,9 @@ from pathlib import Path
 import pytest
 
 from actors.identity import PLATFORM, Caller
-from actors.paths import confine, data_roots, publish_dataset, published_datasets, tenant_datasets
-from actors.supervisor import ClusterState
+from actors.paths import confine
+from transport.cluster import ClusterState
+from transport.datasets import data_roots, publish_dataset, published_datasets, tenant_datasets
 from master.reports import read_report, report_file, write_report
 from protocol import ops
 from protocol.errors import InvalidField, NexusError, NotFound, PermissionDenied
@@ -196,7 +197,7 @@ def deployment(tmp_path_factory):
 
 
 def _url(state: ClusterState) -> str:
-    from actors.creds import redact_url
+    from transport.creds import redact_url
 
     return redact_url(state.nats_url)
 

@@ -97,7 +97,7 @@ def test_two_ranks_train_as_one_process_does(roles):
     # next workload's steps train on it over both ranks (the rebuilt slot goes to the rank whole;
     # a slot changed in place is found by its digest: the test below).
     async def reload_and_train():
-        from actors.weights import weights_name
+        from transport.weights import weights_name
 
         async with AsyncClient(roles.nats_url, roles.prefix, timeout_s=60) as c:
             await c.load_weights("dp-two", weights_name("dp-two", 4))

@@ -115,7 +115,7 @@ def test_cli_submit_status_and_invalid_spec(cluster, tmp_path):
 def test_plain_nats_intake_accepts_and_rejects_with_events(cluster):
     async def go():
         # No SDK: any NATS client with the platform's credentials file can submit.
-        from actors.creds import redact_url, url_creds
+        from transport.creds import redact_url, url_creds
 
         nc = await nats.connect(redact_url(cluster.nats_url), user_credentials=str(url_creds(cluster.nats_url)))
         js = nc.jetstream()

@@ -38,8 +38,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from actors.broker import free_port  # noqa: E402
-from actors.supervisor import ClusterState  # noqa: E402
+from transport.broker import free_port  # noqa: E402
+from transport.cluster import ClusterState  # noqa: E402
 from sdk.client import AsyncClient  # noqa: E402
 
 # Budgets small enough for a couple of minutes on a CPU: (example, dotted path, value).

@@ -1,6 +1,6 @@
 """A NATS credentials file and the URL or variable that names one: what a client logs in with.
 
-The keys that sign these files, and the accounts behind them, are `actors.auth`'s; this module
+The keys that sign these files, and the accounts behind them, are `transport.auth`'s; this module
 only reads, writes and points at a ``.creds`` file, so the bus and the SDK can log in without
 the operator's key store::
 
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
 
-from actors import nats_jwt
+from transport import nats_jwt
 from protocol.errors import InvalidField, NotFound
 
 ENV_CREDS = "NEXUS_CREDS"
@@ -101,7 +101,7 @@ class Credentials:
 
     def url(self, url: str) -> str:
         """``url`` (comma-separated servers) naming this credentials file (``?creds=PATH`` on
-        each server): `actors.bus.Bus.connect` logs in with it when given no other."""
+        each server): `transport.bus.Bus.connect` logs in with it when given no other."""
         if self.path is None:
             raise InvalidField("creds", "these credentials have no file to name in a URL")
         query = urlencode({CREDS_PARAM: str(Path(self.path).resolve())}, safe="/")

@@ -104,7 +104,7 @@ def user_claims(tags: list[str] | None = None, permissions: dict[str, Any] | Non
     """A user with every permission inside its account (the account is the boundary), or
     only ``permissions``: nats-io/jwt v2's ``pub`` / ``sub`` (``{"allow": [...], "deny":
     [...]}``) and ``resp`` (``{"max": N, "ttl": nanoseconds}``: it may answer a request it
-    received, whatever ``pub`` says), as `actors.permissions` derives them for a role."""
+    received, whatever ``pub`` says), as `transport.permissions` derives them for a role."""
     out: dict[str, Any] = {"type": "user", "version": 2, "pub": {}, "sub": {},
                            "subs": NO_LIMIT, "data": NO_LIMIT, "payload": NO_LIMIT}
     if permissions:

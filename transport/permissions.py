@@ -1,6 +1,6 @@
 """What each platform process may publish and subscribe to: its user JWT's permissions.
 
-Every role logs in as its own user of the PLATFORM account (`actors.auth.AuthStore`
+Every role logs in as its own user of the PLATFORM account (`transport.auth.AuthStore`
 issues ``role-creds/<role>.creds``), and that user's JWT carries NATS ``pub`` / ``sub``
 allow lists and a ``resp`` (reply) permission. The lists are derived from the code: a role
 subscribes to its own ops (``<p>.<role>.*``, ``<p>.svc.<role>.*.*``) and the broadcasts it
@@ -112,7 +112,7 @@ def role_permissions(role: str, prefix: str) -> dict[str, Any]:
             pub += [*(o.subject(n) for o in ENV_MASTER_OPS), ops.TRAINER_EXPORT_PARAMS.subject(n),
                     f"{p}.infer.*", f"{p}.workloads.events.*", *JS_READ, JS_FLOW]
         elif role == "master":
-            from actors.layout import kv_buckets, object_buckets
+            from transport.layout import kv_buckets, object_buckets
 
             pub += [JS_ALL, "$JS.ACK.>", JS_FLOW, *(_kv(b) for b in kv_buckets(n)),
                     *(f"$O.{b}.>" for b in object_buckets(n)),

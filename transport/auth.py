@@ -2,7 +2,7 @@
 
 One NATS account per tenant is the isolation boundary (inside one account, user permissions
 do not reliably fence JetStream). nats-server runs in operator mode (decentralized JWT auth,
-`actors.nats_jwt`): it trusts the operator key, the operator signs each account's JWT, each
+`transport.nats_jwt`): it trusts the operator key, the operator signs each account's JWT, each
 account signs its users'. `AuthStore` keeps, under ``<data>/auth/`` (0700, files 0600):
 
     state.json          the seeds of the operator and of every account, each account's JWT
@@ -15,11 +15,11 @@ account signs its users'. `AuthStore` keeps, under ``<data>/auth/`` (0700, files
     tenants/<name>.creds  a tenant's (its own account; only the exported subjects)
 
 and, beside it, ``<data>/role-creds/<role>.creds`` (dir 0711): each platform process's own
-user of the platform account, allowed only its subjects (`actors.permissions`); a role
+user of the platform account, allowed only its subjects (`transport.permissions`); a role
 process is handed its own file and nothing of ``auth/``.
 
 A creds file is the standard NATS one (user JWT + seed; read and written by
-`actors.creds.Credentials`, which clients use without this store)::
+`transport.creds.Credentials`, which clients use without this store)::
 
     store = AuthStore(Path(".nexus"), prefix="nexus")
     store.ensure()                       # operator, SYS, PLATFORM, admin, role users; idempotent
@@ -47,8 +47,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from actors import nats_jwt
-from actors.creds import TENANT_TAG, Credentials, strip_userinfo
+from transport import nats_jwt
+from transport.creds import TENANT_TAG, Credentials, strip_userinfo
 from protocol.errors import InvalidField, NotFound, Unavailable
 from protocol.subjects import check_token, tenant_events_pattern
 
@@ -205,9 +205,9 @@ class AuthStore:
         return self.data_dir / ROLE_CREDS_DIR
 
     def role_creds(self, role: str) -> Path:
-        """``role``'s credentials (one of `actors.permissions.PROCESSES`): a user of the
+        """``role``'s credentials (one of `transport.permissions.PROCESSES`): a user of the
         platform account whose JWT allows only what that role publishes and subscribes to."""
-        from actors.permissions import PROCESSES
+        from transport.permissions import PROCESSES
 
         if role not in PROCESSES:
             raise InvalidField("role", f"{role!r} is not a platform process; allowed: {list(PROCESSES)}")
@@ -215,9 +215,9 @@ class AuthStore:
 
     def _issue_roles(self, fresh: bool) -> None:
         """Issue each process's user when its file is missing, was signed by other keys, or
-        its permissions differ from what `actors.permissions` derives now (a new prefix, a
+        its permissions differ from what `transport.permissions` derives now (a new prefix, a
         new version); the replaced user key is revoked in the platform account's JWT."""
-        from actors.permissions import PROCESSES, role_permissions
+        from transport.permissions import PROCESSES, role_permissions
 
         self.role_creds_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.role_creds_dir, 0o711)  # traversable, not listable: each file names its reader
@@ -457,7 +457,7 @@ def render_preload(state: dict) -> str:
     if "operator_jwt" not in state:
         return ""
     sys_pub = nats_jwt.public(state["accounts"][SYS_ACCOUNT]["seed"])
-    lines = ["# Written by vla-nexus (actors/auth.py) on every change; do not edit.",
+    lines = ["# Written by vla-nexus (transport/auth.py) on every change; do not edit.",
              f"operator: {state['operator_jwt']}",
              f"system_account: {sys_pub}",
              "resolver_preload: {"]

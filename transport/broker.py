@@ -31,9 +31,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from actors.auth import AUTH_DIR, AuthStore, resolver_block
-from actors.creds import Credentials
-from actors.permissions import SUPERVISOR
+from transport.auth import AUTH_DIR, AuthStore, resolver_block
+from transport.creds import Credentials
+from transport.permissions import SUPERVISOR
 from protocol.errors import NexusError, Unavailable
 from protocol.subjects import Names
 
@@ -429,7 +429,7 @@ class EmbeddedCluster:
         probe = StreamConfig(name=names.stream_cluster_probe, subjects=[names.cluster_probe],
                              storage=StorageType.MEMORY, num_replicas=self.size)
         last_error = "no answer yet"
-        # The supervisor's own user (actors/permissions.py): it may create and delete streams.
+        # The supervisor's own user (transport/permissions.py): it may create and delete streams.
         login = (Credentials.read(self.auth.role_creds(SUPERVISOR)).connect_options()
                  if self.auth is not None else {})
         nc = await nats.connect(self.urls, name="cluster-probe", connect_timeout=2, **login,

@@ -29,8 +29,8 @@ from nats.errors import TimeoutError as NatsTimeoutError
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
-from actors.tracing import hop_name, inject, messaging, nexus_attrs, reply_link
-from actors.creds import Credentials, redact_url, strip_userinfo, url_creds
+from transport.trace_api import hop_name, inject, messaging, nexus_attrs, reply_link
+from transport.creds import Credentials, redact_url, strip_userinfo, url_creds
 from protocol.errors import PayloadTooLarge, RequestTimeout, Unauthenticated, Unavailable
 from protocol.messages import ErrorReply, ok_or_raise
 from protocol.ops import Op
@@ -78,7 +78,7 @@ class Bus:
         prefix: str | None = None,
         **callbacks: Any,
     ) -> Bus:
-        """``creds``: a NATS credentials file (`actors.creds`) or its contents; without it,
+        """``creds``: a NATS credentials file (`transport.creds`) or its contents; without it,
         the file the URL names (``nats://host:4222?creds=PATH``), or none. ``prefix``: the
         deployment's (`protocol.subjects.Names`), needed by `call`."""
         names = Names(prefix) if prefix is not None else None
@@ -281,7 +281,7 @@ def jetstream_errors() -> tuple[type[BaseException], ...]:
 
 # JetStream answers of code 503 that are final, not a leader election: 10077 is "stream store
 # failed" (the stream at max_bytes with discard=new, a full disk). Retrying one only delays
-# the caller's real error (`actors.layout.publish_tq` turns a full queue into `Busy`).
+# the caller's real error (`transport.layout.publish_tq` turns a full queue into `Busy`).
 FINAL_JS_ERR_CODES = frozenset({10077})
 
 

@@ -22,7 +22,7 @@ from nats.js.client import KV_STREAM_TEMPLATE
 from nats.js.errors import APIError, BucketNotFoundError, KeyNotFoundError, NotFoundError
 from nats.js.object_store import OBJ_STREAM_TEMPLATE
 
-from actors.bus import js_retry
+from transport.bus import js_retry
 from protocol.errors import Busy, FailedPrecondition, Unavailable
 from protocol.messages import DeploymentSettings
 from protocol.policy import DEDUP_WINDOW_S

@@ -12,7 +12,8 @@ serving a version, a trainer's ``load_weights``) checks the manifest against its
 the tenant's schema first: a head trained on another base's features would run without an
 error and serve garbage.
 
-Shared by the trainer (actors/slots.py) and the inferencer (actors/serving.py), below both.
+Shared by the trainer (actors/slots.py), the inferencer (actors/serving.py), the master and the
+SDK (which name and read exports too): on the transport floor, below all of them.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ PULL_TIMEOUT_S = 10.0  # one batch of chunks at most this long (the whole get is
 
 
 async def get_object(store: Any, name: str) -> bytes:
-    from actors.bus import js_retry
+    from transport.bus import js_retry
 
     async def once() -> bytes:
         # writeinto avoids nats-py's quadratic bytes concatenation for large objects; a fresh
