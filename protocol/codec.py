@@ -23,6 +23,7 @@ from math import prod
 from typing import Any
 
 import msgpack
+import msgspec
 import numpy as np
 
 from protocol.errors import ProtocolError
@@ -131,6 +132,17 @@ def _ext_hook(code: int, data: bytes) -> Any:
         flat = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
         return flat.view(getattr(torch, dtype)).reshape(shape)
     raise ProtocolError(f"unknown msgpack ext type code {code}; known: {EXT_NDARRAY} (ndarray), {EXT_TENSOR} (tensor)")
+
+
+# The same ext types for msgspec (`protocol.wire` encodes and decodes messages with it): the
+# bytes on the wire are those `packb` writes, so either side can read the other.
+def msgspec_enc_hook(obj: Any) -> msgspec.msgpack.Ext:
+    ext = _default(obj)
+    return msgspec.msgpack.Ext(ext.code, ext.data)
+
+
+def msgspec_ext_hook(code: int, data: memoryview) -> Any:
+    return _ext_hook(code, data)
 
 
 def packb(obj: Any) -> bytes:

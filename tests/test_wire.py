@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from msgspec import field
 
 import numpy as np
 import pytest
@@ -20,19 +20,17 @@ from protocol.errors import (
     error_from_code,
 )
 from protocol.messages import ErrorReply, Heartbeat, RoleInfo, ok_or_raise
-from protocol.wire import Array, decode, encode, message
+from protocol.wire import Array, Struct, decode, encode, message
 
 
-@dataclass
-class Camera:
+class Camera(Struct):
     name: str
     height: int
     width: int
 
 
 @message("test.obs", 3)
-@dataclass
-class Obs:
+class Obs(Struct):
     tenant: str
     cameras: list[Camera]
     state: Array
