@@ -30,7 +30,7 @@ import re
 import stat
 import time
 import uuid
-from dataclasses import asdict, replace
+from msgspec.structs import replace
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +64,7 @@ from protocol.messages import (
     WorkloadsRequest,
 )
 from protocol.policy import LIFECYCLE_SAVE, MAX_REPORTS_PER_TENANT
-from protocol.wire import decode, encode
+from protocol.wire import decode, encode, to_body
 from master.records import is_hosted, is_hosted_worker, policy_pin_tenant
 from master.paging import page, time_key
 from master.store import kv_keys, kv_values, store_put
@@ -900,7 +900,7 @@ def write_report(data_dir: str | Path, rec: WorkloadRecord, usage: dict[str, Any
     has the final figure). Written to a new temp file (O_EXCL, a unique name) in the report's
     directory and renamed over the name: never a half-written report, never through a link."""
     parts = report_parts(rec)
-    report = {"format": "vla-nexus/workload-report/1", **asdict(rec), "usage": usage or {}}
+    report = {"format": "vla-nexus/workload-report/1", **to_body(rec), "usage": usage or {}}
     data = json.dumps(report, indent=2, sort_keys=True, default=str).encode()
     dfd = _open_dirs(data_dir, parts[:-1], create=True)
     try:

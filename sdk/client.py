@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+import msgspec
+
 from actors.bus import DEFAULT_REQUEST_TIMEOUT_S, Bus, retry
 from actors.bus import retry_through_outage  # noqa: F401 - public: loops ride out a master restart with it
 from actors.supervisor import ClusterState
@@ -199,7 +201,7 @@ class AsyncClient:
             cursor = getattr(reply, "next_cursor", "")
             if not cursor or cursor == req.cursor:
                 return pages
-            req = dataclasses.replace(req, cursor=cursor)
+            req = msgspec.structs.replace(req, cursor=cursor)
 
     async def create_tenant(self, config: TenantConfig, exist_ok: bool = False) -> TenantConfig:
         return await self._master("tenant_create", CreateTenantRequest(config=config, exist_ok=exist_ok), TenantConfig)

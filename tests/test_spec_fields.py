@@ -12,7 +12,6 @@ from __future__ import annotations
 import copy
 import json
 import re
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +31,7 @@ from master.spec import (
 from master.spec_schema import leaf_paths
 from master.workloads import compile_producer, policy_pin, report_file
 from protocol.messages import WorkloadRecord
+from protocol.wire import to_body
 
 CAMERAS = [{"name": "top", "height": 64, "width": 64}, {"name": "wrist", "height": 64, "width": 64}]
 
@@ -168,8 +168,8 @@ def reach(spec: WorkloadSpec) -> dict[str, Any]:
     """Everything a spec turns into outside the spec itself."""
     rec = WorkloadRecord(workload="w1", tenant=spec.tenant, task=spec.task, state="completed",
                          spec=spec.model_dump(mode="json"), created_at=0.0, updated_at=0.0)
-    tenant = asdict(compile_tenant(spec)) if spec.task != "eval" else None  # an eval makes no slot
-    return {"tenant": tenant, "producer": asdict(compile_producer(spec, "w1")),
+    tenant = to_body(compile_tenant(spec)) if spec.task != "eval" else None  # an eval makes no slot
+    return {"tenant": tenant, "producer": to_body(compile_producer(spec, "w1")),
             "pin": policy_pin(spec), "report": str(report_file("/data", rec))}
 
 

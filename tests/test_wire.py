@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from msgspec import field
-
 import numpy as np
 import pytest
+from msgspec import field
 
 from protocol.codec import packb
 from protocol.errors import (
