@@ -136,7 +136,12 @@ def _ext_hook(code: int, data: bytes) -> Any:
 
 # The same ext types for msgspec (`protocol.wire` encodes and decodes messages with it): the
 # bytes on the wire are those `packb` writes, so either side can read the other.
-def msgspec_enc_hook(obj: Any) -> msgspec.msgpack.Ext:
+def msgspec_enc_hook(obj: Any) -> Any:
+    # msgspec takes exact scalar types only; msgpack took subclasses (np.float64 is a float, a
+    # str subclass is a str), and senders rely on it (metrics of np.float64): keep that.
+    for base in (float, int, str, bytes):
+        if isinstance(obj, base):
+            return base(obj)
     ext = _default(obj)
     return msgspec.msgpack.Ext(ext.code, ext.data)
 
