@@ -33,6 +33,7 @@ import msgspec
 import numpy as np
 
 from protocol.codec import msgspec_enc_hook, msgspec_ext_hook
+from protocol.codec import packb, unpackb  # noqa: F401 - callers build raw envelopes with them
 from protocol.errors import (
     InvalidField,
     MissingField,
