@@ -240,7 +240,7 @@ def test_a_tenant_with_valid_credentials_reaches_nothing_it_does_not_own(deploym
             return req(m("submit"), SubmitRequest(spec=spec), WorkloadRecord)
 
         def create(**changes: Any) -> Callable[[], Awaitable[Any]]:
-            cfg = msgspec.structs.replace(mine, quotas=None, **changes)
+            cfg = msgspec.structs.replace(mine, **{"quotas": None, **changes})
             return req(m("tenant_create"), CreateTenantRequest(config=cfg, exist_ok=True), TenantConfig)
 
         async def past_share() -> Any:
