@@ -21,10 +21,11 @@ Every op declares its access (`protocol.ops`, one table of every op):
 from __future__ import annotations
 
 import contextvars
-import dataclasses
 import json
 from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from transport.auth import PLATFORM_ACCOUNT
 from transport.creds import tenant_of_tags
@@ -165,7 +166,7 @@ def authorize(caller: Caller, op: str, access: str, req: Any) -> Any:
         raise deny(caller, op, None, "the op names no tenant of the caller's")
     if tenant == "" and caller.tenant is not None:
         # "every tenant" from a tenant means its own.
-        return dataclasses.replace(req, tenant=caller.tenant) if dataclasses.is_dataclass(req) else req
+        return msgspec.structs.replace(req, tenant=caller.tenant) if isinstance(req, msgspec.Struct) else req
     require_tenant(tenant, op, caller)
     return req
 

@@ -28,10 +28,10 @@ takes one optimizer step on exactly the rows the workflow put, as if it had fit.
 
 from __future__ import annotations
 
-import dataclasses
 from collections import OrderedDict
 from typing import Any
 
+import msgspec
 import numpy as np
 from nats.js.errors import NotFoundError
 
@@ -136,7 +136,7 @@ def join_parts(items: list[QueuePutRequest]) -> list[QueuePutRequest]:
             return None if any(x is None for x in xs) else np.concatenate(xs)
 
         # `replace`: a field added to QueuePutRequest later keeps the first part's value.
-        out.append(dataclasses.replace(
+        out.append(msgspec.structs.replace(
             first, seq=chunk_parts(first.seq)[0],  # type: ignore[index]
             images={c: np.concatenate([it.images[c] for it in group]) for c in first.images},
             state=cat(lambda it: it.state), instructions=[s for it in group for s in it.instructions],

@@ -9,12 +9,12 @@ import os
 import re
 import stat
 import uuid
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from protocol.messages import MAX_TASK_ROWS, MAX_TASK_TEXT, TaskResult, WorkloadRecord
 from protocol.policy import MAX_REPORTS_PER_TENANT
+from protocol.wire import to_body
 
 
 def bounded_task_rows(rows: list[TaskResult]) -> list[TaskResult]:
@@ -84,7 +84,7 @@ def write_report(data_dir: str | Path, rec: WorkloadRecord, usage: dict[str, Any
     has the final figure). Written to a new temp file (O_EXCL, a unique name) in the report's
     directory and renamed over the name: never a half-written report, never through a link."""
     parts = report_parts(rec)
-    report = {"format": "vla-nexus/workload-report/1", **asdict(rec), "usage": usage or {}}
+    report = {"format": "vla-nexus/workload-report/1", **to_body(rec), "usage": usage or {}}
     data = json.dumps(report, indent=2, sort_keys=True, default=str).encode()
     dfd = _open_dirs(data_dir, parts[:-1], create=True)
     try:

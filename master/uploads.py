@@ -189,7 +189,7 @@ class UploadOps:
         """A trainer checks ``init``'s uploads against ``cfg`` (the new tenant's compiled spec)
         and writes them as its version 0 export; returns that object's name. Its refusal (a
         tensor of another shape, one missing or unknown, a name not uploaded) is the submit's."""
-        from dataclasses import replace
+        from msgspec.structs import replace
 
         from transport.weights import weights_name
         from protocol.messages import InitWeightsRequest

@@ -55,14 +55,14 @@ ACTIVE_STATES = ("pending", "running")
 
 def _changed_quotas(base: TenantQuotas, changes: dict[str, Any]) -> TenantQuotas:
     """``base`` with ``changes`` applied; an unknown field or a bad value names its field."""
-    import dataclasses
+    import msgspec
 
-    known = {f.name for f in dataclasses.fields(TenantQuotas)}
+    known = {f.name for f in msgspec.structs.fields(TenantQuotas)}
     for name in changes:
         if name not in known:
             raise InvalidField(f"changes.{name}", f"not a quota; allowed: {', '.join(sorted(known))}")
     try:
-        return dataclasses.replace(base, **changes)
+        return msgspec.structs.replace(base, **changes)
     except TypeError as exc:
         raise InvalidField("changes", str(exc)) from None
 
@@ -237,12 +237,12 @@ class UsageOps:
 
     def workload_usage(self, workload: str) -> dict[str, Any]:
         """The usage charged to one workload so far (for its report)."""
-        import dataclasses
+        import msgspec
 
         total = UsageCounters()
         for r in self.usage_records(workload=workload):
             total.add(r.usage)
-        return dataclasses.asdict(total)
+        return msgspec.structs.asdict(total)
 
     @op(ops.MASTER_USAGE)
     async def usage_op(self, req: UsageRequest) -> UsageReply:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import replace
+from msgspec.structs import replace
 from typing import Any
 
 from nats.js.api import AckPolicy, ConsumerConfig

@@ -23,6 +23,7 @@ from math import prod
 from typing import Any
 
 import msgpack
+import msgspec
 import numpy as np
 
 from protocol.errors import ProtocolError
@@ -53,6 +54,20 @@ def _is_tensor(obj: Any) -> bool:
     return torch is not None and isinstance(obj, torch.Tensor)
 
 
+def _pack_header(name: str, shape: list[int], raw: Any) -> bytes:
+    """``msgpack.packb([name, shape, raw])``, byte for byte, copying the array's bytes once (not
+    once into ``tobytes()`` and again into the header): frames are most of a message's bytes."""
+    n = len(raw)  # a flat uint8 view: its length is its byte count
+    head = msgpack.packb([name, shape, b""], use_bin_type=True)[:-2]  # less the empty bin (c4 00)
+    if n < 1 << 8:
+        size = b"\xc4" + n.to_bytes(1, "big")
+    elif n < 1 << 16:
+        size = b"\xc5" + n.to_bytes(2, "big")
+    else:
+        size = b"\xc6" + n.to_bytes(4, "big")
+    return b"".join((head, size, raw))
+
+
 def _encode_ext(obj: Any) -> msgpack.ExtType:
     if isinstance(obj, np.ndarray):
         name = obj.dtype.name
@@ -62,8 +77,7 @@ def _encode_ext(obj: Any) -> msgpack.ExtType:
         arr = obj if obj.flags.c_contiguous else obj.copy(order="C")
         if arr.dtype.byteorder == ">":
             arr = arr.astype(arr.dtype.newbyteorder("<"))
-        header = [name, list(arr.shape), arr.tobytes()]
-        return msgpack.ExtType(EXT_NDARRAY, msgpack.packb(header, use_bin_type=True))
+        return msgpack.ExtType(EXT_NDARRAY, _pack_header(name, list(arr.shape), arr.reshape(-1).view(np.uint8).data))
     if isinstance(obj, np.generic):
         return _encode_ext(np.asarray(obj))
     if _is_tensor(obj):
@@ -73,9 +87,8 @@ def _encode_ext(obj: Any) -> msgpack.ExtType:
         if name not in _TORCH_DTYPES:
             raise ProtocolError(f"cannot encode torch tensor of dtype {name!r}; allowed: {_TORCH_DTYPES}")
         t = obj.detach().to("cpu").contiguous()
-        raw = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
-        header = [name, list(t.shape), raw]
-        return msgpack.ExtType(EXT_TENSOR, msgpack.packb(header, use_bin_type=True))
+        raw = t.reshape(-1).view(torch.uint8).numpy().data if t.numel() else b""
+        return msgpack.ExtType(EXT_TENSOR, _pack_header(name, list(t.shape), raw))
     raise TypeError(f"cannot encode object of type {type(obj).__name__}")
 
 
@@ -131,6 +144,22 @@ def _ext_hook(code: int, data: bytes) -> Any:
         flat = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
         return flat.view(getattr(torch, dtype)).reshape(shape)
     raise ProtocolError(f"unknown msgpack ext type code {code}; known: {EXT_NDARRAY} (ndarray), {EXT_TENSOR} (tensor)")
+
+
+# The same ext types for msgspec (`protocol.wire` encodes and decodes messages with it): the
+# bytes on the wire are those `packb` writes, so either side can read the other.
+def msgspec_enc_hook(obj: Any) -> Any:
+    # msgspec takes exact scalar types only; msgpack took subclasses (np.float64 is a float, a
+    # str subclass is a str), and senders rely on it (metrics of np.float64): keep that.
+    for base in (float, int, str, bytes):
+        if isinstance(obj, base):
+            return base(obj)
+    ext = _default(obj)
+    return msgspec.msgpack.Ext(ext.code, ext.data)
+
+
+def msgspec_ext_hook(code: int, data: memoryview) -> Any:
+    return _ext_hook(code, data)
 
 
 def packb(obj: Any) -> bytes:

@@ -6,13 +6,13 @@ latter into the matching `NexusError` on the client side.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+
+from msgspec import Meta, field
 
 from protocol.errors import InvalidField, NexusError, error_from_code
 from protocol.policy import PRIORITY_MAX, PRIORITY_MIN, SAMPLE_MAX_FRAMES
-from protocol.wire import Array, message
+from protocol.wire import Array, Struct, message
 
 # Seeds feed numpy's SeedSequence (non-negative, any size); indices become int64.
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
@@ -22,8 +22,7 @@ RoleState = Literal["starting", "ready", "draining", "stopped"]
 
 # -- generic -------------------------------------------------------------------------
 @message("error", 1)
-@dataclass
-class ErrorReply:
+class ErrorReply(Struct):
     """The error envelope every role replies with when a request fails."""
 
     code: str
@@ -60,8 +59,7 @@ def ok_or_raise(reply: Any) -> Any:
 
 
 @message("ok", 1)
-@dataclass
-class Ok:
+class Ok(Struct):
     """Reply to a request that has no result beyond success."""
 
     detail: str = ""
@@ -69,14 +67,12 @@ class Ok:
 
 # -- role runtime --------------------------------------------------------------------
 @message("info.request", 1)
-@dataclass
-class InfoRequest:
+class InfoRequest(Struct):
     pass
 
 
 @message("role.info", 1)
-@dataclass
-class RoleInfo:
+class RoleInfo(Struct):
     role: str
     instance: str
     pid: int
@@ -90,16 +86,14 @@ class RoleInfo:
 
 
 @message("drain.request", 1)
-@dataclass
-class DrainRequest:
+class DrainRequest(Struct):
     """Ask one instance to drain: finish in-flight work, deregister, exit."""
 
     reason: str = ""
 
 
 @message("heartbeat", 1)
-@dataclass
-class Heartbeat:
+class Heartbeat(Struct):
     role: str
     instance: str
     pid: int
@@ -126,8 +120,7 @@ class Heartbeat:
 
 
 @message("service.record", 1)
-@dataclass
-class ServiceRecord:
+class ServiceRecord(Struct):
     """What a role writes under ``<role>.<instance>`` in the services KV bucket."""
 
     role: str
@@ -148,8 +141,7 @@ DEFAULT_TQ_MAX_BYTES = 256 * 1024 * 1024
 
 
 @message("deployment.settings", 1)
-@dataclass
-class DeploymentSettings:
+class DeploymentSettings(Struct):
     """What `ensure_layout` records under `Names.deployment_settings_key` in the services
     bucket, so roles that create streams later (the master, per tenant) match the layout."""
 
@@ -165,8 +157,7 @@ class DeploymentSettings:
 
 # -- health --------------------------------------------------------------------------
 @message("health.event", 1)
-@dataclass
-class HealthEvent:
+class HealthEvent(Struct):
     """Published by the health manager on ``<prefix>.health.events.<role>.<instance>``."""
 
     event: Literal["role_down", "role_recovered", "role_stopped"]
@@ -180,8 +171,7 @@ class HealthEvent:
 
 
 @message("supervisor.restart", 1)
-@dataclass
-class RestartRequest:
+class RestartRequest(Struct):
     """Ask the supervisor to restart one role instance in place (health manager, operator).
 
     ``mode``: ``kill`` (SIGKILL, then start a new instance: a dead or hung role) or ``drain``
@@ -195,8 +185,7 @@ class RestartRequest:
 
 
 @message("supervisor.scale", 1)
-@dataclass
-class ScaleRequest:
+class ScaleRequest(Struct):
     """Ask the supervisor to run ``count`` instances of ``role`` (`nexus scale`, a scaler).
 
     New instances are answered for once they registered ready (an inferencer after its weight
@@ -219,8 +208,7 @@ class ScaleRequest:
 
 
 @message("scale.decision", 1)
-@dataclass
-class ScaleDecision:
+class ScaleDecision(Struct):
     """One decision of the scaler (`actors/scaler.py`): a role's count from -> to, why, and the
     signals behind it; published on ``<prefix>.scale.decisions.<role>`` before it is applied and
     again with its ``outcome`` (``applied``, ``refused: ...``, ``no supervisor``). The counts are
@@ -238,14 +226,12 @@ class ScaleDecision:
 
 
 @message("health.report.request", 1)
-@dataclass
-class HealthReportRequest:
+class HealthReportRequest(Struct):
     pass
 
 
 @message("health.report", 1)
-@dataclass
-class HealthReport:
+class HealthReport(Struct):
     alive: list[str]  # "<role>.<instance>"
     dead: list[str]
     timeout_s: float
@@ -253,8 +239,7 @@ class HealthReport:
 
 # -- monitor -------------------------------------------------------------------------
 @message("metric", 1)
-@dataclass
-class Metric:
+class Metric(Struct):
     """One sample on ``<prefix>.metrics.<signal>.<scope>``."""
 
     signal: str
@@ -265,13 +250,11 @@ class Metric:
 
 
 @message("status.request", 1)
-@dataclass
-class StatusRequest:
+class StatusRequest(Struct):
     include_dead: bool = True
 
 
-@dataclass
-class RoleStatus:
+class RoleStatus(Struct):
     role: str
     instance: str
     pid: int
@@ -285,24 +268,21 @@ class RoleStatus:
 
 
 @message("cluster.status", 1)
-@dataclass
-class ClusterStatus:
+class ClusterStatus(Struct):
     roles: list[RoleStatus]
     metrics: dict[str, float]
     generated_at: float
 
 
 @message("monitor.snapshot_request", 1)
-@dataclass
-class SnapshotRequest:
+class SnapshotRequest(Struct):
     """The monitor's ``snapshot`` op: its retained series (`nexus top`, scripts)."""
 
     history: int = 0  # points per series besides the latest (0: the latest only)
     family: str = ""  # control, learning or system; empty: all
 
 
-@dataclass
-class SeriesSnapshot:
+class SeriesSnapshot(Struct):
     """One retained series: its signal, labels and points, oldest first."""
 
     signal: str
@@ -314,8 +294,7 @@ class SeriesSnapshot:
 
 
 @message("monitor.snapshot", 1)
-@dataclass
-class MonitorSnapshot:
+class MonitorSnapshot(Struct):
     roles: list[RoleStatus]
     series: list[SeriesSnapshot]
     generated_at: float
@@ -325,16 +304,14 @@ class MonitorSnapshot:
 
 # -- master --------------------------------------------------------------------------
 @message("list.request", 1)
-@dataclass
-class ListRequest:
+class ListRequest(Struct):
     # Paging over workload ids (`protocol.policy.LIST_PAGE_DEFAULT`; 0 = the default page).
     limit: int = 0
     cursor: str = ""  # a reply's next_cursor: the page after it
 
 
 @message("list.reply", 1)
-@dataclass
-class ListReply:
+class ListReply(Struct):
     tenants: list[str]
     workloads: list[str]
     next_cursor: str = ""  # "" = this was the last page
@@ -344,8 +321,7 @@ class ListReply:
 TaskKind = Literal["sft", "rl"]
 
 
-@dataclass
-class TenantQuotas:
+class TenantQuotas(Struct):
     """What one tenant may hold at once, set by the operator (never by the tenant's spec).
 
     Enforced where the thing lives: jobs and rollouts by the master, the predict rate by each
@@ -376,8 +352,7 @@ class TenantQuotas:
 
 
 @message("tenant.config", 1)
-@dataclass
-class TenantConfig:
+class TenantConfig(Struct):
     """A tenant's compiled backend config: stored in the tenants KV under its name.
 
     ``schema`` is `models.schema.TenantSchema.to_dict()`; ``signature`` is derived by the
@@ -409,21 +384,18 @@ class TenantConfig:
 
 
 @message("tenant.create", 1)
-@dataclass
-class CreateTenantRequest:
+class CreateTenantRequest(Struct):
     config: TenantConfig
     exist_ok: bool = False  # same config again is fine; a different one is a conflict
 
 
 @message("tenant.get", 1)
-@dataclass
-class GetTenantRequest:
+class GetTenantRequest(Struct):
     tenant: str
 
 
 @message("tenant.quotas", 1)
-@dataclass
-class TenantQuotasRequest:
+class TenantQuotasRequest(Struct):
     """Set a tenant's quotas (an operator op); ``quotas`` None: back to the defaults.
     ``changes`` (TenantQuotas field -> value), when given: those fields changed on top of the
     tenant's current quotas (else the deployment's defaults), ``quotas`` then unused."""
@@ -435,8 +407,7 @@ class TenantQuotasRequest:
 
 # -- bases the operator registered --------------------------------------------------
 @message("base.add", 1)
-@dataclass
-class BaseAddRequest:
+class BaseAddRequest(Struct):
     """Register ``name`` for the base directory ``path`` on the master's host (an operator op):
     tenants then name it ``registered:<name>`` and never a host path."""
 
@@ -445,8 +416,7 @@ class BaseAddRequest:
 
 
 @message("base.record", 1)
-@dataclass
-class RegisteredBase:
+class RegisteredBase(Struct):
     """A registered base (the value under its name in the bases KV bucket)."""
 
     name: str
@@ -455,14 +425,12 @@ class RegisteredBase:
 
 
 @message("bases.request", 1)
-@dataclass
-class BasesRequest:
+class BasesRequest(Struct):
     pass
 
 
 @message("bases.reply", 1)
-@dataclass
-class BasesReply:
+class BasesReply(Struct):
     """What a spec's ``base`` may name: presets, and ``registered:<name>`` for each registered
     base. ``bases`` has the host paths for the platform only; a tenant gets the names."""
 
@@ -480,8 +448,7 @@ TERMINAL_JOB_STATES = ("cleared", "dropped_stale", "failed")
 
 
 @message("job.record", 1)
-@dataclass
-class JobRecord:
+class JobRecord(Struct):
     """One training job: stored in the jobs KV under ``<tenant>.<job>``."""
 
     tenant: str
@@ -516,8 +483,7 @@ class JobRecord:
 
 
 @message("tq.reserve", 1)
-@dataclass
-class ReserveRequest:
+class ReserveRequest(Struct):
     tenant: str
     task: TaskKind
     auto: bool = True
@@ -578,8 +544,7 @@ def starts_step(seq: int) -> bool:
 
 
 @message("tq.put", 1)
-@dataclass
-class QueuePutRequest:
+class QueuePutRequest(Struct):
     """One micro-batch of a job, in the tenant's own schema. ``seq`` makes retries idempotent."""
 
     tenant: str
@@ -597,8 +562,7 @@ class QueuePutRequest:
 
 
 @message("tq.put.reply", 1)
-@dataclass
-class QueuePutReply:
+class QueuePutReply(Struct):
     tenant: str
     job: str
     items: int
@@ -606,8 +570,7 @@ class QueuePutReply:
 
 
 @message("tq.job", 1)
-@dataclass
-class JobRef:
+class JobRef(Struct):
     """Names one job: mark_ready, job status, queue_clear, train_batch."""
 
     tenant: str
@@ -615,8 +578,7 @@ class JobRef:
 
 
 @message("tq.get", 1)
-@dataclass
-class QueueGetRequest:
+class QueueGetRequest(Struct):
     tenant: str
     job: str
     start: int = 0  # first item index
@@ -624,8 +586,7 @@ class QueueGetRequest:
 
 
 @message("tq.get.reply", 1)
-@dataclass
-class QueueGetReply:
+class QueueGetReply(Struct):
     tenant: str
     job: str
     items: list[QueuePutRequest]
@@ -638,32 +599,26 @@ MAX_LEASE_S = 3600.0
 
 
 @message("tq.lease", 1)
-@dataclass
-class LeaseRequest:
+class LeaseRequest(Struct):
     """A trainer asks the scheduler for work."""
 
     trainer: str  # instance id
     max_jobs: int = 4
-    lease_s: float = 300.0
+    # nan or inf would never expire: the job would stay leased by this trainer forever (the
+    # bounds refuse both: nan compares false, inf is past the upper one).
+    lease_s: Annotated[float, Meta(gt=0, le=MAX_LEASE_S)] = 300.0
     job: str = ""  # lease exactly this job (train_batch of a manual job), with tenant
     tenant: str = ""
 
-    def __post_init__(self) -> None:
-        # nan or inf would never expire: the job would stay leased by this trainer forever.
-        if not (math.isfinite(self.lease_s) and 0 < self.lease_s <= MAX_LEASE_S):
-            raise InvalidField("lease_s", f"must be in (0, {MAX_LEASE_S:g}] seconds, got {self.lease_s!r}")
-
 
 @message("tq.lease.reply", 1)
-@dataclass
-class LeaseReply:
+class LeaseReply(Struct):
     jobs: list[JobRecord]
     dropped_stale: list[JobRecord]
 
 
 @message("tq.update", 1)
-@dataclass
-class JobUpdate:
+class JobUpdate(Struct):
     """A trainer reports a lifecycle step of a job it holds."""
 
     tenant: str
@@ -682,8 +637,7 @@ class JobUpdate:
 
 
 @message("tq.lease.renew", 1)
-@dataclass
-class LeaseRenewRequest:
+class LeaseRenewRequest(Struct):
     """A trainer extends the leases of the jobs it is training (once per step, bounded)."""
 
     trainer: str
@@ -693,15 +647,13 @@ class LeaseRenewRequest:
 
 
 @message("tq.lease.renew.reply", 1)
-@dataclass
-class LeaseRenewReply:
+class LeaseRenewReply(Struct):
     held: list[str]  # job ids still leased to the trainer (extended)
     lost: list[str]  # job ids it no longer holds: stop training them, never commit them
 
 
 @message("tq.lease.release", 1)
-@dataclass
-class LeaseReleaseRequest:
+class LeaseReleaseRequest(Struct):
     """A draining trainer hands back jobs it will not finish: leased ones go back to ready
     (the attempt is not counted), post-commit ones wait for the next trainer to finish."""
 
@@ -712,8 +664,7 @@ class LeaseReleaseRequest:
 
 
 @message("ckpt.ref", 1)
-@dataclass
-class CheckpointRef:
+class CheckpointRef(Struct):
     """The tenant's checkpoint pointer, kept by the master in the checkpoint-refs KV.
 
     The checkpoint object itself is immutable and uniquely named; moving this pointer is the
@@ -728,14 +679,12 @@ class CheckpointRef:
 
 
 @message("ckpt.get", 1)
-@dataclass
-class CheckpointGetRequest:
+class CheckpointGetRequest(Struct):
     tenant: str
 
 
 @message("ckpt.commit", 1)
-@dataclass
-class CheckpointCommitRequest:
+class CheckpointCommitRequest(Struct):
     """Move a tenant's checkpoint pointer outside a job (``load_weights``): compare-and-set on
     the object the caller's state was built on."""
 
@@ -748,8 +697,7 @@ class CheckpointCommitRequest:
 
 
 @message("workload.handback", 1)
-@dataclass
-class HandbackRequest:
+class HandbackRequest(Struct):
     """A draining env worker hands its running workloads back: the master re-pends them so
     another worker resumes them (workflows resume from the tenant's state)."""
 
@@ -759,8 +707,7 @@ class HandbackRequest:
 
 
 @message("tq.jobs", 1)
-@dataclass
-class JobsRequest:
+class JobsRequest(Struct):
     tenant: str = ""  # all tenants when empty
     states: list[str] = field(default_factory=list)
     limit: int = 0  # records per page (0 = `protocol.policy.LIST_PAGE_DEFAULT`)
@@ -768,16 +715,14 @@ class JobsRequest:
 
 
 @message("tq.jobs.reply", 1)
-@dataclass
-class JobsReply:
+class JobsReply(Struct):
     jobs: list[JobRecord]
     next_cursor: str = ""  # "" = this was the last page
 
 
 # -- trainer -------------------------------------------------------------------------
 @message("train.batch.reply", 1)
-@dataclass
-class TrainBatchReply:
+class TrainBatchReply(Struct):
     tenant: str
     job: str
     version: int
@@ -786,14 +731,12 @@ class TrainBatchReply:
 
 
 @message("weights.export", 1)
-@dataclass
-class ExportRequest:
+class ExportRequest(Struct):
     tenant: str
 
 
 @message("weights.ref", 1)
-@dataclass
-class WeightsRef:
+class WeightsRef(Struct):
     """Where a tenant's exported payload lives, and its manifest (announced on
     ``<prefix>.weights.<tenant>``)."""
 
@@ -805,27 +748,19 @@ class WeightsRef:
 
 
 @message("weights.read", 1)
-@dataclass
-class WeightsReadRequest:
+class WeightsReadRequest(Struct):
     """A slice of one of a tenant's exported objects, for clients without JetStream (a
     tenant's account has none): the payload, or its manifest. ``version`` -1: the latest."""
 
     tenant: str
     version: int = -1
     manifest: bool = False
-    offset: int = 0
-    max_bytes: int = 512 * 1024
-
-    def __post_init__(self) -> None:
-        if self.offset < 0:
-            raise InvalidField("offset", f"must be >= 0, got {self.offset}")
-        if not 1 <= self.max_bytes <= 4 * 1024 * 1024:
-            raise InvalidField("max_bytes", f"must be in 1..{4 * 1024 * 1024}, got {self.max_bytes}")
+    offset: Annotated[int, Meta(ge=0)] = 0
+    max_bytes: Annotated[int, Meta(ge=1, le=4 * 1024 * 1024)] = 512 * 1024
 
 
 @message("weights.chunk", 1)
-@dataclass
-class WeightsChunk:
+class WeightsChunk(Struct):
     tenant: str
     version: int
     object_name: str
@@ -835,8 +770,7 @@ class WeightsChunk:
 
 
 @message("weights.load", 1)
-@dataclass
-class LoadWeightsRequest:
+class LoadWeightsRequest(Struct):
     """Replace a tenant slot's module params with an exported payload (object name)."""
 
     tenant: str
@@ -844,26 +778,20 @@ class LoadWeightsRequest:
 
 
 @message("weights.upload", 1)
-@dataclass
-class WeightsUploadRequest:
+class WeightsUploadRequest(Struct):
     """One slice of a file a tenant uploads as starting weights (`nexus weights upload`):
     slices in order from offset 0 (offset 0 starts the file again); ``final`` on the last,
     whose reply says the file was checked and stored as ``name`` in the tenant's own area."""
 
     tenant: str
     name: str
-    offset: int
+    offset: Annotated[int, Meta(ge=0)]
     data: bytes
     final: bool = False
 
-    def __post_init__(self) -> None:
-        if self.offset < 0:
-            raise InvalidField("offset", f"must be >= 0, got {self.offset}")
-
 
 @message("weights.init", 1)
-@dataclass
-class InitWeightsRequest:
+class InitWeightsRequest(Struct):
     """Master -> a trainer at submit: build ``config``'s slot, load the uploaded objects into
     it (shapes checked against the slot, every mismatch named) and export it as version 0."""
 
@@ -874,8 +802,7 @@ class InitWeightsRequest:
 
 # -- inference -----------------------------------------------------------------------
 @message("infer.predict", 1)
-@dataclass
-class PredictRequest:
+class PredictRequest(Struct):
     """One observation of a tenant, in its own schema, for ``<prefix>.infer.<pool>``."""
 
     tenant: str
@@ -884,7 +811,9 @@ class PredictRequest:
     instruction: str
     version: int = -1  # pin a policy version (evaluation); -1: the tenant's current one
     sample: bool = True  # RL heads: sample an action (rollouts) or take the mean
-    timeout_s: float = 10.0  # the caller's own timeout: past it, the request is dropped unworked
+    # The caller's own timeout: past it, the request is dropped unworked. <= 0 or nan: dropped
+    # unworked without a reply; the caller would wait for nothing.
+    timeout_s: Annotated[float, Meta(gt=0)] = 10.0
     # The caller's id for this logical call; a retry (on any instance) carries the same one, so
     # an instance that answered it replays that reply and one still working on it answers
     # both. Empty: no dedup (every request is worked).
@@ -892,15 +821,9 @@ class PredictRequest:
     # The workload the call serves, for metering (`usage`); empty: the tenant's active one.
     workload: str = ""
 
-    def __post_init__(self) -> None:
-        # <= 0 or nan: dropped unworked without a reply; the caller would wait for nothing.
-        if not self.timeout_s > 0:
-            raise InvalidField("timeout_s", f"must be > 0 seconds, got {self.timeout_s!r}")
-
 
 @message("infer.predict.reply", 1)
-@dataclass
-class PredictReply:
+class PredictReply(Struct):
     tenant: str
     version: int
     actions: Array  # float32 [horizon, action_dim]
@@ -914,8 +837,7 @@ class PredictReply:
 
 # -- environment service ---------------------------------------------------------------
 @message("env.create", 1)
-@dataclass
-class EnvCreateRequest:
+class EnvCreateRequest(Struct):
     """Open a simulator session on some env worker (queue group)."""
 
     env_id: str
@@ -924,8 +846,7 @@ class EnvCreateRequest:
 
 
 @message("env.session", 1)
-@dataclass
-class EnvSession:
+class EnvSession(Struct):
     """Where a session lives: later calls go to ``<prefix>.svc.env.<worker>.<op>``."""
 
     session: str
@@ -935,34 +856,26 @@ class EnvSession:
 
 
 @message("env.reset", 1)
-@dataclass
-class EnvResetRequest:
+class EnvResetRequest(Struct):
     session: str
-    seed: int | None = None
+    # A negative seed made the simulator raise, which closed the session as "crashed".
+    seed: Annotated[int, Meta(ge=0)] | None = None
     task: str | None = None
-
-    def __post_init__(self) -> None:
-        # A negative seed made the simulator raise, which closed the session as "crashed".
-        if self.seed is not None and self.seed < 0:
-            raise InvalidField("seed", f"must be >= 0, got {self.seed}")
 
 
 @message("env.step", 1)
-@dataclass
-class EnvStepRequest:
+class EnvStepRequest(Struct):
     session: str
     action: Array  # float32 [action_dim]
 
 
 @message("env.close", 1)
-@dataclass
-class EnvCloseRequest:
+class EnvCloseRequest(Struct):
     session: str
 
 
 @message("env.obs", 1)
-@dataclass
-class EnvObs:
+class EnvObs(Struct):
     session: str
     images: dict[str, Array]
     state: Array
@@ -975,8 +888,7 @@ class EnvObs:
 
 # -- workflows and workloads -----------------------------------------------------------
 @message("workflow.spec", 1)
-@dataclass
-class WorkflowSpec:
+class WorkflowSpec(Struct):
     """What an env worker runs for one workload (compiled by the master from its spec)."""
 
     workload: str
@@ -1032,8 +944,7 @@ MAX_TASK_ROWS = 90
 MAX_TASK_TEXT = 200  # characters of a row's task name or instruction kept
 
 
-@dataclass
-class TaskResult:
+class TaskResult(Struct):
     """One row of an evaluation's per-task table (the env's ``info["task_index"]``)."""
 
     task_index: int
@@ -1045,14 +956,12 @@ class TaskResult:
 
 
 @message("workload.ref", 1)
-@dataclass
-class WorkloadRef:
+class WorkloadRef(Struct):
     workload: str
 
 
 @message("workload.event", 1)
-@dataclass
-class WorkloadEvent:
+class WorkloadEvent(Struct):
     """On ``<prefix>.workloads.events.<workload>``: lifecycle changes and progress."""
 
     workload: str
@@ -1076,8 +985,7 @@ MAX_HOSTED_RUNNING = 8
 
 
 @message("hosted.claim", 1)
-@dataclass
-class HostedClaimRequest:
+class HostedClaimRequest(Struct):
     """`nexus env serve`'s heartbeat and claim (master op ``hosted_claim``): the process
     ``process`` of ``tenant`` (the caller's own: the broker-asserted identity is checked) runs
     ``running`` and has room for ``capacity`` workloads. The master renews its lease, names
@@ -1086,22 +994,15 @@ class HostedClaimRequest:
 
     tenant: str
     process: str
-    running: list[str] = field(default_factory=list)
-    capacity: int = 1
+    running: Annotated[list[str], Meta(max_length=MAX_HOSTED_RUNNING)] = field(default_factory=list)
+    capacity: Annotated[int, Meta(ge=1, le=MAX_HOSTED_RUNNING)] = 1
     # The process stops (SIGTERM / Ctrl-C): its lease ends now and what it ran goes back to
     # pending at once, instead of after the lease.
     leaving: bool = False
 
-    def __post_init__(self) -> None:
-        if not isinstance(self.capacity, int) or not 1 <= self.capacity <= MAX_HOSTED_RUNNING:
-            raise InvalidField("capacity", f"must be in 1..{MAX_HOSTED_RUNNING}, got {self.capacity!r}")
-        if len(self.running) > MAX_HOSTED_RUNNING:
-            raise InvalidField("running", f"names {len(self.running)} workloads; allowed: at most {MAX_HOSTED_RUNNING}")
-
 
 @message("hosted.claim.reply", 1)
-@dataclass
-class HostedClaimReply:
+class HostedClaimReply(Struct):
     lease_s: float  # the process's lease: claim again well within it, or its workloads go back
     start: list[WorkflowSpec] = field(default_factory=list)  # run these now (at most one a claim)
     stop: list[str] = field(default_factory=list)  # workloads it named that are no longer its own
@@ -1109,8 +1010,7 @@ class HostedClaimReply:
 
 
 @message("hosted.event", 1)
-@dataclass
-class HostedEventRequest:
+class HostedEventRequest(Struct):
     """A hosted process's workflow event (progress, done), through the master: a tenant
     account may not publish on the platform's events subjects. Accepted only from the
     process the workload runs on, for the caller's own tenant."""
@@ -1125,8 +1025,7 @@ TERMINAL_WORKLOAD_STATES = ("completed", "failed", "cancelled")
 
 
 @message("workload.record", 1)
-@dataclass
-class WorkloadRecord:
+class WorkloadRecord(Struct):
     """A workload in the workloads KV (key: its id)."""
 
     workload: str
@@ -1159,8 +1058,7 @@ def workload_steps(rec: WorkloadRecord) -> int:
 
 
 @message("workload.report", 1)
-@dataclass
-class WorkloadReport:
+class WorkloadReport(Struct):
     """A finished workload's report (what the master wrote to its outputs.report_path)."""
 
     workload: str
@@ -1169,8 +1067,7 @@ class WorkloadReport:
 
 
 @message("workload.submit", 1)
-@dataclass
-class SubmitRequest:
+class SubmitRequest(Struct):
     """A spec as YAML or JSON text (what a file holds), or already parsed."""
 
     spec_text: str = ""
@@ -1178,23 +1075,20 @@ class SubmitRequest:
 
 
 @message("workloads.list", 1)
-@dataclass
-class WorkloadsRequest:
+class WorkloadsRequest(Struct):
     tenant: str = ""
     limit: int = 0  # records per page (0 = `protocol.policy.LIST_PAGE_DEFAULT`)
     cursor: str = ""  # a reply's next_cursor: the page after it
 
 
 @message("workloads.reply", 1)
-@dataclass
-class WorkloadsReply:
+class WorkloadsReply(Struct):
     workloads: list[WorkloadRecord]
     next_cursor: str = ""  # "" = this was the last page
 
 
 @message("tenants.reply", 1)
-@dataclass
-class TenantsReply:
+class TenantsReply(Struct):
     tenants: list[TenantConfig]
     versions: dict[str, int]
     # tenant -> its workload ids, oldest first (a tenant runs workloads one after another)
@@ -1203,8 +1097,7 @@ class TenantsReply:
 
 
 @message("tenant.delete", 1)
-@dataclass
-class TenantDeleteRequest:
+class TenantDeleteRequest(Struct):
     """Remove a tenant: slot, queue stream, policy versions, checkpoints, job and workload
     records. Refused while one of its workloads is pending or running (cancel it first)."""
 
@@ -1212,8 +1105,7 @@ class TenantDeleteRequest:
 
 
 @message("tenant.deleted", 1)
-@dataclass
-class TenantDeleted:
+class TenantDeleted(Struct):
     """Announced on ``<prefix>.tenants.deleted.<tenant>``: trainers and inferencers drop the
     tenant's slot and heads."""
 
@@ -1239,8 +1131,7 @@ def is_slot_reset(data: bytes) -> bool:
 
 
 @message("tenant.show", 1)
-@dataclass
-class TenantShow:
+class TenantShow(Struct):
     """`tenant_show`'s reply: what a tenant (or the operator) sees of one tenant. ``config``
     None: the tenant has no slot now (reset, or nothing trained yet); its next sft / rl
     submit registers one."""
@@ -1254,8 +1145,7 @@ class TenantShow:
 
 
 @message("tenant.reset", 1)
-@dataclass
-class TenantResetRequest:
+class TenantResetRequest(Struct):
     """Drop a tenant's slot (config, policy versions, checkpoints, job records, queue) so its
     next submit registers a new schema; its account, workload records and usage stay.
     Refused while one of its workloads is pending or running. A tenant resets only itself
@@ -1265,19 +1155,18 @@ class TenantResetRequest:
 
 
 @message("dataset.sample", 1)
-@dataclass
-class SampleRequest:
+class SampleRequest(Struct):
     """Sample frames of a LeRobot v3.0 dataset readable by the env worker (a path on its host)."""
 
     root: str
     n: int
-    seed: int | None = None
-    indices: list[int] = field(default_factory=list)  # exact frames instead of a random sample
+    seed: Annotated[int, Meta(ge=0)] | None = None
+    # Exact frames instead of a random sample; int64 on the worker.
+    indices: list[Annotated[int, Meta(ge=_INT64_MIN, le=_INT64_MAX)]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        if self.seed is not None and self.seed < 0:
-            raise InvalidField("seed", f"must be >= 0, got {self.seed}")
-        # Checked at decode: a worker never reads more frames than one reply can carry.
+        # Cross-field (n counts only without indices), and checked when built too: a client
+        # learns before sending. Checked at decode: a worker never reads more frames than one reply can carry.
         if self.indices:
             if len(self.indices) > SAMPLE_MAX_FRAMES:
                 raise InvalidField("indices", f"{len(self.indices)} frames asked; at most {SAMPLE_MAX_FRAMES} "
@@ -1285,13 +1174,10 @@ class SampleRequest:
         elif not (isinstance(self.n, int) and 1 <= self.n <= SAMPLE_MAX_FRAMES):
             raise InvalidField("n", f"must be an integer in 1..{SAMPLE_MAX_FRAMES} (SAMPLE_MAX_FRAMES), "
                                     f"got {self.n!r}")
-        if any(not _INT64_MIN <= i <= _INT64_MAX for i in self.indices):  # int64 on the worker
-            raise InvalidField("indices", "every index must fit in int64")
 
 
 @message("dataset.batch", 1)
-@dataclass
-class DatasetBatch:
+class DatasetBatch(Struct):
     root: str
     index: Array  # int64 [B]
     episode_index: Array
@@ -1304,8 +1190,7 @@ class DatasetBatch:
 
 
 # -- metering ------------------------------------------------------------------------
-@dataclass
-class UsageCounters:
+class UsageCounters(Struct):
     """Metered use of one (tenant, workload). Device-seconds are the role's measured busy time
     of each grouped forward / step, split over the tenants in it by rows (docs/usage.md)."""
 
@@ -1323,16 +1208,14 @@ class UsageCounters:
             setattr(self, f, getattr(self, f) + getattr(other, f))
 
 
-@dataclass
-class UsageEntry:
+class UsageEntry(Struct):
     tenant: str
     workload: str  # "" = not known to the role (the master charges the tenant's active workload)
     usage: UsageCounters
 
 
 @message("usage.report", 1)
-@dataclass
-class UsageReport:
+class UsageReport(Struct):
     """A batch of usage deltas from one role instance to the master (``usage_report``).
 
     ``seq`` numbers the instance's reports from 1; a report is re-sent unchanged until the
@@ -1349,8 +1232,7 @@ class UsageReport:
 
 
 @message("usage.record", 1)
-@dataclass
-class UsageRecord:
+class UsageRecord(Struct):
     """Cumulative usage of one (tenant, workload) in the usage KV (key ``<tenant>.<workload>``,
     workload ``_`` for use outside any workload)."""
 
@@ -1363,8 +1245,7 @@ class UsageRecord:
 
 
 @message("usage.request", 1)
-@dataclass
-class UsageRequest:
+class UsageRequest(Struct):
     tenant: str = ""  # "" = every tenant
     workload: str = ""  # "" = every workload
     limit: int = 0  # records per page (0 = `protocol.policy.LIST_PAGE_DEFAULT`)
@@ -1372,8 +1253,7 @@ class UsageRequest:
 
 
 @message("usage.reply", 1)
-@dataclass
-class UsageReply:
+class UsageReply(Struct):
     records: list[UsageRecord]
     # tenant -> bytes its checkpoints and exported versions hold in the object store now.
     stored_now: dict[str, int] = field(default_factory=dict)

@@ -195,9 +195,9 @@ def _client(data_dir: Path, nats_url: str | None, prefix: str | None, timeout_s:
 
 
 def _asdict(obj: Any) -> dict:
-    import dataclasses
+    from protocol.wire import to_body
 
-    return dataclasses.asdict(obj)
+    return to_body(obj)
 
 
 # -- up / down ----------------------------------------------------------------------------------
@@ -761,9 +761,9 @@ def _accounts_without_record(data_dir: Path, known: set[str]) -> list[dict]:
 def usage_rows(reply: Any) -> list[dict]:
     """One row per (tenant, workload): device-seconds, rows, requests, bytes (workload "_" =
     use outside any workload), plus each tenant's bytes stored now."""
-    import dataclasses
+    import msgspec
 
-    return [{"tenant": r.tenant, "workload": r.workload, **dataclasses.asdict(r.usage),
+    return [{"tenant": r.tenant, "workload": r.workload, **msgspec.structs.asdict(r.usage),
              "stored_now": reply.stored_now.get(r.tenant, 0)} for r in reply.records]
 
 

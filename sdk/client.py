@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+import msgspec
+
 from transport.bus import DEFAULT_REQUEST_TIMEOUT_S, Bus, retry
 from transport.bus import retry_through_outage  # noqa: F401 - public: loops ride out a master restart with it
 from transport.cluster import ClusterState
@@ -197,7 +199,7 @@ class AsyncClient:
             cursor = getattr(reply, "next_cursor", "")
             if not cursor or cursor == req.cursor:
                 return pages
-            req = dataclasses.replace(req, cursor=cursor)
+            req = msgspec.structs.replace(req, cursor=cursor)
 
     async def create_tenant(self, config: TenantConfig, exist_ok: bool = False) -> TenantConfig:
         return await self._call(ops.MASTER_TENANT_CREATE, CreateTenantRequest(config=config, exist_ok=exist_ok))

@@ -39,14 +39,14 @@ async def workload_events(client: Any, workload: str) -> list[WorkloadEvent]:
 
 async def workload_usage(client: Any, workload: str) -> dict[str, Any]:
     """Metered usage charged to one workload (`nexus usage --workload W`), summed."""
-    import dataclasses
+    import msgspec
 
     from protocol.messages import UsageCounters
 
     total = UsageCounters()
     for r in (await client.usage(workload=workload)).records:
         total.add(r.usage)
-    return dataclasses.asdict(total)
+    return msgspec.structs.asdict(total)
 
 
 def _ts(text: str) -> float:

@@ -61,15 +61,24 @@ def task_rows(per_task: Sequence[Any]) -> list[list[Any]]:
     table rows under TASK_TABLE_HEADER."""
     out = []
     for r in per_task:
-        d = r if isinstance(r, dict) else vars(r)
+        d = r if isinstance(r, dict) else {name: getattr(r, name) for name in r.__struct_fields__}
         out.append([d.get("task_index"), d.get("task", ""), d.get("instruction", ""), d.get("episodes", 0),
                     d.get("successes", 0), f"{100 * float(d.get('success_rate', 0.0)):.0f} %"])
     return out
 
 
+def _struct_fields(obj: Any) -> dict[str, Any]:
+    fields = getattr(type(obj), "__struct_fields__", None)
+    if fields is None:
+        raise TypeError(f"{type(obj).__name__} is not JSON serializable")
+    return {name: getattr(obj, name) for name in fields}
+
+
 def print_json(obj: Any) -> None:
-    """Indented JSON on stdout (orjson: numpy scalars and dataclasses need no converter)."""
+    """Indented JSON on stdout (orjson: numpy scalars and dataclasses need no converter; wire
+    messages, msgspec Structs, go as their fields)."""
     import orjson
 
-    sys.stdout.write(orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY).decode() + "\n")
+    sys.stdout.write(orjson.dumps(obj, default=_struct_fields,
+                                  option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY).decode() + "\n")
     sys.stdout.flush()

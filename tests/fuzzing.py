@@ -11,7 +11,7 @@ Shared by the default-suite test (`tests/test_fuzz.py`, ~1,200 cases) and the be
                  wrong types, and forged array ext payloads;
        typed     the op's own request type, built from its dataclass type hints (invalid
                  tokens, negative / huge ints, nan / inf, arrays of odd dtypes and shapes,
-                 nested dataclasses), and valid templates with one or two fields mutated;
+                 nested Structs), and valid templates with one or two fields mutated;
   3. sends them (bounded concurrency, a timeout per request) and checks each answer: the
      op's documented reply type or an `ErrorReply` with a stable `ErrorCode`; ``internal``
      (a handler bug), no reply and an undecodable reply are collected with their input.
@@ -25,7 +25,6 @@ session, the dataset fixture) are mixed into the strings, so typed cases reach p
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import math
 import time
 import types
@@ -37,6 +36,7 @@ from pathlib import Path
 from typing import Any, Literal, Union
 
 import msgpack
+import msgspec
 import numpy as np
 import yaml
 from hypothesis import HealthCheck, Phase, given, seed as hyp_seed, settings
@@ -250,6 +250,10 @@ def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
+def _is_struct(tp: Any) -> bool:
+    return isinstance(tp, type) and issubclass(tp, msgspec.Struct)
+
+
 def value_for(tp: Any, name: str, ctx: Context, depth: int = 0) -> st.SearchStrategy[Any]:
     """Values that fit annotation ``tp`` (mostly) plus wrong-typed ones (sometimes)."""
     right = _right_for(tp, name, ctx, depth)
@@ -282,7 +286,7 @@ def _right_for(tp: Any, name: str, ctx: Context, depth: int) -> st.SearchStrateg
         return st.dictionaries(keys, value_for(val, name, ctx, depth + 1), max_size=4)
     if tp is Array:
         return arrays
-    if dataclasses.is_dataclass(tp):
+    if _is_struct(tp):
         return st.one_of(typed_body(tp, ctx, depth + 1), template_mutations(tp, ctx))
     if tp is float:
         return floats
@@ -301,10 +305,9 @@ def typed_body(cls: type, ctx: Context, depth: int = 0) -> st.SearchStrategy[dic
     """Every field generated from its type hint; optional fields sometimes left out."""
     hints = _hints(cls)
     required, optional = {}, {}
-    for f in dataclasses.fields(cls):
+    for f in msgspec.structs.fields(cls):
         strat = value_for(hints[f.name], f.name, ctx, depth)
-        has_default = f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
-        (optional if has_default else required)[f.name] = strat
+        (required if f.required else optional)[f.name] = strat
     return st.fixed_dictionaries(required, optional=optional)
 
 
@@ -337,15 +340,15 @@ def template(cls: type, ctx: Context) -> dict[str, Any]:
                 "eval_episodes": 1}
     body: dict[str, Any] = {}
     hints = _hints(cls)
-    for f in dataclasses.fields(cls):
-        if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING:
+    for f in msgspec.structs.fields(cls):
+        if not f.required:
             continue
         tp = hints[f.name]
         fixed = {"tenant": ctx.tenant, "job": job, "session": session, "env_id": ctx.env_ids[0],
                  "trainer": "fz-trainer", "workload": (ctx.workloads or ["w-none"])[0]}
         if f.name in fixed:
             body[f.name] = fixed[f.name]
-        elif dataclasses.is_dataclass(tp):
+        elif _is_struct(tp):
             body[f.name] = template(tp, ctx)
         elif tp is Array:
             body[f.name] = np.zeros(2, np.float32)
@@ -362,7 +365,7 @@ def template_mutations(draw, cls: type, ctx: Context) -> dict[str, Any]:
     """A valid template with one or two fields replaced, dropped, or an unknown one added."""
     body = dict(template(cls, ctx))
     hints = _hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
+    names = [f.name for f in msgspec.structs.fields(cls)]
     for _ in range(draw(st.integers(0, 2))):
         if not names:
             break

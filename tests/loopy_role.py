@@ -11,40 +11,35 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from dataclasses import dataclass
 
 from actors.runtime import Role, RoleConfig, op, run_role
 from protocol import ops
 from protocol.messages import Ok
 from protocol.ops import Op
 from protocol.policy import RetryPolicy
-from protocol.wire import message
+from protocol.wire import Struct, message
 
 LOOP = "work"
 LOOP_MAX_QUIET_S = 1.0
 
 
 @message("test.loop.fail", 1)
-@dataclass
-class FailRequest:
+class FailRequest(Struct):
     times: int
 
 
 @message("test.loop.stall", 1)
-@dataclass
-class StallRequest:
+class StallRequest(Struct):
     pass
 
 
 @message("test.loop.info_request", 1)
-@dataclass
-class LoopInfoRequest:
+class LoopInfoRequest(Struct):
     pass
 
 
 @message("test.loop.info", 1)
-@dataclass
-class LoopInfo:
+class LoopInfo(Struct):
     starts: int
     iterations: int
 

@@ -10,18 +10,16 @@ import argparse
 import asyncio
 import sys
 import threading
-from dataclasses import dataclass
 
 from actors.runtime import Role, RoleConfig, op, run_role
 from protocol import ops
 from protocol.messages import Ok
 from protocol.ops import Op
-from protocol.wire import message
+from protocol.wire import Struct, message
 
 
 @message("test.sleep", 1)
-@dataclass
-class SleepRequest:
+class SleepRequest(Struct):
     seconds: float
 
 

@@ -22,6 +22,7 @@ import subprocess
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
+import msgspec
 import nats.js.errors
 import numpy as np
 import pytest
@@ -218,8 +219,8 @@ def test_a_tenant_with_valid_credentials_reaches_nothing_it_does_not_own(deploym
         alice_cfg = await a.tenant("alice")
         alice_demos = next((data_dir / "datasets" / "tenants" / "alice").iterdir())
         # The hidden tenant is registered; mallory has her own slot, under the operator's quotas.
-        await admin.create_tenant(TenantConfig(**{**alice_cfg.__dict__, "name": HIDDEN}))
-        await mal.create_tenant(TenantConfig(**{**alice_cfg.__dict__, "name": "mallory", "quotas": None}))
+        await admin.create_tenant(msgspec.structs.replace(alice_cfg, name=HIDDEN))
+        await mal.create_tenant(msgspec.structs.replace(alice_cfg, name="mallory", quotas=None))
         await admin.update_quotas("mallory", max_priority=2, max_inflight_jobs=2)
         mine = await admin.tenant("mallory")
         # One short of her share: the attacks below take the last one, then ask past it.
@@ -240,7 +241,7 @@ def test_a_tenant_with_valid_credentials_reaches_nothing_it_does_not_own(deploym
             return req(m("submit"), SubmitRequest(spec=spec), WorkloadRecord)
 
         def create(**changes: Any) -> Callable[[], Awaitable[Any]]:
-            cfg = TenantConfig(**{**mine.__dict__, "quotas": None, **changes})
+            cfg = msgspec.structs.replace(mine, **{"quotas": None, **changes})
             return req(m("tenant_create"), CreateTenantRequest(config=cfg, exist_ok=True), TenantConfig)
 
         async def past_share() -> Any:

@@ -60,7 +60,7 @@ def test_a_bare_name_that_is_a_directory_here_is_that_directory(tmp_path, monkey
 
 def test_the_master_stores_a_directory_base_by_its_identity(roles, tmp_path):
     import asyncio
-    import dataclasses
+    import msgspec
 
     from sdk.client import AsyncClient
     from tests.tq_helpers import tenant
@@ -73,8 +73,8 @@ def test_the_master_stores_a_directory_base_by_its_identity(roles, tmp_path):
     async def go():
         c = await AsyncClient(roles.nats_url, roles.prefix, timeout_s=30).connect()
         try:
-            ta = await c.create_tenant(dataclasses.replace(tenant("dir-a"), base=str(a) + "/"))
-            tb = await c.create_tenant(dataclasses.replace(tenant("dir-b"), base=str(b)))
+            ta = await c.create_tenant(msgspec.structs.replace(tenant("dir-a"), base=str(a) + "/"))
+            tb = await c.create_tenant(msgspec.structs.replace(tenant("dir-b"), base=str(b)))
             return ta, tb
         finally:
             await c.close()

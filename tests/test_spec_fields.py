@@ -12,7 +12,6 @@ from __future__ import annotations
 import copy
 import json
 import re
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +32,7 @@ from master.spec_schema import leaf_paths
 from master.reports import report_file
 from master.workload_plan import compile_workflow, policy_pin
 from protocol.messages import WorkloadRecord
+from protocol.wire import to_body
 
 CAMERAS = [{"name": "top", "height": 64, "width": 64}, {"name": "wrist", "height": 64, "width": 64}]
 
@@ -169,8 +169,8 @@ def reach(spec: WorkloadSpec) -> dict[str, Any]:
     """Everything a spec turns into outside the spec itself."""
     rec = WorkloadRecord(workload="w1", tenant=spec.tenant, task=spec.task, state="completed",
                          spec=spec.model_dump(mode="json"), created_at=0.0, updated_at=0.0)
-    tenant = asdict(compile_tenant(spec)) if spec.task != "eval" else None  # an eval makes no slot
-    return {"tenant": tenant, "workflow": asdict(compile_workflow(spec, "w1")),
+    tenant = to_body(compile_tenant(spec)) if spec.task != "eval" else None  # an eval makes no slot
+    return {"tenant": tenant, "workflow": to_body(compile_workflow(spec, "w1")),
             "pin": policy_pin(spec), "report": str(report_file("/data", rec))}
 
 

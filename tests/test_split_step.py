@@ -180,16 +180,16 @@ def test_an_sft_workload_of_split_micro_batches_trains_exactly_its_budget(cluste
 def test_join_parts_refuses_a_step_past_the_row_bound():
     """Parts a tenant puts by hand (its own queue_put, not the SDK's split) may add up to more
     rows than any spec allows in one step: refused before anything is copied."""
-    import dataclasses
+    import msgspec
 
     from protocol.messages import MAX_STEP_ROWS
 
     cfg = tenant("split-bound")
-    parts = [dataclasses.replace(micro_batch(cfg, "j", 0, b=40), seq=chunk_seq(0, 5, k)) for k in range(32)]
+    parts = [msgspec.structs.replace(micro_batch(cfg, "j", 0, b=40), seq=chunk_seq(0, 5, k)) for k in range(32)]
     assert sum(len(p.instructions) for p in parts) > MAX_STEP_ROWS
     with pytest.raises(ValueError, match=f"at most {MAX_STEP_ROWS}"):
         join_parts(parts)
-    fits = [dataclasses.replace(micro_batch(cfg, "j", 0, b=32), seq=chunk_seq(0, 5, k)) for k in range(32)]
+    fits = [msgspec.structs.replace(micro_batch(cfg, "j", 0, b=32), seq=chunk_seq(0, 5, k)) for k in range(32)]
     assert [len(j.instructions) for j in join_parts(fits)] == [MAX_STEP_ROWS]  # the bound itself trains
 
 
@@ -197,7 +197,7 @@ def test_hand_made_parts_past_the_row_bound_fail_their_job_and_nothing_else(clus
     """A tenant's queue_put of 32 hand-numbered parts of one item (1,280 rows in all): its job
     fails naming the bound, its policy stays at version 0, and its next job trains (the trainer
     and its group go on)."""
-    import dataclasses
+    import msgspec
 
     cfg = tenant("split-hostile")
 
@@ -207,7 +207,7 @@ def test_hand_made_parts_past_the_row_bound_fail_their_job_and_nothing_else(clus
             await c.create_tenant(cfg)
             job = (await c.reserve(cfg.name, "sft")).job
             for k in range(32):
-                part = dataclasses.replace(micro_batch(cfg, job, 0, b=40), seq=chunk_seq(0, 5, k))
+                part = msgspec.structs.replace(micro_batch(cfg, job, 0, b=40), seq=chunk_seq(0, 5, k))
                 await c._call(ops.MASTER_QUEUE_PUT, part)
             await c.mark_ready(cfg.name, job)
             failed = await c.wait_job(cfg.name, job, timeout_s=240)

@@ -171,7 +171,7 @@ def test_schema_conflict_then_reset_to_a_new_schema(deployment, trained, tmp_pat
 def test_schema_conflict_names_every_field_with_both_values():
     """Without a cluster: cameras and template differ; each is named with the stored and the
     asked value, the way out is said once (on the last), and an equal schema passes."""
-    import dataclasses
+    import msgspec
 
     from master.spec import SpecError
     from master.policy_checks import _check_same_policy
@@ -182,8 +182,8 @@ def test_schema_conflict_names_every_field_with_both_values():
               "action_horizon": 1, "instruction_template": "{instruction}"}
     stored = TenantConfig(name="acme", base=BASE, schema=schema, head="mlp",
                           signature=TenantSchema.from_dict(schema).signature())
-    _check_same_policy(dataclasses.replace(stored, signature=""), stored, same_tenant=True)  # same: passes
-    asked = dataclasses.replace(stored, signature="", schema={
+    _check_same_policy(msgspec.structs.replace(stored, signature=""), stored, same_tenant=True)  # same: passes
+    asked = msgspec.structs.replace(stored, signature="", schema={
         **schema, "cameras": [*schema["cameras"], {"name": "wrist", "height": 32, "width": 32}],
         "instruction_template": "robot: {instruction}"})
     with pytest.raises(SpecError) as info:

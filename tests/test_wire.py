@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import numpy as np
 import pytest
+from msgspec import field
 
 from protocol.codec import packb
 from protocol.errors import (
@@ -20,19 +19,17 @@ from protocol.errors import (
     error_from_code,
 )
 from protocol.messages import ErrorReply, Heartbeat, RoleInfo, ok_or_raise
-from protocol.wire import Array, decode, encode, message
+from protocol.wire import Array, Struct, decode, encode, message
 
 
-@dataclass
-class Camera:
+class Camera(Struct):
     name: str
     height: int
     width: int
 
 
 @message("test.obs", 3)
-@dataclass
-class Obs:
+class Obs(Struct):
     tenant: str
     cameras: list[Camera]
     state: Array
@@ -117,3 +114,10 @@ def test_error_envelope_roundtrip_to_exception():
     assert isinstance(field_err, ValueError)  # exception root subclasses stdlib types
     unknown = error_from_code("brand_new_code", "x")
     assert unknown.code == ErrorCode.INTERNAL and "brand_new_code" in unknown.message
+
+
+def test_numpy_scalars_that_are_python_numbers_travel_as_numbers():
+    # np.float64 subclasses float: msgpack wrote it as a float, and metrics carry them.
+    hb = Heartbeat("r", "i", 1, "h", 0.0, 0.0, 1, "ready", 0, np.float64(1.5), gauges={"busy_s": np.float64(2.0)})
+    back = decode(encode(hb), Heartbeat)
+    assert back.interval_s == 1.5 and type(back.interval_s) is float and back.gauges == {"busy_s": 2.0}
