@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from typing import Any
 
 from nats.js.errors import NotFoundError, ObjectNotFoundError
@@ -68,26 +67,9 @@ from protocol.messages import (
 from protocol.policy import OWNER_CHECK_EVERY_S
 from protocol.wire import decode
 
-# Trainer-reported transitions a job may take (besides repeating its current state).
-TRANSITIONS: dict[str, tuple[str, ...]] = {
-    "leased": ("trained", "failed"),
-    "trained": ("exported", "failed"),
-    "exported": ("synced",),
-    "synced": ("cleared",),
-}
-EXPIRE_EVERY_S = 1.0
 # Tenants in one heartbeat's gauges (about 30 bytes per tenant and signal: 256 keep a beat
 # near 40 KB, far under NATS's 1 MB payload); the rest ride as "other".
 BEAT_TENANTS_MAX = 256
-# Rollout gate: 1 active rollout per tenant, NEXUS_MAX_ACTIVE_ROLLOUTS across the deployment;
-# a slot not released within the TTL (its workflow died) is reclaimed.
-ROLLOUT_TTL_S = 600.0
-# Whole objects `weights_read` keeps between slices (a payload and its manifest, twice over).
-WEIGHTS_READ_CACHE = 4
-
-
-# Lease decisions whose duration `info` summarises (the latest ones).
-LEASE_TIMES_KEPT = 4096
 
 
 def decision_summary(durations_s: Any) -> dict[str, float]:
@@ -97,11 +79,6 @@ def decision_summary(durations_s: Any) -> dict[str, float]:
         return {"n": 0}
     p50, p99 = (ms[min(len(ms) - 1, int(q * len(ms)))] for q in (0.50, 0.99))
     return {"n": len(ms), "p50": p50, "p99": p99, "max": ms[-1]}
-
-
-def new_job_id() -> str:
-    # Time-ordered (FIFO by id) and unique across master restarts.
-    return f"j{int(time.time() * 1000):013d}{uuid.uuid4().hex[:6]}"
 
 
 class Master(Role):
