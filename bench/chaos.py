@@ -91,7 +91,7 @@ NATS_DOWN_S = 10.0  # a killed NATS node stays down this long before it is start
 # Per budget: what to change in the example specs. Small: the short test (about a minute of
 # chaos on 2 cores); full: the benchmark (8-10 minutes, at least 20 kills).
 BUDGETS: dict[str, dict[str, Any]] = {
-    # Tiny: the default suite's run (tests/test_chaos.py; a few kills and one NATS node of
+    # Tiny: the default suite's run (tests/system/test_chaos.py; a few kills and one NATS node of
     # three, a few minutes at most on 2 cores). The workloads still outlast the chaos: the SFT
     # tenant records its demos and trains 6 jobs, then the eval starts.
     "tiny": {

@@ -5,7 +5,7 @@
     findings.lost, findings.twice, findings.problems
 
 Kept apart from the harness (bench/chaos.py) so the checks themselves are tested on made-up
-records (tests/test_chaos.py): a checker that cannot fail proves nothing.
+records (tests/system/test_chaos.py): a checker that cannot fail proves nothing.
 
 What is checked, per training tenant:
   * lost: every job ends ``cleared`` or ``dropped_stale``. A ``failed`` job is lost unless its

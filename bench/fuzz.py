@@ -3,14 +3,14 @@
     OMP_NUM_THREADS=1 /work/main/.venv/bin/python -m bench.fuzz --cases 10000 --json bench/results/fuzz.json
 
 Starts its own nats-server and one process of every role (tiny models), then runs the
-harness of `tests/fuzzing.py` (the default suite's `tests/test_fuzz.py` runs it with ~1,200
+harness of `tests/support/fuzzing.py` (the default suite's `tests/system/test_fuzz.py` runs it with ~1,200
 cases): raw bytes, broken envelopes and typed requests for every op each role lists in its
 ``info`` reply, the inferencer's predict subject and the durable spec intake. It prints one
 row per target (cases, answers seen, internal errors, unanswered, max reply latency), every
 problem with its input, each role's RSS after the warm-up and at the end, and writes all of
 it as JSON. Exit status 1 when any request went unanswered, answered ``internal``, a role
 died, or a role's RSS grew by --rss-limit-mib or more (a problem listed in
-tests/test_fuzz.py KNOWN_HANDLER_BUGS is reported but does not fail the run).
+tests/system/test_fuzz.py KNOWN_HANDLER_BUGS is reported but does not fail the run).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests import fuzzing  # noqa: E402
+from tests.support import fuzzing  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
                       "answers_info": run.infos.get(r) is not None} for r in run.rss_warm_kib},
     }, indent=1))
     print(f"wrote {args.json}")
-    from tests.test_fuzz import KNOWN_HANDLER_BUGS
+    from tests.system.test_fuzz import KNOWN_HANDLER_BUGS
 
     unknown = [o for o in found if (o.case.target.label, o.problem) not in KNOWN_HANDLER_BUGS]
     unknown_regressions = [label for label, _ in run.regressions if (label, "regression") not in KNOWN_HANDLER_BUGS]

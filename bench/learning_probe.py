@@ -118,7 +118,7 @@ class ProbeConfig:
     cache_features: bool = True
     demo_noise: float = 0.0  # DART: noise on the executed expert action (labels stay clean)
     # SFT: the evaluations around the training (each costs --eval-episodes episodes); a short
-    # guard run (tests/test_learning_short.py) skips both.
+    # guard run (tests/system/test_learning_short.py) skips both.
     initial_eval: bool = True
     reload_check: bool = True
     reward: str = "dense"

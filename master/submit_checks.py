@@ -50,7 +50,7 @@ _TYPES = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,)}
 def head_options() -> dict[str, dict[str, str]]:
     """head kind -> {option: annotation} of its config dataclass, read from the source of
     models/heads/*.py (the `@register_head(kind, Config)` lines): importing the models pulls in
-    torch, which `nexus spec validate` must not (tests/test_submit_checks.py checks both agree)."""
+    torch, which `nexus spec validate` must not (tests/master/test_submit_checks.py checks both agree)."""
     out: dict[str, dict[str, str]] = {}
     for path in sorted(_HEADS_DIR.glob("*.py")):
         tree = ast.parse(path.read_text())

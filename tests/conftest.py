@@ -198,7 +198,7 @@ _ZYGOTE: list = []  # [Zygote] once started; [None] with --spawn=exec
 def pytest_addoption(parser):
     parser.addoption("--spawn", choices=("fork", "exec"), default="fork",
                      help="how the `roles` fixture starts role processes: forked from a preloaded "
-                          "process (tests/zygote.py, fast) or `python -m actors.run` (as `nexus up` does)")
+                          "process (tests/support/zygote.py, fast) or `python -m actors.run` (as `nexus up` does)")
 
 
 def pytest_configure(config):
@@ -222,7 +222,7 @@ def _zygote():
         else:
             import tempfile
 
-            from tests.zygote import Zygote
+            from tests.support.zygote import Zygote
 
             sock = Path(tempfile.mkdtemp(prefix="nexus-zygote-")) / "z.sock"
             _ZYGOTE.append(Zygote(sock, python_env()))
@@ -253,7 +253,7 @@ class RoleProcs:
                 "--instance", instance]
         role_env = python_env(NEXUS_HEARTBEAT_INTERVAL_S="0.3", NEXUS_HEALTH_TIMEOUT_S="1.2", **env)
         zygote = _zygote()
-        if zygote is not None:  # forked from the preloaded model core (tests/zygote.py says why)
+        if zygote is not None:  # forked from the preloaded model core (tests/support/zygote.py says why)
             log.close()
             proc = zygote.spawn(argv, role_env, os.getcwd(), self.data_dir / f"{instance}.log")
         else:

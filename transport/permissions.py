@@ -15,7 +15,7 @@ never by a blanket ``_INBOX.>`` publish. JetStream:
   buckets it overwrites (nats.py's object put / delete purge the old chunks).
 
 A subject missing from a list fails quietly on the role's side (a publish dropped, a
-request timing out, a "Permissions Violation" in its log); `tests/test_least_privilege.py`
+request timing out, a "Permissions Violation" in its log); `tests/transport/test_least_privilege.py`
 runs the whole cluster on these lists. ::
 
     perms = role_permissions("trainer", "nexus")   # {"pub": {...}, "sub": {...}, "resp": {...}}
