@@ -7,7 +7,6 @@ than typer at import time (`nexus spec validate` must start fast)."""
 
 from __future__ import annotations
 
-import signal
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -77,6 +76,7 @@ def _run(coro: Any) -> Any:
     `workloads watch` then polled on, deaf to Ctrl-C. So the cancellation is repeated every
     ``_INTERRUPT_RECANCEL_S`` until the task has ended."""
     import asyncio
+    import signal
 
     async def main() -> Any:
         loop = asyncio.get_running_loop()
