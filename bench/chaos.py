@@ -31,6 +31,10 @@ In order:
 
 Every process it started is stopped on the way out, on failure or Ctrl-C too: ``nexus down``,
 then SIGKILL of the supervisor's process group and of every role / NATS pid it ever saw.
+
+Beside this file: the budgets, workloads, config and records (bench/chaos_config.py), the
+deployment and its processes (bench/chaos_deploy.py), the table (bench/chaos_report.py) and the
+checks (bench/chaos_audit.py); this one is the harness and its command line.
 """
 
 from __future__ import annotations
@@ -42,36 +46,22 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from transport.cluster import pid_alive
 from bench.chaos_audit import Findings, audit_jobs, percentile
+from bench.chaos_config import BUDGETS, ChaosConfig, Kill, NatsKill, workload_specs
+from bench.chaos_deploy import Deployment, Poll, _answers_info, _cmdline, _listening_ports, _url_ports
+from bench.chaos_report import _fmt, print_report
 
-ROOT = Path(__file__).resolve().parents[1]
-EXAMPLES = ROOT / "examples"
-RESULTS = ROOT / "bench" / "results"
 KILLABLE_ROLES = ("master", "trainer", "inferencer", "env", "health", "monitor")
 TERMINAL = ("completed", "failed", "cancelled")
-
-
-@dataclass(frozen=True)
-class Poll:
-    """How the harness waits on the deployment (policy data, not scattered sleeps).
-    Candidates for protocol/policy.py: CHAOS_SAMPLE, CHAOS_RECOVERY, CHAOS_AUDIT."""
-
-    name: str
-    every_s: float
-    deadline_s: float
-
 
 SAMPLE = Poll("chaos_sample", every_s=1.0, deadline_s=0.0)  # progress sampler; runs until stopped
 RECOVERY = Poll("chaos_recovery", every_s=0.2, deadline_s=120.0)  # kill -> replacement ready
@@ -85,226 +75,6 @@ SUBMIT_ATTEMPTS = 3
 DRAIN_REQUEST_TIMEOUT_S = 45.0  # the supervisor answers a drain-restart once the drain is done (a late copy: Ok)
 DRAIN_REQUEST_ATTEMPTS = 3  # a request lost with its NATS node is sent again (idempotent per instance)
 NATS_DOWN_S = 10.0  # a killed NATS node stays down this long before it is started again
-
-
-# -- workloads --------------------------------------------------------------------------------
-# Per budget: what to change in the example specs. Small: the short test (about a minute of
-# chaos on 2 cores); full: the benchmark (8-10 minutes, at least 20 kills).
-BUDGETS: dict[str, dict[str, Any]] = {
-    # Tiny: the default suite's run (tests/system/test_chaos.py; a few kills and one NATS node of
-    # three, a few minutes at most on 2 cores). The workloads still outlast the chaos: the SFT
-    # tenant records its demos and trains 6 jobs, then the eval starts.
-    "tiny": {
-        "sft": {"demos": 10, "steps": 24, "items_per_job": 4, "batch_size": 8},
-        "rl": {"steps_per_update": 32, "parallel_envs": 2, "micro_batch": 16, "epochs": 1, "max_steps": 64},
-        "eval_episodes": 4,
-        "kills": 3,
-        "timeout_s": 300.0,
-    },
-    "small": {
-        "sft": {"demos": 20, "steps": 48, "items_per_job": 4, "batch_size": 16},
-        "rl": {"steps_per_update": 64, "parallel_envs": 4, "micro_batch": 32, "epochs": 1, "max_steps": 64},
-        "eval_episodes": 10,
-        "kills": 7,
-        "timeout_s": 420.0,
-    },
-    "full": {
-        # Sized on this 2-core machine under other load: 22 kills 15-30 s apart take ~8.5 min.
-        # RL 840 / SFT 320 took 17 min with 22 kills; RL 480 / SFT 240 ended after 7 min and
-        # only 17 drains: so in between.
-        "sft": {"demos": 100, "steps": 280, "items_per_job": 8, "batch_size": 32},
-        "rl": {"steps_per_update": 128, "parallel_envs": 8, "micro_batch": 32, "epochs": 2, "max_steps": 640},
-        "eval_episodes": 30,
-        "kills": 22,
-        "timeout_s": 2400.0,
-    },
-}
-
-
-def _example(name: str) -> dict[str, Any]:
-    from master.spec import load_document  # the master's loader: YAML 1.2 floats (1e-3 is a number)
-
-    return load_document((EXAMPLES / name).read_text())
-
-
-def workload_specs(budget: str, tag: str) -> list[dict[str, Any]]:
-    """SFT, two RL, and an eval of the SFT tenant, from examples/*.yaml, sized by ``budget``.
-    ``tag`` keeps tenant names unique per run (a tenant name is unique per deployment)."""
-    b = BUDGETS[budget]
-    sft = _example("sft_reach.yaml")
-    sft["tenant"] = f"chaos-sft-{tag}"
-    sft["env"]["demos"]["episodes"] = b["sft"]["demos"]
-    sft["algorithm"].update(steps=b["sft"]["steps"], items_per_job=b["sft"]["items_per_job"],
-                            batch_size=b["sft"]["batch_size"], warmup_steps=min(50, b["sft"]["steps"] // 6))
-    sft.pop("eval", None)  # the eval tenant scores it; no closing eval inside the workload
-    sft.pop("outputs", None)
-    rls = []
-    for i, letter in enumerate("ab"):
-        rl = _example("rl_reach.yaml")
-        rl["tenant"], rl["seed"] = f"chaos-rl{letter}-{tag}", 1 + i
-        rl["algorithm"].update({k: v for k, v in b["rl"].items() if k != "max_steps"})
-        rl["schedule"]["budget"] = {"max_steps": b["rl"]["max_steps"]}
-        rl.pop("eval", None)
-        rls.append(rl)
-    ev = _example("eval_reach.yaml")
-    ev["tenant"] = f"chaos-eval-{tag}"
-    ev["eval"].update(version=f"tenant:{sft['tenant']}@latest", episodes=b["eval_episodes"])
-    ev.pop("outputs", None)  # its report_path is relative to the master's cwd
-    return [sft, *rls, ev]
-
-
-# -- records ----------------------------------------------------------------------------------
-@dataclass
-class Kill:
-    n: int
-    role: str
-    instance: str
-    pid: int
-    mode: str  # kill | drain-request | drain-sigterm
-    at: float  # unix s
-    replaced_by: str = ""
-    registered_s: float | None = None  # kill -> replacement's ServiceRecord says ready
-    monitor_alive_s: float | None = None  # kill -> the monitor lists the replacement alive
-    replaced: bool = False
-    note: str = ""
-    progress: dict[str, dict[str, float]] = field(default_factory=dict)  # tenant -> {version, episodes} gained
-
-
-@dataclass
-class NatsKill:
-    done: bool = False
-    skipped: str = ""
-    pid: int = 0
-    at: float = 0.0
-    restarted_pid: int = 0
-    back_s: float | None = None  # kill -> restarted node answers on its client port
-    note: str = ""
-
-
-@dataclass
-class ChaosConfig:
-    mode: str = "kill"
-    budget: str = "small"
-    interval_s: tuple[float, float] = (15.0, 30.0)
-    kills: int = -1  # -1: the budget's default; 0: no chaos (a baseline run)
-    nats_cluster: int = 1
-    seed: int = 0
-    data_dir: Path | None = None
-    keep_data: bool = False
-    out: Path | None = None
-    timeout_s: float = 0.0  # 0: the budget's default
-    allowed_failure: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.mode not in ("kill", "drain"):
-            raise ValueError(f"mode: {self.mode!r}; allowed: kill, drain")
-        if self.budget not in BUDGETS:
-            raise ValueError(f"budget: {self.budget!r}; allowed: {sorted(BUDGETS)}")
-        lo, hi = self.interval_s
-        if not 0 < lo <= hi:
-            raise ValueError(f"interval_s: need 0 < lo <= hi, got {lo},{hi}")
-        if self.nats_cluster not in (1, 3):
-            raise ValueError(f"nats_cluster: {self.nats_cluster}; allowed: 1 (single server), 3")
-        self.kills = BUDGETS[self.budget]["kills"] if self.kills < 0 else self.kills
-        self.timeout_s = self.timeout_s or BUDGETS[self.budget]["timeout_s"]
-        self.out = self.out or RESULTS / f"chaos-{self.mode}.json"
-
-
-# -- the deployment and its processes ---------------------------------------------------------
-def _cmdline(pid: int) -> list[str]:
-    try:
-        return [a.decode() for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
-    except OSError:
-        return []
-
-
-class Deployment:
-    """`nexus up` / `nexus down` on one data dir, and every pid seen in it (for cleanup)."""
-
-    def __init__(self, data_dir: Path, nats_cluster: int) -> None:
-        self.data_dir = data_dir
-        self.nats_cluster = nats_cluster
-        self.seen: dict[int, list[str]] = {}  # pid -> its cmdline when first seen
-        self.started: list[subprocess.Popen] = []  # NATS nodes this harness restarted
-        self.supervisor_pid = 0
-        self.up_output = ""
-
-    def nexus(self, *args: str, timeout: float) -> subprocess.CompletedProcess:
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
-               "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-        return subprocess.run([sys.executable, "-m", "sdk.cli", *args], capture_output=True, text=True,
-                              timeout=timeout, env=env, cwd=ROOT)
-
-    def up(self, port: int) -> dict[str, Any]:
-        args = ["up", "--detach", "--data-dir", str(self.data_dir), "--nats-port", str(port),
-                "--ready-timeout-s", "120"]
-        if self.nats_cluster > 1:
-            args += ["--nats-cluster", str(self.nats_cluster)]
-        return self.up_args(args, timeout=240)
-
-    def up_args(self, args: list[str], timeout: float) -> dict[str, Any]:
-        """`nexus <args>` (an ``up --detach``); cluster.json once it says ready."""
-        res = self.nexus(*args, timeout=timeout)
-        self.up_output = res.stdout + res.stderr
-        state = self.state()
-        if state:
-            self.supervisor_pid = int(state["supervisor_pid"])
-        if res.returncode != 0 or not state or not state.get("ready"):
-            raise RuntimeError(f"`nexus {' '.join(args)}` failed ({res.returncode}): {self.up_output[-2000:]}")
-        return state
-
-    def state(self) -> dict[str, Any] | None:
-        """cluster.json as a dict (raw, so fields other helpers add, such as broker_pids, pass)."""
-        try:
-            state = orjson.loads((self.data_dir / "cluster.json").read_bytes())
-        except (FileNotFoundError, orjson.JSONDecodeError):
-            return None
-        pids = [r["pid"] for r in state.get("roles", [])] + list(state.get("broker_pids") or [])
-        if state.get("broker_pid"):
-            pids.append(state["broker_pid"])
-        for pid in pids:
-            if pid not in self.seen:
-                self.seen[pid] = _cmdline(pid)
-        return state
-
-    def role(self, role: str) -> dict[str, Any] | None:
-        state = self.state() or {}
-        for r in state.get("roles", []):
-            if r["role"] == role and pid_alive(r["pid"]):
-                return r
-        return None
-
-    def cleanup(self) -> list[str]:
-        """Stop everything; return what had to be killed by force."""
-        notes = []
-        if self.supervisor_pid and pid_alive(self.supervisor_pid):
-            try:
-                res = self.nexus("down", "--data-dir", str(self.data_dir), "--timeout-s", "60", timeout=90)
-                if res.returncode != 0:
-                    notes.append(f"nexus down exited {res.returncode}: {res.stderr.strip()[-300:]}")
-            except subprocess.TimeoutExpired:
-                notes.append("nexus down timed out")
-        if self.supervisor_pid and pid_alive(self.supervisor_pid):
-            try:
-                if os.getpgid(self.supervisor_pid) == self.supervisor_pid:  # its own group (start_new_session)
-                    os.killpg(self.supervisor_pid, signal.SIGKILL)
-                    notes.append(f"killed the supervisor's process group {self.supervisor_pid}")
-            except ProcessLookupError:
-                pass
-        for proc in self.started:
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
-        for pid, cmd in self.seen.items():
-            # Only a process that is still the one we saw (pids get reused).
-            if cmd and pid_alive(pid) and _cmdline(pid) == cmd:
-                os.kill(pid, signal.SIGKILL)
-                notes.append(f"killed leftover pid {pid} ({' '.join(cmd[-3:])})")
-        return notes
 
 
 # -- the harness ------------------------------------------------------------------------------
@@ -798,107 +568,6 @@ class Chaos:
             except Exception as exc:  # noqa: BLE001 - reported: the audit counts it as a mismatch
                 checkpoints[tenant] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
         return jobs, versions, checkpoints, err
-
-
-def _url_ports(url: str) -> set[int]:
-    """The client ports of a deployment's URL (comma-separated servers). Since tenant auth each
-    server carries ``?creds=PATH`` (and may carry ``user:pass@``): read the port from the
-    plain address, never by splitting the raw text at its last colon."""
-    from urllib.parse import urlsplit
-
-    from transport.creds import strip_userinfo
-
-    ports = set()
-    for one in url.split(","):
-        if one.strip():
-            port = urlsplit(strip_userinfo(one.strip())).port
-            if port is not None:
-                ports.add(port)
-    return ports
-
-
-def _listening_ports(pid: int) -> set[int]:
-    """TCP ports a process listens on (Linux: its socket inodes against /proc/net/tcp*)."""
-    inodes = set()
-    try:
-        for fd in Path(f"/proc/{pid}/fd").iterdir():
-            try:
-                link = os.readlink(fd)
-            except OSError:
-                continue
-            if link.startswith("socket:["):
-                inodes.add(link[8:-1])
-    except OSError:
-        return set()
-    ports = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            lines = Path(table).read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            cols = line.split()
-            if len(cols) > 9 and cols[3] == "0A" and cols[9] in inodes:  # 0A: LISTEN
-                ports.add(int(cols[1].rsplit(":", 1)[1], 16))
-    return ports
-
-
-def _answers_info(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
-            return s.recv(4).startswith(b"INFO")
-    except OSError:
-        return False
-
-
-# -- output -----------------------------------------------------------------------------------
-def _fmt(x: Any, unit: str = "") -> str:
-    if x is None:
-        return "-"
-    return f"{x:.1f}{unit}" if isinstance(x, float) else f"{x}{unit}"
-
-
-def print_report(rep: dict[str, Any], out=sys.stdout) -> None:
-    p = lambda *a: print(*a, file=out)  # noqa: E731
-    cfg = rep["config"]
-    p(f"\nchaos suite: mode={cfg['mode']} budget={cfg['budget']} interval={cfg['interval_s']} "
-      f"nats_cluster={cfg['nats_cluster']}")
-    p(f"\n{'workload':<22} {'tenant':<22} {'task':<5} {'state':<10} {'version':>7} {'episodes':>8}")
-    for wid, w in rep["workloads"].items():
-        p(f"{wid:<22} {w['tenant']:<22} {w['task']:<5} {w['state']:<10} {w['version']:>7} {w['episodes']:>8}"
-          + (f"  ({w['message'][:60]})" if w["state"] != "completed" and w["message"] else ""))
-    p(f"\n{'tenant':<22} {'jobs':>5} {'cleared':>7} {'stale':>5} {'lost':>4} {'twice':>5} {'items':>6} "
-      f"{'final v':>7} {'ckpt v':>6} {'ckpt ids':>8}")
-    for t, a in rep["tenants"].items():
-        p(f"{t:<22} {a['jobs']:>5} {a['cleared']:>7} {a['dropped_stale']:>5} {len(a['lost']):>4} "
-          f"{len(a['twice']):>5} {a['items_trained']:>6} {_fmt(a['final_version']):>7} "
-          f"{_fmt(a['checkpoint_version']):>6} {_fmt(a['checkpoint_applied']):>8}")
-        for what in ("lost", "twice", "order", "checkpoint"):
-            for line in a[what][:5]:
-                p(f"    {what}: {line}")
-    r = rep["recovery"]
-    p(f"\nrecovery (kill -> replacement registered ready): {r['kills']} kills, "
-      f"p50 {_fmt(r['registered_p50_s'], ' s')}, p99 {_fmt(r['registered_p99_s'], ' s')}; "
-      f"monitor sees it alive: p50 {_fmt(r['monitor_alive_p50_s'], ' s')}, p99 {_fmt(r['monitor_alive_p99_s'], ' s')}")
-    p(f"{'role':<11} {'kills':>5} {'replaced':>8} {'p50':>7} {'max':>7}   progress while it was down (tenant: +versions/+episodes)")
-    for role, b in r["by_role"].items():
-        prog = rep["progress_while_down"].get(role, {})
-        text = ", ".join(f"{t.split('-')[1]}: +{d['version']}/+{d['episodes']}" for t, d in sorted(prog.items()))
-        p(f"{role:<11} {b['kills']:>5} {b['replaced']:>8} {_fmt(b['recovery_p50_s'], 's'):>7} "
-          f"{_fmt(b['recovery_max_s'], 's'):>7}   {text}")
-    n = rep["nats_node"]
-    p(f"\nnats node: {n['skipped'] or ('killed pid %s, back after %s s %s' % (n['pid'], _fmt(n['back_s']), n['note']))}")
-    for k in rep["kill_log"]:
-        if k["note"] or not k["replaced"]:
-            p(f"  kill #{k['n']} {k['mode']} {k['role']}: replaced={k['replaced']} {k['note']}")
-    for s in rep["observations"]:
-        p(f"  observation: {s}")
-    for s in rep["notes"]:
-        p(f"  note: {s}")
-    p("\ninvariants:")
-    for name, v in rep["invariants"].items():
-        p(f"  {'ok  ' if v['ok'] else 'FAIL'} {name:<28} {v['detail']}")
-    p(f"\nresult: {'PASS' if not rep['failed'] else 'FAIL: ' + ', '.join(rep['failed'])}")
 
 
 def run(cfg: ChaosConfig) -> tuple[int, dict[str, Any] | None]:

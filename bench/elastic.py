@@ -14,7 +14,7 @@ Each arm is one fresh ``nexus up`` (a temp data dir, a free port) given the same
    keeps running ``--tail-s`` so the scaler's scale-down shows (its held seconds count too:
    a fixed deployment also stays up between loads).
 3. Every ``--poll-s``: cluster.json's live instances per role (their pids; held seconds from each
-   process's start in /proc, `bench.multitenant.proc_start_time`, to its last sight alive) and
+   process's start in /proc, `bench.mt_run.proc_start_time`, to its last sight alive) and
    the workload states; the scaler's decisions as they are announced
    (``<prefix>.scale.decisions.>``, `protocol.messages.ScaleDecision`).
 4. At the end: every job record (the master's ``jobs`` op) and version, audited by
@@ -45,16 +45,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.chaos_audit import audit_jobs
-from bench.multitenant import (
-    HEALTH_TIMEOUT_S,
-    REQUEST_TIMEOUT_S,
-    BadArgument,
-    MtDeployment,
-    Sizes,
-    TenantPlan,
-    check_base,
-    proc_start_time,
-)
+from bench.mt_mix import BadArgument, Sizes, TenantPlan, check_base
+from bench.mt_run import HEALTH_TIMEOUT_S, REQUEST_TIMEOUT_S, MtDeployment, proc_start_time
 
 RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results"
 TERMINAL = ("completed", "failed", "cancelled")

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from transport.broker import free_port
-from bench.chaos import ROOT, Deployment
+from bench.chaos_deploy import ROOT, Deployment
 
 SPEC = ROOT / "examples" / "rl_reach.yaml"
 

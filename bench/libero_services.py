@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from transport.broker import free_port
-from bench.chaos import ROOT, Deployment
+from bench.chaos_deploy import ROOT, Deployment
 
 FIXTURE = ROOT.parent / "shared" / "fixtures" / "lerobot" / "libero_like"
 # The libero env's two cameras, in the order the dataset's are mapped onto them.

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from transport.broker import free_port
-from bench.chaos import Deployment
+from bench.chaos_deploy import Deployment
 from bench.maniskill_sft import TASKS, dataset_facts, eval_spec, record_demos, success_rate
 
 # The action module both stages train: the example's width, PPO's exploration std (e^-1.5 ~

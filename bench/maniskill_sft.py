@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from transport.broker import free_port
-from bench.chaos import ROOT, Deployment
+from bench.chaos_deploy import ROOT, Deployment
 
 # --task: the example specs (the SFT's and its eval's) and the published dataset's name.
 TASKS = {task: (ROOT / "examples" / f"sft_maniskill_{task}cube.yaml", ROOT / "examples" / f"eval_maniskill_{task}cube.yaml",

@@ -3,7 +3,7 @@
 Pure functions over plain dicts (what the runner writes as JSON), so a report can be rebuilt
 from a saved JSON (`python -m bench.multitenant --replot FILE`) and tested without a deployment.
 
-A *run record* (one deployment, `RunRecord.asdict()` in bench/multitenant.py):
+A *run record* (one deployment, `RunRecord.asdict()` in bench/mt_run.py):
 
     {"name": "shared" | "alone:<tenant>" | "scale:<n>", "ok": bool, "error": str,
      "wall_s": float, "up_s": float,

@@ -58,7 +58,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.chaos import Deployment
+from bench.chaos_deploy import Deployment
 from bench.chaos_audit import percentile
 from protocol import ops
 

@@ -1,4 +1,4 @@
-"""vla-nexus SDK: `Client` (sync) and `AsyncClient` (async). See sdk/client.py."""
+"""vla-nexus SDK: `Client` (sync, sdk/sync_client.py) and `AsyncClient` (async, sdk/client.py)."""
 
 __all__ = ["AsyncClient", "Client", "resolve_cluster"]
 
@@ -7,9 +7,12 @@ def __getattr__(name: str):
     # Imported on first use (PEP 562): `python -m sdk.cli` imports this package first, and
     # `nexus spec validate` must not pay for the NATS client and OpenTelemetry.
     if name in __all__:
-        from sdk import client
+        if name == "Client":
+            from sdk import sync_client as module
+        else:
+            from sdk import client as module
 
-        value = getattr(client, name)
+        value = getattr(module, name)
         globals()[name] = value
         return value
     raise AttributeError(f"module 'sdk' has no attribute {name!r}")

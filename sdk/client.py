@@ -1,4 +1,4 @@
-"""The tenant-facing SDK: an async client and a sync facade over it.
+"""The tenant-facing SDK: the async client (the sync facade over it is sdk/sync_client.py).
 
     from sdk import Client
     with Client.from_data_dir(".nexus") as c:      # or Client("nats://127.0.0.1:4222")
@@ -15,13 +15,11 @@ import asyncio
 import dataclasses
 import io
 import json
-import threading
 import time
 import uuid
-from collections.abc import Coroutine
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import msgspec
 
@@ -32,7 +30,6 @@ from protocol import ops
 from protocol.ops import Op
 from protocol.errors import Busy, InvalidField, NotFound, PayloadTooLarge, QuotaExceeded, RequestTimeout, Unavailable
 from protocol.policy import CHUNK_HEADROOM_BYTES, INFERENCE_OUTAGE, RetryPolicy  # headroom: queue_put's split
-from protocol.wire import encode
 from protocol.messages import (
     ClusterStatus,
     CreateTenantRequest,
@@ -81,18 +78,16 @@ from protocol.messages import (
     WorkloadRef,
     WorkloadsReply,
     WorkloadsRequest,
-    MAX_CHUNK_PARTS_LOG2,
     MAX_ITEM_SEQ,
-    chunk_seq,
 )
 from protocol.subjects import DEFAULT_PREFIX, Names, check_token, pool_name
+from sdk.progress import format_progress
+from sdk.queue_chunks import _split_item
 
 # JetStream API error codes of an account past its storage limits: a publish past them
 # (10002 "resource limits exceeded for account"), a stream reserving more than is left
 # (10047 storage, 10028 memory: a tenant account has none).
 STORAGE_LIMIT_ERRORS = (10002, 10047, 10028)
-
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -686,148 +681,3 @@ class AsyncWorkload:
                 raise RequestTimeout(f"workload {self.id} still {rec.state} after {timeout_s:g} s")
             await asyncio.sleep(poll_s)
 
-
-class Workload:
-    """Blocking twin of `AsyncWorkload` (what `Client.submit` returns)."""
-
-    def __init__(self, client: Client, handle: AsyncWorkload) -> None:
-        self._client, self._h = client, handle
-        self.id, self.tenant = handle.id, handle.tenant
-
-    def __repr__(self) -> str:
-        return repr(self._h)
-
-    def status(self) -> WorkloadRecord:
-        return self._client._run(self._h.status())
-
-    def metrics(self) -> dict[str, float]:
-        return self._client._run(self._h.metrics())
-
-    def cancel(self) -> WorkloadRecord:
-        return self._client._run(self._h.cancel())
-
-    def wait(self, progress: bool = False, timeout_s: float = 3600.0) -> WorkloadRecord:
-        return self._client._run(self._h.wait(progress=progress, timeout_s=timeout_s))
-
-    def download_policy(self, version: int | None = None, out_dir: str | Path = ".") -> tuple[Path, Path]:
-        return self._client._run(self._h.download_policy(version, out_dir))
-
-
-def format_progress(rec: WorkloadRecord) -> str:
-    """One line: id, tenant, task, state, version / budget, episodes, key metrics."""
-    from sdk.progress import budget_of
-
-    budget = budget_of(rec)  # this workload's steps against its own budget, not the tenant's version
-    target, steps = int(budget.total or 0), int(budget.done)
-    bar = ""
-    if target and rec.task != "eval" and budget.unit == "steps":
-        done = min(1.0, steps / target)
-        bar = "[" + "#" * int(done * 20) + "." * (20 - int(done * 20)) + f"] {steps}/{target}"
-    elif rec.task == "eval":
-        total = (rec.spec.get("eval") or {}).get("episodes", 0)
-        bar = f"episodes {rec.episodes}/{total}"
-    shown = {k: v for k, v in rec.metrics.items() if k in ("loss", "success_rate", "mean_return", "eval_success_rate")}
-    metrics = " ".join(f"{k}={v:.3f}" for k, v in sorted(shown.items()))
-    tail = f" ({rec.message})" if rec.state in ("failed", "cancelled") and rec.message else ""
-    return f"{rec.workload} {rec.tenant:<14} {rec.task:<4} {rec.state:<9} {bar} {metrics}{tail}".rstrip()
-
-
-def _split_item(item: QueuePutRequest, max_bytes: int) -> list[QueuePutRequest]:
-    """The fewest power-of-two parts of ``item`` whose every encoding fits ``max_bytes``."""
-    b = len(item.instructions)
-    for log2 in range(1, MAX_CHUNK_PARTS_LOG2 + 1):
-        parts = 1 << log2
-        size = -(-b // parts)
-        # Always exactly ``parts`` slices (the last ones may be empty when b < parts: skipped).
-        bounds = [(k * size, min((k + 1) * size, b)) for k in range(parts)]
-        chunks = [_slice_item(item, lo, hi, chunk_seq(item.seq, log2, k)) for k, (lo, hi) in enumerate(bounds)
-                  if lo < hi]
-        if all(len(encode(c)) <= max_bytes for c in chunks):
-            return chunks
-        if size <= 1:
-            break
-    raise PayloadTooLarge(f"one row of item seq={item.seq} of job {item.job} is over the max payload "
-                          f"({max_bytes} bytes with headroom); shrink the images or send fewer cameras",
-                          details={"max_bytes": max_bytes})
-
-
-def _slice_item(item: QueuePutRequest, lo: int, hi: int, seq: int) -> QueuePutRequest:
-    def cut(x):
-        return None if x is None else x[lo:hi]
-
-    return QueuePutRequest(
-        tenant=item.tenant, job=item.job, seq=seq,
-        images={k: v[lo:hi] for k, v in item.images.items()}, state=item.state[lo:hi],
-        instructions=item.instructions[lo:hi], actions=item.actions[lo:hi],
-        old_log_prob=cut(item.old_log_prob), advantages=cut(item.advantages), returns=cut(item.returns),
-        behaviour_version=item.behaviour_version,
-    )
-
-
-class Client:
-    """Blocking facade: runs an `AsyncClient` on a private event-loop thread."""
-
-    def __init__(self, url: str, prefix: str = DEFAULT_PREFIX,
-                 timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S, creds: str | Path | None = None) -> None:
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="nexus-sdk", daemon=True)
-        self._thread.start()
-        self._async = AsyncClient(url, prefix, timeout_s, creds=creds)
-        try:
-            self._run(self._async.connect())
-        except BaseException:
-            self._shutdown_loop()
-            raise
-
-    @classmethod
-    def from_data_dir(cls, data_dir: str | Path = ".nexus", **kw: Any) -> Client:
-        url, prefix = resolve_cluster(data_dir, None, None)
-        return cls(url, prefix, **kw)
-
-    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
-
-    def status(self, include_dead: bool = True) -> ClusterStatus:
-        return self._run(self._async.status(include_dead))
-
-    def info(self, role: str, instance: str | None = None) -> RoleInfo:
-        return self._run(self._async.info(role, instance))
-
-    def list(self) -> ListReply:
-        return self._run(self._async.list())
-
-    def submit(self, spec: dict[str, Any] | str | bytes | Path) -> Workload:
-        return Workload(self, self._run(self._async.submit(spec)))
-
-    def workload_handle(self, workload: str, tenant: str = "") -> Workload:
-        return Workload(self, self._async.workload_handle(workload, tenant))
-
-    def __getattr__(self, name: str) -> Any:
-        # Every other AsyncClient coroutine method, run to completion on the client's loop.
-        if name.startswith("_"):
-            raise AttributeError(name)
-        attr = getattr(self._async, name)
-        if not asyncio.iscoroutinefunction(attr):
-            return attr
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            return self._run(attr(*args, **kwargs))
-
-        call.__doc__ = attr.__doc__
-        return call
-
-    def close(self) -> None:
-        if self._loop.is_running():
-            self._run(self._async.close())
-            self._shutdown_loop()
-
-    def _shutdown_loop(self) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=5)
-        self._loop.close()
-
-    def __enter__(self) -> Client:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from protocol.messages import workload_steps
+from protocol.messages import WorkloadRecord, workload_steps
 
 # How often `watch` asks the master for each workload's record.
 POLL_S = 1.0
@@ -258,3 +258,20 @@ async def watch(client: Any, workload_ids: Sequence[str], *, out: TextIO, live: 
                 still = ", ".join(f"{r.workload} ({r.state})" for r in recs if r.workload not in final)
                 raise RequestTimeout(f"workloads still running after {timeout_s:g} s: {still}")
             await asyncio.sleep(poll_s)
+
+
+def format_progress(rec: WorkloadRecord) -> str:
+    """One line: id, tenant, task, state, version / budget, episodes, key metrics."""
+    budget = budget_of(rec)  # this workload's steps against its own budget, not the tenant's version
+    target, steps = int(budget.total or 0), int(budget.done)
+    bar = ""
+    if target and rec.task != "eval" and budget.unit == "steps":
+        done = min(1.0, steps / target)
+        bar = "[" + "#" * int(done * 20) + "." * (20 - int(done * 20)) + f"] {steps}/{target}"
+    elif rec.task == "eval":
+        total = (rec.spec.get("eval") or {}).get("episodes", 0)
+        bar = f"episodes {rec.episodes}/{total}"
+    shown = {k: v for k, v in rec.metrics.items() if k in ("loss", "success_rate", "mean_return", "eval_success_rate")}
+    metrics = " ".join(f"{k}={v:.3f}" for k, v in sorted(shown.items()))
+    tail = f" ({rec.message})" if rec.state in ("failed", "cancelled") and rec.message else ""
+    return f"{rec.workload} {rec.tenant:<14} {rec.task:<4} {rec.state:<9} {bar} {metrics}{tail}".rstrip()

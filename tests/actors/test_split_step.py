@@ -25,7 +25,8 @@ from protocol.messages import (
     workload_steps,
 )
 from protocol.wire import encode
-from sdk.client import AsyncClient, _slice_item, _split_item
+from sdk.client import AsyncClient
+from sdk.queue_chunks import _slice_item, _split_item
 from tests.support.tq_helpers import exactly_once, micro_batch, tenant
 
 

@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from bench import mt_mix
 from bench import multitenant as mt
 from bench.mt_report import compare, failures, scaling, summarize, summary_table, table, utilisation_series
 
@@ -24,7 +25,7 @@ def vulkan_missing() -> str:
 def test_mix_parses_kinds_budgets_and_unique_names():
     plans, notes = mt.parse_mix("rl-reach:12,rl-reach,sft-reach:30,rl-push:5", problem=no_problem)
     assert [(p.kind, p.budget, p.task) for p in plans] == [
-        ("rl-reach", 12, "rl"), ("rl-reach", mt.DEFAULT_BUDGET["rl"], "rl"), ("sft-reach", 30, "sft"), ("rl-push", 5, "rl")]
+        ("rl-reach", 12, "rl"), ("rl-reach", mt_mix.DEFAULT_BUDGET["rl"], "rl"), ("sft-reach", 30, "sft"), ("rl-push", 5, "rl")]
     assert len({p.name for p in plans}) == 4 and notes == []
 
 
@@ -35,7 +36,7 @@ def test_mix_parses_kinds_budgets_and_unique_names():
     ("rl-reach:ten", "budget 'ten' is not an integer (episodes)"),
     ("sft-reach:0", "budget 0 is outside 1..100000 (optimizer steps)"),
     ("sft-reach:-5", "outside"),
-    (",".join(["rl-reach:1"] * (mt.MAX_TENANTS + 1)), f"at most {mt.MAX_TENANTS}"),
+    (",".join(["rl-reach:1"] * (mt_mix.MAX_TENANTS + 1)), f"at most {mt_mix.MAX_TENANTS}"),
 ])
 def test_bad_mix_names_the_entry(mix, needle):
     with pytest.raises(mt.BadArgument, match="--mix") as exc:
@@ -45,12 +46,12 @@ def test_bad_mix_names_the_entry(mix, needle):
 
 def test_maniskill_stand_in_error_and_off():
     plans, notes = mt.parse_mix("rl-push:4,sft-reach:8", "auto", problem=vulkan_missing)
-    assert plans[0].kind == mt.MANISKILL_STANDIN and plans[0].budget == 4
+    assert plans[0].kind == mt_mix.MANISKILL_STANDIN and plans[0].budget == 4
     assert "no Vulkan driver found" in notes[0]
     with pytest.raises(mt.BadArgument, match="ManiSkill cannot run here: no Vulkan driver found"):
         mt.parse_mix("rl-push:4", "on", problem=vulkan_missing)
     plans, notes = mt.parse_mix("rl-push:4", "off", problem=no_problem)
-    assert plans[0].kind == mt.MANISKILL_STANDIN and "--maniskill off" in notes[0]
+    assert plans[0].kind == mt_mix.MANISKILL_STANDIN and "--maniskill off" in notes[0]
     with pytest.raises(mt.BadArgument, match="--maniskill: 'maybe'"):
         mt.parse_mix("rl-reach", "maybe", problem=no_problem)
 
@@ -102,7 +103,7 @@ def test_pick_dataset_checked_before_anything_starts(tmp_path, capsys):
               "no camera 'observation.images.base_camera'")]
     for root, needle in cases:
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(mt, "maniskill_problem", no_problem)
+            mp.setattr(mt_mix, "maniskill_problem", no_problem)
             assert mt.main([*mix, "--pick-dataset", str(root)]) == 2
         err = capsys.readouterr().err
         assert err.startswith("error: --pick-dataset: ") and needle in err, err

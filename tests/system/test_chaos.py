@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.chaos import _url_ports
+from bench.chaos_deploy import _url_ports
 from bench.chaos_audit import audit_jobs, percentile
 from tests.conftest import ROOT, python_env
 

@@ -352,7 +352,7 @@ def test_each_container_mounts_only_its_own_credentials(stack):
 
 # -- workloads through a NATS node kill and a trainer kill -----------------------------------
 def _specs(tag: str) -> list[dict]:
-    from bench.chaos import workload_specs
+    from bench.chaos_config import workload_specs
 
     sft, rl, *_ = workload_specs("small", tag)  # the chaos test's small workloads, made shorter
     sft["env"]["demos"]["episodes"] = 10

@@ -70,7 +70,7 @@ def test_task_table_and_the_record_bound():
 
 
 def test_download_report_prints_the_table(tmp_path, capsys):
-    from sdk.cli import _print_task_table
+    from sdk.cli_workloads import _print_task_table
 
     path = tmp_path / "w.report.json"
     path.write_text(json.dumps({"workload": "w", "per_task": [

@@ -20,7 +20,8 @@ from protocol import ops
 from protocol.messages import GetTenantRequest, PredictReply, PredictRequest, TenantConfig
 from protocol.subjects import pool_name
 from protocol.wire import decode, encode
-from sdk.client import AsyncClient, Client
+from sdk.client import AsyncClient
+from sdk.sync_client import Client
 from sdk.trace_view import load_spans, select
 from tests.conftest import module_roles, nexus_cmd, python_env
 from tests.master.test_workloads import BASE_SPEC, rl_spec
