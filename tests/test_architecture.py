@@ -156,8 +156,8 @@ def _describe(graph: dict[str, dict[str, list[int]]], comp: list[str]) -> str:
 def test_the_graph_is_read():
     """The reader itself: known imports are found (a broken reader would pass everything)."""
     graph = import_graph()
-    assert "protocol.messages" in graph["actors.trainer"]
-    assert any(dep.startswith("models.") or dep == "models" for dep in graph["actors.trainer"])
+    assert "protocol.messages" in graph["actors.trainer.trainer"]
+    assert any(dep.startswith("models.") or dep == "models" for dep in graph["actors.trainer.trainer"])
     assert len(graph) > 150
 
 

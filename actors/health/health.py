@@ -15,7 +15,7 @@ A role that drains announces ``stopped`` in its last beat and gets ``role_stoppe
 restart); one that beats again after being declared dead gets ``role_recovered``.
 
 With NEXUS_SCALER on it also scales env workers, inferencers (per pool: an inferencer's beat
-names the base it serves) and trainers (`actors/scaler.py`) from the same beats: each decision
+names the base it serves) and trainers (`actors/health/scaler.py`) from the same beats: each decision
 is a `ScaleDecision` event on ``<prefix>.scale.decisions.<role>`` (before, then with its
 outcome) and a `ScaleRequest` to the supervisor, which keeps the bounds and drains what goes
 (docs/scaling.md).
@@ -30,7 +30,7 @@ from collections import deque
 from typing import Any
 
 from actors.liveness import Entry, LivenessTable
-from actors.scaler import RateWindow, Scaler, pool_signals_from_beats, signals_from_beats
+from actors.health.scaler import RateWindow, Scaler, pool_signals_from_beats, signals_from_beats
 from actors.runtime import Role, RoleConfig, op
 from protocol import ops
 from protocol.errors import NexusError, Unavailable

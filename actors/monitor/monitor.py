@@ -2,15 +2,15 @@
 
 Subscribes to ``<prefix>.health.heartbeat.>``, ``<prefix>.health.events.>``,
 ``<prefix>.metrics.>`` and ``<prefix>.workloads.events.>`` and keeps the three families of
-signals the design names as retained series (`actors.series`: a bounded ring per series,
+signals the design names as retained series (`actors.monitor.series`: a bounded ring per series,
 capped series and tenants): control, learning and system (docs/observability.md lists each).
 
 * ``<prefix>.monitor.status`` answers a `ClusterStatus` (``nexus status``): one row per role
   instance and the latest value of every metric keyed ``<signal>.<scope>``;
 * ``<prefix>.monitor.snapshot`` answers a `MonitorSnapshot` (``nexus top``): the roles and
   the retained series, newest points (and ``history`` more);
-* a Prometheus endpoint on ``NEXUS_METRICS_HOST``:``NEXUS_METRICS_PORT`` (`actors.prom`; loopback by default);
-* TensorBoard event files per tenant under ``<data_dir>/tensorboard/`` (`actors.boards`).
+* a Prometheus endpoint on ``NEXUS_METRICS_HOST``:``NEXUS_METRICS_PORT`` (`actors.monitor.prom`; loopback by default);
+* TensorBoard event files per tenant under ``<data_dir>/tensorboard/`` (`actors.monitor.boards`).
 
 Run: ``python -m actors.run monitor --nats-url nats://127.0.0.1:4222``
 """
@@ -22,10 +22,10 @@ import time
 from collections import deque
 from typing import Any
 
-from actors.boards import TenantBoards
+from actors.monitor.boards import TenantBoards
 from actors.liveness import Entry, LivenessTable
 from actors.runtime import Role, RoleConfig, op
-from actors.series import SeriesStore
+from actors.monitor.series import SeriesStore
 from protocol import ops
 from protocol.messages import (
     ClusterStatus,
@@ -95,7 +95,7 @@ class Monitor(Role):
         self.spawn(self._tick_loop, "tick", critical=True)
 
     def _start_endpoint(self) -> None:
-        from actors.prom import serve
+        from actors.monitor.prom import serve
 
         try:
             self._server, self.metrics_url = serve(self.store, self.mcfg.metrics_port, self.mcfg.metrics_host)
