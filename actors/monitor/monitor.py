@@ -22,6 +22,7 @@ import time
 from collections import deque
 from typing import Any
 
+from actors.monitor.config import MonitorConfig
 from actors.monitor.boards import TenantBoards
 from actors.liveness import Entry, LivenessTable
 from actors.runtime import Role, RoleConfig, op
@@ -39,7 +40,6 @@ from protocol.messages import (
     WorkloadEvent,
 )
 from protocol.scaling import SCALABLE
-from protocol.settings import HealthSettings, MonitorSettings
 from protocol.wire import decode
 
 RETAIN_S = 600.0
@@ -60,12 +60,13 @@ TB_CONTROL_EVERY_S = 5.0
 class Monitor(Role):
     name = "monitor"
 
-    def __init__(self, cfg: RoleConfig) -> None:
+    def __init__(self, cfg: RoleConfig, mcfg: MonitorConfig | None = None) -> None:
         super().__init__(cfg)
-        timeout = HealthSettings.from_env().timeout_s(cfg.heartbeat_interval_s)
+        config = mcfg or MonitorConfig.from_env()
+        timeout = config.health.timeout_s(cfg.heartbeat_interval_s)
         self.table = LivenessTable(timeout_s=timeout)
         self.metrics: dict[str, float] = {}
-        self.mcfg = MonitorSettings.from_env()
+        self.mcfg = config.monitor
         self.store = SeriesStore(points=self.mcfg.points, retain_s=self.mcfg.retain_s,
                                  series_max=self.mcfg.series_max, tenant_cap=self.mcfg.tenant_cap)
         self.boards: TenantBoards | None = None
