@@ -1,4 +1,6 @@
 """The role runtime every process (master, trainer, inferencer, env, health, monitor) uses.
+Each role lives in its own package beside this one (`actors/trainer/`, ...; the master in
+`master/`); declaring, checking and serving ops is `actors/handlers.py`.
 
 A role subclasses `Role`, sets ``name``, and serves its ops of the one op table
 (`protocol.ops`: role, name, request and reply types, access) with `@op`::
