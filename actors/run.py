@@ -23,12 +23,12 @@ from protocol.subjects import ROLES
 
 # Imported lazily: a trainer should not pay for the env worker's simulators and back.
 ROLE_CLASSES: dict[str, str] = {
-    "health": "actors.health:HealthManager",
-    "monitor": "actors.monitor:Monitor",
+    "health": "actors.health.health:HealthManager",
+    "monitor": "actors.monitor.monitor:Monitor",
     "master": "master.service:Master",
-    "trainer": "actors.trainer:Trainer",
-    "inferencer": "actors.inferencer:Inferencer",
-    "env": "actors.env_worker:EnvWorker",
+    "trainer": "actors.trainer.trainer:Trainer",
+    "inferencer": "actors.inferencer.inferencer:Inferencer",
+    "env": "actors.env_worker.env_worker:EnvWorker",
 }
 assert set(ROLE_CLASSES) == set(ROLES)
 

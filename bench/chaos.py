@@ -546,7 +546,7 @@ class Chaos:
         jobs = [j for j in jobs if j.tenant in training] if jobs is not None else None
         versions: dict[str, int] = {}
         checkpoints: dict[str, dict[str, Any]] = {}
-        from actors.slots import get_object
+        from actors.trainer.slots import get_object
 
         try:
             kv = await self.client.bus.js.key_value(self.names.kv_versions)

@@ -200,7 +200,8 @@ def in_process_ceiling(args, sizes: dict[int, int]) -> tuple[float, float, dict[
     so a mean of 10.7 costs what 16 does while a real mix of 8s and 16s costs less."""
     import torch
 
-    from actors.inferencer import Inferencer, _Pending
+    from actors.inferencer.batching import Pending
+    from actors.inferencer.inferencer import Inferencer
     from models import BaseConfig, BaseModel, TenantSchema, TenantSlot
 
     torch.set_num_threads(1)
@@ -216,7 +217,7 @@ def in_process_ceiling(args, sizes: dict[int, int]) -> tuple[float, float, dict[
         images, state = observation(cfg, rng)
         req = PredictRequest(tenant=cfg.name, images=images, state=state,
                              instruction="pick up the red block and put it in the bowl", timeout_s=1e9)
-        group.append(_Pending(req=req, msg=None, slot=slot, version=0, arrived=time.monotonic()))
+        group.append(Pending(req=req, msg=None, slot=slot, version=0, arrived=time.monotonic()))
 
     class _Heads:
         def __init__(self, base):

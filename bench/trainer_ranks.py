@@ -4,8 +4,8 @@
     python3 -m bench.trainer_ranks --device cuda --base qwen3-vl-4b --ranks 1,2,4 \\
         --tenants 8 --rows 32 --json $OUT/trainer_ranks.json                            # a several-GPU machine
 
-Per rank count N, the trainer's own path (`actors.trainer_ranks.RankGroup`, as `NEXUS_TRAINER_RANKS=N`
-runs it): rank 0 in this process, ranks 1..N-1 as `actors.trainer_rank` processes (on CUDA, rank r
+Per rank count N, the trainer's own path (`actors.trainer.ranks.RankGroup`, as `NEXUS_TRAINER_RANKS=N`
+runs it): rank 0 in this process, ranks 1..N-1 as `actors.trainer.rank` processes (on CUDA, rank r
 on cuda:r), ``--tenants`` mlp tenants with ``--rows`` rows each of queued uint8 frames
 (`QueuePutRequest`, canonicalised on every rank), ``--warmup`` steps then ``--steps`` timed ones.
 N = 1 is one process's plain grouped `models.train_step`. Prints a table (median step, plan and
@@ -45,8 +45,8 @@ def measure(ranks: int, args: argparse.Namespace) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
-    from actors.trainer import item_to_batch
-    from actors.trainer_ranks import Entry, RankGroup, RankSpec
+    from actors.trainer.trainer import item_to_batch
+    from actors.trainer.ranks import Entry, RankGroup, RankSpec
     from models import BaseConfig, BaseModel, OptimConfig, TenantSchema, TenantSlot, train_step
     from models.testing import libero_schema
     from protocol.messages import TenantConfig

@@ -16,7 +16,7 @@ At submit a spec's ``init`` names uploads; they are resolved in the submitting t
 area only (``<tenant>/upload-<name>``: another tenant's uploads cannot be named) and a trainer
 (`init_weights`) loads them into the new slot, checking every tensor against the spec's
 shapes, and exports the result as the tenant's version 0, which trainers and inferencers
-then start from (actors/slots.py, actors/serving.py).
+then start from (actors/trainer/slots.py, actors/inferencer/serving.py).
 """
 
 from __future__ import annotations

@@ -209,7 +209,7 @@ class ScaleRequest(Struct):
 
 @message("scale.decision", 1)
 class ScaleDecision(Struct):
-    """One decision of the scaler (`actors/scaler.py`): a role's count from -> to, why, and the
+    """One decision of the scaler (`actors/health/scaler.py`): a role's count from -> to, why, and the
     signals behind it; published on ``<prefix>.scale.decisions.<role>`` before it is applied and
     again with its ``outcome`` (``applied``, ``refused: ...``, ``no supervisor``). The counts are
     the role's totals; for an inferencer ``pool`` names the pool whose pressure drove it, which

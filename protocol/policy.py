@@ -270,7 +270,7 @@ USAGE_FLUSH = UsageFlush()
 
 @dataclass(frozen=True)
 class ScalerPolicy:
-    """When the health manager's scaler (`actors/scaler.py`, NEXUS_SCALER) changes a role's count.
+    """When the health manager's scaler (`actors/health/scaler.py`, NEXUS_SCALER) changes a role's count.
 
     Each role's regime (up, down, hold) comes from several signals read off the heartbeats
     (docs/scaling.md, "The scaler"); every threshold is here. A regime must hold for

@@ -146,7 +146,7 @@ class TrainerSettings(EnvSettings):
         default_text="`0` (no budget)"))
     # 1: today's trainer, one process. N: the role process is rank 0 of N (its ranks 1..N-1
     # are child processes) and every grouped step spreads each tenant's rows over the ranks
-    # (actors/trainer_ranks.py, docs/data_parallel.md).
+    # (actors/trainer/ranks.py, docs/data_parallel.md).
     ranks: int = Field(1, ge=1, le=64, **var(
         "NEXUS_TRAINER_RANKS", "data-parallel ranks of one trainer: each step's rows spread over this many "
         "processes (gloo on CPU; NCCL for the gradients on CUDA, rank r on cuda:r of the trainer's visible "

@@ -130,7 +130,7 @@ class TelemetrySettings(EnvSettings):
 
 
 class MonitorSettings(EnvSettings):
-    """The monitor's retained series and its Prometheus endpoint (actors/monitor.py)."""
+    """The monitor's retained series and its Prometheus endpoint (actors/monitor/monitor.py)."""
 
     roles = ("monitor",)
     readers = "monitor (`nexus up` prints where the endpoint is)"

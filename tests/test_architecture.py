@@ -31,6 +31,10 @@ FLOOR = {pkg: i for i, names in enumerate(FLOORS) for pkg in names}
 # Packages that import neither way although their floors would allow one of them to: the SDK
 # talks to the roles over the bus only (and starts the supervisor as a process, by name).
 APART: tuple[tuple[str, str], ...] = (("sdk", "actors"),)
+# One package per role; a module of one may not import a module of another (the actors/ root
+# beside them is the runtime every role stands on).
+ROLE_ROOMS: tuple[str, ...] = ("actors.trainer", "actors.inferencer", "actors.env_worker", "actors.health",
+                               "actors.monitor", "actors.supervisor", "master")
 
 
 def _module(path: Path) -> str:
@@ -102,6 +106,22 @@ def ties_across(graph: dict[str, dict[str, list[int]]]) -> list[str]:
     return sorted(out)
 
 
+def room_of(mod: str) -> str | None:
+    return next((room for room in ROLE_ROOMS if mod == room or mod.startswith(room + ".")), None)
+
+
+def ties_between_rooms(graph: dict[str, dict[str, list[int]]]) -> list[str]:
+    """Imports from one role's room into another's."""
+    out = []
+    for mod, deps in graph.items():
+        here = room_of(mod)
+        for dep, lines in deps.items():
+            there = room_of(dep)
+            if here is not None and there is not None and here != there:
+                out.append(f"{mod} ({here}) imports {dep} ({there}) at line(s) {lines}")
+    return sorted(out)
+
+
 def circles(graph: dict[str, dict[str, list[int]]]) -> list[list[str]]:
     """Strongly connected components of more than one module (Tarjan's, iterative)."""
     index: dict[str, int] = {}
@@ -156,8 +176,8 @@ def _describe(graph: dict[str, dict[str, list[int]]], comp: list[str]) -> str:
 def test_the_graph_is_read():
     """The reader itself: known imports are found (a broken reader would pass everything)."""
     graph = import_graph()
-    assert "protocol.messages" in graph["actors.trainer"]
-    assert any(dep.startswith("models.") or dep == "models" for dep in graph["actors.trainer"])
+    assert "protocol.messages" in graph["actors.trainer.trainer"]
+    assert any(dep.startswith("models.") or dep == "models" for dep in graph["actors.trainer.trainer"])
     assert len(graph) > 150
 
 
@@ -171,6 +191,32 @@ def test_the_reader_finds_a_tie_across_the_wall():
     graph = {"sdk.a": {"actors.b": [4], "transport.c": [5]}, "actors.b": {"sdk.a": [9]}, "transport.c": {}}
     assert ties_across(graph) == ["actors.b imports sdk.a at line(s) [9]", "sdk.a imports actors.b at line(s) [4]"]
     assert upward_imports(graph) == ["actors.b (floor 5) imports sdk.a (floor 7) at line(s) [9]"]
+
+
+def test_the_reader_finds_a_tie_between_rooms():
+    graph = {"actors.trainer.a": {"actors.inferencer.b": [2], "actors.runtime": [3], "actors.trainer.c": [4]},
+             "master.m": {"actors.monitor": [5], "actors.tq_read": [6]}}
+    assert ties_between_rooms(graph) == [
+        "actors.trainer.a (actors.trainer) imports actors.inferencer.b (actors.inferencer) at line(s) [2]",
+        "master.m (master) imports actors.monitor (actors.monitor) at line(s) [5]"]
+
+
+def test_every_role_has_its_room():
+    """Each role `python -m actors.run` starts (and the supervisor) is a package of `ROLE_ROOMS`."""
+    from actors.run import ROLE_CLASSES
+
+    modules = _modules()
+    for role, where in ROLE_CLASSES.items():
+        assert room_of(where.partition(":")[0]) is not None, f"role {role} ({where}) is in no room"
+    for room in ROLE_ROOMS:
+        assert room in modules, f"{room} is no package"
+
+
+def test_no_role_imports_another_role():
+    ties = ties_between_rooms(import_graph())
+    assert not ties, ("imports from one role's room into another's (move what both need to the actors/ root "
+                      "runtime or to transport/; start a role as a process by its module name):\n  "
+                      + "\n  ".join(ties))
 
 
 def test_no_import_runs_up_a_floor():

@@ -6,7 +6,7 @@ the supervisor's typed config (which `nexus up` checks before starting it).
     cfg = SupervisorConfig(data_dir=Path(".nexus"), counts={"env": 4})   # ValueError naming the field
     cmd = supervisor_command(cfg); os.execv(cmd[0], cmd)   # `nexus up` in the foreground
 
-Here, on the transport floor, because the supervisor (actors/supervisor.py, which writes
+Here, on the transport floor, because the supervisor (actors/supervisor/supervisor.py, which writes
 cluster.json and runs the config) and the SDK (whose commands read cluster.json to find the
 deployment, and whose `nexus up` builds the config) both need it, and the SDK never imports a
 role's module: it starts the supervisor as ``python -m actors.supervisor`` (`supervisor_command`).

@@ -12,7 +12,7 @@ serving a version, a trainer's ``load_weights``) checks the manifest against its
 the tenant's schema first: a head trained on another base's features would run without an
 error and serve garbage.
 
-Shared by the trainer (actors/slots.py), the inferencer (actors/serving.py), the master and the
+Shared by the trainer (actors/trainer/slots.py), the inferencer (actors/inferencer/serving.py), the master and the
 SDK (which name and read exports too): on the transport floor, below all of them.
 """
 

@@ -3,7 +3,7 @@
 Each is built only on the SDK's public primitives (`sdk.client.AsyncClient`: reserve,
 queue_put, mark_ready, job, wait_job, latest_weights, export_params, predict, tenant,
 rollout_begin / rollout_end, publish_event), the same way examples/custom_loop.py is. Env
-workers run them for submitted workloads (`start_workflow`, actors/env_worker.py), finding
+workers run them for submitted workloads (`start_workflow`, actors/env_worker/env_worker.py), finding
 them by kind in `protocol.recipes`, where importing this package registers sft, rl and eval
 (NEXUS_WORKFLOW_MODULES names the modules an env worker imports; this one by default). Each
 reads its recipe's typed config (`Workflow.config`: `WorkflowSpec.algo` validated once into

@@ -1,4 +1,4 @@
-"""The trainer's lease cohort (actors/train_loop.py, bounded by NEXUS_TRAINER_COHORT_WAIT_S,
+"""The trainer's lease cohort (actors/trainer/train_loop.py, bounded by NEXUS_TRAINER_COHORT_WAIT_S,
 COHORT_JOIN_WAIT_S in protocol/policy.py by default): jobs leased together in one lease reply share the group's first step, and
 so every step, even when one of them takes longer to prepare.
 

@@ -13,7 +13,7 @@ import asyncio
 
 import pytest
 
-from actors.trainer import FAULT_ENV, FAULT_POINTS
+from actors.trainer.trainer import FAULT_ENV, FAULT_POINTS
 from sdk.client import AsyncClient
 from tests.support.tq_helpers import Reference, micro_batch, tenant, tensors_equal
 

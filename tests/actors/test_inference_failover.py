@@ -364,7 +364,7 @@ def test_an_eval_workload_survives_an_inferencer_kill_and_restart(roles):
 
 
 def test_reply_cache_is_bounded_by_count_and_age():
-    from actors.reply_cache import ReplyCache
+    from actors.inferencer.reply_cache import ReplyCache
 
     cache = ReplyCache(max_entries=3, ttl_s=10.0)
     for i in range(5):

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from actors.inferencer import Inferencer, _Pending
+from actors.inferencer.batching import Pending
+from actors.inferencer.inferencer import Inferencer
 from models import BaseConfig, BaseModel, Observation, TenantSchema, TenantSlot
 from models.group import predict
 from protocol.messages import ErrorReply, PredictReply, PredictRequest
@@ -61,7 +62,7 @@ def test_group_path_matches_per_request_predict_and_isolates_bad_rows(device, fa
     reqs = [_request(n, schemas[n], seed=i) for i, n in enumerate(names)]
     reqs[3].images["agentview"] = reqs[3].images["agentview"][:8]
     reqs[6].state = reqs[6].state[:3]
-    group = [_Pending(req=r, msg=None, slot=slots[r.tenant], version=7, arrived=now) for r in reqs]
+    group = [Pending(req=r, msg=None, slot=slots[r.tenant], version=7, arrived=now) for r in reqs]
 
     results = Inferencer._run_group(_inferencer(base, fast), group, now)
 
@@ -90,8 +91,8 @@ def test_a_request_past_its_timeout_is_dropped_unworked():
     now = time.monotonic()
     late = _request("a", LIBERO_SCHEMA, 0)
     late.timeout_s = 0.5
-    group = [_Pending(req=late, msg=None, slot=slot, version=1, arrived=now - 1.0),
-             _Pending(req=_request("a", LIBERO_SCHEMA, 1), msg=None, slot=slot, version=1, arrived=now)]
+    group = [Pending(req=late, msg=None, slot=slot, version=1, arrived=now - 1.0),
+             Pending(req=_request("a", LIBERO_SCHEMA, 1), msg=None, slot=slot, version=1, arrived=now)]
     results = Inferencer._run_group(_inferencer(base), group, now)
     assert results[0] is None  # dropped: no reply is sent for it
     assert isinstance(results[1], PredictReply) and results[1].batch_size == 1

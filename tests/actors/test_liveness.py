@@ -325,7 +325,7 @@ def test_master_out_of_restarts_triggers_one_global_restart(nats_url, prefix, tm
     # at all (budget 0), so its first crash means "the master cannot come back".
     import io
 
-    from actors.supervisor import Supervisor
+    from actors.supervisor.supervisor import Supervisor
     from transport.cluster import SupervisorConfig
     from protocol.policy import RestartBudget
 

@@ -64,7 +64,7 @@ def new_slot():
 def test_slot_store_drops_only_idle_committed_slots(new_slot):
     """SlotStore.enforce_budget on real slots: a slot in use, pinned, or trained past its
     committed state stays; the oldest idle committed one goes, and is counted."""
-    from actors.slots import Resident, SlotStore
+    from actors.trainer.slots import Resident, SlotStore
     from protocol.subjects import Names
 
     busy = {"s-running"}
@@ -88,7 +88,7 @@ def test_slot_store_drops_only_idle_committed_slots(new_slot):
 def test_serving_heads_never_drop_a_held_head(new_slot):
     """ServingHeads under a budget of two heads: the oldest head no request holds goes; held
     heads stay even over the budget, and the first one released past it goes then."""
-    from actors.serving import ServingHeads, head_bytes
+    from actors.inferencer.serving import ServingHeads, head_bytes
     from protocol.subjects import Names
 
     slots = {name: new_slot(name, i)[1] for i, name in enumerate("abcde")}

@@ -15,7 +15,7 @@ import uuid
 
 import pytest
 
-from actors.series import OTHER_TENANT, SIGNALS, SeriesStore
+from actors.monitor.series import OTHER_TENANT, SIGNALS, SeriesStore
 from protocol import ops
 from protocol.errors import InvalidField
 from protocol.messages import MonitorSnapshot, SnapshotRequest

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from actors.inferencer import Inferencer, _Pending
+from actors.inferencer.batching import Pending
+from actors.inferencer.inferencer import Inferencer
 from models import BaseConfig, BaseModel, Observation, TenantSchema, TenantSlot
 from models.group import predict as predict_alone
 from protocol.messages import PredictReply
@@ -54,7 +55,7 @@ def test_group_path_gives_each_row_its_own_sample_flag():
     plan = [("g", False), ("a", True), ("g", True), ("g", False), ("g", True)]
     reqs = [_request(t, schemas[t], seed=0, sample=s) for t, s in plan]
     now = time.monotonic()
-    group = [_Pending(req=r, msg=None, slot=slots[r.tenant], version=1, arrived=now) for r in reqs]
+    group = [Pending(req=r, msg=None, slot=slots[r.tenant], version=1, arrived=now) for r in reqs]
     results = Inferencer._run_group(_inferencer(base), group, now)
     assert all(isinstance(r, PredictReply) and r.batch_size == 5 for r in results), results
     g = slots["g"]

@@ -1,4 +1,4 @@
-"""The scaler's policy on made-up signal histories (actors/scaler.py is pure: the clock is an
+"""The scaler's policy on made-up signal histories (actors/health/scaler.py is pure: the clock is an
 argument): each role's rule from several signals (env: holders per worker with waiting rollouts
 or slow steps; trainer: ready backlog on busy trainers; inferencer: queue wait or depth),
 priority weighting, hysteresis in value and time, cooldown, no flapping, bounds, no trainer
@@ -6,7 +6,7 @@ fewer while jobs queue; and its inputs (with their rates) read from real `Heartb
 
 from __future__ import annotations
 
-from actors.scaler import RateWindow, Scaler, pool_signals_from_beats, priority_weight, signals_from_beats
+from actors.health.scaler import RateWindow, Scaler, pool_signals_from_beats, priority_weight, signals_from_beats
 from protocol.messages import Heartbeat
 from protocol.policy import ScalerPolicy
 from protocol.scaling import parse_bounds

@@ -1,4 +1,4 @@
-"""The trainer's loop (actors/train_loop.py) sees its trainer only through `LoopHost`.
+"""The trainer's loop (actors/trainer/train_loop.py) sees its trainer only through `LoopHost`.
 
 In-process, no NATS: the protocol lists exactly what the loop touches, `Trainer` provides all
 of it, and a fake host of just those members runs a group of jobs to the end and drains.
@@ -16,8 +16,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from actors import train_loop
-from actors.train_loop import LoopHost, TrainLoop, Work
+from actors.trainer import train_loop
+from actors.trainer.train_loop import LoopHost, TrainLoop, Work
 from protocol.messages import JobRecord, QueuePutRequest
 
 
@@ -42,7 +42,7 @@ def test_the_protocol_lists_exactly_what_the_loop_uses():
 
 def test_the_trainer_is_a_loop_host(tmp_path):
     from actors.runtime import RoleConfig
-    from actors.trainer import Trainer, TrainerConfig
+    from actors.trainer.trainer import Trainer, TrainerConfig
 
     trainer = Trainer(RoleConfig(data_dir=tmp_path), TrainerConfig())
     for name in _members():

@@ -1,4 +1,4 @@
-"""The trainer over N ranks on real role processes (issue 31 item 1; actors/trainer_ranks.py).
+"""The trainer over N ranks on real role processes (issue 31 item 1; actors/trainer/ranks.py).
 
 (a) A trainer of 2 gloo ranks trains an SFT workload to the same weights as a trainer of one
 process on the same spec (within the data-parallel tolerance of tests/models/test_data_parallel.py),
@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from actors.trainer import EXIT_RANK_LOST
+from actors.trainer.trainer import EXIT_RANK_LOST
 from sdk.client import AsyncClient
 from tests.master.test_workloads import sft_spec
 
@@ -208,8 +208,8 @@ def test_a_slot_changed_in_place_between_steps_is_sent_again():
     import torch
     import torch.distributed as dist
 
-    from actors.trainer import item_to_batch
-    from actors.trainer_ranks import Entry, RankGroup, RankSpec
+    from actors.trainer.trainer import item_to_batch
+    from actors.trainer.ranks import Entry, RankGroup, RankSpec
     from models import BaseConfig, BaseModel, OptimConfig, TenantSchema, TenantSlot, train_step
     from models.testing import libero_schema
     from protocol.messages import TenantConfig

@@ -204,7 +204,7 @@ def test_tenant_delete_removes_all_of_its_state(roles):
             gone = await _finished(c, "a", 2)
             kept = await _finished(c, "a-b", 1)
             await _report(c, 1, [("a", gone[0], 4), ("a", "mylabel", 1), ("a-b", kept[0], 2)])
-            # What the workflows and the monitor write for a tenant (workflows/sft.py, actors/boards.py).
+            # What the workflows and the monitor write for a tenant (workflows/sft.py, actors/monitor/boards.py).
             for name in (f"a-{gone[0]}", f"a-b-{kept[0]}", "tenants/a", "tenants/a-b", "published/a"):
                 (data / "datasets" / name / "meta").mkdir(parents=True)
             for tenant in ("a", "a-b"):

@@ -5,7 +5,7 @@ eager steps' features, losses and parameters.
 
 Slow: compiling the two functions costs about a minute of CPU (inductor generates and builds C++);
 the steps after it take milliseconds. The trainer itself turns the fast engine on only on CUDA
-(actors/slots.py `fast_engine_applies`), so this checks the compile path, not the trainer's
+(actors/trainer/slots.py `fast_engine_applies`), so this checks the compile path, not the trainer's
 switch (tests/protocol/test_settings.py checks that the variable is parsed and read).
 
     OMP_NUM_THREADS=1 python -m pytest tests/models/test_model_compile.py -m slow -q

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from actors.run import load_role
-from actors.runtime import Role, RoleConfig, check_ops, declared_ops, op
+from actors.handlers import check_ops, declared_ops, op
+from actors.runtime import Role, RoleConfig
 from protocol import ops
 from protocol.messages import InfoRequest, JobRef, Ok
 from protocol.subjects import ROLES, Names

@@ -274,12 +274,12 @@ def test_every_group_belongs_to_a_reader():
 def test_roles_read_every_variable(tmp_path, monkeypatch):
     """Each role built from an environment holding every variable's sample: each value is where
     the role uses it (nothing here connects; setup() is not run)."""
-    from actors.env_worker import EnvWorker
-    from actors.health import HealthManager
-    from actors.inferencer import Inferencer
-    from actors.monitor import Monitor
+    from actors.env_worker.env_worker import EnvWorker
+    from actors.health.health import HealthManager
+    from actors.inferencer.inferencer import Inferencer
+    from actors.monitor.monitor import Monitor
     from actors.runtime import RoleConfig
-    from actors.trainer import Trainer
+    from actors.trainer.trainer import Trainer
     from envs.maniskill import ICD_FILE, vulkan_icd_candidates
     from master.service import Master
 
@@ -338,18 +338,18 @@ def test_roles_read_every_variable(tmp_path, monkeypatch):
             "NEXUS_INFER_WARMUP": (inf.warmup, False),
             "NEXUS_INFER_EULER": (inf.euler, "compile+tf32"),
             "NEXUS_BASE_IMAGE_SIZE (inferencer)": (inf.image_size, 192),
-            "NEXUS_INFER_MAX_BATCH_SIZE": (inf.batching.max_batch_size, 17),
-            "NEXUS_INFER_BATCH_WAIT_TIMEOUT_S": (inf.batching.batch_wait_timeout_s, 0.25),
+            "NEXUS_INFER_MAX_BATCH_SIZE": (inf.icfg.max_batch_size, 17),
+            "NEXUS_INFER_BATCH_WAIT_TIMEOUT_S": (inf.icfg.batch_wait_timeout_s, 0.25),
             "NEXUS_INFER_PIPELINE_DEPTH": (inf.pipeline_depth, 3),
             "NEXUS_INFER_HEAD_BUDGET_MB": (inf.head_budget_mb, 64.0),
-            "NEXUS_INFER_MAX_QUEUE_PER_KEY": (inf.admission.max_queue_per_key, 40),
-            "NEXUS_INFER_MAX_QUEUED": (inf.admission.max_queued, 400),
-            "NEXUS_INFER_BUSY_RETRY_AFTER_S": (inf.admission.busy_retry_after_s, 0.1),
-            "NEXUS_INFER_BUSY_MAX_RETRY_AFTER_S": (inf.admission.busy_max_retry_after_s, 3.0),
-            "NEXUS_INFER_REPLY_CACHE_SIZE": (inf.admission.reply_cache_size, 100),
-            "NEXUS_INFER_REPLY_CACHE_TTL_S": (inf.admission.reply_cache_ttl_s, 30.0),
-            "NEXUS_INFER_MAX_JOINED_PER_REQUEST": (inf.admission.max_joined_per_request, 2),
-            "NEXUS_INFER_MAX_QUEUED_PER_TENANT": (inf.admission.max_queued_per_tenant, 30),
+            "NEXUS_INFER_MAX_QUEUE_PER_KEY": (inf.icfg.max_queue_per_key, 40),
+            "NEXUS_INFER_MAX_QUEUED": (inf.icfg.max_queued, 400),
+            "NEXUS_INFER_BUSY_RETRY_AFTER_S": (inf.icfg.busy_retry_after_s, 0.1),
+            "NEXUS_INFER_BUSY_MAX_RETRY_AFTER_S": (inf.icfg.busy_max_retry_after_s, 3.0),
+            "NEXUS_INFER_REPLY_CACHE_SIZE": (inf.icfg.reply_cache_size, 100),
+            "NEXUS_INFER_REPLY_CACHE_TTL_S": (inf.icfg.reply_cache_ttl_s, 30.0),
+            "NEXUS_INFER_MAX_JOINED_PER_REQUEST": (inf.icfg.max_joined_per_request, 2),
+            "NEXUS_INFER_MAX_QUEUED_PER_TENANT": (inf.icfg.max_queued_per_tenant, 30),
         }
         for who, role in (("trainer", trainer), ("inferencer", inf)):
             reads[f"NEXUS_USAGE_FLUSH_EVERY_S ({who})"] = (role.usage_flush.every_s, 0.5)
@@ -394,7 +394,7 @@ def test_roles_read_every_variable(tmp_path, monkeypatch):
     from transport.datasets import data_roots
 
     reads["NEXUS_CREDS"] = (cfg.creds, Path("/tmp/x.creds"))
-    from actors.supervisor import role_user_name
+    from actors.supervisor.children import role_user_name
 
     reads["NEXUS_ROLE_USER"] = (role_user_name("trainer"), "nexus-trainer")
     from transport.cluster import scale_bounds

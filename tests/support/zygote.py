@@ -69,12 +69,12 @@ def _preload() -> None:
     import transformers  # noqa: F401
     from transformers.models.qwen3_vl import modeling_qwen3_vl  # noqa: F401
 
-    import actors.env_worker  # noqa: F401
-    import actors.health  # noqa: F401
-    import actors.inferencer  # noqa: F401
-    import actors.monitor  # noqa: F401
+    import actors.env_worker.env_worker  # noqa: F401
+    import actors.health.health  # noqa: F401
+    import actors.inferencer.inferencer  # noqa: F401
+    import actors.monitor.monitor  # noqa: F401
     import actors.run  # noqa: F401
-    import actors.trainer  # noqa: F401
+    import actors.trainer.trainer  # noqa: F401
     import master.service  # noqa: F401
     import models.group  # noqa: F401
     import models.heads  # noqa: F401

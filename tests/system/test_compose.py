@@ -377,7 +377,7 @@ async def _records(st: Stack, ids: list[str]) -> list:
 
 async def _audit(st: Stack, tenants: list[str]):
     """The chaos suite's job audit (bench/chaos_audit.py) over the deployment's records."""
-    from actors.slots import get_object
+    from actors.trainer.slots import get_object
     from bench.chaos_audit import audit_jobs
     from protocol.codec import unpackb
     from protocol.messages import CheckpointGetRequest, WeightsRef

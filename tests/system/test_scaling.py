@@ -20,7 +20,7 @@ import time
 
 import pytest
 
-from actors.supervisor import slot_key
+from actors.supervisor.children import slot_key
 from transport.cluster import ClusterState, SupervisorConfig
 from bench.chaos_audit import audit_jobs
 from protocol.errors import InvalidField, NexusError

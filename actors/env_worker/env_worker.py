@@ -31,6 +31,7 @@ import numpy as np
 
 from transport.bus import retry
 from transport.auth import PLATFORM_ACCOUNT
+from actors.env_worker.config import EnvWorkerConfig
 from actors.identity import current_caller, deny
 from actors.paths import caller_roots, confine
 from actors.runtime import Role, RoleConfig, op
@@ -52,7 +53,6 @@ from protocol.messages import (
     SampleRequest,
     WorkloadRef,
 )
-from protocol.settings import EnvWorkerSettings, WorkflowSettings
 from protocol.subjects import check_token
 
 SWEEP_EVERY_S = 1.0
@@ -76,11 +76,12 @@ class _Session:
 class EnvWorker(Role):
     name = "env"
 
-    def __init__(self, cfg: RoleConfig) -> None:
+    def __init__(self, cfg: RoleConfig, ecfg: EnvWorkerConfig | None = None) -> None:
         super().__init__(cfg)
         self.sessions: dict[str, _Session] = {}
-        self.env_settings = EnvWorkerSettings.from_env()
-        self.workflow_settings = WorkflowSettings.from_env()
+        config = ecfg or EnvWorkerConfig.from_env()
+        self.env_settings = config.env
+        self.workflow_settings = config.workflow
         self.max_sessions = self.env_settings.max_sessions
         self.max_sessions_per_tenant = self.env_settings.max_sessions_per_tenant
         self.expired = 0

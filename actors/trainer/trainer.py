@@ -1,6 +1,6 @@
 """Trainer (Training Model Service): resident base(s), many tenant slots, the training loop.
 
-The loop is continuous (iteration-level scheduling, `actors.train_loop`): a running group of at
+The loop is continuous (iteration-level scheduling, `actors.trainer.train_loop`): a running group of at
 most ``group_max`` jobs (one per tenant) takes one grouped step at a time, the next micro-batch
 of every job, canonicalised at that step; compatible tenants share one base forward
 (`models.train_step(grouped=True)`). A job whose last micro-batch is done leaves the group at
@@ -39,11 +39,11 @@ from transport.bus import js_retry, retry, retry_through_outage
 from actors.identity import require_tenant
 from actors.metering import Meter, final_flush, flush_loop
 from actors.runtime import Role, RoleConfig, device_memory_bytes, op
-from actors.slots import Resident, SlotStore
+from actors.trainer.slots import Resident, SlotStore
 from actors.tracing import JobSpans
 from actors.tq_read import read_job_items
-from actors.train_loop import TrainLoop, Work
-from actors.trainer_ranks import Entry, RankLost
+from actors.trainer.train_loop import TrainLoop, Work
+from actors.trainer.ranks import Entry, RankLost
 from protocol import ops
 from protocol.errors import Busy, Conflict, FailedPrecondition, NexusError, NotFound
 from protocol.messages import (
@@ -75,7 +75,7 @@ FAULT_ENV = TrainerSettings.model_fields["fault"].alias
 _ENV_DEFAULTS = TrainerSettings()
 # export_params / load_weights wait this long for the tenant's job on this trainer to clear.
 QUIET_WAIT_S = 60.0
-# Exit status after a lost data-parallel rank (actors/trainer_ranks.py): restarted like a crash.
+# Exit status after a lost data-parallel rank (actors/trainer/ranks.py): restarted like a crash.
 EXIT_RANK_LOST = 75  # EX_TEMPFAIL
 
 
@@ -93,7 +93,7 @@ class TrainerConfig:
     image_size: int | None = None  # the base's canonical resolution (NEXUS_BASE_IMAGE_SIZE); None: its own
     # MiB of tenant slots in memory (0: no budget); past it idle slots go back to their checkpoint.
     slot_budget_mb: float = _ENV_DEFAULTS.slot_budget_mb
-    ranks: int = _ENV_DEFAULTS.ranks  # data-parallel ranks (actors/trainer_ranks.py); 1: one process
+    ranks: int = _ENV_DEFAULTS.ranks  # data-parallel ranks (actors/trainer/ranks.py); 1: one process
     rank_timeout_s: float = _ENV_DEFAULTS.rank_timeout_s
 
     @classmethod
@@ -136,7 +136,7 @@ class Trainer(Role):
         self.meter = Meter({"train": self.usage_flush.train_overhead_rows,
                             "infer": self.usage_flush.infer_overhead_rows})
         self.job_spans = JobSpans(self.tracer, self.names)  # a trace per job (actors/tracing.py)
-        self.ranks: Any = None  # actors.trainer_ranks.RankGroup when tcfg.ranks > 1
+        self.ranks: Any = None  # actors.trainer.ranks.RankGroup when tcfg.ranks > 1
 
     async def setup(self) -> None:
         assert self.bus is not None
@@ -156,11 +156,11 @@ class Trainer(Role):
         self.spawn(lambda: flush_loop(self, self.meter, self.usage_flush), "usage-flush", critical=True)
 
     async def _start_ranks(self) -> None:
-        """This process becomes rank 0 of ``tcfg.ranks`` (actors/trainer_ranks.py): the workers
+        """This process becomes rank 0 of ``tcfg.ranks`` (actors/trainer/ranks.py): the workers
         start now and the group forms before the role says ready."""
         import torch
 
-        from actors.trainer_ranks import RankGroup, RankSpec
+        from actors.trainer.ranks import RankGroup, RankSpec
 
         device = self.tcfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
         if device.startswith("cuda"):
@@ -237,7 +237,7 @@ class Trainer(Role):
             self.log.warning("fault injection: SIGKILL", point=point)
             os.kill(os.getpid(), signal.SIGKILL)
 
-    # -- the loop (actors.train_loop) and what it calls: its `LoopHost` ----------------------
+    # -- the loop (actors.trainer.train_loop) and what it calls: its `LoopHost` ----------------------
     def _new_loop(self) -> TrainLoop:
         return TrainLoop(self, group_max=self.tcfg.group_max, idle_poll_s=self.tcfg.idle_poll_s,
                          cohort_wait_s=self.tcfg.cohort_wait_s)
@@ -448,7 +448,7 @@ class Trainer(Role):
 
     def _base_cfg(self, source: str) -> dict[str, Any]:
         """How the other ranks load ``source``: as this rank's store did."""
-        from actors.slots import fast_engine_applies
+        from actors.trainer.slots import fast_engine_applies
 
         fast = self.tcfg.fast and fast_engine_applies(source, self.tcfg.device)
         return {"fast": fast, "compile": fast and self.tcfg.compile, "image_size": self.tcfg.image_size}

@@ -21,46 +21,42 @@ the supervisor restarts every role once (`GLOBAL_RESTART`); tenants resume from 
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import ctypes
 import os
-import pwd
 import signal
 import subprocess
 import sys
 import time
 import uuid
 from collections import OrderedDict, deque
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from transport.bus import Bus
 from transport.auth import AuthStore
 from protocol import ops
-from protocol.base_names import REGISTERED_BASE_PREFIX, known_presets
 from transport.creds import ENV_CREDS, creds_from_env
 from transport.permissions import SUPERVISOR
 from transport.broker import EmbeddedBroker, EmbeddedCluster
 from transport.layout import ensure_layout, read_deployment_settings
-from protocol.errors import Draining, FailedPrecondition, InternalError, InvalidField, NexusError, NotFound, Unavailable
+from protocol.errors import Draining, FailedPrecondition, InternalError, NexusError, NotFound, Unavailable
 from protocol.messages import (
-    DEFAULT_TQ_MAX_BYTES,
     DeploymentSettings,
     ErrorReply,
     Ok,
-    JobsRequest,
     RestartRequest,
     ScaleRequest,
     ServiceRecord,
     StatusRequest,
 )
-from protocol.policy import RestartBudget
-from protocol.placement import Placement
-from protocol.scaling import MAX_INSTANCES, check_count
-from protocol.subjects import DEFAULT_PREFIX, ROLES, Names, pool_name
+from protocol.scaling import MAX_INSTANCES
+from protocol.subjects import Names, pool_name
 from protocol.wire import decode, encode
-from transport.cluster import STATE_FILE, ChildRecord, ClusterState, SupervisorConfig, scale_bounds
+from transport.cluster import STATE_FILE, ChildRecord, ClusterState, SupervisorConfig
+from actors.supervisor.children import (
+    POOLED, ROLE_WRITES, Child, chown_tree, die_with_parent, resolve_role_users, slot_key, slot_of,
+)
+from actors.supervisor.scaling import Scaling
+
 
 # `nexus down` drains the roles in these stages (any role not named goes in the last one).
 STOP_STAGES: tuple[tuple[str, ...], ...] = (("env", "inferencer", "trainer"), ("master",), ("monitor", "health"))
@@ -70,108 +66,9 @@ COORDINATORS: tuple[str, ...] = ("master",)
 KILL_WAIT_S = 10.0
 # Old instance ids remembered as "already replaced" (a late restart request for one is Ok).
 REPLACED_KEPT = 256
-# Job states that still need a trainer: scaling trainers to zero while one exists is refused.
-JOBS_WAITING = ["reserved", "filling", "ready", "leased"]
-# The master's answer to "do jobs wait?" before trainers go to zero.
-JOBS_CHECK_TIMEOUT_S = 5.0
-# Reading the registered bases (the bases KV bucket) to resolve a scale request's pool.
-BASES_READ_TIMEOUT_S = 5.0
-# The role whose instances serve a pool each (`ScaleRequest.pool`).
-POOLED = "inferencer"
 
 
-def slot_key(role: str, slot: int) -> str:
-    """A child's key in `Supervisor.children`: the role itself for its first instance (so
-    one-instance deployments read as before), ``role.N`` for the others."""
-    return role if slot == 0 else f"{role}.{slot}"
-
-
-def slot_of(key: str) -> int:
-    return int(key.rpartition(".")[2]) if "." in key else 0
-
-# When a role process dies unexpectedly (non-zero exit or a signal), or a restart is asked for.
-RestartPolicy = RestartBudget
-
-
-# Directories under the data dir a role process writes, and which roles write them (made
-# theirs when roles run as their own user). Logs are opened by the supervisor.
-ROLE_WRITES: dict[str, tuple[str, ...]] = {
-    "traces": ROLES,            # span files, one per instance (actors/tracing.py)
-    "reports": ("master",),     # workload reports (master/workloads.py)
-    "datasets": ("env",),       # recorded demonstrations (workflows/sft.py)
-    "tensorboard": ("monitor",),  # per-tenant event files (actors/boards.py)
-}
-# The role user `nexus up` uses, when it runs as root and NEXUS_ROLE_USER is unset, if it exists.
-DEFAULT_ROLE_USER = "nexus"
-
-
-def resolve_role_users(roles: tuple[str, ...]) -> dict[str, tuple[int, int]]:
-    """role -> (uid, gid) to start it as, from NEXUS_ROLE_USER (`{role}`: a user per role);
-    empty when this process is not root (it cannot switch users: roles then share its uid),
-    when the setting is ``-``, or when it is unset and no ``nexus`` user exists."""
-    from protocol.settings import AuthSettings
-
-    setting = AuthSettings.from_env().role_user
-    if setting == "-" or os.geteuid() != 0:
-        return {}
-    out = {}
-    for role in roles:
-        name = role_user_name(role, setting)
-        try:
-            entry = pwd.getpwnam(name)
-        except KeyError:
-            if setting is None:
-                return {}  # no dedicated user: roles run as root, as before (docs/security.md)
-            raise FailedPrecondition(f"NEXUS_ROLE_USER={setting!r}: no user {name!r} on this machine "
-                                     f"(for role {role}); create it, or set NEXUS_ROLE_USER=-",
-                                     details={"user": name, "role": role}) from None
-        if entry.pw_uid == 0:
-            raise FailedPrecondition(f"NEXUS_ROLE_USER={setting!r}: {name!r} is root; pick an unprivileged user")
-        out[role] = (entry.pw_uid, entry.pw_gid)
-    return out
-
-
-def role_user_name(role: str, setting: str | None = None) -> str:
-    """The user name ``role`` runs as under NEXUS_ROLE_USER ``setting`` (default: read it)."""
-    if setting is None:
-        from protocol.settings import AuthSettings
-
-        setting = AuthSettings.from_env().role_user
-    return (setting or DEFAULT_ROLE_USER).replace("{role}", role)
-
-
-def _chown_tree(path: Path, uid: int, gid: int) -> None:
-    os.chown(path, uid, gid)
-    for root, dirs, files in os.walk(path):
-        for name in (*dirs, *files):
-            os.chown(os.path.join(root, name), uid, gid, follow_symlinks=False)
-
-
-def _die_with_parent() -> None:
-    # Linux: the child gets SIGTERM (and so drains) if the supervisor itself dies.
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass  # not Linux: orphans are cleaned up by `nexus down` from cluster.json
-
-
-@dataclass
-class _Child:
-    role: str
-    instance: str
-    proc: subprocess.Popen
-    log_path: Path
-    restarts: deque = field(default_factory=deque)
-    key: str = ""  # its place in Supervisor.children (`slot_key`): the role, or role.N
-    base: str = ""  # an inferencer's NEXUS_INFER_BASE when not the deployment's default
-    pool: str = ""  # an inferencer's pool (`pool_name` of its base)
-
-    def __post_init__(self) -> None:
-        self.key = self.key or self.role
-
-
-class Supervisor:
+class Supervisor(Scaling):
     def __init__(self, cfg: SupervisorConfig, out=sys.stdout) -> None:
         self.cfg = cfg
         self.names = Names(cfg.prefix)
@@ -183,7 +80,7 @@ class Supervisor:
         self.auth: AuthStore | None = None
         self.creds: Path | None = creds_from_env()
         # slot key (`slot_key`: "env", "env.1", ...) -> the live instance in that slot
-        self.children: dict[str, _Child] = {}
+        self.children: dict[str, Child] = {}
         self.counts: dict[str, int] = dict(cfg.counts)  # instances wanted per role
         # slot key -> the base an inferencer in it serves ("": the default), kept across restarts.
         self._bases: dict[str, str] = {}
@@ -319,14 +216,14 @@ class Supervisor:
             owners = {self.role_users[r] for r in writers if r in self.role_users}
             if len(owners) == 1:
                 uid, gid = owners.pop()
-                _chown_tree(path, uid, gid)
+                chown_tree(path, uid, gid)
                 os.chmod(path, 0o755)
             elif owners:  # several role users write here: each its own files (sticky)
                 os.chmod(path, 0o1777)
         for uid, gid in uids:
             home = data / "home" / str(uid)
             home.mkdir(parents=True, exist_ok=True)
-            _chown_tree(home, uid, gid)
+            chown_tree(home, uid, gid)
 
     @staticmethod
     def default_base() -> str:
@@ -335,7 +232,7 @@ class Supervisor:
 
         return InferencerSettings.from_env().base
 
-    def _spawn(self, role: str, key: str | None = None, base: str | None = None) -> _Child:
+    def _spawn(self, role: str, key: str | None = None, base: str | None = None) -> Child:
         """Start ``role`` in slot ``key``; an inferencer serves ``base`` ("" the default; None:
         the one its slot served, so a restart keeps the pool)."""
         key = key or role
@@ -373,7 +270,7 @@ class Supervisor:
                     f"to read and run {sys.executable} and the code (or set NEXUS_ROLE_USER=-)",
                     details={"role": role}) from None
         old = self.children.get(key)
-        child = _Child(role, instance, proc, log_path, old.restarts if old else deque(), key=key, base=base,
+        child = Child(role, instance, proc, log_path, old.restarts if old else deque(), key=key, base=base,
                        pool=pool_name(base or self.default_base()) if role == POOLED else "")
         self.children[key] = child
         return child
@@ -389,7 +286,7 @@ class Supervisor:
             # Own process group: a Ctrl-C reaches the supervisor only, which then stops
             # the roles in order.
             start_new_session=True,
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,
             # As root with a role user: the role runs as it (no supplementary groups).
             **({"user": ids[0], "group": ids[1], "extra_groups": []} if ids is not None else {}),
         )
@@ -492,7 +389,7 @@ class Supervisor:
                 if self.children.get(key) is child:
                     await self._after_exit(child)
 
-    async def _after_exit(self, child: _Child) -> None:
+    async def _after_exit(self, child: Child) -> None:
         role, code = child.role, child.proc.returncode
         if code == 0:
             # A clean exit means someone drained it on purpose (elastic scale-in, `nexus down`).
@@ -520,12 +417,12 @@ class Supervisor:
         """One lock per slot key (and ``scale:<role>`` per role's scale requests)."""
         return self._locks.setdefault(key, asyncio.Lock())
 
-    def _slots(self, role: str) -> list[_Child]:
+    def _slots(self, role: str) -> list[Child]:
         """``role``'s live children, first slot first."""
         kids = [c for c in self.children.values() if c.role == role]
         return sorted(kids, key=lambda c: slot_of(c.key))
 
-    def _replace(self, old: _Child, why: str) -> _Child:
+    def _replace(self, old: Child, why: str) -> Child:
         new = self._spawn(old.role, old.key)  # keeps old.restarts: the budget spans instances
         self._replaced[old.instance] = new.instance
         while len(self._replaced) > REPLACED_KEPT:
@@ -534,7 +431,7 @@ class Supervisor:
         self._write_state()
         return new
 
-    async def _stop_child(self, child: _Child, mode: str, *, signalled: bool = False) -> int:
+    async def _stop_child(self, child: Child, mode: str, *, signalled: bool = False) -> int:
         """SIGKILL (``kill``) or SIGTERM and wait for the drain (``drain``); return the exit status.
 
         ``signalled``: the SIGTERM went out already (a second one would skip the drain).
@@ -629,156 +526,6 @@ class Supervisor:
             return Ok(detail=f"{req.role} {child.instance} stopped by {req.mode} (exit {code}); "
                              f"new instance {new.instance} (pid {new.proc.pid})")
 
-    # -- scale requests ------------------------------------------------------------------
-    async def scale(self, req: ScaleRequest) -> Ok:
-        """Run ``req.count`` instances of ``req.role``: start the missing ones (answered once
-        they registered ready) or drain the surplus, highest slot first (answered once they
-        exited). With ``req.pool`` (inferencers) the started ones serve that pool's base and the
-        surplus drains from that pool. Refused past the role's bounds (the total), for a pool
-        that is neither registered nor served, and for zero trainers while jobs wait."""
-        if self._stopping.is_set():
-            raise Draining("the supervisor is stopping; no scaling now")
-        if self._global is not None and not self._global.done():
-            raise Unavailable("a global restart is in progress; scale again once it is done")
-        check_count(req.role, req.count, self.cfg.bounds)
-        if req.role not in self.cfg.roles:
-            raise NotFound(f"role {req.role!r} is not supervised here; roles: {list(self.cfg.roles)}",
-                           details={"role": req.role})
-        if req.pool and req.role != POOLED:
-            raise InvalidField("pool", f"role {req.role} has no pools: only inferencers serve one (a base each)",
-                               details={"role": req.role, "pool": req.pool})
-        why = f" ({req.reason})" if req.reason else ""
-        async with self._lock(f"scale:{req.role}"):
-            base, pool = await self._resolve_pool(req.pool) if req.pool else ("", "")
-            of = f" of pool {pool}" if pool else ""
-            live = self._slots(req.role)
-            have = len(live)
-            # The instances the surplus drains from: the named pool's, or any.
-            mine = [c for c in live if not pool or c.pool == pool]
-            if req.count == 0 and req.role == "trainer":
-                await self._refuse_if_jobs_wait()
-            # Every check before anything changes: a refused request leaves the deployment as it was.
-            if len(set(req.drain)) > max(have - req.count, 0):
-                raise InvalidField("drain", f"names {len(set(req.drain))} instances but {req.role} {have} -> "
-                                            f"{req.count} drains {max(have - req.count, 0)}")
-            unknown = [i for i in req.drain if i not in {c.instance for c in mine}]
-            if unknown:
-                raise NotFound(f"drain: {unknown} are not live instances of {req.role}{of}; live: "
-                               f"{', '.join(c.instance for c in mine) or 'none'}", details={"drain": unknown})
-            if have - req.count > len(mine):
-                raise InvalidField("count", f"{req.role} {have} -> {req.count} drains {have - req.count}{of}, which "
-                                            f"has {len(mine)}; pools: {self._pools_text()}",
-                                   details={"role": req.role, "pool": pool})
-            self.counts[req.role] = req.count
-            if req.count == have:
-                self._write_state()
-                return Ok(detail=f"{req.role}: {have} already; nothing to do")
-            if req.count > have:
-                free = [slot_key(req.role, i) for i in range(MAX_INSTANCES) if slot_key(req.role, i) not in self.children]
-                new = [self._spawn(req.role, key, base) for key in free[:req.count - have]]
-                self.say(f"scale {req.role} {have} -> {req.count}{of}{why}: started "
-                         f"{', '.join(f'{c.instance} (pid {c.proc.pid})' for c in new)}")
-                self._write_state()
-                await self._wait_ready([c.key for c in new])
-                return Ok(detail=f"{req.role}: {have} -> {req.count}{of}; ready: {', '.join(c.instance for c in new)}")
-            first = [c for c in mine if c.instance in req.drain]
-            surplus = (first + [c for c in reversed(mine) if c not in first])[:have - req.count]
-            self.say(f"scale {req.role} {have} -> {req.count}{of}{why}: draining "
-                     f"{', '.join(c.instance for c in surplus)}")
-            codes = await asyncio.gather(*(self._retire(c.key) for c in surplus))
-            self._write_state()
-            done = ", ".join(f"{c.instance} (exit {code})" for c, code in zip(surplus, codes))
-            return Ok(detail=f"{req.role}: {have} -> {req.count}{of}; drained: {done}")
-
-    def _pools_text(self) -> str:
-        pools: dict[str, int] = {}
-        for c in self._slots(POOLED):
-            pools[c.pool] = pools.get(c.pool, 0) + 1
-        return ", ".join(f"{p} {n}" for p, n in sorted(pools.items())) or "none"
-
-    async def _resolve_pool(self, name: str) -> tuple[str, str]:
-        """A scale request's ``pool`` -> (the base an instance of it is started with, "" for
-        the default; its pool name): a registered base (``NAME`` or ``registered:NAME``), a
-        preset, or a pool a live inferencer (or the default base) serves. InvalidField naming
-        the registered bases otherwise."""
-        registered = await self._registered_bases()
-        default = self.default_base()
-        if name.removeprefix(REGISTERED_BASE_PREFIX) in registered:
-            base = registered[name.removeprefix(REGISTERED_BASE_PREFIX)]
-        elif name in known_presets():
-            base = name
-        else:
-            served = {pool_name(default): "", **{pool_name(p): p for p in registered.values()},
-                      **{c.pool: c.base for c in self._slots(POOLED)}}
-            if name not in served:
-                names = ", ".join(f"{REGISTERED_BASE_PREFIX}{n}" for n in sorted(registered)) or "none registered"
-                raise InvalidField("pool", f"{name!r} is no registered base, preset or served pool; allowed: a "
-                                           f"registered base ({names}; `nexus base add NAME PATH`), a preset "
-                                           f"({', '.join(known_presets())}) or a pool served now "
-                                           f"({', '.join(sorted(served))})",
-                                   details={"pool": name, "registered": sorted(registered)})
-            base = served[name]
-        pool = pool_name(base or default)
-        return ("" if pool == pool_name(default) else base), pool
-
-    async def _registered_bases(self) -> dict[str, str]:
-        """name -> directory of each base the operator registered (`nexus base add`)."""
-        from nats.js.errors import NoKeysError
-
-        from protocol.messages import RegisteredBase
-        from protocol.policy import MAX_REGISTERED_BASES
-
-        assert self._control is not None
-
-        async def read() -> dict[str, str]:
-            kv = await self._control.js.key_value(self.names.kv_bases)
-            try:
-                keys = await kv.keys()
-            except NoKeysError:
-                return {}
-            out = {}
-            for key in sorted(keys)[:MAX_REGISTERED_BASES]:
-                try:
-                    out[key] = decode((await kv.get(key)).value, RegisteredBase).path
-                except Exception:  # deleted meanwhile, or a record of another version: not a pool
-                    continue
-            return out
-
-        try:
-            return await asyncio.wait_for(read(), BASES_READ_TIMEOUT_S)
-        except Exception as exc:
-            raise Unavailable(f"pool: the registered bases could not be read: {type(exc).__name__}: {exc}",
-                              details={"bucket": self.names.kv_bases}) from None
-
-    async def _retire(self, key: str) -> int | None:
-        """Drain the child in slot ``key`` (SIGTERM, its drain, bounded by drain_timeout_s)
-        and leave the slot empty. None: the slot was empty already."""
-        async with self._lock(key):
-            child = self.children.get(key)
-            if child is None:
-                return None
-            code = await self._stop_child(child, "drain")
-            self.children.pop(key, None)
-            self._bases.pop(key, None)  # the slot's next instance serves what it is started for
-            self.say(f"role {child.role} ({child.instance}) scaled in: drained, exit {code}")
-            return code
-
-    async def _refuse_if_jobs_wait(self) -> None:
-        """Zero trainers while the master holds a job that still needs one would strand it."""
-        assert self._control is not None
-        try:
-            reply = await self._control.call(ops.MASTER_JOBS, JobsRequest(states=JOBS_WAITING, limit=1),
-                                             timeout_s=JOBS_CHECK_TIMEOUT_S)
-        except NexusError as exc:
-            raise Unavailable(f"trainer=0 needs the master to say no job waits, and it did not answer: {exc.message}",
-                              details={"role": "trainer"}) from None
-        if reply.jobs:
-            j = reply.jobs[0]
-            raise FailedPrecondition(
-                f"trainer=0 refused: jobs wait for a trainer (e.g. {j.tenant}/{j.job}, {j.state}); "
-                f"keep at least 1 until the queue is empty",
-                details={"role": "trainer", "count": 0, "job": f"{j.tenant}/{j.job}"})
-
     def _global_spent(self) -> str:
         b = self.cfg.global_restart
         return f"global restart budget spent: {b.max_restarts} in {b.window_s:g} s"
@@ -861,30 +608,3 @@ class Supervisor:
         if self.state is not None and state_path.exists():
             state_path.unlink()
         self.say("stopped")
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m actors.supervisor")
-    p.add_argument("--data-dir", type=Path, default=Path(".nexus"))
-    p.add_argument("--nats-port", type=int, default=4222)
-    p.add_argument("--nats-url")
-    p.add_argument("--nats-cluster", type=int, default=1, choices=(1, 3, 5))
-    p.add_argument("--tq-max-bytes", type=int, default=DEFAULT_TQ_MAX_BYTES)
-    p.add_argument("--prefix", default=DEFAULT_PREFIX)
-    p.add_argument("--roles", default="", help="instances per role, e.g. env=4,inferencer=2,trainer=1")
-    p.add_argument("--devices", default="", help="CUDA ids per worker role, as `nexus up --devices` resolved them "
-                   "(e.g. 'trainer=0,1 env=2')")
-    p.add_argument("--ready-timeout-s", type=float, default=SupervisorConfig.ready_timeout_s)
-    args = p.parse_args(argv)
-    from protocol.scaling import parse_counts
-
-    cfg = SupervisorConfig(data_dir=args.data_dir, nats_port=args.nats_port,
-                           nats_url=args.nats_url, prefix=args.prefix,
-                           nats_cluster=args.nats_cluster, tq_max_bytes=args.tq_max_bytes,
-                           counts=parse_counts(args.roles), bounds=scale_bounds(),
-                           placement=Placement.from_text(args.devices), ready_timeout_s=args.ready_timeout_s)
-    return asyncio.run(Supervisor(cfg).run())
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -35,27 +35,19 @@ batching, queue and reply-cache bounds; see the README's table).
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import dataclasses
-import functools
-import json
 import time
 from concurrent.futures import ThreadPoolExecutor
-from collections import Counter, deque
-from dataclasses import dataclass, field, fields
-from pathlib import Path
+from collections import Counter
 from typing import Any
 
-import numpy as np
 
 from actors.metering import Meter, final_flush, flush_loop
-from actors.ratelimit import TenantBuckets
-from actors.reply_cache import ReplyCache
+from actors.inferencer.ratelimit import TenantBuckets
+from actors.inferencer.reply_cache import ReplyCache
 from actors.identity import caller_from_headers, require_tenant
 from actors.runtime import Role, RoleConfig, device_memory_bytes
 from actors.budget import budget_bytes
-from transport.bus import js_retry
-from actors.serving import ServingHeads
+from actors.inferencer.serving import ServingHeads
 from actors.tracing import (
     carrier_of,
     consumer_span,
@@ -72,117 +64,20 @@ from protocol.settings import BaseImageSettings, InferencerSettings, default_quo
 from protocol.subjects import check_token, pool_name
 from protocol.wire import decode, encode
 
-from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 
-# Every default below comes from the variables' settings (with its reason there).
-_ENV_DEFAULTS = InferencerSettings()
+from actors.inferencer.batching import KeyQueue, Pending, fast_engine_for
+from actors.inferencer.config import InferencerConfig
+from actors.inferencer.forward import Forwarding
 
 
-@dataclass
-class BatchingConfig:
-    max_batch_size: int = _ENV_DEFAULTS.max_batch_size
-    batch_wait_timeout_s: float = _ENV_DEFAULTS.batch_wait_timeout_s
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.max_batch_size <= 1024:
-            raise ValueError(f"max_batch_size={self.max_batch_size}: must be in 1..1024")
-        if not 0 <= self.batch_wait_timeout_s <= 10:
-            raise ValueError(f"batch_wait_timeout_s={self.batch_wait_timeout_s}: must be in [0, 10]")
-
-    @classmethod
-    def from_env(cls) -> BatchingConfig:
-        env = InferencerSettings.from_env()
-        return cls(max_batch_size=env.max_batch_size, batch_wait_timeout_s=env.batch_wait_timeout_s)
-
-
-@dataclass
-class AdmissionConfig:
-    """What one inferencer holds at once, and how long it remembers replies.
-
-    Past either queue bound a request is answered `Busy` at once with a retry hint: a caller
-    retrying elsewhere (or a moment later) is served sooner than one waiting behind a queue
-    that cannot drain before its timeout, and the process never holds unbounded memory."""
-
-    # Per key and in all (being admitted + queued, all keys).
-    max_queue_per_key: int = _ENV_DEFAULTS.max_queue_per_key
-    max_queued: int = _ENV_DEFAULTS.max_queued
-    # The smallest Busy hint grows with the groups queued ahead of the caller, up to the largest.
-    busy_retry_after_s: float = _ENV_DEFAULTS.busy_retry_after_s
-    busy_max_retry_after_s: float = _ENV_DEFAULTS.busy_max_retry_after_s
-    # Replies kept for replay: ~4096 x a few KB.
-    reply_cache_size: int = _ENV_DEFAULTS.reply_cache_size
-    reply_cache_ttl_s: float = _ENV_DEFAULTS.reply_cache_ttl_s
-    # Copies of one request held at once; more is a flood, answered Busy.
-    max_joined_per_request: int = _ENV_DEFAULTS.max_joined_per_request
-    # One tenant's requests held at once (queued + in a forward): its flood leaves room for
-    # the others' (the predict rate quota bounds how fast it sends, this how much it holds).
-    max_queued_per_tenant: int = _ENV_DEFAULTS.max_queued_per_tenant
-
-    def __post_init__(self) -> None:
-        if self.max_queue_per_key < 1:
-            raise ValueError(f"max_queue_per_key={self.max_queue_per_key}: must be >= 1")
-        if self.max_queued < self.max_queue_per_key:
-            raise ValueError(f"max_queued={self.max_queued}: must be >= max_queue_per_key ({self.max_queue_per_key})")
-        if not 0 < self.busy_retry_after_s <= self.busy_max_retry_after_s <= 60:
-            raise ValueError(f"busy_retry_after_s={self.busy_retry_after_s}, busy_max_retry_after_s="
-                             f"{self.busy_max_retry_after_s}: need 0 < busy_retry_after_s <= busy_max_retry_after_s <= 60")
-        if self.reply_cache_size < 1:
-            raise ValueError(f"reply_cache_size={self.reply_cache_size}: must be >= 1")
-        if self.reply_cache_ttl_s <= 0:
-            raise ValueError(f"reply_cache_ttl_s={self.reply_cache_ttl_s}: must be > 0")
-        if self.max_joined_per_request < 1:
-            raise ValueError(f"max_joined_per_request={self.max_joined_per_request}: must be >= 1")
-        if self.max_queued_per_tenant < 1:
-            raise ValueError(f"max_queued_per_tenant={self.max_queued_per_tenant}: must be >= 1")
-
-    @classmethod
-    def from_env(cls) -> AdmissionConfig:
-        env = InferencerSettings.from_env()
-        return cls(**{f.name: getattr(env, f.name) for f in fields(cls)})
-
-
-@dataclass
-class _Pending:
-    """One logical request: the first message and any retries of it (same request id) that
-    arrived while it was held. One forward, one reply, sent to all of them."""
-
-    req: PredictRequest
-    msg: Any
-    slot: Any = None
-    version: int = 0
-    arrived: float = 0.0  # monotonic
-    # Monotonic: past it no caller waits any more (a retry that joins extends it).
-    expires: float | None = None
-    key: tuple[str, str] | None = None  # (tenant, request_id); None: no dedup
-    reply: Any = None
-    joined: list[Any] = field(default_factory=list)  # retries' messages
-    # Tracing: the request's `inferencer.predict` span, wall-clock stamps of its own stages
-    # and the stamps its group shares (`_stage_spans` turns them into the stage spans).
-    span: Any = None
-    arrived_ns: int = 0
-    enqueued_ns: int = 0
-    stamps: dict[str, int] | None = None
-
-    def __post_init__(self) -> None:
-        if self.expires is None:
-            self.expires = self.arrived + self.req.timeout_s
-
-
-@dataclass
-class _Queue:
-    items: deque = field(default_factory=deque)
-
-
-class Inferencer(Role):
+class Inferencer(Forwarding, Role):
     name = "inferencer"
 
-    def __init__(self, cfg: RoleConfig, batching: BatchingConfig | None = None, base_source: str | None = None,
-                 admission: AdmissionConfig | None = None) -> None:
+    def __init__(self, cfg: RoleConfig, icfg: InferencerConfig | None = None, base_source: str | None = None) -> None:
         super().__init__(cfg)
-        self.batching = batching or BatchingConfig.from_env()
-        self.admission = admission or AdmissionConfig.from_env()
+        self.icfg = icfg or InferencerConfig.from_env()
         # The embedded default serves the built-in task's base; one inferencer serves one pool.
         env = InferencerSettings.from_env()
         self.base_source = base_source or env.base
@@ -203,11 +98,11 @@ class Inferencer(Role):
         self._warmed: set[tuple[Any, int | None, bool, int | None]] = set()
         self.warmup_s = 0.0  # seconds spent warming (not charged to any tenant)
         self.pipeline_depth = env.pipeline_depth
-        self.head_budget_mb = env.head_budget_mb  # 0: no budget (actors/serving.py)
+        self.head_budget_mb = env.head_budget_mb  # 0: no budget (actors/inferencer/serving.py)
         self.heads: ServingHeads | None = None
         # One thread owns the device: forwards run in order, never two at once.
         self._forward_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forward")
-        self.queues: dict[Any, _Queue] = {}
+        self.queues: dict[Any, KeyQueue] = {}
         self._arrival = asyncio.Event()
         self.served = 0
         self.busy_s = 0.0  # seconds in forwards (the device's busy time)
@@ -223,8 +118,8 @@ class Inferencer(Role):
         self.replayed = 0  # retries answered from the reply cache
         self.joined = 0  # retries that joined their request in flight
         self.draining_refused = 0
-        self.replies = ReplyCache(self.admission.reply_cache_size, self.admission.reply_cache_ttl_s)
-        self._by_id: dict[tuple[str, str], _Pending] = {}
+        self.replies = ReplyCache(self.icfg.reply_cache_size, self.icfg.reply_cache_ttl_s)
+        self._by_id: dict[tuple[str, str], Pending] = {}
         self._forward_ewma_s = 0.0  # recent group forward time: the Busy hint's unit
         self._predict_sub: Any = None
         # Weight announcements: the newest waiting per tenant, and its loading task (`_on_weights`).
@@ -285,131 +180,8 @@ class Inferencer(Role):
         self.log.info("serving", pool=self.pool, base=self.base_source, tenants_synced=synced, fast=self.fast,
                       compile=bool(self.fast and self.compile), warmup=self.warmup,
                       warmed_layouts=self.warmed_layouts(), warmup_s=round(self.warmup_s, 2),
-                      max_batch_size=self.batching.max_batch_size,
-                      batch_wait_timeout_s=self.batching.batch_wait_timeout_s)
-
-    async def _warm_known(self) -> None:
-        """Before ready: every graph variant the tenants of this pool (registered, trained or not)
-        will use, through every capture size (`_warm`): per layout the frozen forward, the
-        adapted one where a tenant has a LoRA adapter (warmed with one throwaway adapter at the
-        tenants' largest rank over all their targets, so no later rank or target grows the pool
-        and drops what was captured), with the plain `mlp` heads inside where tenants have them
-        (their shapes' buckets made first) and without where others do, and the one with the
-        prefix-KV outputs where a tenant's head is an action expert. Distinct variants are few,
-        tenants may be many."""
-        from nats.js.errors import NoKeysError
-
-        from models import TenantPreprocessor, TenantSchema, TenantSlot
-        from models.heads.pool import HEAD_SHAPES_MAX, poolable, shape_of
-        from models.lora import warmup_adapter
-
-        assert self.heads is not None and self.bus is not None
-        kv = await js_retry(self.bus.js.key_value, self.names.kv_tenants)
-        try:
-            keys = await kv.keys()
-        except NoKeysError:
-            keys = []
-        base = self.heads.base
-        # (layout, expert head) -> a warm-up row, whether LoRA tenants use it, whether plain `mlp`
-        # heads (inside the graph) and other heads (after it) serve it. Graphs depend on ranks,
-        # targets and head shapes, never on weights, and what a tenant registered is its own
-        # choice: one throwaway adapter at the largest rank over every target any tenant adapts
-        # (what the pool grows to), and one throwaway head per head shape, at most
-        # HEAD_SHAPES_MAX of them and WARM_HEAD_BUILDS builds (the rest warm at their first group).
-        variants: dict[tuple[Any, bool], tuple[Any, list[bool], list[bool], list[bool]]] = {}
-        rank, targets = 0, set()
-        heads_by_shape: dict[Any, Any] = {}
-        seen_heads: set[str] = set()
-        for tenant in keys:
-            try:
-                cfg = await self.heads.config(tenant)
-                schema = TenantSchema.from_dict(cfg.schema)
-                pre = TenantPreprocessor.for_base(schema, base)
-                expert = cfg.head == "expert"
-                v = variants.setdefault((pre.key.layout, expert), (warmup_row(pre, schema, base.device), [], [], []))
-                if cfg.base_adapter:
-                    v[1].append(True)
-                    rank = max(rank, int(cfg.base_adapter["rank"]))
-                    targets |= set(cfg.base_adapter.get("target_modules", ("q_proj", "v_proj")))
-                if expert:
-                    continue
-                text = json.dumps([cfg.schema, cfg.head, cfg.head_params], sort_keys=True)
-                if text in seen_heads or len(seen_heads) >= WARM_HEAD_BUILDS:
-                    v[2].append(True)  # warmed with the shapes found (or at its first group)
-                    continue
-                seen_heads.add(text)
-                head = TenantSlot.create(f"warm-{len(seen_heads)}", schema, base, head_kind=cfg.head,
-                                         head_options=cfg.head_params).head
-                if not poolable(head):
-                    v[3].append(True)
-                    continue
-                v[2].append(True)
-                if len(heads_by_shape) < HEAD_SHAPES_MAX:
-                    heads_by_shape.setdefault(shape_of(head), head)
-            except Exception:  # another pool's tenant, or one deleted meanwhile
-                continue
-        adapters = [warmup_adapter(base, {"rank": rank, "target_modules": sorted(targets)})] if rank else []
-        # Every known head shape resident first (the pool's buckets and generation final), then warm.
-        plan = base.head_plan([(0, 0, h) for h in heads_by_shape.values()], 1) if heads_by_shape else None
-        loop = asyncio.get_running_loop()
-        for (layout, expert), (one, ads, pooled, other) in variants.items():
-            with_heads = [plan] if (pooled and plan is not None) else []
-            without = [None] if (expert or other or not with_heads) else []
-            for variant in ([], adapters) if ads else ([],):
-                for heads_plan in with_heads + without:
-                    try:
-                        await loop.run_in_executor(self._forward_pool, self._warm, one, None, variant, expert,
-                                                   heads_plan)
-                    except Exception as exc:  # a warm-up is an optimisation: the variant warms at its first group
-                        self.log.warning("warm-up of a layout failed", layout=str(layout), adapted=bool(variant),
-                                         expert=expert, heads=heads_plan is not None, error=str(exc))
-
-    def warm_sizes(self) -> list[int]:
-        """The capture sizes a group can be padded to: up to the first >= max_batch_size."""
-        cap = next((c for c in CAPTURE_SIZES if c >= self.batching.max_batch_size), CAPTURE_SIZES[-1])
-        return [c for c in CAPTURE_SIZES if c <= cap]
-
-    def _warm(self, packed: Any, ready: Any = None, adapters: list[Any] | None = None, kv: bool = False,
-              plan: Any = None) -> None:
-        """On the forward thread: run the base at every capture size for ``packed``'s layout
-        once (captures, compiles), unless done: frozen, or with ``adapters`` (LoRA adapters made
-        resident first; the graphs of their pool generation serve any mix of them), with the
-        prefix-KV outputs when ``kv``, with the heads inside when ``plan`` (a head-pool plan: its
-        generation's graphs serve any mix of resident heads). Its time is nobody's: not metered."""
-        import torch
-
-        from models import VLABatch
-        from models.lora import Segment
-
-        base = self.heads.base
-        generation = None
-        if adapters:
-            generation = base.lora_generation(adapters)
-            if generation is None:
-                return  # such groups take the plain forward: nothing to capture
-        key = (packed.key.layout, generation, kv, plan.generation if plan is not None else None)
-        if key in self._warmed:
-            return
-        started = time.perf_counter()
-        if ready is not None:
-            torch.cuda.current_stream(packed.device).wait_event(ready)
-        one = packed.index(slice(0, 1))
-        with torch.inference_mode():
-            for n in self.warm_sizes():
-                heads = None if plan is None else dataclasses.replace(
-                    plan, idx=[torch.zeros(n, dtype=torch.int64) for _ in plan.idx])  # any index: same graph
-                base.encode(VLABatch.cat([one] * n), inference=True, prefix_kv=kv, heads=heads,
-                            adapters=[Segment(0, n, adapters[0])] if adapters else None)
-        if packed.device.type == "cuda":
-            torch.cuda.synchronize(packed.device)
-        self._warmed.add(key)
-        took = time.perf_counter() - started
-        self.warmup_s += took
-        self.log.info("warmed a layout", sizes=self.warm_sizes(), seconds=round(took, 2), adapted=generation,
-                      kv=kv, heads=key[3], layouts=self.warmed_layouts())
-
-    def warmed_layouts(self) -> int:
-        return len({key[0] for key in self._warmed})
+                      max_batch_size=self.icfg.max_batch_size,
+                      batch_wait_timeout_s=self.icfg.batch_wait_timeout_s)
 
     def info_extra(self) -> dict[str, Any]:
         return {
@@ -421,13 +193,13 @@ class Inferencer(Role):
                        "heads_in_forward": self.heads_in_forward,
                        "warmup_s": self.warmup_s,
                        "warm_sizes": self.warm_sizes() if self.warmup else []},
-            "max_batch_size": self.batching.max_batch_size,
-            "batch_wait_timeout_s": self.batching.batch_wait_timeout_s,
+            "max_batch_size": self.icfg.max_batch_size,
+            "batch_wait_timeout_s": self.icfg.batch_wait_timeout_s,
             "served": self.served, "groups": self.groups, "dropped": self.dropped,
             "mean_batch": self.served / self.groups if self.groups else 0.0,
             "group_sizes": {str(k): v for k, v in sorted(self.group_sizes.items())},
             "versions": dict(self.heads.current) if self.heads else {},
-            # Export -> servable per stage (actors/serving.py): recent syncs' p50 / p95 seconds.
+            # Export -> servable per stage (actors/inferencer/serving.py): recent syncs' p50 / p95 seconds.
             "weight_sync": self.heads.sync_report() if self.heads else {},
             "weight_sync_spares_used": self.heads.spares_used if self.heads else 0,
             # (tenant, version)s whose manifest names another base or schema: never served.
@@ -435,8 +207,8 @@ class Inferencer(Role):
             "queued": sum(len(q.items) for q in self.queues.values()),
             "held": self.held, "busy": self.busy, "replayed": self.replayed, "joined": self.joined,
             "draining_refused": self.draining_refused, "reply_cache": len(self.replies),
-            "max_queue_per_key": self.admission.max_queue_per_key, "max_queued": self.admission.max_queued,
-            "max_queued_per_tenant": self.admission.max_queued_per_tenant, "tenant_refused": self.tenant_refused,
+            "max_queue_per_key": self.icfg.max_queue_per_key, "max_queued": self.icfg.max_queued,
+            "max_queued_per_tenant": self.icfg.max_queued_per_tenant, "tenant_refused": self.tenant_refused,
             "usage": self.meter.info(), "rate_refused": dict(self.rate.refused),
             # NEXUS_INFER_HEAD_BUDGET_MB: bytes of loaded heads, heads evicted / reloaded so far.
             "head_budget": self.heads.budget_report() if self.heads else {},
@@ -563,7 +335,7 @@ class Inferencer(Role):
                 return False
             first = self._by_id.get(key)
             if first is not None:
-                if len(first.joined) >= self.admission.max_joined_per_request:
+                if len(first.joined) >= self.icfg.max_joined_per_request:
                     await self._refuse_busy(msg, f"request {req.request_id!r} is already held with "
                                                  f"{len(first.joined)} copies", self.held, span)
                     return False
@@ -581,23 +353,23 @@ class Inferencer(Role):
             await self._reply(msg, ErrorReply.from_exception(Draining(
                 f"inferencer {self.instance} is draining; retry on another instance")), span)
             return False
-        if self.held >= self.admission.max_queued:
+        if self.held >= self.icfg.max_queued:
             await self._refuse_busy(msg, f"inferencer {self.instance} holds {self.held} requests "
-                                         f"(max_queued={self.admission.max_queued})", self.held, span)
+                                         f"(max_queued={self.icfg.max_queued})", self.held, span)
             return False
         tenant_held = self.held_by_tenant[req.tenant]
-        if tenant_held >= self.admission.max_queued_per_tenant:
+        if tenant_held >= self.icfg.max_queued_per_tenant:
             self.busy += 1
             self.tenant_refused += 1
             hint = self._busy_hint_s(tenant_held)
             span.set_attribute("nexus.outcome", "busy")
             await self._reply(msg, ErrorReply.from_exception(QuotaExceeded.of(
-                "max_queued_per_tenant", self.admission.max_queued_per_tenant,
+                "max_queued_per_tenant", self.icfg.max_queued_per_tenant,
                 f"tenant {req.tenant!r} has {tenant_held} requests held by inferencer {self.instance} "
                 f"(NEXUS_INFER_MAX_QUEUED_PER_TENANT); retry in {hint:g} s", hint, tenant=req.tenant,
                 setting="NEXUS_INFER_MAX_QUEUED_PER_TENANT")), span)
             return False
-        p = _Pending(req=req, msg=msg, arrived=now, expires=now + req.timeout_s, key=key, span=span,
+        p = Pending(req=req, msg=msg, arrived=now, expires=now + req.timeout_s, key=key, span=span,
                      arrived_ns=arrived_ns)
         p.reply = asyncio.get_running_loop().create_future()
         self.held += 1
@@ -610,7 +382,7 @@ class Inferencer(Role):
         task.add_done_callback(self._inflight.discard)
         return True
 
-    def _end_request_span(self, p: _Pending, result: Any, replied_ns: int) -> None:
+    def _end_request_span(self, p: Pending, result: Any, replied_ns: int) -> None:
         """End ``p``'s span; a sampled one first gets its `PREDICT_STAGES` children, made now
         from the stamps (never on the device thread)."""
         span = p.span
@@ -641,8 +413,8 @@ class Inferencer(Role):
 
     def _busy_hint_s(self, queued: int) -> float:
         """Roughly when the queue ahead will have drained: its groups x a recent forward."""
-        cfg = self.admission
-        groups = -(-queued // self.batching.max_batch_size)
+        cfg = self.icfg
+        groups = -(-queued // self.icfg.max_batch_size)
         return round(min(cfg.busy_max_retry_after_s, max(cfg.busy_retry_after_s, groups * self._forward_ewma_s)), 3)
 
     async def _refuse_busy(self, msg: Any, why: str, queued: int, span: Any = None) -> None:
@@ -653,7 +425,7 @@ class Inferencer(Role):
         await self._reply(msg, ErrorReply.from_exception(Busy(
             f"{why}; retry in {hint:g} s or on another instance", details={"retry_after_s": hint})), span)
 
-    async def _admit(self, p: _Pending) -> None:
+    async def _admit(self, p: Pending) -> None:
         assert self.heads is not None
         try:
             # Held until answered (`_finish`): never dropped under the head budget meanwhile.
@@ -668,13 +440,13 @@ class Inferencer(Role):
             self.log.error("predict admission failed", exc_info=exc)
             await self._finish(p, ErrorReply.from_exception(InternalError(f"{type(exc).__name__}: {exc}")))
             return
-        q = self.queues.setdefault(p.slot.key, _Queue())
-        if len(q.items) >= self.admission.max_queue_per_key:
+        q = self.queues.setdefault(p.slot.key, KeyQueue())
+        if len(q.items) >= self.icfg.max_queue_per_key:
             self.busy += 1
             hint = self._busy_hint_s(len(q.items))
             await self._finish(p, ErrorReply.from_exception(Busy(
                 f"inferencer {self.instance}: the queue of this request's key holds {len(q.items)} "
-                f"(max_queue_per_key={self.admission.max_queue_per_key}); retry in {hint:g} s or on another instance",
+                f"(max_queue_per_key={self.icfg.max_queue_per_key}); retry in {hint:g} s or on another instance",
                 details={"retry_after_s": hint})))
             return
         p.enqueued_ns = now_ns()
@@ -695,7 +467,7 @@ class Inferencer(Role):
                                    f"(burst {q.predict_burst}) to inferencer {self.instance}",
                                    round(wait_s, 4), tenant=tenant, burst=q.predict_burst)
 
-    async def _finish(self, p: _Pending, result: Any) -> None:
+    async def _finish(self, p: Pending, result: Any) -> None:
         """Answer every caller of ``p`` (None: all gave up, no answer), remember a good reply
         for retries, and release ``p``'s place in the bounds."""
         replied_ns = now_ns()
@@ -723,9 +495,9 @@ class Inferencer(Role):
                 p.reply.set_result(None)
 
     # -- batching ------------------------------------------------------------------------
-    def _next_group(self, now: float) -> tuple[list[_Pending] | None, float | None]:
+    def _next_group(self, now: float) -> tuple[list[Pending] | None, float | None]:
         """A group ready to fire, else the time until the earliest one is due."""
-        cfg = self.batching
+        cfg = self.icfg
         wait: float | None = None
         for key, q in self.queues.items():
             if not q.items:
@@ -766,7 +538,7 @@ class Inferencer(Role):
                 fut.set_exception(exc)
             self.spawn(self._complete(group, fut, started, in_flight), "predict-replies")
 
-    async def _complete(self, group: list[_Pending], fut: Any, started: float, in_flight: asyncio.Semaphore) -> None:
+    async def _complete(self, group: list[Pending], fut: Any, started: float, in_flight: asyncio.Semaphore) -> None:
         try:
             try:
                 results = await fut
@@ -794,180 +566,6 @@ class Inferencer(Role):
         finally:
             in_flight.release()
 
-    def _prepare(self, group: list[_Pending], started: float) -> tuple[list[Any], list[int], Any, Any]:
-        """CPU stage: drop requests whose caller gave up, canonicalise each slot's rows in one
-        call (a bad request gets its own error, never its group's), pack one batch.
-
-        On CUDA this stage runs on its own stream: a host-to-device copy on the forward's
-        stream would queue behind the running forward and stall this thread until it ends,
-        which serialises the pipeline. The forward waits on the returned event instead."""
-        from models import VLABatch
-
-        stamps = group[0].stamps if group and group[0].stamps is not None else {}
-        stamps["prep_start"] = now_ns()
-        results: list[Any] = [None] * len(group)
-        by_slot: dict[int, list[int]] = {}
-        for i, p in enumerate(group):
-            if started > p.expires:
-                continue  # every caller (the first and any retry) has given up: no work for it
-            by_slot.setdefault(id(p.slot), []).append(i)
-        device = self.heads.base.device
-        stream = _side_stream(device)
-        live: list[int] = []
-        parts: list[Any] = []
-        with _on_stream(stream):
-            # Rows of one slot next to each other, so each head runs once on a contiguous slice.
-            for rows in by_slot.values():
-                ok, vla = self._canonicalise(group, rows, results, device)
-                if ok:
-                    live.extend(ok)
-                    parts.append(vla)
-            packed = VLABatch.cat(parts) if parts else None
-            if packed is not None and self.fast:
-                packed = pad_to_capture_size(packed)
-            ready = None
-            if stream is not None:
-                import torch
-
-                ready = torch.cuda.Event()
-                ready.record(stream)
-        stamps["prep_end"] = now_ns()
-        return results, live, packed, ready
-
-    @staticmethod
-    def _canonicalise(group: list[_Pending], rows: list[int], results: list[Any], device: Any
-                      ) -> tuple[list[int], Any]:
-        """One slot's rows in one preprocessor call; if any is bad, one by one to find it."""
-        from models import InputError, Observation, VLABatch
-
-        def obs(p: _Pending) -> Any:
-            return Observation(images={k: np.asarray(v) for k, v in p.req.images.items()},
-                               state=np.asarray(p.req.state), instruction=p.req.instruction)
-
-        pre = group[rows[0]].slot.preprocessor
-        try:
-            return rows, pre([obs(group[i]) for i in rows], device=device)
-        except (InputError, ValueError, TypeError):
-            pass
-        ok, parts = [], []
-        for i in rows:
-            try:
-                parts.append(pre([obs(group[i])], device=device))
-                ok.append(i)
-            except (InputError, ValueError, TypeError) as exc:
-                results[i] = ErrorReply.from_exception(_input_error(exc))
-        return ok, (VLABatch.cat(parts) if parts else None)
-
-    def _timed_forward(self, *args: Any) -> list[Any]:
-        """`_forward`, its time added to ``busy_s`` (one forward thread: the device's busy time)."""
-        started = time.perf_counter()
-        try:
-            return self._forward(*args)
-        finally:
-            self.busy_s += time.perf_counter() - started
-
-    def _forward(self, group: list[_Pending], results: list[Any], live: list[int], packed: Any,
-                 ready: Any = None) -> list[Any]:
-        """Device stage: one base forward for the group, then each (tenant, version) head;
-        one host sync at the end, not one per head."""
-        if not live:
-            return results
-        runs = _slot_runs(group, live)
-        kv = any(slot.head.needs_prefix_kv for _, _, slot in runs)
-        # The group's heads inside the base's graph where they are all plain `mlp` heads
-        # (models.heads.pool; None: they run after the forward, one tenant at a time).
-        plan = None if kv else self.heads.base.head_plan([(a, b, slot.head) for a, b, slot in runs], len(packed))
-        if self.warmup:
-            # A variant first seen (layout; adapted, with its pool generation; prefix-KV
-            # outputs; heads, with theirs): every capture size once, unmetered. Known variants
-            # return at once.
-            segments = _lora_segments(group, live)
-            self._warm(packed, ready, [seg.adapter for seg in segments], kv, plan)
-        t0 = time.perf_counter()
-        try:
-            return self._forward_group(group, results, live, packed, ready, plan)
-        finally:
-            # Metered: the wall time of the device work (ended by a synchronize on CUDA),
-            # charged to the group's tenants by their rows; padding rows (capture sizes) are
-            # shared out with the rest, so the charges add up to the measured time.
-            if packed.device.type == "cuda":
-                import torch
-
-                torch.cuda.synchronize(packed.device)
-            busy_s = time.perf_counter() - t0
-            rows: dict[tuple[str, str], int] = {}
-            for i in live:
-                req = group[i].req
-                rows[(req.tenant, req.workload)] = rows.get((req.tenant, req.workload), 0) + 1
-            answered: dict[tuple[str, str], int] = {}
-            for i in live:
-                if isinstance(results[i], PredictReply):
-                    req = group[i].req
-                    answered[(req.tenant, req.workload)] = answered.get((req.tenant, req.workload), 0) + 1
-            self.meter.charge("infer", busy_s, rows, requests=answered)
-
-    def _forward_group(self, group: list[_Pending], results: list[Any], live: list[int], packed: Any,
-                       ready: Any = None, plan: Any = None) -> list[Any]:
-        import torch
-
-        heads = self.heads
-        assert heads is not None
-        stamps = group[live[0]].stamps if group[live[0]].stamps is not None else {}
-        stamps["fwd_start"] = now_ns()
-        # One span per forward: the inferencer's busy timeline in the traces (examples/report.py),
-        # linked to every request it serves (each request's own `predict.forward` is its child).
-        links = [trace.Link(group[i].span.get_span_context()) for i in live if group[i].span is not None]
-        with self.tracer.start_as_current_span("inferencer.forward", attributes={"nexus.group_size": len(live)},
-                                               links=links), \
-                torch.inference_mode():
-            if ready is not None:
-                current = torch.cuda.current_stream(packed.device)
-                current.wait_event(ready)
-                # Made on the side stream, read on this one: keep the allocator from reusing
-                # the memory before this stream is done with it.
-                packed.images_B_S_C_H_W.record_stream(current)
-            # Action-expert tenants in the group: the same forward returns the per-layer KV cache.
-            runs = _slot_runs(group, live)
-            feats = heads.base.encode(packed, inference=True, adapters=_lora_segments(group, live),
-                                      prefix_kv=any(slot.head.needs_prefix_kv for _, _, slot in runs), heads=plan)
-            stamps["fwd_end"] = now_ns()
-            outs = []
-            if feats.head_actions is not None:  # the heads ran inside the forward's graph
-                self.heads_in_forward += 1
-                for k, (start, end, _) in enumerate(runs):
-                    outs.append((live[start:end], feats.head_actions[plan.bucket_of_run[k]][start:end], None, None))
-                runs = []
-            for start, end, slot in runs:
-                f = feats.split([start, end - start, len(feats) - end])[1]
-                vla = packed.index(slice(start, end))
-                head = slot.head
-                log_prob = value = None
-                if hasattr(head, "act"):
-                    # Per row: requests of one tenant share this slice but each asked for
-                    # its own mean (sample=False) or sampled action (sample=True).
-                    deterministic = [not group[i].req.sample for i in live[start:end]]
-                    actions, log_prob, value = head.act(f, vla, slot.generator, deterministic=deterministic)
-                else:
-                    actions = head.predict(f, vla, slot.generator)
-                outs.append((live[start:end], actions, log_prob, value))
-            for rows, actions, log_prob, value in outs:
-                actions = actions.float().cpu().numpy()
-                log_prob = None if log_prob is None else log_prob.float().cpu().numpy()
-                value = None if value is None else value.float().cpu().numpy()
-                for j, i in enumerate(rows):
-                    p = group[i]
-                    results[i] = PredictReply(
-                        tenant=p.req.tenant, version=p.version, actions=actions[j],
-                        log_prob=None if log_prob is None else float(log_prob[j]),
-                        value=None if value is None else float(value[j]),
-                        batch_size=len(live), request_id=p.req.request_id)
-        stamps["head_end"] = now_ns()
-        return results
-
-    def _run_group(self, group: list[_Pending], started: float) -> list[Any]:
-        """Both stages in series (the benchmark's in-process ceiling uses this)."""
-        return self._forward(group, *self._prepare(group, started))
-
     async def _reply(self, msg: Any, reply: Any, span: Any = None) -> None:
         await self._send(msg, encode(reply), span)
 
@@ -981,97 +579,3 @@ class Inferencer(Role):
             await self.bus.nc.publish(msg.reply, data, headers=headers)
         except Exception as exc:  # the caller's connection is gone
             self.log.warning("predict reply failed", error=str(exc))
-
-
-# Steps of 1.5x above 8: a group of 17-24 rows (common at 8 tenants x 8 clients) no longer pays
-# for the 32-row graph.
-CAPTURE_SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
-# Throwaway heads the warm-up builds to learn the registered tenants' head shapes (one per
-# distinct head config): tenants may register many configs; the rest warm at their first group.
-WARM_HEAD_BUILDS = 64
-
-
-def fast_engine_for(source: str) -> bool:
-    """Whether the fast engine exists for this base (models.fast: Qwen3-VL): a preset's family,
-    or a directory's config.json model_type."""
-    from models.presets import PRESETS
-
-    if source in PRESETS:
-        return PRESETS[source].family == "qwen3_vl"
-    try:
-        import json
-
-        return str(json.loads((Path(source) / "config.json").read_text()).get("model_type", "")).startswith("qwen3_vl")
-    except (OSError, ValueError):
-        return False
-
-
-def warmup_row(pre: Any, schema: Any, device: Any) -> Any:
-    """One canonical row of a tenant's layout (its preprocessor and schema) from a blank
-    observation: black frames, zero state."""
-    from models import Observation
-
-    obs = Observation(images={c.name: np.zeros((c.height, c.width, 3), np.uint8) for c in schema.cameras},
-                      state=np.zeros(schema.state_dim, np.float32), instruction="warm up")
-    return pre([obs], device=device)
-
-
-def pad_to_capture_size(packed: Any) -> Any:
-    """Repeat the last row up to the next capture size; the extra rows' outputs are ignored."""
-    from models import VLABatch
-
-    n = len(packed)
-    target = next(c for c in CAPTURE_SIZES if c >= n)
-    if target == n:
-        return packed
-    last = packed.index(slice(n - 1, n))
-    return VLABatch.cat([packed] + [last] * (target - n))
-
-
-@functools.lru_cache(maxsize=None)
-def _side_stream(device: Any) -> Any:
-    """The canonicalise stage's CUDA stream for ``device`` (None off CUDA)."""
-    if getattr(device, "type", None) != "cuda":
-        return None
-    import torch
-
-    return torch.cuda.Stream(device)
-
-
-def _on_stream(stream: Any) -> Any:
-    if stream is None:
-        return contextlib.nullcontext()
-    import torch
-
-    return torch.cuda.stream(stream)
-
-
-def _lora_segments(group: list[_Pending], live: list[int]) -> list[Any]:
-    """Row segments of the packed group whose slot has a LoRA adapter (rows of one slot are
-    contiguous; padding rows past ``live`` get none): LoRA and frozen-base tenants share the
-    forward, each adapter adds its delta to its own rows only (models/lora.py)."""
-    segments = (slot.adapter_segment(start, end, train=False) for start, end, slot in _slot_runs(group, live))
-    return [seg for seg in segments if seg is not None]
-
-
-def _slot_runs(group: list[_Pending], live: list[int]) -> list[tuple[int, int, Any]]:
-    """(start, end, slot) of each run of packed rows ``live[start:end]`` served by one slot:
-    a group is packed slot by slot, so each slot's rows are contiguous."""
-    runs: list[tuple[int, int, Any]] = []
-    start = 0
-    while start < len(live):
-        slot = group[live[start]].slot
-        end = start
-        while end < len(live) and group[live[end]].slot is slot:
-            end += 1
-        runs.append((start, end, slot))
-        start = end
-    return runs
-
-
-def _input_error(exc: Exception) -> NexusError:
-    from protocol.errors import InvalidField
-
-    text = str(exc)
-    field, _, rest = text.partition(": ")
-    return InvalidField(field if rest else "observation", rest or text)

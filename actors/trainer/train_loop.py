@@ -42,7 +42,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from transport.bus import is_broker_outage
-from actors.slots import Resident
+from actors.trainer.slots import Resident
 from actors.tq_read import join_parts
 from protocol.errors import Conflict, FailedPrecondition, NexusError
 from protocol.messages import JobRecord, QueuePutRequest
@@ -85,7 +85,7 @@ class Work:
 
 
 class LoopHost(Protocol):
-    """What `TrainLoop` needs of its trainer, and nothing more (`actors.trainer.Trainer` is
+    """What `TrainLoop` needs of its trainer, and nothing more (`actors.trainer.trainer.Trainer` is
     the host): the leases, the slots, the data and the compute."""
 
     compute: asyncio.Lock  # held for one grouped step (export_params / load_weights go between)

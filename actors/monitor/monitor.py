@@ -2,15 +2,15 @@
 
 Subscribes to ``<prefix>.health.heartbeat.>``, ``<prefix>.health.events.>``,
 ``<prefix>.metrics.>`` and ``<prefix>.workloads.events.>`` and keeps the three families of
-signals the design names as retained series (`actors.series`: a bounded ring per series,
+signals the design names as retained series (`actors.monitor.series`: a bounded ring per series,
 capped series and tenants): control, learning and system (docs/observability.md lists each).
 
 * ``<prefix>.monitor.status`` answers a `ClusterStatus` (``nexus status``): one row per role
   instance and the latest value of every metric keyed ``<signal>.<scope>``;
 * ``<prefix>.monitor.snapshot`` answers a `MonitorSnapshot` (``nexus top``): the roles and
   the retained series, newest points (and ``history`` more);
-* a Prometheus endpoint on ``NEXUS_METRICS_HOST``:``NEXUS_METRICS_PORT`` (`actors.prom`; loopback by default);
-* TensorBoard event files per tenant under ``<data_dir>/tensorboard/`` (`actors.boards`).
+* a Prometheus endpoint on ``NEXUS_METRICS_HOST``:``NEXUS_METRICS_PORT`` (`actors.monitor.prom`; loopback by default);
+* TensorBoard event files per tenant under ``<data_dir>/tensorboard/`` (`actors.monitor.boards`).
 
 Run: ``python -m actors.run monitor --nats-url nats://127.0.0.1:4222``
 """
@@ -22,10 +22,11 @@ import time
 from collections import deque
 from typing import Any
 
-from actors.boards import TenantBoards
+from actors.monitor.config import MonitorConfig
+from actors.monitor.boards import TenantBoards
 from actors.liveness import Entry, LivenessTable
 from actors.runtime import Role, RoleConfig, op
-from actors.series import SeriesStore
+from actors.monitor.series import SeriesStore
 from protocol import ops
 from protocol.messages import (
     ClusterStatus,
@@ -39,7 +40,6 @@ from protocol.messages import (
     WorkloadEvent,
 )
 from protocol.scaling import SCALABLE
-from protocol.settings import HealthSettings, MonitorSettings
 from protocol.wire import decode
 
 RETAIN_S = 600.0
@@ -60,12 +60,13 @@ TB_CONTROL_EVERY_S = 5.0
 class Monitor(Role):
     name = "monitor"
 
-    def __init__(self, cfg: RoleConfig) -> None:
+    def __init__(self, cfg: RoleConfig, mcfg: MonitorConfig | None = None) -> None:
         super().__init__(cfg)
-        timeout = HealthSettings.from_env().timeout_s(cfg.heartbeat_interval_s)
+        config = mcfg or MonitorConfig.from_env()
+        timeout = config.health.timeout_s(cfg.heartbeat_interval_s)
         self.table = LivenessTable(timeout_s=timeout)
         self.metrics: dict[str, float] = {}
-        self.mcfg = MonitorSettings.from_env()
+        self.mcfg = config.monitor
         self.store = SeriesStore(points=self.mcfg.points, retain_s=self.mcfg.retain_s,
                                  series_max=self.mcfg.series_max, tenant_cap=self.mcfg.tenant_cap)
         self.boards: TenantBoards | None = None
@@ -95,7 +96,7 @@ class Monitor(Role):
         self.spawn(self._tick_loop, "tick", critical=True)
 
     def _start_endpoint(self) -> None:
-        from actors.prom import serve
+        from actors.monitor.prom import serve
 
         try:
             self._server, self.metrics_url = serve(self.store, self.mcfg.metrics_port, self.mcfg.metrics_host)

@@ -1,9 +1,9 @@
 """A trainer rank 1..N-1: a child of the trainer role process (rank 0), no NATS of its own.
 
-    python -m actors.trainer_rank --rank 1 --world 2 --port P --device cpu   (started by rank 0)
+    python -m actors.trainer.rank --rank 1 --world 2 --port P --device cpu   (started by rank 0)
 
 It holds mirrors of the tenants' slots and the bases they use, and follows rank 0's plans
-(`actors.trainer_ranks`): per step it takes the slots rank 0 sent whole, checks every slot of
+(`actors.trainer.ranks`): per step it takes the slots rank 0 sent whole, checks every slot of
 the step against rank 0's digest, canonicalises the step's raw micro-batches, and runs its rows
 of `models.parallel.train_step_dp`. It exits 0 on the exit plan, non-zero when rank 0 is gone
 (a collective fails) or, through PR_SET_PDEATHSIG, with it.
@@ -18,7 +18,7 @@ import traceback
 from datetime import timedelta
 from typing import Any
 
-from actors.trainer_ranks import FAILED, IN_STEP, OUT_OF_STEP, PLAN_EXIT, PLAN_STEP, base_digest, check, recv_plan, slot_digest
+from actors.trainer.ranks import FAILED, IN_STEP, OUT_OF_STEP, PLAN_EXIT, PLAN_STEP, base_digest, check, recv_plan, slot_digest
 
 # Exit statuses: a collective failed (rank 0 gone or the group broken).
 EXIT_GROUP_LOST = 3
@@ -62,7 +62,7 @@ class Mirror:
 
     def prepare(self, plan: dict[str, Any]) -> tuple[int, Any, list[tuple[Any, Any]]]:
         """(answer, base, [(slot, batch)]) for a step plan."""
-        from actors.trainer import item_to_batch
+        from actors.trainer.trainer import item_to_batch
         from protocol.messages import QueuePutRequest
         from protocol.wire import decode
 
@@ -92,7 +92,7 @@ def serve(rank: int, world: int, port: int, device: str, timeout_s: float) -> in
     import torch
     import torch.distributed as dist
 
-    from actors.trainer_ranks import backend_for
+    from actors.trainer.ranks import backend_for
     from models.parallel import DataParallelStepError, shard, train_step_dp
 
     torch.set_num_threads(1)

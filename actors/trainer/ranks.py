@@ -7,7 +7,7 @@
 
 Rank 0 is the role process: the only rank that talks to NATS, holds leases, commits and
 exports (exactly-once is untouched: one process commits, whatever N is). Ranks 1..N-1
-(`python -m actors.trainer_rank`) are its children, killed with it (PR_SET_PDEATHSIG), and
+(`python -m actors.trainer.rank`) are its children, killed with it (PR_SET_PDEATHSIG), and
 hold mirrors of the tenants' slots. Each step rank 0 broadcasts a *plan* (msgpack through
 `protocol.codec`, one uint8 tensor after its length): the base, and per tenant its raw queued
 micro-batch (each rank canonicalises it and keeps its own rows, `models.parallel.shard`), a
@@ -182,7 +182,7 @@ class RankGroup:
         self.spec = RankSpec(self.spec.world, self.spec.device, self.spec.timeout_s, port)
         for rank in range(1, self.spec.world):
             self.procs.append(subprocess.Popen(
-                [sys.executable, "-m", "actors.trainer_rank", "--rank", str(rank), "--world", str(self.spec.world),
+                [sys.executable, "-m", "actors.trainer.rank", "--rank", str(rank), "--world", str(self.spec.world),
                  "--port", str(port), "--device", rank_device(self.spec.device, rank),
                  "--timeout-s", str(self.spec.timeout_s)],
                 preexec_fn=_die_with_parent, env=os.environ.copy()))

@@ -1,4 +1,4 @@
-"""The monitor's Prometheus endpoint: every signal of `actors.series.SIGNALS`, newest points.
+"""The monitor's Prometheus endpoint: every signal of `actors.monitor.series.SIGNALS`, newest points.
 
 A custom collector over the `SeriesStore` (nothing is copied into prometheus_client's own
 metric objects): each scrape reads the newest point of every series. The HTTP server is
@@ -16,7 +16,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from actors.series import SIGNALS, SeriesStore
+from actors.monitor.series import SIGNALS, SeriesStore
 
 HOST = "127.0.0.1"
 NAMESPACE = "nexus"

@@ -15,7 +15,7 @@ A role that drains announces ``stopped`` in its last beat and gets ``role_stoppe
 restart); one that beats again after being declared dead gets ``role_recovered``.
 
 With NEXUS_SCALER on it also scales env workers, inferencers (per pool: an inferencer's beat
-names the base it serves) and trainers (`actors/scaler.py`) from the same beats: each decision
+names the base it serves) and trainers (`actors/health/scaler.py`) from the same beats: each decision
 is a `ScaleDecision` event on ``<prefix>.scale.decisions.<role>`` (before, then with its
 outcome) and a `ScaleRequest` to the supervisor, which keeps the bounds and drains what goes
 (docs/scaling.md).
@@ -30,7 +30,8 @@ from collections import deque
 from typing import Any
 
 from actors.liveness import Entry, LivenessTable
-from actors.scaler import RateWindow, Scaler, pool_signals_from_beats, signals_from_beats
+from actors.health.config import HealthConfig
+from actors.health.scaler import RateWindow, Scaler, pool_signals_from_beats, signals_from_beats
 from actors.runtime import Role, RoleConfig, op
 from protocol import ops
 from protocol.errors import NexusError, Unavailable
@@ -47,7 +48,6 @@ from protocol.messages import (
 )
 from protocol.policy import HEALTH_RESTART, HUNG_PROBE_TIMEOUT_S, RESTART_REQUEST_TIMEOUT_S, SCALER
 from protocol.scaling import SCALABLE
-from protocol.settings import HealthSettings, ScaleSettings
 from protocol.wire import decode
 
 # Checks run 4x a second: detection latency is timeout + at most 0.25 s.
@@ -63,13 +63,14 @@ DECISIONS_KEPT = 32
 class HealthManager(Role):
     name = "health"
 
-    def __init__(self, cfg: RoleConfig) -> None:
+    def __init__(self, cfg: RoleConfig, hcfg: HealthConfig | None = None) -> None:
         super().__init__(cfg)
-        timeout = HealthSettings.from_env().timeout_s(cfg.heartbeat_interval_s)
+        self.hcfg = hcfg or HealthConfig.from_env()
+        timeout = self.hcfg.health.timeout_s(cfg.heartbeat_interval_s)
         self.table = LivenessTable(timeout_s=timeout)
         self.restarts: dict[str, deque] = {}  # role -> monotonic times of restart requests
         self.restart_requests = 0
-        scale = ScaleSettings.from_env()
+        scale = self.hcfg.scale
         self.scaler: Scaler | None = Scaler(SCALER, scale.parsed()) if scale.scaler else None
         self.decisions: deque[ScaleDecision] = deque(maxlen=DECISIONS_KEPT)
         self._scaling: set[tuple[str, str]] = set()  # (role, pool)s whose scale request is in flight

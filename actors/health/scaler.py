@@ -6,7 +6,7 @@
         ...  # ScaleDecision(role, from_count, to_count, reason, signals)
 
 Pure (no I/O, the clock is an argument) so its policy is tested on made-up signal histories;
-the health manager runs it (`actors/health.py`, NEXUS_SCALER) on the heartbeats it already
+the health manager runs it (`actors/health/health.py`, NEXUS_SCALER) on the heartbeats it already
 watches and sends each decision to the supervisor as a `ScaleRequest`.
 
 Each role's regime comes from several signals (thresholds: `protocol.policy.ScalerPolicy`;
