@@ -234,3 +234,14 @@ def test_no_import_circles():
     graph = import_graph()
     found = [_describe(graph, comp) for comp in circles(graph)]
     assert not found, f"{len(found)} import circle(s):\n  " + "\n  ".join(found)
+
+
+# A module one reader can hold: past this, a file wants splitting by job (issue 28).
+MAX_MODULE_LINES = 700
+
+
+def test_no_module_over_the_line_limit():
+    long = sorted(f"{path.relative_to(ROOT)}: {n} lines"
+                  for path in _modules().values()
+                  if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES)
+    assert not long, f"modules over {MAX_MODULE_LINES} lines:\n  " + "\n  ".join(long)
