@@ -111,10 +111,16 @@ async def _records(admin: AsyncClient, names: Names) -> dict[str, bytes]:
     out: dict[str, bytes] = {}
     for bucket in (names.kv_tenants, names.kv_workloads, names.kv_versions, names.kv_bases):
         kv = await js.key_value(bucket)
-        try:
-            keys = await kv.keys()
-        except nats.js.errors.NoKeysError:
-            keys = []
+        for _ in range(20):
+            try:
+                keys = await kv.keys()
+            except nats.js.errors.NoKeysError:
+                keys = []
+            # nats-py's keys() can end its watch before the first entry arrives on a loaded host
+            # (its pending count read as 0): a bucket whose stream holds messages has keys.
+            if keys or (await js.stream_info(f"KV_{bucket}")).state.messages == 0:
+                break
+            await asyncio.sleep(0.2)
         for key in keys:
             out[f"{bucket}/{key}"] = (await kv.get(key)).value or b""
     out["streams"] = json.dumps(sorted(s.config.name for s in await js.streams_info())).encode()
