@@ -24,6 +24,7 @@ refused at registration, so a type cannot silently lose the strict checks.
 from __future__ import annotations
 
 import abc
+import datetime
 import re
 import sys
 import typing
@@ -214,11 +215,48 @@ def decode(data: bytes, expect: type[T] | tuple[type, ...] | None = None) -> T:
             details={"kind": kind, "version": version},
         )
     try:
-        return _decoder(cls).decode(env.body)
+        msg = _decoder(cls).decode(env.body)
     except msgspec.ValidationError as exc:
         raise _field_error(exc, cls, env.body) from None
     except msgspec.DecodeError as exc:
         raise ProtocolError(f"malformed msgpack body: {exc}") from None
+    _check_free_values(msg, cls)
+    return msg
+
+
+# -- free-form fields (annotated Any) ---------------------------------------------------------
+# msgspec decodes anything msgpack carries into an ``Any`` field, including what the codec
+# never sends (a map with non-string keys, a msgpack timestamp as a datetime). The hand-written
+# decoder refused both (msgpack's strict_map_key, no timestamp extension); these checks keep
+# that contract for what a sender puts into a spec, options or a config: plain data only.
+_FREE_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _mentions_any(tp: Any) -> bool:
+    return tp is Any or any(_mentions_any(a) for a in typing.get_args(tp))
+
+
+def _free_fields(cls: type) -> tuple[str, ...]:
+    names = _FREE_FIELDS.get(cls)
+    if names is None:
+        names = _FREE_FIELDS[cls] = tuple(f.name for f in msgspec.structs.fields(cls) if _mentions_any(f.type))
+    return names
+
+
+def _check_free_values(msg: Any, cls: type) -> None:
+    for name in _free_fields(cls):
+        stack: list[tuple[str, Any]] = [(f"body.{name}", getattr(msg, name))]
+        while stack:
+            path, value = stack.pop()
+            if isinstance(value, dict):
+                for key, item in value.items():
+                    if not isinstance(key, str):
+                        raise InvalidField(path, f"map keys must be strings, got {type(key).__name__} {key!r}")
+                    stack.append((f"{path}.{key}", item))
+            elif isinstance(value, list):
+                stack.extend((f"{path}[{i}]", item) for i, item in enumerate(value))
+            elif isinstance(value, datetime.datetime):
+                raise InvalidField(path, "a timestamp is not plain data (send a number or a string)")
 
 
 # -- msgspec's errors in our terms ------------------------------------------------------------

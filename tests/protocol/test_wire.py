@@ -121,3 +121,26 @@ def test_numpy_scalars_that_are_python_numbers_travel_as_numbers():
     hb = Heartbeat("r", "i", 1, "h", 0.0, 0.0, 1, "ready", 0, np.float64(1.5), gauges={"busy_s": np.float64(2.0)})
     back = decode(encode(hb), Heartbeat)
     assert back.interval_s == 1.5 and type(back.interval_s) is float and back.gauges == {"busy_s": 2.0}
+
+
+def test_free_form_fields_carry_plain_data_only():
+    """A spec, options or config field (annotated Any) takes what a JSON document can hold:
+    a map with a non-string key or a msgpack timestamp anywhere inside it is refused, naming
+    where (the hand-written decoder refused both; msgspec alone would decode them)."""
+    import datetime
+
+    import msgspec
+
+    from protocol.messages import SubmitRequest
+
+    spec = {"env": {"options": {"cams": [1, "x", {"k": 2.5}]}}}
+    assert decode(encode(SubmitRequest(spec=spec)), SubmitRequest).spec == spec
+    bad_key = packb({"kind": SubmitRequest.KIND, "v": 1, "body": {"spec": {"env": [{"a": {3: 4}}]}}})
+    with pytest.raises(InvalidField) as err:
+        decode(bad_key, SubmitRequest)
+    assert err.value.details["field"] == "body.spec.env[0].a" and "map keys must be strings" in str(err.value)
+    stamp = msgspec.msgpack.encode({"kind": SubmitRequest.KIND, "v": 1,
+                                    "body": {"spec": {"at": [datetime.datetime.now(datetime.timezone.utc)]}}})
+    with pytest.raises(InvalidField) as err:
+        decode(stamp, SubmitRequest)
+    assert err.value.details["field"] == "body.spec.at[0]" and "timestamp" in str(err.value)
