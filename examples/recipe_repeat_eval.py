@@ -1,7 +1,9 @@
 """A workflow recipe in one file (docs/workload_spec.md "Adding a recipe"): its config model,
-its workflow class and its registration. Hosts load it by module name:
+its workflow class and its registration. The master and the hosts load it by module name:
 
-    NEXUS_WORKFLOW_MODULES=workflows,examples.recipe_repeat_eval nexus env-worker ...
+    NEXUS_WORKFLOW_MODULES=workflows,examples.recipe_repeat_eval nexus up ...
+
+and a spec then names it like a built-in task (``task: repeat-eval``, ``algorithm: {rounds: 3}``).
 
 It evaluates the pinned version ``rounds`` times over (the same seeds each round: a check that
 scores are deterministic with ``eval.sample: false``); its events and report are an eval's.
@@ -23,6 +25,7 @@ class RepeatEvalConfig(RecipeConfig):
 
 class RepeatEvalWorkflow(Workflow):
     kind = "repeat-eval"
+    family = "eval"  # the master checks its spec by eval's rules: env and eval required, a pinned version read
     config_model = RepeatEvalConfig
     config: RepeatEvalConfig
 

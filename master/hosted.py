@@ -184,10 +184,10 @@ class HostedOps:
         """The pending loop's turn for a hosted workload: processes take it by claiming;
         past NEXUS_HOSTED_WAIT_S untaken it fails, naming why."""
         since = rec.updated_at
-        if rec.task == "eval":
+        if rec.family == "eval":
             # An eval waits for its policy's training workload first: that wait is not this one.
             target = policy_pin_tenant(rec)
-            ahead = [w for w in self.st.workloads.values() if w.tenant == target and w.task != "eval"]
+            ahead = [w for w in self.st.workloads.values() if w.tenant == target and w.family != "eval"]
             if any(w.state in ("pending", "running") for w in ahead):
                 return
             since = max([since, *(w.updated_at for w in ahead)])

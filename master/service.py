@@ -56,6 +56,7 @@ from master.state import MasterState
 from master.tenants import TenantOps
 from master.workload_views import WorkloadViews
 from master.workloads import WorkloadOps
+from protocol import recipes
 from protocol.errors import (NexusError)
 from protocol.messages import (
     CheckpointRef,
@@ -110,6 +111,10 @@ class Master(Role):
 
     async def setup(self) -> None:
         assert self.bus is not None
+        # The recipes' declarations (kind -> family, config) by module name, as the env worker
+        # loads them: a spec may then name their kinds. A module that does not import stops the
+        # start naming it (RecipeModuleError). Off the event loop: a recipe may import much.
+        await asyncio.to_thread(recipes.load_modules, self.st.workflow_modules)
         # Validating a tenant needs the model core (torch): import it now, off the event
         # loop. Imported on the first submit instead, it blocked heartbeats for seconds on a
         # loaded host, and the health manager restarted a live master.

@@ -34,8 +34,10 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    SerializationInfo,
     ValidationInfo,
     WithJsonSchema,
+    field_serializer,
     field_validator,
     model_validator,
 )
@@ -50,12 +52,14 @@ from master.spec_schema import (
     reraise_details,
     spec_errors,
 )
+from protocol import recipes
 from protocol.base_names import REGISTERED_BASE_PREFIX as REGISTERED_BASE_PREFIX
 from protocol.base_names import known_presets
 from protocol.messages import TenantConfig
 from protocol.recipe_configs import doc as _doc
 from protocol.recipe_configs import (
     Int,
+    RecipeConfig,
     RLConfig,
     SFTConfig,
     Str,
@@ -92,8 +96,10 @@ from master.spec_sections import (
     _BASE_SCHEMA,
     _Section,
     _check_base,
+    _custom,
     _docf,
     BudgetTarget,
+    algorithm_model,
     report_path_problem as report_path_problem,
 )
 
@@ -109,7 +115,9 @@ class WorkloadSpec(_Section):
                                     SPEC_VERSION)
     tenant: Annotated[Str, Allowed("letters, digits, _ and - (1-64 characters)")] = _doc(
         "tenant name, unique per deployment", pattern=f"^(?:{TENANT_PATTERN})$")
-    task: TaskType = _doc("sft: supervised fine-tuning; rl: asynchronous PPO; eval: read-only evaluation")
+    task: TaskType = _doc("sft: supervised fine-tuning; rl: asynchronous PPO; eval: read-only evaluation; or the "
+                          "kind of a recipe the master loaded (NEXUS_WORKFLOW_MODULES: docs/workload_spec.md \"Adding "
+                          "a recipe\"), which follows the rules of its family (one of sft, rl, eval)")
     base: Annotated[str | None, WithJsonSchema({"anyOf": [_BASE_SCHEMA, {"type": "null"}]})] = _doc(
         "frozen base model: a preset name, a base the operator registered written registered:<name> "
         "(`nexus base list`), or (the operator's own workloads only) a local save_pretrained directory "
@@ -124,10 +132,12 @@ class WorkloadSpec(_Section):
     env: EnvSource | None = _doc("simulator: required by rl and eval; sft uses it with env.demos "
                                  "(exclusive with dataset)", None)
     dataset: DatasetSource | None = _doc("sft only: a local LeRobot v3.0 dataset (exclusive with env)", None)
-    algorithm: Annotated[SFTConfig | RLConfig | None, BySibling("task", ALGORITHMS)] = Field(
+    # The annotation lists the built-ins' configs (the JSON Schema's); `_by_task` validates into
+    # the task's declared config, a registered recipe's too, and `_dump_algorithm` dumps that.
+    algorithm: Annotated[SFTConfig | RLConfig | None, BySibling("task", ALGORITHMS, algorithm_model)] = Field(
         None, validate_default=True,
-        description="hyper-parameters typed by task (sft: SFTConfig, rl: RLConfig; eval: none). "
-                    "Default null: the task's defaults")
+        description="hyper-parameters typed by task (sft: SFTConfig, rl: RLConfig; eval: none; a registered "
+                    "recipe's kind: its config model). Default null: the task's defaults")
     schedule: ScheduleSpec = _docf("priority, caps and budget", ScheduleSpec)
     init: InitSpec | None = _doc("sft / rl: start a new tenant's slot from weights it uploaded. Default null: "
                                  "from the seed", None)
@@ -140,16 +150,39 @@ class WorkloadSpec(_Section):
     def _base(cls, value: Any) -> str | None:
         return None if value is None else _check_base(value)
 
+    @field_validator("task")
+    @classmethod
+    def _task(cls, value: str) -> str:
+        # A tenant's text: any kind this process declared (the built-ins, and those the modules
+        # of NEXUS_WORKFLOW_MODULES registered), nothing else.
+        if recipes.declaration(value) is None:
+            raise _custom(f"{value!r} is not allowed; allowed: {', '.join(recipes.declared_kinds())} (a recipe "
+                          f"kind of your own: the module registering it in {recipes.SETTING} of the master and "
+                          "the env workers)")
+        return value
+
+    @property
+    def family(self) -> str:
+        """The built-in task whose rules this spec's task follows (sft, rl or eval; a built-in
+        is its own): spec sections, training, target metrics and pinned reads go by it."""
+        return recipes.family_of(self.task)
+
     @field_validator("algorithm", mode="wrap")
     @classmethod
     def _by_task(cls, value: Any, handler: Any, info: ValidationInfo) -> Any:
-        # The section's type depends on the task; an invalid task is reported on its own field,
-        # and eval takes none (the task rule reports an algorithm given there).
-        model = ALGORITHMS.get(info.data.get("task"))
+        # The section's type depends on the task (its recipe's config); an invalid task is
+        # reported on its own field, and eval takes none (the task rule reports an algorithm
+        # given there).
+        model = algorithm_model(info.data.get("task"))
         if model is None:
             return None
         # An omitted algorithm means the task's defaults; stored specs then say what ran.
         return model.model_validate({} if value is None else value)
+
+    @field_serializer("algorithm")
+    def _dump_algorithm(self, value: RecipeConfig | None, info: SerializationInfo) -> Any:
+        # By the value's own model: a registered recipe's config is none of the annotation's.
+        return None if value is None else value.model_dump(mode=info.mode)
 
     @model_validator(mode="wrap")
     @classmethod
@@ -186,7 +219,7 @@ TASK_RULES: dict[str, TaskRule] = {
                         "expert records env.demos.episodes first"),
     "rl": TaskRule(required=(*POLICY_FIELDS, "env"), forbidden=("dataset",), heads=("gaussian",),
                    why="rl rolls out in an env and PPO needs log-probs and values from a gaussian head"),
-    "eval": TaskRule(required=("env", "eval"), forbidden=("dataset", "algorithm", "init"),
+    "eval": TaskRule(required=("env", "eval"), forbidden=("dataset", "init"),
                      why="eval runs episodes in an env with a pinned version of an existing policy "
                          "and trains nothing"),
 }
@@ -197,11 +230,13 @@ def _is_set(raw: dict[str, Any], key: str) -> bool:
 
 
 def _rule_errors(raw: dict[str, Any]) -> list[InitErrorDetails]:
-    """Task-type rules on the raw document (sections present or not, whatever their content)."""
+    """Task-type rules on the raw document (sections present or not, whatever their content):
+    those of the task's family (a registered recipe's kind follows sft's, rl's or eval's)."""
     task = raw.get("task")
-    rule_ = TASK_RULES.get(task) if isinstance(task, str) else None
-    if rule_ is None:
+    known = recipes.declaration(task)
+    if known is None:
         return []  # the task field's own error says what is allowed
+    rule_, family = TASK_RULES[known.family], known.family
     errors: list[InitErrorDetails] = []
     for key in rule_.required:
         if not _is_set(raw, key):
@@ -211,6 +246,8 @@ def _rule_errors(raw: dict[str, Any]) -> list[InitErrorDetails]:
     for key in rule_.forbidden:
         if _is_set(raw, key):
             errors.append(rule((key,), f"not allowed for task {task!r}; remove it", raw.get(key)))
+    if known.config is None and _is_set(raw, "algorithm"):  # eval's recipe, say: it has no config
+        errors.append(rule(("algorithm",), f"not allowed for task {task!r}; remove it", raw.get("algorithm")))
     if rule_.exactly_one:
         present = [k for k in rule_.exactly_one if _is_set(raw, k)]
         options = " or ".join(rule_.exactly_one)
@@ -233,7 +270,7 @@ def _rule_errors(raw: dict[str, Any]) -> list[InitErrorDetails]:
         if rule_.demos == "forbidden" and has_demos:
             errors.append(rule(("env", "demos"), f"only task 'sft' records demos; remove it for task {task!r}",
                                env.get("demos")))
-    if isinstance(env, dict) and env.get("hosted") is not None and task == "sft":
+    if isinstance(env, dict) and env.get("hosted") is not None and family == "sft":
         errors.append(rule(("env", "hosted"), "a hosted env serves rl and eval workloads; sft trains from a dataset "
                                               "or the platform's scripted demos: remove env.hosted", env.get("hosted")))
     if _is_set(raw, "eval") and not _is_set(raw, "env") and "env" not in rule_.required:
@@ -256,7 +293,7 @@ def _cross_errors(spec: WorkloadSpec) -> list[InitErrorDetails]:
             if count != 1:
                 errors.append(rule(("dataset", "camera_map"), f"observation camera {name!r} is mapped {count} "
                                    "times; map exactly one dataset camera key to it", dict(spec.dataset.camera_map)))
-    if spec.task == "rl" and spec.action_module is not None:
+    if spec.family == "rl" and spec.action_module is not None:
         clash = sorted(set(spec.action_module.params) & set(PPO_HEAD_FIELDS))
         if clash:
             errors.append(rule(("action_module", "params"), f"{clash} are PPO settings: set them under "
@@ -271,7 +308,7 @@ def _cross_errors(spec: WorkloadSpec) -> list[InitErrorDetails]:
                            f"{spec.schedule.sft_prefetch_items}; allowed: <= sft_prefetch_items (raise the cap "
                            "or use smaller jobs)", spec.algorithm.items_per_job))
     every = spec.outputs.export_every_steps
-    if spec.task == "rl" and every > 0 and every >= spec.schedule.staleness_bound:
+    if spec.family == "rl" and every > 0 and every >= spec.schedule.staleness_bound:
         # Rollouts act with the newest *exported* version; with exports this sparse every rollout
         # is past the bound before the next export: all dropped, nothing trains again.
         errors.append(rule(("outputs", "export_every_steps"),
@@ -280,7 +317,7 @@ def _cross_errors(spec: WorkloadSpec) -> list[InitErrorDetails]:
                            "stale before the next export; allowed: 0 (every job) or < staleness_bound", every))
     target = spec.schedule.budget.target
     if target is not None:
-        allowed = TARGET_METRICS[spec.task]
+        allowed = TARGET_METRICS[spec.family]
         if target.metric not in allowed:
             errors.append(rule(("schedule", "budget", "target", "metric"),
                                f"{target.metric!r} is not measured by task {spec.task!r}; allowed: "
@@ -375,9 +412,9 @@ def compile_tenant(spec: WorkloadSpec) -> TenantConfig:
     optim: dict[str, Any] = {}
     alg = spec.algorithm
     if alg is not None:
-        # Key names are models.slot.OptimConfig's fields.
-        optim = {"lr": alg.lr, "weight_decay": alg.weight_decay, "grad_clip": alg.grad_clip,
-                 "warmup_steps": alg.warmup_steps}
+        # Key names are models.slot.OptimConfig's fields; a registered recipe's config sets
+        # those it has (the model core's defaults the rest).
+        optim = {k: getattr(alg, k) for k in ("lr", "weight_decay", "grad_clip", "warmup_steps") if hasattr(alg, k)}
         if isinstance(alg, SFTConfig):
             # Cosine decay over the planned run; the master sets where it starts (the tenant's
             # version at accept: optim.schedule_start) and turns until_version into steps from there.
@@ -491,6 +528,8 @@ def _rule_schema(task: str, r: TaskRule) -> dict[str, Any]:
     if task in ALGORITHMS:
         then["properties"]["algorithm"] = {"anyOf": [{"$ref": f"#/$defs/{ALGORITHMS[task].__name__}"},
                                                      {"type": "null"}]}
+    else:  # a kind without a config (eval) takes no algorithm section
+        then["properties"]["algorithm"] = {"type": "null"}
     if conditions:
         then["allOf"] = conditions
     return {"if": {"required": ["task"], "properties": {"task": {"const": task}}}, "then": then,

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Union
 
@@ -41,10 +42,18 @@ class Allowed:
 
 @dataclass(frozen=True)
 class BySibling:
-    """The field's type is ``options[parent[field]]`` (None when the sibling is invalid)."""
+    """The field's type is ``options[parent[field]]`` (None when the sibling is invalid).
+    ``resolve``, when given, finds it instead (a registered recipe's config too, so errors
+    name its fields); the docs and the JSON Schema list ``options`` only."""
 
     field: str
     options: dict[str, type]
+    resolve: Callable[[Any], type | None] | None = None
+
+    def type_for(self, value: Any) -> type | None:
+        if self.resolve is not None:
+            return self.resolve(value)
+        return self.options.get(value) if isinstance(value, str) else None
 
 
 # ---- rules as line errors ----------------------------------------------------------------
@@ -114,7 +123,7 @@ def _walk(model: type[BaseModel], loc: tuple[Any, ...], raw: Any) -> _Spot:
             meta, doc = [*info.metadata, *fmeta], info.description or ""
             for m in meta:
                 if isinstance(m, BySibling):
-                    ftp = m.options.get(node.get(m.field)) if isinstance(node, dict) else None
+                    ftp = m.type_for(node.get(m.field)) if isinstance(node, dict) else None
                     ftp = Any if ftp is None else ftp
             tp = ftp
             node = node.get(part) if isinstance(node, dict) else None

@@ -21,7 +21,10 @@ from master.spec_schema import (
     Allowed,
 )
 from protocol.base_names import REGISTERED_BASE_PREFIX, known_presets
+from protocol import recipes
 from protocol.errors import ErrorCode, NexusError
+from protocol.policy import RECIPE_KIND_PATTERN
+from protocol.recipes import FAMILIES
 from protocol.recipe_configs import doc as _doc
 from protocol.recipe_configs import (
     CONFIGS,
@@ -35,7 +38,12 @@ from protocol.recipe_configs import (
 )
 
 SPEC_VERSION = 1
-TaskType = Literal["sft", "rl", "eval"]
+# A spec's task: sft, rl, eval or the kind of a recipe a module registered (`protocol.recipes`;
+# the master imports the modules NEXUS_WORKFLOW_MODULES names at start). The field's validator
+# (master/spec.py) refuses a kind this process has not declared, naming the ones it has; the
+# JSON Schema can only say what a kind name looks like.
+TaskType = Annotated[Str, WithJsonSchema({"type": "string", "pattern": f"^{RECIPE_KIND_PATTERN}$",
+                                          "examples": list(FAMILIES)})]
 HeadKind = Literal["mlp", "flow", "gaussian", "expert"]
 
 # Same token rule as protocol.subjects: a tenant name becomes a subject token and a KV key.
@@ -64,7 +72,8 @@ REGISTERED_BASE_PATTERN = rf"{REGISTERED_BASE_PREFIX}{TENANT_PATTERN}"
 VERSION_PIN_PATTERN = rf"latest|tenant:{TENANT_PATTERN}@(latest|[0-9]+)"
 # PPO fields the gaussian head reads from its own config (models/heads/gaussian.py).
 PPO_HEAD_FIELDS = ("clip_ratio", "value_coef", "entropy_coef")
-# Metrics a budget target can name, per task: what each workflow already measures.
+# Metrics a budget target can name, per task family (a recipe's kind follows its family's):
+# what each workflow already measures.
 TARGET_METRICS = {"sft": ("loss",), "rl": ("success_rate", "mean_return"), "eval": ()}
 
 class SpecError(NexusError, ValueError):
@@ -253,8 +262,16 @@ class DatasetSource(_Section):
 
 
 # The task's algorithm section is its recipe's config (protocol/recipe_configs.py): the
-# workflow reads the same model, so each knob has its one default there.
+# workflow reads the same model, so each knob has its one default there. ALGORITHMS: the
+# built-in kinds' (what the generated docs and JSON Schema list); `algorithm_model`: any
+# declared kind's, a registered recipe's too (what a spec is validated with).
 ALGORITHMS: dict[str, type[BaseModel]] = dict(CONFIGS)
+
+
+def algorithm_model(task: Any) -> type[BaseModel] | None:
+    """The config model of ``task`` (None: it takes no algorithm section, or it is no kind)."""
+    known = recipes.declaration(task)
+    return known.config if known is not None else None
 
 
 class BudgetTarget(_Section):

@@ -24,7 +24,7 @@ from master.store import store_put
 from protocol import ops
 from protocol.errors import NexusError, NotFound, Unavailable
 from protocol.messages import CheckpointRef, InfoRequest, JobRecord, TenantConfig, WorkloadRecord
-from protocol.settings import MasterSettings, default_quotas, leases_from_env, retention_from_env
+from protocol.settings import MasterSettings, WorkflowSettings, default_quotas, leases_from_env, retention_from_env
 from protocol.subjects import Names, check_token
 from protocol.wire import encode
 
@@ -54,6 +54,9 @@ class MasterState:
         self.max_tenants, self.max_active_workloads = settings.max_tenants, settings.max_active_workloads
         self.hosted_wait_s, self.hosted_lease_s = settings.hosted_wait_s, settings.hosted_lease_s  # master/hosted.py
         self.default_quotas = default_quotas()  # a tenant's quotas when the operator set none
+        # The modules that register recipes (`Master.setup` imports them): a spec's task may be
+        # any kind they declare, as on the env workers that run it.
+        self.workflow_modules = WorkflowSettings.from_env().modules
         self.rollouts: dict[str, float] = {}  # "<tenant>/<workload>" -> expiry (unix s)
         self.gate_line = GateLine()  # who takes a free turn when turns are short (by priority)
         self.hosted: dict[str, dict[str, float]] = {}  # hosted env processes' leases (master/hosted.py)

@@ -93,13 +93,13 @@ def head_errors(spec: WorkloadSpec) -> list[tuple[str, str, Any]]:
     options = head_options().get(module.kind)
     if options is None:
         return []
-    if spec.task == "rl":  # PPO settings live under algorithm (master.spec's own rule says so)
+    if spec.family == "rl":  # PPO settings live under algorithm (master.spec's own rule says so)
         options = {k: v for k, v in options.items() if k not in PPO_HEAD_FIELDS}
     errors: list[tuple[str, str, Any]] = []
     allowed = ", ".join(sorted(options))
     for key, value in module.params.items():
         field = f"action_module.params.{key}"
-        if key in PPO_HEAD_FIELDS and spec.task == "rl":
+        if key in PPO_HEAD_FIELDS and spec.family == "rl":
             continue
         if key not in options:
             errors.append((field, f"unknown option of head {module.kind!r}; allowed: {allowed}", key))
@@ -205,7 +205,7 @@ def _row(spec: WorkloadSpec, images: dict[str, Any]) -> Any:
     from protocol.messages import QueuePutRequest
 
     obs, act = spec.observation, spec.action
-    rl = spec.task == "rl"
+    rl = spec.family == "rl"
     one = np.zeros(1, np.float32) if rl else None
     return QueuePutRequest(
         tenant=spec.tenant, job="j" * 32, seq=0, images=images, state=np.zeros((1, obs.state_dim), np.float32),
@@ -228,7 +228,7 @@ def row_bytes(spec: WorkloadSpec) -> tuple[int, dict[str, int]]:
 
 def payload_errors(spec: WorkloadSpec, max_payload: int, source: str) -> list[tuple[str, str, Any]]:
     """One row against the broker's max payload (``source`` says where that number is from)."""
-    if spec.task not in ("sft", "rl") or spec.observation is None or spec.action is None:
+    if spec.family == "eval" or spec.observation is None or spec.action is None:
         return []
     total, cams = row_bytes(spec)
     limit = max_payload - CHUNK_HEADROOM_BYTES

@@ -27,18 +27,21 @@ def step_budget(spec: Any, version: int) -> int:
     """The optimizer steps a workload trains from its tenant's ``version`` (0: no step budget):
     this workload's own, never the tenant's total. sft: algorithm.steps, or up to
     algorithm.until_version; schedule.budget.max_steps, when set, caps either (the first limit
-    reached ends the workload); rl: schedule.budget.max_steps."""
+    reached ends the workload); rl: schedule.budget.max_steps. By the task's family (a
+    recipe of family sft plans by its config's steps / until_version when it has them)."""
     limit = spec.schedule.budget.max_steps or 0
-    if spec.task != "sft" or spec.algorithm is None:
+    if spec.family != "sft" or spec.algorithm is None:
         return limit
-    alg = spec.algorithm
-    planned = alg.steps if alg.steps is not None else max(0, alg.until_version - version)
+    steps, until = getattr(spec.algorithm, "steps", None), getattr(spec.algorithm, "until_version", None)
+    if steps is None and until is None:
+        return limit
+    planned = steps if steps is not None else max(0, until - version)
     return min(limit, planned) if limit else planned
 
 def budget_note(spec: Any, version: int) -> str:
     """What the accepted event (and `nexus submit`) says the workload will train."""
     steps = step_budget(spec, version)
-    if spec.task == "eval":
+    if spec.family == "eval":
         return ""
     if not steps:
         return f"; from version {version}"
@@ -51,7 +54,7 @@ def compile_workflow(spec: Any, workload: str, eval_version: int = -1, start_ver
     p = WorkflowSpec(workload=workload, tenant=spec.tenant, kind=spec.task, seed=spec.seed,
                      max_steps=step_budget(spec, start_version), max_episodes=budget.max_episodes or 0,
                      max_wall_s=float(budget.max_wall_s or 0.0),
-                     start_version=start_version if spec.task != "eval" else -1)
+                     start_version=start_version if spec.family != "eval" else -1)
     if budget.target is not None:
         t = budget.target
         p.target_metric, p.target_at_least, p.target_at_most, p.target_window = (
@@ -75,7 +78,7 @@ def compile_workflow(spec: Any, workload: str, eval_version: int = -1, start_ver
         # The task's recipe config, whole: the workflow validates it back into the same model
         # (protocol/recipe_configs.py), so no knob gets a second default on the way.
         p.algo = spec.algorithm.model_dump(mode="json")
-    if spec.task == "eval":
+    if spec.family == "eval":
         p.policy_tenant, _ = policy_pin(spec)
         p.eval_version = eval_version
     return p

@@ -36,8 +36,8 @@ from actors.paths import caller_roots, confine
 from transport.bus import js_retry
 from actors.runtime import op
 from actors.tracing import consumer_span
-from protocol import ops
-from protocol.errors import Conflict, FailedPrecondition, NexusError, NotFound
+from protocol import ops, recipes
+from protocol.errors import Conflict, FailedPrecondition, FieldError, NexusError, NotFound
 from protocol.messages import (
     TERMINAL_WORKLOAD_STATES,
     CreateTenantRequest,
@@ -133,7 +133,7 @@ class WorkloadOps:
         require_tenant(spec.tenant, "submit")  # the platform's intake passes; a tenant submits its own
         # Capacity before anything is created: a refused workload leaves no tenant or record.
         self.tenant_ops.check_workload_capacity()
-        if spec.task != "eval" and spec.tenant not in self.st.sched.tenants:
+        if spec.family != "eval" and spec.tenant not in self.st.sched.tenants:
             self.tenant_ops.check_tenant_capacity()
         if spec.dataset is not None:
             confine(spec.dataset.root, "dataset.root", caller_roots(self.st.cfg.data_dir))
@@ -146,9 +146,9 @@ class WorkloadOps:
         written = spec  # stored as the tenant wrote it (registered:<name>, never its host path)
         if spec.base is not None:
             spec = spec.model_copy(update={"base": await self.base_ops.resolve_base(spec.base, "base")})
-        if spec.task == "eval":
+        if spec.family == "eval":  # eval, or a recipe of its family: reads a pinned version
             return await self._accept_eval(spec, workload)
-        serving_note = await self.base_ops.check_base_served(spec.tenant, spec.base) if spec.task == "rl" else ""
+        serving_note = await self.base_ops.check_base_served(spec.tenant, spec.base) if spec.family == "rl" else ""
         cfg = compile_tenant(spec)
         if cfg.base_adapter or cfg.head == "expert":
             # Against the base's own layers (config only, no weights), before anything is created.
@@ -210,7 +210,7 @@ class WorkloadOps:
             note += self.hosted_ops.hosted_note(spec.tenant)  # says clearly when no hosted process is connected
         rec = WorkloadRecord(workload=workload, tenant=spec.tenant, task=spec.task, state="pending",
                              spec=stored, created_at=now, updated_at=now, eval_version=eval_version,
-                             start_version=start_version, budget_steps=budget_steps)
+                             start_version=start_version, budget_steps=budget_steps, family=spec.family)
         if hosted:
             rec.message = f"waiting for a hosted env process{note}"
         await self._save_workload(rec)  # KV first: a record it does not hold is never in memory
@@ -237,7 +237,7 @@ class WorkloadOps:
             raise NotFound(f"tenant {target!r} does not exist: an eval scores an existing tenant's policy "
                            "(train it first with an sft or rl workload)",
                            details={"field": field, "tenant": target})
-        training = [w for w in self.st.workloads.values() if w.tenant == target and w.task != "eval"
+        training = [w for w in self.st.workloads.values() if w.tenant == target and w.family != "eval"
                     and w.state in ("pending", "running")]
         version, policy = await self._resolve_policy(cfg, pin, bool(training))
         sections = policy_sections(policy)
@@ -363,6 +363,14 @@ class WorkloadOps:
         workflow, eval_version = compiled
         try:
             reply = await self.st.bus.call(ops.ENV_START_WORKFLOW, workflow, timeout_s=30)
+        except FieldError as exc:
+            # Refused as invalid (a kind the env worker has not loaded, a config its recipe
+            # refuses): the same start would be refused again, so it fails now, saying why.
+            why = (f"no env worker runs workloads of kind {rec.task!r} ({exc.message}): name the module that "
+                   f"registers it in {recipes.SETTING} of the env workers, as on the master"
+                   if exc.field == "kind" else f"the env worker refused its start: {exc.message}")
+            await self.set_state(rec, "failed", why)
+            return
         except NexusError as exc:
             self.st.log.warning("workflow start failed; will retry", workload=rec.workload, error=exc.message)
             return
@@ -377,17 +385,17 @@ class WorkloadOps:
 
         spec = spec_from_dict(rec.spec)
         eval_version = -1
-        if rec.task == "eval":
+        if rec.family == "eval":
             target, pin = policy_pin(spec)
             if target not in self.st.sched.tenants:
                 return None  # its tenant's workload has not been accepted yet
-            busy = [w for w in self.st.workloads.values() if w.tenant == target and w.task != "eval"
+            busy = [w for w in self.st.workloads.values() if w.tenant == target and w.family != "eval"
                     and w.state in ("pending", "running")]
             if busy:
                 return None  # evaluate the trained result, not a moving target
             # Resolved at submit unless a training workload was ahead: then now, its result.
             eval_version = rec.eval_version if rec.eval_version >= 0 else await self._pin_version(target, pin)
-        if rec.task == "eval":
+        if rec.family == "eval":
             workflow = compile_workflow(spec, rec.workload, eval_version)
         else:
             if rec.start_version < 0:  # a record from before start_version: its budget was a version to reach
@@ -614,7 +622,7 @@ class WorkloadOps:
         """Policy versions a live workload reads (an eval's pinned version): never compacted."""
         out: dict[str, set[int]] = {}
         for rec in self.st.workloads.values():
-            if rec.state in TERMINAL_WORKLOAD_STATES or rec.task != "eval":
+            if rec.state in TERMINAL_WORKLOAD_STATES or rec.family != "eval":
                 continue
             pin = (rec.spec.get("eval") or {}).get("version", "latest")
             digits = str(pin).rpartition("@")[2]

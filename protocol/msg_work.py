@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 from msgspec import Meta, field
 
 from protocol.errors import InvalidField, NexusError
-from protocol.policy import SAMPLE_MAX_FRAMES
+from protocol.policy import RECIPE_KIND_MAX, RECIPE_KIND_PATTERN, SAMPLE_MAX_FRAMES
 from protocol.msg_roles import TenantConfig, TenantQuotas
 from protocol.wire import Array, Struct, message
 
@@ -110,7 +110,9 @@ class WorkflowSpec(Struct):
 
     workload: str
     tenant: str
-    kind: Literal["rl", "sft", "eval"]
+    # sft, rl, eval or a registered recipe's kind (`protocol.recipes`): the host runs the factory
+    # registered under it, and refuses a kind it has not loaded (InvalidField on kind).
+    kind: Annotated[str, Meta(pattern=f"^{RECIPE_KIND_PATTERN}$", max_length=RECIPE_KIND_MAX)]
     env_id: str = ""
     env_options: dict[str, Any] = field(default_factory=dict)
     # env.hosted ("tenant": the tenant's `nexus env serve` processes run it, never an env worker).
@@ -247,7 +249,7 @@ class WorkloadRecord(Struct):
 
     workload: str
     tenant: str
-    task: str
+    task: str  # the spec's task: sft, rl, eval or a registered recipe's kind
     state: WorkloadState
     spec: dict[str, Any]
     created_at: float
@@ -266,6 +268,13 @@ class WorkloadRecord(Struct):
     budget_steps: int = 0
     # Its evaluation's per-task table (the last event's; WorkloadEvent.per_task), in its report.
     per_task: list[TaskResult] = field(default_factory=list)
+    # The built-in task whose rules the kind follows (`protocol.recipes.FAMILIES`): kept here so
+    # a master restarted without the recipe's module still treats the workload right. "": the
+    # task's own (a built-in's, and every record from before families).
+    family: str = ""
+
+    def __post_init__(self) -> None:
+        self.family = self.family or self.task
 
 
 def workload_steps(rec: WorkloadRecord) -> int:

@@ -221,6 +221,11 @@ STALENESS_BOUND_MAX = 100_000
 # at decode naming the field and this bound, never a failed reply.
 SAMPLE_MAX_FRAMES = 32
 
+# A workload kind (a spec's ``task``, `WorkflowSpec.kind`, a `protocol.recipes` registration):
+# tenants send it, it appears in events, logs and span names, so it is a short lowercase name.
+RECIPE_KIND_MAX = 32
+RECIPE_KIND_PATTERN = rf"[a-z][a-z0-9-]{{0,{RECIPE_KIND_MAX - 1}}}"
+
 # A tenant's reports on the master's disk (<data>/reports/<tenant>/): past this many files the
 # oldest go as a new one is written (its workload records may have been compacted long ago).
 MAX_REPORTS_PER_TENANT = 1000

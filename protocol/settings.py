@@ -295,14 +295,16 @@ class EnvWorkerSettings(EnvSettings):
 
 
 class WorkflowSettings(EnvSettings):
-    """The modules that register workflow recipes (`protocol.recipes`), imported at start."""
+    """The modules that register workflow recipes (`protocol.recipes`), imported at start: by the
+    master (a spec's task is one of the kinds they declare) and by the hosts that run them."""
 
-    roles = ("env",)
-    readers = "env worker, `nexus env serve`"
+    roles = ("master", "env")
+    readers = "master, env worker, `nexus env serve`"
 
     modules: tuple[str, ...] = Field(("workflows",), **var(
         "NEXUS_WORKFLOW_MODULES", "modules imported at start that register the workflows run for workloads, by "
-        "kind (`protocol.recipes.register`); a module that does not import stops the start naming it",
+        "kind (`protocol.recipes.register`); the master accepts a spec's task of those kinds, the env workers run "
+        "them (set it alike on both); a module that does not import stops the start naming it",
         allowed="comma-separated module names", default_text="`workflows` (sft, rl, eval)"))
 
     @field_validator("modules", mode="before")

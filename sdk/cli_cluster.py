@@ -288,7 +288,7 @@ def workload_rows(workloads: list, jobs: list) -> list[dict]:
         m = w.metrics
         # steps: this workload's own (against budget_steps), not the tenant's version.
         out.append({"workload": w.workload, "tenant": w.tenant, "task": w.task, "state": w.state,
-                    "version": w.step, "steps": workload_steps(w) if w.task != "eval" else None,
+                    "version": w.step, "steps": workload_steps(w) if w.family != "eval" else None,
                     "budget_steps": w.budget_steps or None, "steps_text": steps_text(w),
                     "episodes": w.episodes, "loss": m.get("loss"),
                     "success_rate": m.get("success_rate", m.get("eval_success_rate")),

@@ -30,12 +30,18 @@ class Budget:
     unit: str  # "steps", "episodes" or "s" (a wall-clock budget only)
 
 
+def _family(rec: Any) -> str:
+    """The built-in task whose progress a workload's kind shows (sft, rl, eval): a recipe of
+    the eval family counts episodes, as an eval does."""
+    return getattr(rec, "family", "") or rec.task
+
+
 def budget_of(rec: Any, now: float | None = None) -> Budget:
     """The budget a workload's progress is measured against, read from its spec."""
     spec = rec.spec or {}
     budget = (spec.get("schedule") or {}).get("budget") or {}
     algo = spec.get("algorithm") or {}
-    if rec.task == "eval":
+    if _family(rec) == "eval":
         return Budget(rec.episodes, (spec.get("eval") or {}).get("episodes") or None, "episodes")
     # This workload's steps against its own budget (fixed at accept), never the tenant's
     # version against it: a tenant at version 384 given 128 more steps shows 0/128 at the start.
@@ -43,7 +49,7 @@ def budget_of(rec: Any, now: float | None = None) -> Budget:
     if getattr(rec, "start_version", -1) >= 0:
         steps = rec.budget_steps
     else:  # a record from before start_version: the spec's numbers were versions to reach
-        steps = budget.get("max_steps") or (algo.get("steps") if rec.task == "sft" else None)
+        steps = budget.get("max_steps") or (algo.get("steps") if _family(rec) == "sft" else None)
     if steps:
         return Budget(done, float(steps), "steps")
     wall = budget.get("max_wall_s")
@@ -57,7 +63,7 @@ def budget_text(rec: Any) -> str:
     """What a training workload will train, as `nexus submit` says it: "from version 384, 128
     more steps (to version 512)"; "" for an eval or a record from before start_version."""
     start = getattr(rec, "start_version", -1)
-    if rec.task == "eval" or start < 0:
+    if _family(rec) == "eval" or start < 0:
         return ""
     if rec.budget_steps:
         return f"from version {start}, {rec.budget_steps} more steps (to version {start + rec.budget_steps})"
@@ -66,7 +72,7 @@ def budget_text(rec: Any) -> str:
 
 def steps_text(rec: Any) -> str:
     """This workload's steps against its budget ("3/3"; "3" without a step budget; "-" for an eval)."""
-    if rec.task == "eval":
+    if _family(rec) == "eval":
         return "-"
     done = workload_steps(rec)
     return f"{done}/{rec.budget_steps}" if getattr(rec, "budget_steps", 0) else str(done)
@@ -84,7 +90,7 @@ class Rate:
 
     def update(self, rec: Any, now: float) -> Rate:
         budget = budget_of(rec, now)
-        count = rec.episodes if rec.task == "eval" else workload_steps(rec)
+        count = rec.episodes if _family(rec) == "eval" else workload_steps(rec)
         if rec.state != "running":
             if rec.state != "pending":
                 self.eta_s = 0.0
@@ -138,13 +144,13 @@ def _count_text(rec: Any, budget: Budget) -> str:
     steps = f"{done}/{int(budget.total)} steps" if budget.total else f"{done} steps"
     # The tenant's version, which the steps are not (before the first progress event: the start).
     steps += f" (v{max(rec.step, getattr(rec, 'start_version', -1))})"
-    return f"{steps}  ep {rec.episodes}" if rec.task == "rl" else steps
+    return f"{steps}  ep {rec.episodes}" if _family(rec) == "rl" else steps
 
 
 def _rate_text(rec: Any, rate: Rate) -> str:
     if rate.per_s is None:
         return ""
-    unit = "ep/s" if rec.task == "eval" else "steps/s"
+    unit = "ep/s" if _family(rec) == "eval" else "steps/s"
     return f"{rate.per_s:.2f} {unit}"
 
 
@@ -265,10 +271,10 @@ def format_progress(rec: WorkloadRecord) -> str:
     budget = budget_of(rec)  # this workload's steps against its own budget, not the tenant's version
     target, steps = int(budget.total or 0), int(budget.done)
     bar = ""
-    if target and rec.task != "eval" and budget.unit == "steps":
+    if target and _family(rec) != "eval" and budget.unit == "steps":
         done = min(1.0, steps / target)
         bar = "[" + "#" * int(done * 20) + "." * (20 - int(done * 20)) + f"] {steps}/{target}"
-    elif rec.task == "eval":
+    elif _family(rec) == "eval":
         total = (rec.spec.get("eval") or {}).get("episodes", 0)
         bar = f"episodes {rec.episodes}/{total}"
     shown = {k: v for k, v in rec.metrics.items() if k in ("loss", "success_rate", "mean_return", "eval_success_rate")}

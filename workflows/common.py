@@ -80,9 +80,12 @@ class Workflow:
 
     ``config_model``: the recipe's config (a `protocol.recipe_configs.RecipeConfig`), which
     ``spec.algo`` is validated into once, here, as ``self.config``; None: the recipe takes
-    none (``spec.algo`` must be empty)."""
+    none (``spec.algo`` must be empty). ``family``: the built-in task whose rules the kind
+    follows (`protocol.recipes.FAMILIES`: sft, rl or eval): the master checks a spec of the
+    kind by them, and here an eval-family run is its own evaluation (no closing one)."""
 
     kind = ""
+    family: ClassVar[str] = ""
     config_model: ClassVar[type[RecipeConfig] | None] = None
 
     def __init__(self, client: AsyncClient, spec: WorkflowSpec, *, data_dir: str | Path = ".",
@@ -156,7 +159,7 @@ class Workflow:
         try:
             self.state = "running"
             await self.train()
-            if self.spec.kind != "eval" and self.spec.eval_episodes:
+            if self.family != "eval" and self.spec.eval_episodes:
                 trained = dict(self.final)
                 self.progress = Progress(version=self.progress.version, jobs=self.progress.jobs)
                 await evaluate(self)  # the closing evaluation of the final version
@@ -227,7 +230,7 @@ class Workflow:
             why = f"its wall-clock budget of {s.max_wall_s:g} s ran out"
         elif s.max_episodes and p.episodes >= s.max_episodes:
             why = f"its {s.max_episodes} episodes ran"
-        if s.kind == "eval":
+        if self.family == "eval":
             return f"evaluated {p.episodes} episodes"
         if s.start_version < 0:
             return why or "finished"
@@ -426,7 +429,8 @@ class Workflow:
 def as_recipe(cls: type[Workflow]) -> RecipeFactory:
     """``cls`` as a `protocol.recipes` factory (``register(kind, as_recipe(cls))``): on the
     host's ``client``, or on a new `AsyncClient` of ``nats_url`` / ``prefix`` (an env worker's
-    cluster: the client is made here, on the SDK's floor, not by the role)."""
+    cluster: the client is made here, on the SDK's floor, not by the role). It carries the
+    class's ``config_model`` and ``family``: `register` declares the kind with them."""
 
     def make(spec: WorkflowSpec, *, data_dir: str | Path = ".", log: Any = None, client: AsyncClient | None = None,
              nats_url: str = "", prefix: str = "") -> Workflow:
@@ -435,4 +439,5 @@ def as_recipe(cls: type[Workflow]) -> RecipeFactory:
         return cls(client, spec, data_dir=data_dir, log=log)
 
     make.__qualname__ = f"{cls.__name__}.recipe"
+    make.config_model, make.family = cls.config_model, cls.family  # type: ignore[attr-defined]
     return make

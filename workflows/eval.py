@@ -8,7 +8,7 @@ from workflows.evaluation import evaluate
 
 
 class EvalWorkflow(Workflow):
-    kind = "eval"
+    kind = family = "eval"
 
     async def train(self) -> None:  # an eval workload is its evaluation, nothing else
         await evaluate(self)

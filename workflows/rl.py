@@ -49,7 +49,7 @@ def rollout_rows(segments: list[list[dict[str, Any]]], cfg: RLConfig, episodes_d
 
 
 class RLWorkflow(Workflow):
-    kind = "rl"
+    kind = family = "rl"
     config_model = RLConfig
     config: RLConfig
 

@@ -16,7 +16,7 @@ from workflows.common import Workflow
 
 
 class SFTWorkflow(Workflow):
-    kind = "sft"
+    kind = family = "sft"
     config_model = SFTConfig
     config: SFTConfig
 

@@ -27,17 +27,68 @@ def test_unknown_kind_names_the_known_ones():
     assert err.value.field == "kind"
 
 
-def test_a_taken_kind_is_refused_unless_overwritten(monkeypatch):
+@pytest.fixture
+def fresh(monkeypatch):
+    """An empty registry (the built-ins declared, no factory), put back after the test."""
     monkeypatch.setattr(recipes, "_RECIPES", {})
+    monkeypatch.setattr(recipes, "_DECLARED", dict(recipes._DECLARED))
+
+
+def test_a_taken_kind_is_refused_unless_overwritten(fresh):
     first, second = (lambda *a, **k: 1), (lambda *a, **k: 2)
-    recipes.register("x", first)
-    recipes.register("x", first)  # the same factory again: a module imported twice
+    recipes.register("x", first, family="eval")
+    recipes.register("x", first)  # the same factory again: a module imported twice (its family kept)
     with pytest.raises(ValueError, match="kind 'x' is already registered"):
         recipes.register("x", second)
     recipes.register("x", second, overwrite=True)
-    assert recipes.lookup("x") is second
+    assert recipes.lookup("x") is second and recipes.family_of("x") == "eval"
     with pytest.raises(ValueError, match="non-empty"):
         recipes.register("", first)
+
+
+def test_a_registration_declares_its_kind_family_and_config(fresh):
+    """The master reads a kind's declaration without its factory: the built-ins are declared
+    in protocol; a new kind needs a family, a tenant-safe name and a RecipeConfig model."""
+    from protocol.recipe_configs import CONFIGS, RecipeConfig, RLConfig
+
+    assert recipes.declared_kinds() == ("sft", "rl", "eval") and recipes.kinds() == ()
+    assert recipes.declaration("rl") == recipes.Declaration("rl", "rl", CONFIGS["rl"])
+    assert recipes.declaration("eval").config is None and recipes.declaration("dance") is None
+
+    class Rounds(RecipeConfig):
+        n: int = 1
+
+    def make(*a, **k):
+        return None
+
+    make.config_model, make.family = Rounds, "eval"  # what workflows.common.as_recipe sets
+    recipes.register("twice-eval", make)
+    assert recipes.declaration("twice-eval") == recipes.Declaration("twice-eval", "eval", Rounds)
+    recipes.register("ppo-plus", lambda *a, **k: None, config=RLConfig, family="rl")
+    assert recipes.family_of("ppo-plus") == "rl" and recipes.declared_kinds()[-2:] == ("twice-eval", "ppo-plus")
+    with pytest.raises(ValueError, match=r"family=None; allowed: sft, rl, eval"):
+        recipes.register("nofamily", lambda *a, **k: None)
+    with pytest.raises(ValueError, match="a built-in kind keeps its family"):
+        recipes.register("rl", lambda *a, **k: None, family="eval")
+    with pytest.raises(ValueError, match="is not a RecipeConfig model"):
+        recipes.register("badcfg", lambda *a, **k: None, config=dict, family="eval")
+    for bad in ("Repeat", "repeat eval", "9lives", "a" * 33, "a.b", None):  # tenants send kinds
+        with pytest.raises(ValueError, match="non-empty name of lowercase letters"):
+            recipes.register(bad, make)  # type: ignore[arg-type]
+    with pytest.raises(InvalidField, match=r"'dance' is not a workload kind this process knows; allowed: sft, rl, "
+                                           r"eval, twice-eval, ppo-plus \(NEXUS_WORKFLOW_MODULES"):
+        recipes.family_of("dance")
+
+
+def test_a_kind_on_the_wire_is_a_bounded_name():
+    from protocol.messages import WorkflowSpec
+    from protocol.wire import decode, encode
+
+    ok = WorkflowSpec(workload="w1", tenant="t1", kind="repeat-eval")
+    assert decode(encode(ok), WorkflowSpec).kind == "repeat-eval"
+    for bad in ("Repeat", "a" * 33, "", "x y"):
+        with pytest.raises(InvalidField, match="kind"):
+            decode(encode(WorkflowSpec(workload="w1", tenant="t1", kind=bad)), WorkflowSpec)
 
 
 def test_a_module_that_does_not_import_is_named():
