@@ -366,8 +366,8 @@ class WorkloadOps:
         except FieldError as exc:
             # Refused as invalid (a kind the env worker has not loaded, a config its recipe
             # refuses): the same start would be refused again, so it fails now, saying why.
-            why = (f"no env worker runs workloads of kind {rec.task!r} ({exc.message}): name the module that "
-                   f"registers it in {recipes.SETTING} of the env workers, as on the master"
+            why = (f"the env worker has no workflow of kind {rec.task!r}: name the module that registers it in "
+                   f"{recipes.SETTING} of the env workers too, as on the master (it said: {exc.message})"
                    if exc.field == "kind" else f"the env worker refused its start: {exc.message}")
             await self.set_state(rec, "failed", why)
             return

@@ -101,7 +101,8 @@ def register(kind: str, factory: RecipeFactory, *, config: type[RecipeConfig] | 
     family = family or getattr(factory, "family", None) or (known.family if known is not None else None)
     if family not in FAMILIES:
         raise ValueError(f"recipe of kind {kind!r}: family={family!r}; allowed: {', '.join(FAMILIES)} (the built-in "
-                         "task whose spec rules, training queue and target metrics the kind follows)")
+                         "task whose spec rules, training queue and target metrics the kind follows: set the "
+                         "workflow class's `family`, or pass register(..., family=...))")
     if kind in FAMILIES and family != kind:
         raise ValueError(f"recipe of kind {kind!r}: a built-in kind keeps its family; got {family!r}")
     if config is _UNSET:

@@ -5,7 +5,8 @@ queue_put, mark_ready, job, wait_job, latest_weights, export_params, predict, te
 rollout_begin / rollout_end, publish_event), the same way examples/custom_loop.py is. Env
 workers run them for submitted workloads (`start_workflow`, actors/env_worker/env_worker.py), finding
 them by kind in `protocol.recipes`, where importing this package registers sft, rl and eval
-(NEXUS_WORKFLOW_MODULES names the modules an env worker imports; this one by default). Each
+(NEXUS_WORKFLOW_MODULES names the modules the env workers and the master import; this one by
+default). Each
 reads its recipe's typed config (`Workflow.config`: `WorkflowSpec.algo` validated once into
 `protocol.recipe_configs.SFTConfig` / `RLConfig`). A loop of your own can subclass `Workflow`,
 register it as a recipe (docs/workload_spec.md "Adding a recipe"), or run one directly:

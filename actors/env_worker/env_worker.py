@@ -13,7 +13,8 @@ slow renderer never stalls the worker's event loop or heartbeats, a call past
 NEXUS_SIM_TIMEOUT_S kills its child, and a child that dies fails only its session.
 Workflows (RL rollouts, SFT sampling, evaluation) also run here: the loops of `workflows/`, on
 the SDK's primitives, found by kind in `protocol.recipes` (registered by the modules
-NEXUS_WORKFLOW_MODULES names, imported at start), so this role never imports them.
+NEXUS_WORKFLOW_MODULES names, imported at start), so this role never imports them; a start
+of a kind not loaded here is refused (InvalidField on ``kind``) and the master fails that workload.
 
 Run: ``python -m actors.run env --nats-url nats://127.0.0.1:4222``
 """

@@ -48,6 +48,18 @@ def test_spec_validate_json_valid_and_invalid(tmp_path):
     assert "colour: unknown field" in out.stderr and "task: 'dance' is not allowed" in out.stderr
 
 
+def test_submit_leaves_a_kind_it_does_not_know_to_the_master(tmp_path):
+    """A recipe's kind registered where the master runs (NEXUS_WORKFLOW_MODULES there) is not
+    refused by the CLI's offline check: the spec goes to the master, which checks it (here no
+    master answers: exit 1 on the connection, not 2 on the spec)."""
+    spec = tmp_path / "repeat.yaml"
+    spec.write_text(yaml.safe_dump({"tenant": "rep", "task": "repeat-eval", "env": {"id": "builtin/reach-v0"},
+                                    "eval": {"version": "latest", "episodes": 2}, "algorithm": {"rounds": 3}}))
+    out = nexus("submit", str(spec), "--nats-url", "nats://127.0.0.1:1", "--timeout-s", "1")
+    assert out.returncode == 1, (out.stdout, out.stderr)
+    assert "task 'repeat-eval' is no kind this CLI knows" in out.stderr and "invalid workload spec" not in out.stderr
+
+
 def test_dataset_info_json_through_nexus(libero_like):
     out = nexus("dataset", "info", str(libero_like), "--json")
     assert out.returncode == 0, out.stderr
