@@ -37,6 +37,7 @@ from typing import Any, Callable, Iterator
 from nats.js.errors import ObjectNotFoundError
 
 from actors.budget import lru_victims, mib
+from actors.trainer.torch_thread import TorchThread
 from transport.bus import js_retry, retry_through_outage
 from transport.weights import (MANIFEST_FORMAT, base_identity, check_manifest, get_manifest, get_object,
                              manifest_name, weights_name)
@@ -109,8 +110,11 @@ def fast_engine_applies(source: str, device: str | None) -> bool:
 class SlotStore:
     def __init__(self, bus, names: Names, device: str | None = None, max_on_device: int = 16,
                  fast: bool = False, compile: bool = False, image_size: int | None = None, budget_bytes: int = 0,
-                 in_use: Callable[[str], bool] | None = None, log: Any = None) -> None:
+                 in_use: Callable[[str], bool] | None = None, log: Any = None,
+                 torch_thread: TorchThread | None = None) -> None:
         self.bus = bus
+        # Every torch call of this store runs on the trainer's one torch thread (torch_thread.py).
+        self.torch = torch_thread or TorchThread(log=log)
         self.names = names
         self.device = device
         self.fast = fast
@@ -156,7 +160,7 @@ class SlotStore:
                 cfg = BaseConfig(source=source, device=self.device, fast=fast, compile=fast and self.compile,
                                  image_size=self.image_size)
                 # Loading a base takes seconds: off the event loop, so heartbeats keep flowing.
-                base = await asyncio.to_thread(BaseModel.load, cfg)
+                base = await self.torch.run(BaseModel.load, cfg)
                 self.bases[source] = base
         return base
 
@@ -189,7 +193,7 @@ class SlotStore:
         res.last_used = time.monotonic()
         base = await self.base(cfg.base)
         if res.slot.device != base.device:
-            res.slot.to(base.device)
+            await self.torch.run(res.slot.to, base.device)
         self.enforce_budget(keep={cfg.name})
         return res
 
@@ -210,8 +214,9 @@ class SlotStore:
 
         base = await self.base(cfg.base)
         schema = TenantSchema.from_dict(cfg.schema)
-        slot = TenantSlot.create(cfg.name, schema, base, head_kind=cfg.head, head_options=cfg.head_params,
-                                 optim=OptimConfig(**cfg.optim), seed=cfg.seed, adapter=cfg.base_adapter or None)
+        slot = await self.torch.run(TenantSlot.create, cfg.name, schema, base, head_kind=cfg.head,
+                                    head_options=cfg.head_params, optim=OptimConfig(**cfg.optim), seed=cfg.seed,
+                                    adapter=cfg.base_adapter or None)
         return Resident(config=cfg, slot=slot)
 
     async def _start(self, res: Resident) -> None:
@@ -226,7 +231,7 @@ class SlotStore:
             return
         check_manifest(await get_manifest(weights, name), name, base=res.config.base, key=res.slot.key,
                        signature=res.slot.schema.signature(), adapter=res.config.base_adapter)
-        await asyncio.to_thread(res.slot.load_params, payload)
+        await self.torch.run(res.slot.load_params, payload)
 
     async def start_from(self, cfg: TenantConfig, weights_object: str, adapter_object: str = "") -> WeightsRef:
         """A new tenant's slot from the objects it uploaded (master/uploads.py): built from
@@ -255,7 +260,7 @@ class SlotStore:
             tensors.update(part)
         where = "init" if adapter_object else "init.weights"
         try:
-            await asyncio.to_thread(res.slot.load_start, tensors)
+            await self.torch.run(res.slot.load_start, tensors)
         except CheckpointError as exc:
             raise InvalidField(where, f"the upload does not fit tenant {cfg.name!r}'s spec: {exc}") from None
         return await self._export_resident(res, {})
@@ -264,7 +269,7 @@ class SlotStore:
         data = unpackb(blob)
         if not isinstance(data, dict) or data.get("format") != CHECKPOINT_FORMAT:
             raise InternalError(f"checkpoint of {res.config.name} has an unknown format")
-        await asyncio.to_thread(res.slot.restore, data["slot"])
+        await self.torch.run(res.slot.restore, data["slot"])
         res.applied = OrderedDict((j, None) for j in data["applied"])
         res.checkpoint_name = name
 
@@ -331,7 +336,7 @@ class SlotStore:
         on_device.sort(key=lambda r: r.last_used)
         for res in on_device[: len(on_device) - self.max_on_device]:
             if res.config.name not in keep:
-                res.slot.offload()
+                self.torch.submit(res.slot.offload)  # ordered before the next step's torch work
 
     # -- commit and export ---------------------------------------------------------------
     async def write_checkpoint(self, tenant: str, tag: str) -> str:
@@ -341,7 +346,7 @@ class SlotStore:
         res = self.resident[tenant]
         while len(res.applied) > APPLIED_KEEP:
             res.applied.popitem(last=False)
-        slot_bytes = await asyncio.to_thread(res.slot.checkpoint)
+        slot_bytes = await self.torch.run(res.slot.checkpoint)
         blob = packb({"format": CHECKPOINT_FORMAT, "slot": slot_bytes, "applied": list(res.applied),
                       "step": res.slot.step_count, "version": res.slot.policy_version})
         name = checkpoint_name(tenant, tag)
@@ -375,7 +380,7 @@ class SlotStore:
         _, weights = await self._stores()
         tenant = res.config.name
         slot = res.slot
-        payload = await asyncio.to_thread(slot.export_params)
+        payload = await self.torch.run(slot.export_params)
         version = slot.policy_version
         manifest = {
             "format": MANIFEST_FORMAT,
@@ -414,7 +419,7 @@ class SlotStore:
         payload = await get_object(weights, object_name)
         check_manifest(await get_manifest(weights, object_name), object_name, base=res.config.base,
                        key=res.slot.key, signature=res.slot.schema.signature(), adapter=res.config.base_adapter)
-        return await asyncio.to_thread(res.slot.load_params, payload)
+        return await self.torch.run(res.slot.load_params, payload)
 
     def budget_report(self) -> dict[str, Any]:
         return {"budget_bytes": self.budget_bytes, "resident_bytes": self.resident_bytes(),

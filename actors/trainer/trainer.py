@@ -40,6 +40,7 @@ from actors.identity import require_tenant
 from actors.metering import Meter, final_flush, flush_loop
 from actors.runtime import Role, RoleConfig, device_memory_bytes, op
 from actors.trainer.slots import Resident, SlotStore
+from actors.trainer.torch_thread import TorchThread
 from actors.tracing import JobSpans
 from actors.tq_read import read_job_items
 from actors.trainer.train_loop import TrainLoop, Work
@@ -147,7 +148,8 @@ class Trainer(Role):
                                max_on_device=self.tcfg.max_on_device, fast=self.tcfg.fast,
                                compile=self.tcfg.compile, image_size=self.tcfg.image_size,
                                budget_bytes=budget_bytes(self.tcfg.slot_budget_mb),
-                               in_use=lambda tenant: self.loop.busy(tenant), log=self.log)
+                               in_use=lambda tenant: self.loop.busy(tenant), log=self.log,
+                               torch_thread=TorchThread(log=self.log))
         if self.tcfg.ranks > 1:
             await self._start_ranks()
         await self.bus.nc.subscribe(self.names.sched_ready, cb=self._on_ready)
@@ -374,7 +376,7 @@ class Trainer(Role):
                 self.job_spans.steps([w.job for w in group], self.loop.steps):
             started = time.perf_counter()
             try:
-                await asyncio.to_thread(self._train_step, group, bases)
+                await self.store.torch.run(self._train_step, group, bases)
             except RankLost as exc:
                 # Its communicator is broken and the ranks may differ: this trainer cannot go on.
                 # Exiting now is a lost trainer (its leases lapse, its jobs resume from their
