@@ -1,7 +1,8 @@
 """A role's ops: declaring a handler (`@op`), checking a role's handlers against its op table
 (`check_ops`), and serving requests (`OpServer`, a mixin of `actors.runtime.Role`): the bound
 on requests held, a task and a server span per request, the caller checked against the op's
-access, and an `ErrorReply` for a bad request while the role goes on serving.
+access, and an `ErrorReply` for a bad request while the role goes on serving. What `OpServer`
+uses of its role is `OpServerHost`, and nothing else (tests/actors/test_mixin_hosts.py checks).
 
     class Monitor(Role):
         @op(ops.MONITOR_STATUS)
@@ -14,7 +15,7 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from nats.aio.msg import Msg
 from opentelemetry import trace
@@ -34,6 +35,12 @@ from protocol import ops
 from protocol.ops import Op
 from protocol.policy import BROKER_RETRY_AFTER_S
 from protocol.wire import decode, encode
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Tracer
+
+    from protocol.messages import RoleState
+    from transport.bus import Bus
 
 Handler = Callable[[Any, Any], Awaitable[Any]]
 # Ops an operator needs on a saturated role (inspect it, drain it): admitted up to twice
@@ -116,7 +123,41 @@ def check_ops(role_cls: type) -> dict[str, Op]:
     return table
 
 
-class OpServer:
+class RequestBounds(Protocol):
+    """The part of a role's config (`actors.runtime.RoleConfig`) the request bound reads."""
+
+    max_pending: int  # requests held at once (control ops: twice this); past it, Busy
+    busy_retry_after_s: float  # the Busy reply's retry hint
+
+
+class OpServerHost(Protocol):
+    """What `OpServer` uses of the role it is mixed into, and nothing more (`actors.runtime.Role`
+    is the host): its name, state and config, its bus, log and tracer, the bound ops, and the
+    bookkeeping of the requests it holds."""
+
+    name: ClassVar[str]
+    instance: str
+    state: RoleState  # draining / stopped: only control ops are served
+    cfg: RequestBounds
+    bus: Bus | None
+    log: Any  # the role's structlog logger
+    tracer: Tracer
+    _ops: dict[str, tuple[Op, Handler]]  # op name -> (op, bound handler), bound at `Role.run`
+    _sem: asyncio.Semaphore  # max_concurrency handlers at once (control ops skip it)
+    _inflight: set[asyncio.Task]  # the request tasks (a drain waits for them)
+    _pending: int
+    busy_refused: int  # requests answered Busy by the bound
+
+
+# To a type checker the mixin is its host (`self.cfg` has OpServerHost's type); at run time a
+# plain class, so no stub of the protocol sits in `Role`'s MRO.
+if TYPE_CHECKING:
+    _Host = OpServerHost
+else:
+    _Host = object
+
+
+class OpServer(_Host):
     # -- request dispatch (the role's state, bus, tracer and bounds are `Role`'s) ----------
     def parts(self) -> tuple[object, ...]:
         """The objects, one of each `part_types`, whose ``@op`` methods this role serves."""

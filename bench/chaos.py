@@ -57,8 +57,8 @@ from typing import Any
 from transport.cluster import pid_alive
 from bench.chaos_audit import Findings, audit_jobs, percentile
 from bench.chaos_config import BUDGETS, ChaosConfig, Kill, NatsKill, workload_specs
-from bench.chaos_deploy import Deployment, Poll, _answers_info, _cmdline, _listening_ports, _url_ports
-from bench.chaos_report import _fmt, print_report
+from bench.chaos_deploy import Deployment, Poll, answers_info, proc_cmdline, listening_ports, ports_of_url
+from bench.chaos_report import fmt, print_report
 
 KILLABLE_ROLES = ("master", "trainer", "inferencer", "env", "health", "monitor")
 TERMINAL = ("completed", "failed", "cancelled")
@@ -187,7 +187,7 @@ class Chaos:
 
     async def _strike(self, role: str, target: dict[str, Any]) -> None:
         pid, instance = int(target["pid"]), target["instance"]
-        cmd = _cmdline(pid)
+        cmd = proc_cmdline(pid)
         if "actors.run" not in cmd or role not in cmd:
             self.note(f"pid {pid} is not the {role} role ({cmd}); skipped")
             return
@@ -236,7 +236,7 @@ class Chaos:
             k.note = f"restart request unanswered {DRAIN_REQUEST_ATTEMPTS} times in {DRAIN_REQUEST_TIMEOUT_S:g} s"
             return
         k.mode = "drain-sigterm"
-        if pid_alive(k.pid) and _cmdline(k.pid) == self.dep.seen.get(k.pid):
+        if pid_alive(k.pid) and proc_cmdline(k.pid) == self.dep.seen.get(k.pid):
             os.kill(k.pid, signal.SIGTERM)
 
     async def _watch_recovery(self, k: Kill) -> None:
@@ -283,15 +283,15 @@ class Chaos:
             print(f"[chaos] {self.nats.skipped}", flush=True)
             return
         pid = self.rng.choice(pids)
-        cmd = _cmdline(pid)
+        cmd = proc_cmdline(pid)
         try:
             cwd = os.readlink(f"/proc/{pid}/cwd")
         except OSError:
             cwd = str(self.dep.data_dir)
         # Its client port: the one of the deployment's URLs this process listens on (the
         # port may live in a config file, so it is read from the socket table, not argv).
-        url_ports = _url_ports(str(state.get("nats_url", "")))
-        ports = sorted(_listening_ports(pid) & url_ports)
+        url_ports = ports_of_url(str(state.get("nats_url", "")))
+        ports = sorted(listening_ports(pid) & url_ports)
         port = ports[0] if ports else None
         self.nats.pid, self.nats.at = pid, time.time()
         os.kill(pid, signal.SIGKILL)
@@ -300,7 +300,7 @@ class Chaos:
         down_until = time.monotonic() + NATS_DOWN_S
         while time.monotonic() < down_until:
             await asyncio.sleep(0.2)
-            if port is not None and await asyncio.to_thread(_answers_info, port):
+            if port is not None and await asyncio.to_thread(answers_info, port):
                 self.nats.back_s, self.nats.done = time.time() - self.nats.at, True
                 self.nats.note = "the deployment restarted the node itself"
                 return
@@ -320,11 +320,11 @@ class Chaos:
             if port is None:
                 self.nats.note = "its client port was not found; not probed"
                 break
-            if await asyncio.to_thread(_answers_info, port):
+            if await asyncio.to_thread(answers_info, port):
                 self.nats.back_s = time.time() - self.nats.at
                 break
             await asyncio.sleep(0.2)
-        print(f"[chaos] NATS node restarted as pid {proc.pid}; back after {_fmt(self.nats.back_s)} s", flush=True)
+        print(f"[chaos] NATS node restarted as pid {proc.pid}; back after {fmt(self.nats.back_s)} s", flush=True)
 
     # 4. progress
     async def _sample_loop(self) -> None:

@@ -47,7 +47,7 @@ BUDGETS: dict[str, dict[str, Any]] = {
 }
 
 
-def _example(name: str) -> dict[str, Any]:
+def load_example(name: str) -> dict[str, Any]:
     from master.spec import load_document  # the master's loader: YAML 1.2 floats (1e-3 is a number)
 
     return load_document((EXAMPLES / name).read_text())
@@ -57,7 +57,7 @@ def workload_specs(budget: str, tag: str) -> list[dict[str, Any]]:
     """SFT, two RL, and an eval of the SFT tenant, from examples/*.yaml, sized by ``budget``.
     ``tag`` keeps tenant names unique per run (a tenant name is unique per deployment)."""
     b = BUDGETS[budget]
-    sft = _example("sft_reach.yaml")
+    sft = load_example("sft_reach.yaml")
     sft["tenant"] = f"chaos-sft-{tag}"
     sft["env"]["demos"]["episodes"] = b["sft"]["demos"]
     sft["algorithm"].update(steps=b["sft"]["steps"], items_per_job=b["sft"]["items_per_job"],
@@ -66,13 +66,13 @@ def workload_specs(budget: str, tag: str) -> list[dict[str, Any]]:
     sft.pop("outputs", None)
     rls = []
     for i, letter in enumerate("ab"):
-        rl = _example("rl_reach.yaml")
+        rl = load_example("rl_reach.yaml")
         rl["tenant"], rl["seed"] = f"chaos-rl{letter}-{tag}", 1 + i
         rl["algorithm"].update({k: v for k, v in b["rl"].items() if k != "max_steps"})
         rl["schedule"]["budget"] = {"max_steps": b["rl"]["max_steps"]}
         rl.pop("eval", None)
         rls.append(rl)
-    ev = _example("eval_reach.yaml")
+    ev = load_example("eval_reach.yaml")
     ev["tenant"] = f"chaos-eval-{tag}"
     ev["eval"].update(version=f"tenant:{sft['tenant']}@latest", episodes=b["eval_episodes"])
     ev.pop("outputs", None)  # its report_path is relative to the master's cwd

@@ -31,7 +31,7 @@ class Poll:
 
 
 # -- the deployment and its processes ---------------------------------------------------------
-def _cmdline(pid: int) -> list[str]:
+def proc_cmdline(pid: int) -> list[str]:
     try:
         return [a.decode() for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
     except OSError:
@@ -84,7 +84,7 @@ class Deployment:
             pids.append(state["broker_pid"])
         for pid in pids:
             if pid not in self.seen:
-                self.seen[pid] = _cmdline(pid)
+                self.seen[pid] = proc_cmdline(pid)
         return state
 
     def role(self, role: str) -> dict[str, Any] | None:
@@ -121,13 +121,13 @@ class Deployment:
                     proc.wait()
         for pid, cmd in self.seen.items():
             # Only a process that is still the one we saw (pids get reused).
-            if cmd and pid_alive(pid) and _cmdline(pid) == cmd:
+            if cmd and pid_alive(pid) and proc_cmdline(pid) == cmd:
                 os.kill(pid, signal.SIGKILL)
                 notes.append(f"killed leftover pid {pid} ({' '.join(cmd[-3:])})")
         return notes
 
 
-def _url_ports(url: str) -> set[int]:
+def ports_of_url(url: str) -> set[int]:
     """The client ports of a deployment's URL (comma-separated servers). Since tenant auth each
     server carries ``?creds=PATH`` (and may carry ``user:pass@``): read the port from the
     plain address, never by splitting the raw text at its last colon."""
@@ -144,7 +144,7 @@ def _url_ports(url: str) -> set[int]:
     return ports
 
 
-def _listening_ports(pid: int) -> set[int]:
+def listening_ports(pid: int) -> set[int]:
     """TCP ports a process listens on (Linux: its socket inodes against /proc/net/tcp*)."""
     inodes = set()
     try:
@@ -170,7 +170,7 @@ def _listening_ports(pid: int) -> set[int]:
     return ports
 
 
-def _answers_info(port: int) -> bool:
+def answers_info(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
             return s.recv(4).startswith(b"INFO")

@@ -402,9 +402,9 @@ def table(report: dict[str, Any]) -> str:
 
 
 def plot(report: dict[str, Any], path: Path) -> Path:
-    from bench.mt_report import _pyplot, _save
+    from bench.mt_report import load_pyplot, save_figure
 
-    plt = _pyplot()
+    plt = load_pyplot()
     arms = report["arms"]
     fig, axes = plt.subplots(len(arms), 1, figsize=(9, 3.2 * len(arms)), squeeze=False, sharex=True)
     colors = {"env": "tab:green", "inferencer": "tab:blue", "trainer": "tab:red"}
@@ -430,7 +430,7 @@ def plot(report: dict[str, Any], path: Path) -> Path:
         ax.set_ylabel("instances")
         ax.legend(fontsize=7, loc="upper right")
     axes[-1, 0].set_xlabel("seconds since nexus up (v: submit, ^: done; dotted: a scaler decision)")
-    return _save(plt, fig, path)
+    return save_figure(plt, fig, path)
 
 
 def _plotted(report: dict[str, Any], out: Path) -> str:

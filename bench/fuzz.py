@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.support import fuzzing  # noqa: E402
+from tests.support import fuzz_report, fuzzing  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,11 +71,11 @@ def main(argv: list[str] | None = None) -> int:
             roles.stop_all()
             broker.stop()
 
-    stats = fuzzing.summarize(run.outcomes)
-    found = fuzzing.problems(run.outcomes)
+    stats = fuzz_report.summarize(run.outcomes)
+    found = fuzz_report.problems(run.outcomes)
     print(f"{len(run.outcomes)} cases on {len(run.targets)} targets in {run.wall_s:.1f} s "
           f"(whole run {time.monotonic() - started:.1f} s, seed {args.seed})")
-    print(fuzzing.table(stats))
+    print(fuzz_report.table(stats))
     grown = {r: (run.rss_end_kib[r] - run.rss_warm_kib[r]) / 1024 for r in run.rss_warm_kib}
     print(f"\n{'ROLE':12} {'ALIVE':>5} {'RSS WARM MiB':>12} {'RSS END MiB':>11} {'GROWTH MiB':>10}")
     for r in run.rss_warm_kib:
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         print("  " + line)
     print(f"\n{len(found)} problems")
     for o in found:
-        print(fuzzing.describe(o))
+        print(fuzz_report.describe(o))
     for inst, text in logs.items():
         print(f"--- log of dead {inst} ---\n{text}")
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from bench.chaos_config import _example
+from bench.chaos_config import load_example
 
 MAX_TENANTS = 64  # a deployment's tenants in one run (the scaling curve goes to 16)
 MAX_BUDGET = 100_000
@@ -35,7 +35,7 @@ class Sizes:
 def _rl(kind: str, env_id: str, options: dict[str, Any], cameras: list[dict[str, Any]] | None = None,
         state_dim: int | None = None, action_dim: int | None = None) -> Callable[..., dict[str, Any]]:
     def build(tenant: str, budget: int, base: str, seed: int, sz: Sizes) -> dict[str, Any]:
-        rl = _example("rl_reach.yaml")
+        rl = load_example("rl_reach.yaml")
         rl.update(tenant=tenant, base=base, seed=seed)
         rl["env"] = {"id": env_id, "options": dict(options)}
         if cameras is not None:
@@ -59,7 +59,7 @@ def _rl(kind: str, env_id: str, options: dict[str, Any], cameras: list[dict[str,
 
 
 def _sft(tenant: str, budget: int, base: str, seed: int, sz: Sizes) -> dict[str, Any]:
-    sft = _example("sft_reach.yaml")
+    sft = load_example("sft_reach.yaml")
     sft.update(tenant=tenant, base=base, seed=seed)
     sft["env"]["demos"]["episodes"] = sz.sft_demos
     sft["algorithm"].update(steps=budget, items_per_job=min(sz.sft_items_per_job, budget),
@@ -88,8 +88,8 @@ def pick_published(data_dir: Path) -> Path:
     return data_dir / "datasets" / "published" / PICK_DATASET_NAME
 
 
-def _sft_pick(tenant: str, budget: int, base: str, seed: int, sz: Sizes, data_dir: Path | None = None) -> dict[str, Any]:
-    sft = _example(PICK_SFT)
+def sft_pick(tenant: str, budget: int, base: str, seed: int, sz: Sizes, data_dir: Path | None = None) -> dict[str, Any]:
+    sft = load_example(PICK_SFT)
     sft.update(tenant=tenant, base=base, seed=seed)
     if data_dir is not None:  # None: a spec to check (the example's placeholder root)
         sft["dataset"]["root"] = str(pick_published(data_dir))
@@ -101,7 +101,7 @@ def _sft_pick(tenant: str, budget: int, base: str, seed: int, sz: Sizes, data_di
 
 
 def _pick_eval(tenant: str, sz: Sizes) -> dict[str, Any]:
-    ev = _example(PICK_EVAL)
+    ev = load_example(PICK_EVAL)
     ev["tenant"] = tenant
     ev["eval"].update(version="latest", episodes=sz.pick_eval_episodes, seed=PICK_EVAL_SEED)
     return ev
@@ -109,13 +109,13 @@ def _pick_eval(tenant: str, sz: Sizes) -> dict[str, Any]:
 
 def pick_env() -> tuple[str, dict[str, Any]]:
     """The env id and options the eval (and so the demos) use."""
-    ev = _example(PICK_EVAL)
+    ev = load_example(PICK_EVAL)
     return ev["env"]["id"], dict(ev["env"]["options"])
 
 
-_sft_pick.kind, _sft_pick.task, _sft_pick.env_id = "sft-pick", "sft", "maniskill/PickCube-v1"  # type: ignore[attr-defined]
-_sft_pick.dataset = PICK_DATASET_NAME  # type: ignore[attr-defined]
-_sft_pick.followup = _pick_eval  # type: ignore[attr-defined]
+sft_pick.kind, sft_pick.task, sft_pick.env_id = "sft-pick", "sft", "maniskill/PickCube-v1"  # type: ignore[attr-defined]
+sft_pick.dataset = PICK_DATASET_NAME  # type: ignore[attr-defined]
+sft_pick.followup = _pick_eval  # type: ignore[attr-defined]
 _CAM64 = {"height": 64, "width": 64}
 TENANT_KINDS: dict[str, Callable[..., dict[str, Any]]] = {
     "rl-reach": _rl("rl-reach", "builtin/reach-v0", {"cameras": ["top", "wrist"], "image_size": 64, "reward": "dense"}),
@@ -132,7 +132,7 @@ TENANT_KINDS: dict[str, Callable[..., dict[str, Any]]] = {
                    {"obs_mode": "rgb", "image_size": 64, "control_mode": "pd_joint_delta_pos"},
                    cameras=[{"name": "base_camera", **_CAM64}], state_dim=25, action_dim=8),
     "sft-reach": _sft,
-    "sft-pick": _sft_pick,
+    "sft-pick": sft_pick,
 }
 DEFAULT_MIX = "rl-reach:8,rl-reach-easy:8,rl-push:4,sft-reach:32"
 DEFAULT_BUDGET = {"rl": 16, "sft": 48}  # sft-pick learns at ~3,000 (docs/results.md)

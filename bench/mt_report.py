@@ -368,7 +368,7 @@ def utilisation_series(samples: list[list[float]], bin_s: float) -> tuple[list[f
     return [i * bin_s for i in range(n)], [min(1.0, b / bin_s) for b in busy]
 
 
-def _pyplot() -> Any:
+def load_pyplot() -> Any:
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display on a bench machine
@@ -377,7 +377,7 @@ def _pyplot() -> Any:
     return plt
 
 
-def _save(plt: Any, fig: Any, path: Path) -> Path:
+def save_figure(plt: Any, fig: Any, path: Path) -> Path:
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=80)  # small: the docs keep these PNGs (< 300 KB)
@@ -386,7 +386,7 @@ def _save(plt: Any, fig: Any, path: Path) -> Path:
 
 
 def plot(report: dict[str, Any], path: Path, bin_s: float = 2.0) -> Path:
-    plt = _pyplot()
+    plt = load_pyplot()
     shared = report["runs"]["shared"]
     alone = report["runs"]["alone"]
     tenants = list(shared["tenants"]) if shared else []
@@ -410,7 +410,7 @@ def plot(report: dict[str, Any], path: Path, bin_s: float = 2.0) -> Path:
         ax.legend(loc="upper right", fontsize=8)
     axes[1].set_xlabel("seconds since the run's `nexus up` (isolated runs back to back)")
     learning_curves(fig.add_subplot(grid[2, :]), report)
-    return _save(plt, fig, path)
+    return save_figure(plt, fig, path)
 
 
 def curve_xy(t: dict[str, Any]) -> tuple[list[float], list[float], str]:
@@ -476,7 +476,7 @@ def learning_curves(ax: Any, report: dict[str, Any]) -> None:
 
 
 def plot_scaling(rows: list[dict[str, Any]], runs: list[dict[str, Any]], path: Path, bin_s: float = 2.0) -> Path:
-    plt = _pyplot()
+    plt = load_pyplot()
     ok = [r for r in rows if r["ok"]]
     fig, (ax1, ax2, ax3) = plt.subplots(3, 1, figsize=(8, 8.5))
     n = [r["tenants"] for r in ok]
@@ -502,4 +502,4 @@ def plot_scaling(rows: list[dict[str, Any]], runs: list[dict[str, Any]], path: P
     ax3.set(ylim=(0, 1.05), xlabel="seconds since `nexus up`", ylabel="trainer busy fraction",
             title="trainer busy timelines")
     ax3.legend(fontsize=8)
-    return _save(plt, fig, path)
+    return save_figure(plt, fig, path)

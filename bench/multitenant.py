@@ -67,7 +67,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from bench.mt_mix import (DEFAULT_MIX, DEFAULT_SCALING_KINDS, PICK_DATASET_NAME, PICK_DEMO_NOISE, PICK_DEMO_SEED,
-                          PICK_DEMOS, PICK_EVAL_SEED, PICK_SFT, BadArgument, Sizes, TenantPlan, _sft_pick, check_base,
+                          PICK_DEMOS, PICK_EVAL_SEED, PICK_SFT, BadArgument, Sizes, TenantPlan, sft_pick, check_base,
                           parse_mix, parse_scaling, pick_env, scaled_mix)
 from bench.mt_report import (compare, failures, merge_compare, planned_tenants, plot, plot_scaling, scaling,
                               scaling_table, summarize, summary_table, table)
@@ -284,7 +284,7 @@ def pick_dataset_problem(root: Path) -> str | None:
         json.loads(info.read_text())
     except ValueError as exc:
         return f"{str(info)!r} is not JSON: {exc}"
-    errors = dataset_errors(parse_spec(_sft_pick("check", 1, "tiny-qwen3-vl-64", 0, Sizes())), root)
+    errors = dataset_errors(parse_spec(sft_pick("check", 1, "tiny-qwen3-vl-64", 0, Sizes())), root)
     if errors:
         return (f"{str(root)!r} does not fit sft-pick ({PICK_SFT}): "
                 + "; ".join(f"{field}: {why}" for field, why, _ in errors)

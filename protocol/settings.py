@@ -33,7 +33,7 @@ from pydantic import Field, field_validator, model_validator
 from protocol.errors import NexusError
 from protocol.policy import COHORT_JOIN_WAIT_S, INFERENCE_OUTAGE, Leases, Retention, UsageFlush
 from protocol.subjects import DEFAULT_PREFIX, ROLES, Names
-from protocol.settings_base import EnvSettings, SettingsError, _rule, allowed_text, var
+from protocol.settings_base import EnvSettings, SettingsError, rule_error, allowed_text, var
 from protocol.settings_platform import (AuthSettings, CliSettings, HealthSettings, LeaseSettings, MonitorSettings,
                                         QuotaSettings, RetentionSettings, ScaleSettings, TelemetrySettings,
                                         UsageSettings)
@@ -262,11 +262,11 @@ class InferencerSettings(EnvSettings):
     @model_validator(mode="after")
     def _order(self) -> InferencerSettings:
         if self.max_queued < self.max_queue_per_key:
-            raise _rule(f"NEXUS_INFER_MAX_QUEUED={self.max_queued}: must be >= NEXUS_INFER_MAX_QUEUE_PER_KEY "
-                        f"({self.max_queue_per_key})")
+            raise rule_error(f"NEXUS_INFER_MAX_QUEUED={self.max_queued}: must be >= NEXUS_INFER_MAX_QUEUE_PER_KEY "
+                             f"({self.max_queue_per_key})")
         if self.busy_max_retry_after_s < self.busy_retry_after_s:
-            raise _rule(f"NEXUS_INFER_BUSY_MAX_RETRY_AFTER_S={self.busy_max_retry_after_s:g}: must be >= "
-                        f"NEXUS_INFER_BUSY_RETRY_AFTER_S ({self.busy_retry_after_s:g})")
+            raise rule_error(f"NEXUS_INFER_BUSY_MAX_RETRY_AFTER_S={self.busy_max_retry_after_s:g}: must be >= "
+                             f"NEXUS_INFER_BUSY_RETRY_AFTER_S ({self.busy_retry_after_s:g})")
         return self
 
 

@@ -84,7 +84,7 @@ class EnvSettings(BaseModel):
         return lines
 
 
-def _rule(message: str) -> PydanticCustomError:
+def rule_error(message: str) -> PydanticCustomError:
     return PydanticCustomError("settings_rule", "{message}", {"message": message})
 
 

@@ -44,8 +44,8 @@ from typing import Annotated
 import typer
 
 from sdk.cli_run import EXIT_BAD_INPUT, EXIT_OK, run_app
-from sdk.cli_common import (DEFAULT_DATA_DIR, DataDir, NatsUrl, Prefix, TimeoutS, Json, _client, _creds, _err,
-                            _replicas, _run, _tq_max_bytes_option, app)
+from sdk.cli_common import (DEFAULT_DATA_DIR, DataDir, NatsUrl, Prefix, TimeoutS, Json, cluster_client, creds_path,
+                            print_error, check_replicas, run_command, tq_max_bytes_option, app)
 # Imported for their commands, in the order `nexus --help` lists them.
 import sdk.cli_cluster  # noqa: F401
 import sdk.cli_tenant  # noqa: F401
@@ -62,9 +62,9 @@ def _add_dataset_app() -> None:
 @app.command()
 def layout(
     data_dir: DataDir = DEFAULT_DATA_DIR, nats_url: NatsUrl = None, prefix: Prefix = None,
-    replicas: Annotated[int, typer.Option("--replicas", callback=_replicas,
+    replicas: Annotated[int, typer.Option("--replicas", callback=check_replicas,
                                           help="stream replicas: 3 on a 3-node NATS cluster")] = 1,
-    tq_max_bytes: Annotated[int | None, _tq_max_bytes_option()] = None,
+    tq_max_bytes: Annotated[int | None, tq_max_bytes_option()] = None,
 ) -> int:
     """Create streams and buckets on an existing NATS server."""
     from transport.bus import Bus
@@ -81,7 +81,7 @@ def layout(
         from transport.creds import redact_url
         from protocol.errors import Unavailable
 
-        bus = await Bus.connect(url, name="nexus-layout", reconnect_forever=False, creds=_creds())
+        bus = await Bus.connect(url, name="nexus-layout", reconnect_forever=False, creds=creds_path())
         try:
             settings = DeploymentSettings(replicas=replicas, tq_max_bytes=tq_max_bytes or DEFAULT_TQ_MAX_BYTES)
             await ensure_layout(bus.js, Names(resolved_prefix), replicas=replicas, settings=settings)
@@ -91,7 +91,7 @@ def layout(
         finally:
             await bus.close()
 
-    _run(go())
+    run_command(go())
     from transport.creds import redact_url
 
     print(f"streams and buckets of prefix {resolved_prefix!r} are in place on {redact_url(url)} (replicas={replicas})")
@@ -118,14 +118,14 @@ def weights_upload(
     from sdk.term import print_json
 
     if not file.is_file():
-        _err(f"file: {file} is not a readable file")
+        print_error(f"file: {file} is not a readable file")
         return EXIT_BAD_INPUT
 
     async def go() -> str:
-        async with _client(data_dir, nats_url, prefix, timeout_s) as client:
+        async with cluster_client(data_dir, nats_url, prefix, timeout_s) as client:
             return await client.upload_weights(name, file, tenant)
 
-    detail = _run(go())
+    detail = run_command(go())
     if json:
         print_json({"name": name, "detail": detail})
     else:
@@ -158,7 +158,7 @@ def env_serve(
     from sdk.env_serve import serve_main
 
     url, resolved = resolve_cluster(data_dir, nats_url, prefix)
-    return serve_main(url, resolved, creds or _creds(), factory, capacity=capacity)
+    return serve_main(url, resolved, creds or creds_path(), factory, capacity=capacity)
 
 
 # -- entry point --------------------------------------------------------------------------------

@@ -13,8 +13,9 @@ from typing import Annotated, Any
 import typer
 
 from sdk.cli_run import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
-from sdk.cli_common import (DEFAULT_DATA_DIR, OPERATOR_ONLY, DataDir, Json, NatsUrl, Prefix, TimeoutS, _asdict,
-                            _client, _err, _replicas, _run, _tenant_caller, _tq_max_bytes_option, app)
+from sdk.cli_common import (DEFAULT_DATA_DIR, OPERATOR_ONLY, DataDir, Json, NatsUrl, Prefix, TimeoutS, as_dict,
+                            cluster_client, print_error, check_replicas, run_command, tenant_caller,
+                            tq_max_bytes_option, app)
 
 
 # -- up / down ----------------------------------------------------------------------------------
@@ -26,10 +27,10 @@ def up(
     nats_port: Annotated[int, typer.Option("--nats-port", envvar="NEXUS_NATS_PORT",
                                            help="port of the embedded nats-server")] = 4222,
     nats_cluster: Annotated[int, typer.Option(
-        "--nats-cluster", metavar="N", callback=_replicas,
+        "--nats-cluster", metavar="N", callback=check_replicas,
         help="start N nats-servers as one JetStream cluster (3: streams and buckets R3, a node can be "
              "lost); node 1 on --nats-port, the rest on free ports")] = 1,
-    tq_max_bytes: Annotated[int | None, _tq_max_bytes_option()] = None,
+    tq_max_bytes: Annotated[int | None, tq_max_bytes_option()] = None,
     detach: Annotated[bool, typer.Option("--detach", help="return once every role is live")] = False,
     ready_timeout_s: Annotated[float, typer.Option("--ready-timeout-s")] = 60.0,
     roles: Annotated[str, typer.Option(
@@ -52,12 +53,12 @@ def up(
     resolved = data_dir.resolve()
     state = ClusterState.read(resolved)
     if state is not None and pid_alive(state.supervisor_pid):
-        _err(f"a cluster is already running from {resolved} (supervisor pid {state.supervisor_pid}); "
-             f"stop it with `nexus down --data-dir {data_dir}`")
+        print_error(f"a cluster is already running from {resolved} (supervisor pid {state.supervisor_pid}); "
+                    f"stop it with `nexus down --data-dir {data_dir}`")
         return EXIT_FAILED
     if not nats_url and not port_is_free("127.0.0.1", nats_port):
-        _err(PortTaken(f"port {nats_port} on 127.0.0.1 is taken; pick another with --nats-port PORT (or use "
-                       f"the server there with --nats-url nats://127.0.0.1:{nats_port})").message)
+        print_error(PortTaken(f"port {nats_port} on 127.0.0.1 is taken; pick another with --nats-port PORT (or use "
+                              f"the server there with --nats-url nats://127.0.0.1:{nats_port})").message)
         return EXIT_BAD_INPUT
     from protocol.placement import parse_devices, visible_devices
     from protocol.scaling import parse_counts
@@ -72,19 +73,19 @@ def up(
                                placement=parse_devices(devices, visible_devices()))
     except SettingsError as exc:
         for line in exc.lines:
-            _err(line)
+            print_error(line)
         return EXIT_BAD_INPUT
     except (ValueError, NexusError) as exc:
-        _err(exc.message if isinstance(exc, NexusError) else str(exc))
+        print_error(exc.message if isinstance(exc, NexusError) else str(exc))
         return EXIT_BAD_INPUT
 
     for line in unknown_variables():
-        _err(line, prefix="warning: ")
+        print_error(line, prefix="warning: ")
     try:  # every role's NEXUS_* variables, before anything starts
         check_supervised_roles(cfg.roles)
     except SettingsError as exc:
         for line in exc.lines:
-            _err(line)
+            print_error(line)
         return EXIT_BAD_INPUT
     if not detach:
         return _up_foreground(cfg)
@@ -119,7 +120,7 @@ def _up_detached(shown_dir: Path, cfg: Any, ready_timeout_s: float) -> int:
     deadline = time.monotonic() + ready_timeout_s + 15
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            _err(f"the cluster failed to start (status {proc.returncode}); last lines of {log_path}:")
+            print_error(f"the cluster failed to start (status {proc.returncode}); last lines of {log_path}:")
             print(_tail(log_path), file=sys.stderr)
             return EXIT_FAILED
         state = ClusterState.read(cfg.data_dir)
@@ -135,7 +136,7 @@ def _up_detached(shown_dir: Path, cfg: Any, ready_timeout_s: float) -> int:
             print(f"  stop    nexus down --data-dir {shown_dir}")
             return EXIT_OK
         time.sleep(0.2)
-    _err(f"the cluster did not become ready in time; see {log_path}")
+    print_error(f"the cluster did not become ready in time; see {log_path}")
     proc.terminate()
     return EXIT_FAILED
 
@@ -178,7 +179,7 @@ def down(
         if not pid_alive(state.supervisor_pid):
             print(f"vla-nexus stopped ({resolved})")
             return EXIT_OK
-        _err(f"supervisor did not stop within {timeout_s:g} s; killing what is left")
+        print_error(f"supervisor did not stop within {timeout_s:g} s; killing what is left")
         os.kill(state.supervisor_pid, signal.SIGKILL)
     # Stale state (supervisor gone): stop what it left behind, then forget it.
     brokers = state.broker_pids or ([state.broker_pid] if state.broker_pid else [])
@@ -220,14 +221,14 @@ def scale(
     from protocol.subjects import Names
     from sdk.term import print_json
 
-    tenant = _tenant_caller()
+    tenant = tenant_caller()
     if tenant is not None:
-        _err(OPERATOR_ONLY.format(command="nexus scale", tenant=tenant))
+        print_error(OPERATOR_ONLY.format(command="nexus scale", tenant=tenant))
         return EXIT_BAD_INPUT
     state = ClusterState.read(data_dir.resolve())
     if state is None or not pid_alive(state.supervisor_pid):
-        _err(f"no running deployment from {data_dir.resolve()} (`nexus scale` talks to the supervisor `nexus up` "
-             f"started; on Kubernetes scale the Deployment or its ScaledObject bounds)")
+        print_error(f"no running deployment from {data_dir.resolve()} (`nexus scale` talks to the supervisor "
+                    f"`nexus up` started; on Kubernetes scale the Deployment or its ScaledObject bounds)")
         return EXIT_FAILED
     # Checked here too, so a refusal needs no round trip; the supervisor checks again.
     check_count(role, count, parse_bounds(",".join(f"{r}={b}" for r, b in state.bounds.items())))
@@ -235,13 +236,13 @@ def scale(
         raise InvalidField("--pool", f"role {role} has no pools: only inferencers serve one (a base each)")
 
     async def go():
-        async with _client(data_dir, None, state.prefix, timeout_s) as client:
+        async with cluster_client(data_dir, None, state.prefix, timeout_s) as client:
             return await client.bus.request(Names(state.prefix).supervisor("scale"),
                                             ScaleRequest(role=role, count=count, reason=reason, drain=drain or [],
                                                          pool=pool), Ok,
                                             timeout_s=timeout_s)
 
-    reply = _run(go())
+    reply = run_command(go())
     if json:
         print_json({"role": role, "count": count, **({"pool": pool} if pool else {}), "detail": reply.detail})
     else:
@@ -296,7 +297,7 @@ def workload_rows(workloads: list, jobs: list) -> list[dict]:
     return out
 
 
-def _workloads_table(wrows: list[dict]) -> None:
+def workloads_table(wrows: list[dict]) -> None:
     from sdk.term import table
 
     table(("WORKLOAD", "TENANT", "TASK", "STATE", "STEPS", "VERSION", "LOSS", "SUCCESS", "QUEUE"), [
@@ -321,35 +322,35 @@ def status(
     from sdk.term import print_json, table
 
     async def fetch():
-        async with _client(data_dir, nats_url, prefix, timeout_s) as client:
+        async with cluster_client(data_dir, nats_url, prefix, timeout_s) as client:
             try:
                 st = await client.status()
             except NexusError as exc:  # no monitor: say so, still show the workloads
-                _err(f"roles unknown: {exc.message}")
+                print_error(f"roles unknown: {exc.message}")
                 st = None
             try:  # every page (the client follows the master's cursor)
                 workloads, jobs = await client.workloads(), await client.jobs()
             except NexusError as exc:  # no master yet: roles only, and say so (never an empty table)
-                _err(f"workloads unknown: {exc.message}")
+                print_error(f"workloads unknown: {exc.message}")
                 if st is None:
                     raise Unavailable("neither the monitor nor the master answers; is the cluster up?") from None
                 workloads, jobs = [], []
             return st, workloads, jobs
 
-    tenant = _tenant_caller()
+    tenant = tenant_caller()
     if tenant is not None:
         # A tenant sees no roles (the monitor is the platform's): its own workloads only,
         # and one line saying why, never "0 alive" as if the deployment were down.
         async def fetch():  # noqa: F811 (the tenant's view: the master's listing alone)
             from protocol.errors import NotFound
 
-            async with _client(data_dir, nats_url, prefix, timeout_s) as client:
+            async with cluster_client(data_dir, nats_url, prefix, timeout_s) as client:
                 try:
                     return None, await client.workloads(), await client.jobs()
                 except NotFound:  # no record before its first submit: nothing to list yet
                     return None, [], []
 
-    st, workloads, jobs = _run(fetch())
+    st, workloads, jobs = run_command(fetch())
     # Every pending / running workload, and the newest finished ones; the rest are counted.
     finished = [w for w in workloads if w.state in ("completed", "failed", "cancelled")]
     hidden = {w.workload for w in finished[:-STATUS_FINISHED_SHOWN]} if len(finished) > STATUS_FINISHED_SHOWN else set()
@@ -358,7 +359,7 @@ def status(
         workloads = [w for w in workloads if w.workload not in hidden]
     if st is None:
         st = ClusterStatus(roles=[], metrics={}, generated_at=time.time())
-    rows = [_asdict(r) for r in st.roles]
+    rows = [as_dict(r) for r in st.roles]
     wrows = workload_rows(workloads, jobs)
     if json:
         from transport.cluster import ClusterState
@@ -381,7 +382,7 @@ def status(
             print(counts)
     if wrows:
         print()
-        _workloads_table(wrows)
+        workloads_table(wrows)
     if more:
         print(f"... and {more} more finished workloads (`nexus workloads list` shows every one)")
     return EXIT_OK
@@ -397,19 +398,19 @@ def top(
     from sdk.term import console, print_json
     from sdk.top import build_view, fetch, live, render
 
-    tenant = _tenant_caller()
+    tenant = tenant_caller()
     if tenant is not None:
-        _err(OPERATOR_ONLY.format(command="nexus top", tenant=tenant))
+        print_error(OPERATOR_ONLY.format(command="nexus top", tenant=tenant))
         return EXIT_BAD_INPUT
 
     async def go():
-        async with _client(data_dir, nats_url, prefix, timeout_s) as client:
+        async with cluster_client(data_dir, nats_url, prefix, timeout_s) as client:
             if once or json:
                 return build_view(await fetch(client))
             await live(client)
             return None
 
-    view = _run(go())
+    view = run_command(go())
     if json:
         print_json(view)
     elif view is not None:
@@ -437,7 +438,7 @@ def trace_cmd(
     spans = select(load_spans(data_dir / "traces"), trace_id=trace_id, workload=workload,
                    since=parse_when(since, now) if since else None, until=parse_when(until, now) if until else None)
     if not spans:
-        _err(f"no spans in {data_dir / 'traces'} match (window {since or '-'} .. {until or 'now'})")
+        print_error(f"no spans in {data_dir / 'traces'} match (window {since or '-'} .. {until or 'now'})")
         return EXIT_FAILED
     if chrome is not None:
         write_chrome(spans, chrome)

@@ -46,19 +46,19 @@ TimeoutS = Annotated[float, typer.Option("--timeout-s", help="timeout of each re
 DEFAULT_DATA_DIR = Path(".nexus")
 
 
-def _tq_max_bytes_option() -> Any:
+def tq_max_bytes_option() -> Any:
     return typer.Option("--tq-max-bytes", metavar="BYTES", show_default=False,
                         help="byte limit of each tenant's training-queue stream; a put past it is refused "
                              "with a busy error naming the tenant (default 256 MiB)")
 
 
-def _replicas(value: int) -> int:
+def check_replicas(value: int) -> int:
     if value not in NATS_CLUSTER_SIZES:
         raise typer.BadParameter(f"{value} is not one of {', '.join(map(str, NATS_CLUSTER_SIZES))}")
     return value
 
 
-def _err(text: str, prefix: str = "error: ") -> None:
+def print_error(text: str, prefix: str = "error: ") -> None:
     from sdk.term import err
 
     err(text, prefix=prefix)
@@ -68,7 +68,7 @@ def _err(text: str, prefix: str = "error: ") -> None:
 _INTERRUPT_RECANCEL_S = 0.5
 
 
-def _run(coro: Any) -> Any:
+def run_command(coro: Any) -> Any:
     """Run a command's coroutine; Ctrl-C cancels it and raises KeyboardInterrupt here.
 
     asyncio.run cancels the main task once on SIGINT, and Python 3.11's ``wait_for`` can swallow
@@ -122,19 +122,19 @@ def _global_options(
     _CREDS = creds
 
 
-def _creds() -> Path | None:
+def creds_path() -> Path | None:
     from transport.creds import creds_from_env
 
     return _CREDS or creds_from_env()
 
 
-def _tenant_caller() -> str | None:
+def tenant_caller() -> str | None:
     """The tenant whose credentials this command logs in with (``--creds`` / NEXUS_CREDS), or
     None for the platform's (the admin's, by default). Commands that show the whole deployment
     (roles, other tenants) say so in one line for a tenant instead of an empty view."""
     from transport.creds import Credentials
 
-    path = _creds()
+    path = creds_path()
     if path is None:
         return None
     try:
@@ -148,14 +148,14 @@ OPERATOR_ONLY = ("{command} is an operator command (it shows every role and tena
                  "`nexus workloads watch ID`")
 
 
-def _client(data_dir: Path, nats_url: str | None, prefix: str | None, timeout_s: float = 10.0) -> Any:
+def cluster_client(data_dir: Path, nats_url: str | None, prefix: str | None, timeout_s: float = 10.0) -> Any:
     from sdk.client import AsyncClient, resolve_cluster
 
     url, prefix = resolve_cluster(data_dir, nats_url, prefix)
-    return AsyncClient(url, prefix, timeout_s=timeout_s, creds=_creds())
+    return AsyncClient(url, prefix, timeout_s=timeout_s, creds=creds_path())
 
 
-def _asdict(obj: Any) -> dict:
+def as_dict(obj: Any) -> dict:
     from protocol.wire import to_body
 
     return to_body(obj)

@@ -12,8 +12,8 @@ from typing import Annotated, Any
 import typer
 
 from sdk.cli_run import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
-from sdk.cli_common import (DEFAULT_DATA_DIR, DataDir, Json, NatsUrl, Prefix, TimeoutS, _asdict, _client, _err, _run,
-                            _tenant_caller, app, auth_app, base_app, tenant_app)
+from sdk.cli_common import (DEFAULT_DATA_DIR, DataDir, Json, NatsUrl, Prefix, TimeoutS, as_dict, cluster_client,
+                            print_error, run_command, tenant_caller, app, auth_app, base_app, tenant_app)
 
 
 def _tenant_rows(reply: Any) -> list[dict]:
@@ -32,10 +32,10 @@ def tenants(
     from sdk.term import print_json, table
 
     async def fetch():
-        async with _client(data_dir, nats_url, prefix, timeout_s) as client:
+        async with cluster_client(data_dir, nats_url, prefix, timeout_s) as client:
             return await client.tenants()
 
-    rows = [{**r, "registered": True} for r in _tenant_rows(_run(fetch()))]
+    rows = [{**r, "registered": True} for r in _tenant_rows(run_command(fetch()))]
     rows += _accounts_without_record(data_dir, {r["tenant"] for r in rows})
     if json:
         print_json(rows)
@@ -52,7 +52,7 @@ def _accounts_without_record(data_dir: Path, known: set[str]) -> list[dict]:
     was empty. Read from this data dir's auth store, for the operator only."""
     from transport.auth import AuthStore
 
-    if _tenant_caller() is not None:
+    if tenant_caller() is not None:
         return []
     store = AuthStore(data_dir.resolve())
     if not store.exists:
@@ -81,10 +81,10 @@ def usage(
     from sdk.term import print_json, table
 
     async def fetch():
-        async with _client(data_dir, nats_url, prefix, timeout_s) as client:
+        async with cluster_client(data_dir, nats_url, prefix, timeout_s) as client:
             return await client.usage(tenant, workload)
 
-    rows = usage_rows(_run(fetch()))
+    rows = usage_rows(run_command(fetch()))
     if json:
         print_json(rows)
         return EXIT_OK
@@ -106,12 +106,12 @@ def base_add(
     from sdk.term import print_json
 
     async def go():
-        async with _client(data_dir, nats_url, prefix, timeout_s) as client:
+        async with cluster_client(data_dir, nats_url, prefix, timeout_s) as client:
             return await client.add_base(name, path)
 
-    rec = _run(go())
+    rec = run_command(go())
     if json:
-        print_json(_asdict(rec))
+        print_json(as_dict(rec))
     else:
         print(f"registered:{rec.name} -> {rec.path}")
     return EXIT_OK
@@ -126,12 +126,12 @@ def base_list(
     from sdk.term import print_json, table
 
     async def go():
-        async with _client(data_dir, nats_url, prefix, timeout_s) as client:
+        async with cluster_client(data_dir, nats_url, prefix, timeout_s) as client:
             return await client.bases()
 
-    reply = _run(go())
+    reply = run_command(go())
     if json:
-        print_json(_asdict(reply))
+        print_json(as_dict(reply))
         return EXIT_OK
     paths = {f"registered:{b.name}": b.path for b in reply.bases}
     table(("BASE", "KIND", "PATH"), [(p, "preset", "") for p in reply.presets]
@@ -150,14 +150,14 @@ def tenant_show(
     from sdk.term import print_json, table
 
     async def fetch():
-        async with _client(data_dir, nats_url, prefix, timeout_s) as client:
+        async with cluster_client(data_dir, nats_url, prefix, timeout_s) as client:
             shown = await client.tenant_show(name)
             return shown, await client.workloads(shown.tenant)
 
-    shown, workloads = _run(fetch())
+    shown, workloads = run_command(fetch())
     config = shown.config
-    out = {"tenant": shown.tenant, "config": _asdict(config) if config is not None else None,
-           "version": shown.version, "quotas": _asdict(shown.quotas), "quotas_default": shown.quotas_default,
+    out = {"tenant": shown.tenant, "config": as_dict(config) if config is not None else None,
+           "version": shown.version, "quotas": as_dict(shown.quotas), "quotas_default": shown.quotas_default,
            "workloads": [{"workload": w.workload, "task": w.task, "state": w.state, "version": w.step}
                          for w in workloads]}
     if json:
@@ -204,12 +204,12 @@ def tenant_reset(
         return refused
 
     async def go():
-        async with _client(data_dir, nats_url, prefix, timeout_s) as client:
+        async with cluster_client(data_dir, nats_url, prefix, timeout_s) as client:
             return await client.reset_tenant(name)
 
-    gone = _run(go())
+    gone = run_command(go())
     if json:
-        print_json(_asdict(gone))
+        print_json(as_dict(gone))
     else:
         removed = ", ".join(f"{n} {what}" for what, n in sorted(gone.removed.items()) if what != "slot")
         print(f"tenant {gone.tenant} reset: its slot is gone ({removed}); its credentials, workload records "
@@ -223,10 +223,10 @@ def _confirmed(yes: bool, what: str, question: str, declined: str) -> int | None
     if yes:
         return None
     if not sys.stdin.isatty():
-        _err(f"{what}; confirm with --yes")
+        print_error(f"{what}; confirm with --yes")
         return EXIT_BAD_INPUT
     if not typer.confirm(question):
-        _err(declined)
+        print_error(declined)
         return EXIT_FAILED
     return None
 
@@ -254,7 +254,7 @@ def tenant_delete(
     from protocol.messages import TenantDeleted
 
     async def go():
-        async with _client(data_dir, nats_url, prefix, timeout_s) as client:
+        async with cluster_client(data_dir, nats_url, prefix, timeout_s) as client:
             try:
                 return await client.delete_tenant(name)
             except NotFound:
@@ -264,10 +264,10 @@ def tenant_delete(
                     raise
                 return TenantDeleted(tenant=name, at=time.time(), removed={})
 
-    gone = _run(go())
+    gone = run_command(go())
     gone.removed.update(_remove_tenant_account(data_dir, name, timeout_s))
     if json:
-        print_json(_asdict(gone))
+        print_json(as_dict(gone))
     else:
         removed = ", ".join(f"{n} {what}" for what, n in sorted(gone.removed.items()))
         print(f"tenant {gone.tenant} deleted ({removed or 'nothing else stored'})")
@@ -297,7 +297,7 @@ def _remove_tenant_account(data_dir: Path, name: str, timeout_s: float) -> dict[
         revoked = False
     url = _push_url(ClusterState.read(resolved), None)
     if revoked and url is not None:
-        _run(_push_and_wait(store, url, name, old, accepted=False, timeout_s=timeout_s))
+        run_command(_push_and_wait(store, url, name, old, accepted=False, timeout_s=timeout_s))
     removed = store.remove_tenant(name)
     # revoke_tenant already took the creds file: it counts as removed here all the same.
     if old is not None and not path.exists():
@@ -331,19 +331,19 @@ def tenant_quotas(
                                  ("predict_rate_per_s", predict_rate_per_s), ("predict_burst", predict_burst),
                                  ("max_priority", max_priority)) if v is not None}
     if defaults and changes:
-        _err("--defaults: give it alone (it drops every quota of the tenant's own)")
+        print_error("--defaults: give it alone (it drops every quota of the tenant's own)")
         return EXIT_BAD_INPUT
 
     async def go():
-        async with _client(data_dir, nats_url, prefix, timeout_s) as client:
+        async with cluster_client(data_dir, nats_url, prefix, timeout_s) as client:
             if defaults:
                 return await client.set_quotas(name, None)
             if changes:
                 return await client.update_quotas(name, **changes)
             return await client.tenant(name)
 
-    config = _run(go())
-    quotas = _asdict(config.quotas) if config.quotas is not None else None
+    config = run_command(go())
+    quotas = as_dict(config.quotas) if config.quotas is not None else None
     if json:
         print_json({"tenant": name, "quotas": quotas})
     elif quotas is None:
@@ -411,12 +411,12 @@ def tenant_creds_create(
     state = ClusterState.read(resolved)
     store = AuthStore(resolved)
     if storage_mb is not None and storage_mb <= 0:
-        _err(f"--storage-mb: must be > 0, got {storage_mb:g}")
+        print_error(f"--storage-mb: must be > 0, got {storage_mb:g}")
         return EXIT_BAD_INPUT
     try:
         ttl_s = duration_s(expires_in)
     except ValueError as exc:
-        _err(f"--expires-in: {exc}")
+        print_error(f"--expires-in: {exc}")
         return EXIT_BAD_INPUT
     limits = {k: v for k, v in (("max_conns", max_conns), ("max_subs", max_subs),
                                 ("max_payload", None if max_payload_kb is None else max_payload_kb * 1024))
@@ -429,7 +429,7 @@ def tenant_creds_create(
     url = _push_url(state, nats_url)
     live = url is not None
     if live:
-        _run(_push_and_wait(store, url, name, path, accepted=True, timeout_s=timeout_s))
+        run_command(_push_and_wait(store, url, name, path, accepted=True, timeout_s=timeout_s))
     if json:
         print_json({"tenant": name, "creds": str(path), "live": live, "storage_bytes": store.storage_bytes(name),
                     **store.account_limits(name), "expires_at": expires_at})
@@ -516,7 +516,7 @@ def tenant_creds_revoke(
     url = _push_url(state, nats_url)
     live = url is not None
     if live:
-        _run(_push_and_wait(store, url, name, old, accepted=False, timeout_s=timeout_s))
+        run_command(_push_and_wait(store, url, name, old, accepted=False, timeout_s=timeout_s))
     if json:
         print_json({"tenant": name, "revoked": True, "live": live})
     else:

@@ -11,9 +11,9 @@ from typing import Annotated, Any
 import typer
 
 from sdk.cli_run import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
-from sdk.cli_cluster import _workloads_table, workload_rows
-from sdk.cli_common import (DEFAULT_DATA_DIR, DataDir, Json, NatsUrl, Prefix, TimeoutS, _asdict, _client, _err, _run, app,
-                            spec_app, workloads_app)
+from sdk.cli_cluster import workloads_table, workload_rows
+from sdk.cli_common import (DEFAULT_DATA_DIR, DataDir, Json, NatsUrl, Prefix, TimeoutS, as_dict, cluster_client,
+                            print_error, run_command, app, spec_app, workloads_app)
 
 
 @workloads_app.command("list")
@@ -27,7 +27,7 @@ def workloads_list(
     from sdk.term import print_json
 
     async def fetch():
-        async with _client(data_dir, nats_url, prefix, timeout_s) as client:
+        async with cluster_client(data_dir, nats_url, prefix, timeout_s) as client:
             workloads = await client.workloads(tenant)
             try:
                 jobs = await client.jobs(tenant)
@@ -35,12 +35,12 @@ def workloads_list(
                 jobs = []
             return workloads, jobs
 
-    workloads, jobs = _run(fetch())
+    workloads, jobs = run_command(fetch())
     wrows = workload_rows(workloads, jobs)
     if json:
         print_json(wrows)
     elif wrows:
-        _workloads_table(wrows)
+        workloads_table(wrows)
     else:
         print("no workloads" + (f" for tenant {tenant}" if tenant else ""))
     return EXIT_OK
@@ -73,15 +73,15 @@ def workloads_watch(
     from sdk.progress import watch
 
     async def go() -> list:
-        async with _client(data_dir, nats_url, prefix, timeout_s) as client:
+        async with cluster_client(data_dir, nats_url, prefix, timeout_s) as client:
             await client.workload(workload)  # unknown or not the caller's: one error, before any bar
             return await watch(client, [workload], out=sys.stderr, live=sys.stderr.isatty(),
                                timeout_s=wait_timeout_s)
 
     try:
-        recs = _run(go())
+        recs = run_command(go())
     except NotFound as exc:
-        _err(f"{exc.message}; `nexus workloads list` shows the workloads you can watch")
+        print_error(f"{exc.message}; `nexus workloads list` shows the workloads you can watch")
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
         return _interrupted([workload])
@@ -113,7 +113,7 @@ def _load_spec_or_exit(path: str, max_payload: int | None = None) -> tuple[Any, 
     except SpecError as exc:
         _print_spec_errors(exc, path)
     except OSError as exc:
-        _err(f"cannot read {path}: {exc.strerror}")
+        print_error(f"cannot read {path}: {exc.strerror}")
     return None, EXIT_BAD_INPUT
 
 
@@ -182,7 +182,7 @@ def submit(
     submitted: list[str] = []  # what a Ctrl-C leaves running (and says how to follow)
 
     async def go() -> int:
-        async with _client(data_dir, nats_url, prefix, timeout_s) as client:
+        async with cluster_client(data_dir, nats_url, prefix, timeout_s) as client:
             handles = []
             for text in texts:
                 handles.append(await client.submit(text))
@@ -208,7 +208,7 @@ def submit(
             return _print_final(recs, json)
 
     try:
-        return _run(go())
+        return run_command(go())
     except KeyboardInterrupt:
         return _interrupted(submitted)
 
@@ -219,7 +219,7 @@ def _print_final(recs: list, json: bool) -> int:
     from sdk.term import print_json
 
     if json:
-        print_json([_asdict(r) for r in recs])
+        print_json([as_dict(r) for r in recs])
     else:
         for r in recs:
             print(f"{r.workload} {r.tenant}: {r.state} {r.message}".rstrip())
@@ -230,13 +230,13 @@ def _interrupted(workloads: list[str]) -> int:
     """Ctrl-C while following workloads: they run on (only the watching stopped); one line
     says how to get back to them."""
     if not workloads:
-        _err("interrupted", prefix="")
+        print_error("interrupted", prefix="")
     elif len(workloads) == 1:
-        _err(f"interrupted: workload {workloads[0]} keeps running; follow it again with "
-             f"`nexus workloads watch {workloads[0]}`", prefix="")
+        print_error(f"interrupted: workload {workloads[0]} keeps running; follow it again with "
+                    f"`nexus workloads watch {workloads[0]}`", prefix="")
     else:
-        _err(f"interrupted: workloads {', '.join(workloads)} keep running; follow one again with "
-             f"`nexus workloads watch <id>`", prefix="")
+        print_error(f"interrupted: workloads {', '.join(workloads)} keep running; follow one again with "
+                    f"`nexus workloads watch <id>`", prefix="")
     return 130
 
 
@@ -250,12 +250,12 @@ def cancel(
     from sdk.term import print_json
 
     async def go():
-        async with _client(data_dir, nats_url, prefix, timeout_s) as client:
+        async with cluster_client(data_dir, nats_url, prefix, timeout_s) as client:
             return await client.cancel(workload)
 
-    rec = _run(go())
+    rec = run_command(go())
     if json:
-        print_json(_asdict(rec))
+        print_json(as_dict(rec))
     elif rec.state == "cancelled" and rec.message == "cancelled by request":
         print(f"{rec.workload}: cancelled")
     else:  # it had ended before the cancel: nothing was changed
@@ -278,10 +278,10 @@ def download(
 
     if report:  # the name is a workload id: fetch its final report instead of a policy
         async def fetch_report():
-            async with _client(data_dir, nats_url, prefix, timeout_s) as client:
+            async with cluster_client(data_dir, nats_url, prefix, timeout_s) as client:
                 return await client.download_report(tenant, out)
 
-        path = _run(fetch_report())
+        path = run_command(fetch_report())
         if json:
             print_json({"workload": tenant, "report": str(path)})
         else:
@@ -290,10 +290,10 @@ def download(
         return EXIT_OK
 
     async def go():
-        async with _client(data_dir, nats_url, prefix, timeout_s) as client:
+        async with cluster_client(data_dir, nats_url, prefix, timeout_s) as client:
             return await client.download_policy(tenant, version, out)
 
-    weights, manifest = _run(go())
+    weights, manifest = run_command(go())
     if json:
         print_json({"tenant": tenant, "weights": str(weights), "manifest": str(manifest)})
     else:
@@ -331,7 +331,7 @@ def logs(
     path = logs_dir / f"{role}.log"
     if not path.exists():
         known = sorted(p.stem for p in logs_dir.glob("*.log")) if logs_dir.exists() else []
-        _err(f"no log {path}; logs here: {', '.join(known) or 'none'}")
+        print_error(f"no log {path}; logs here: {', '.join(known) or 'none'}")
         return EXIT_BAD_INPUT
     for line in _last_lines(path, lines, tenant):
         print(line)

@@ -82,7 +82,7 @@ from protocol.messages import (
 )
 from protocol.subjects import DEFAULT_PREFIX, Names, check_token, pool_name
 from sdk.progress import format_progress
-from sdk.queue_chunks import _split_item
+from sdk.queue_chunks import split_item
 
 # JetStream API error codes of an account past its storage limits: a publish past them
 # (10002 "resource limits exceeded for account"), a stream reserving more than is left
@@ -251,7 +251,7 @@ class AsyncClient:
         # split is decided here, from the encoded sizes, before any part is sent: the layout
         # is a function of the item and the max payload alone, so a retry of this call sends
         # the very same parts under the very same seqs.
-        chunks = _split_item(item, self.bus.max_payload - CHUNK_HEADROOM_BYTES)
+        chunks = split_item(item, self.bus.max_payload - CHUNK_HEADROOM_BYTES)
         reply = None
         for chunk in chunks:
             reply = await self._call(ops.MASTER_QUEUE_PUT, chunk)

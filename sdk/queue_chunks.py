@@ -1,6 +1,6 @@
 """Splitting a training-queue put that is over the max payload into power-of-two row slices
 (docs/training_queue.md): each part is its own stored message, its seq from `chunk_seq`.
-`AsyncClient.queue_put` (sdk/client.py) calls `_split_item`."""
+`AsyncClient.queue_put` (sdk/client.py) calls `split_item`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from protocol.wire import encode
 from protocol.messages import MAX_CHUNK_PARTS_LOG2, QueuePutRequest, chunk_seq
 
 
-def _split_item(item: QueuePutRequest, max_bytes: int) -> list[QueuePutRequest]:
+def split_item(item: QueuePutRequest, max_bytes: int) -> list[QueuePutRequest]:
     """The fewest power-of-two parts of ``item`` whose every encoding fits ``max_bytes``."""
     b = len(item.instructions)
     for log2 in range(1, MAX_CHUNK_PARTS_LOG2 + 1):

@@ -5,11 +5,16 @@ Packages stand on floors, each allowed to import only the floors below it; no mo
 part in an import circle. Beside the floors, one wall: the SDK and the roles never import each
 other (`APART`), not even downward: what both need sits on the transport floor beneath both. A
 change that adds an upward import, a circle or a tie across the wall fails here, naming the
-files and lines, so the structure docs/architecture.md draws stays the structure the code has."""
+files and lines, so the structure docs/architecture.md draws stays the structure the code has.
+
+Two floors hold for every file of the repo, not only the packages: no module is longer than one
+reader can hold (`MAX_MODULE_LINES`), and no module imports another's private (underscore)
+name."""
 
 from __future__ import annotations
 
 import ast
+import subprocess
 from collections import defaultdict
 from pathlib import Path
 
@@ -59,22 +64,28 @@ def _resolve(name: str, modules: dict[str, Path]) -> str | None:
     return None
 
 
+def _from_base(node: ast.ImportFrom, mod: str, path: Path) -> str:
+    """The absolute module a ``from ... import`` reads from (relative ones resolved)."""
+    base = node.module or ""
+    if node.level:
+        package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        anchor = package.split(".")
+        anchor = anchor[: len(anchor) - (node.level - 1)]
+        base = ".".join([*anchor, base] if base else anchor)
+    return base
+
+
 def import_graph() -> dict[str, dict[str, list[int]]]:
     """module -> {imported module of this tree: [line, ...]}."""
     modules = _modules()
     graph: dict[str, dict[str, list[int]]] = {m: defaultdict(list) for m in modules}
     for mod, path in modules.items():
-        package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             targets: list[str] = []
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    anchor = package.split(".")
-                    anchor = anchor[: len(anchor) - (node.level - 1)]
-                    base = ".".join([*anchor, base] if base else anchor)
+                base = _from_base(node, mod, path)
                 # `from pkg import mod` names a module; `from mod import name` a name in it.
                 targets = [f"{base}.{a.name}" for a in node.names] or [base]
             for target in targets:
@@ -236,12 +247,104 @@ def test_no_import_circles():
     assert not found, f"{len(found)} import circle(s):\n  " + "\n  ".join(found)
 
 
+def tree_files() -> list[Path]:
+    """Every .py file of the repo (tests, examples, bench, docs' scripts too): what git tracks plus
+    new files it does not ignore; without git (an unpacked tarball), a walk that skips hidden
+    folders and virtual environments."""
+    try:
+        out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", "*.py"],
+                             cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        out = ""
+    files = {ROOT / name for name in out.split("\0") if name}
+    if not files:
+        files = {p for p in ROOT.rglob("*.py")
+                 if not any(part.startswith(".") or part in ("venv", "node_modules")
+                            for part in p.relative_to(ROOT).parts[:-1])}
+    return sorted(p for p in files if p.is_file())
+
+
 # A module one reader can hold: past this, a file wants splitting by job (issue 28).
 MAX_MODULE_LINES = 700
 
 
+def test_the_file_list_is_the_whole_repo():
+    """Not only the packages: the tests and this file itself are read (a reader that found the
+    packages only would let a test support module grow without bound)."""
+    files = {str(p.relative_to(ROOT)) for p in tree_files()}
+    assert "tests/test_architecture.py" in files and "tests/support/__init__.py" in files
+    assert {str(p.relative_to(ROOT)) for p in _modules().values()} <= files
+
+
 def test_no_module_over_the_line_limit():
     long = sorted(f"{path.relative_to(ROOT)}: {n} lines"
-                  for path in _modules().values()
+                  for path in tree_files()
                   if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES)
     assert not long, f"modules over {MAX_MODULE_LINES} lines:\n  " + "\n  ".join(long)
+
+
+# -- private names stay in their module -----------------------------------------------------
+# A name with a leading underscore is its module's own: another module that needs it gets it
+# public (underscore dropped), so a reader of the owner sees every name others lean on. Tests
+# are exempt: a unit test may reach into the module it tests (`models.lora._buckets`).
+PRIVATE_RULE_EXEMPT = ("tests",)
+# Files whose private imports wait on another branch's change (their owner is being reworked in
+# parallel): the merge that makes the names public drops the entry. An entry that no longer
+# imports a private name fails `test_the_private_import_allow_list_is_current`.
+PRIVATE_IMPORTS_ALLOWED: dict[str, str] = {
+    # `_check_same_policy` of master/policy_checks.py: master/workloads.py is being changed on
+    # the recipe-kind branch (issue 28 follow-up); rename it there.
+    "master/workloads.py": "imports master.policy_checks._check_same_policy",
+    # `_Section`, `_BASE_SCHEMA`, `_check_base`, `_docf` of master/spec_sections.py: master/spec*.py
+    # are being changed on the same branch.
+    "master/spec.py": "imports master.spec_sections' private names",
+}
+
+
+def private_imports(sources: dict[str, tuple[str, str]]) -> dict[str, list[str]]:
+    """``sources``: module -> (file label, source text). Returns file label -> each
+    ``from X import _name`` (X another module of ``sources``) as "line N: from X import _name".
+    Aliasing a public name to a private one (``from a import doc as _doc``) is not one."""
+    out: dict[str, list[str]] = defaultdict(list)
+    for mod, (label, text) in sources.items():
+        path = Path(label)
+        for node in ast.walk(ast.parse(text, label)):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            base = _from_base(node, mod, path)
+            if base == mod or _resolve(base, sources) != base:
+                continue
+            for alias in node.names:
+                if alias.name.startswith("_") and not alias.name.startswith("__"):
+                    out[label].append(f"line {node.lineno}: from {base} import {alias.name}")
+    return dict(out)
+
+
+def _tree_private_imports() -> dict[str, list[str]]:
+    sources = {_module(p): (str(p.relative_to(ROOT)), p.read_text()) for p in tree_files()}
+    found = private_imports(sources)
+    return {label: hits for label, hits in found.items() if label.split("/")[0] not in PRIVATE_RULE_EXEMPT}
+
+
+def test_the_reader_finds_a_private_import():
+    sources = {"pkg.a": ("pkg/a.py", "from pkg.b import _hidden, shown\nfrom pkg.b import doc as _doc\n"
+                                     "from .b import _rel\nfrom os.path import _joinrealpath\n"
+                                     "def f():\n    from pkg import _b_private\n"),
+               "pkg.b": ("pkg/b.py", "from pkg.b import _self_is_fine\n"),
+               "pkg": ("pkg/__init__.py", "")}
+    assert private_imports(sources) == {"pkg/a.py": ["line 1: from pkg.b import _hidden",
+                                                     "line 3: from pkg.b import _rel",
+                                                     "line 6: from pkg import _b_private"]}
+
+
+def test_no_module_imports_another_modules_private_name():
+    found = {label: hits for label, hits in _tree_private_imports().items() if label not in PRIVATE_IMPORTS_ALLOWED}
+    lines = sorted(f"{label}: {hit}" for label, hits in found.items() for hit in hits)
+    assert not lines, ("private (underscore) names imported from another module; make the name public in its "
+                       "module (drop the underscore) and update its users:\n  " + "\n  ".join(lines))
+
+
+def test_the_private_import_allow_list_is_current():
+    found = _tree_private_imports()
+    stale = sorted(label for label in PRIVATE_IMPORTS_ALLOWED if label not in found)
+    assert not stale, f"no longer import a private name: drop from PRIVATE_IMPORTS_ALLOWED: {stale}"

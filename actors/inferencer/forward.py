@@ -1,7 +1,8 @@
 """The inferencer's device side, on its forward thread: warming the graph variants its tenants
 will use (`_warm_known`, `_warm`), and a group's two stages, canonicalise (`_prepare`) then one
 base forward with every head on its rows (`_forward`). A mixin of `Inferencer`
-(`inferencer.py`), which owns the queues, the heads and the forward thread."""
+(`inferencer.py`), which owns the queues, the heads and the forward thread; what the mixin
+uses of it is `ForwardHost`, and nothing else (tests/actors/test_mixin_hosts.py checks)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import asyncio
 import dataclasses
 import json
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -26,8 +27,48 @@ from actors.inferencer.batching import (
     slot_runs, warmup_row,
 )
 
+if TYPE_CHECKING:
+    from concurrent.futures import ThreadPoolExecutor
 
-class Forwarding:
+    from opentelemetry.trace import Tracer
+
+    from actors.inferencer.config import InferencerConfig
+    from actors.inferencer.serving import ServingHeads
+    from actors.metering import Meter
+    from protocol.subjects import Names
+    from transport.bus import Bus
+
+
+class ForwardHost(Protocol):
+    """What `Forwarding` uses of the inferencer it is mixed into, and nothing more (`Inferencer`
+    is the host): the heads and the config, the forward thread, the counters the device side
+    adds to, and the role's bus, names, log and tracer."""
+
+    heads: ServingHeads | None  # the base and each tenant's head (None until setup)
+    icfg: InferencerConfig  # max_batch_size: the largest capture size warmed
+    fast: bool | None  # the fast engine: a group is padded to a capture size
+    warmup: bool | None  # a variant first seen is warmed at every capture size
+    bus: Bus | None
+    names: Names
+    log: Any  # the role's structlog logger
+    tracer: Tracer
+    meter: Meter  # each forward's device time, charged to the group's tenants
+    _forward_pool: ThreadPoolExecutor  # the one forward thread (warm-ups run there too)
+    _warmed: set[tuple[Any, int | None, bool, int | None]]  # (layout, LoRA generation, kv, head generation)
+    warmup_s: float  # seconds spent warming (nobody's)
+    busy_s: float  # seconds in forwards (the device's busy time)
+    heads_in_forward: int  # groups whose heads ran inside the base's graph
+
+
+# To a type checker the mixin is its host (`self.heads` has ForwardHost's type); at run time a
+# plain class, so no stub of the protocol sits in `Inferencer`'s MRO.
+if TYPE_CHECKING:
+    _Host = ForwardHost
+else:
+    _Host = object
+
+
+class Forwarding(_Host):
     async def _warm_known(self) -> None:
         """Before ready: every graph variant the tenants of this pool (registered, trained or not)
         will use, through every capture size (`_warm`): per layout the frozen forward, the

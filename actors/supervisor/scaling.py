@@ -1,10 +1,12 @@
 """The supervisor's answer to `ScaleRequest`s: start the missing instances of a role (of an
 inferencer pool) or drain the surplus. A mixin of `Supervisor` (`supervisor.py`), which holds the
-children, locks and the control connection it works on."""
+children, locks and the control connection it works on; what the mixin uses of it is
+`ScalingHost`, and nothing else (tests/actors/test_mixin_hosts.py checks)."""
 
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING, Protocol
 
 from protocol import ops
 from protocol.base_names import REGISTERED_BASE_PREFIX, known_presets
@@ -15,6 +17,12 @@ from protocol.subjects import pool_name
 from protocol.wire import decode
 from actors.supervisor.children import POOLED, slot_key
 
+if TYPE_CHECKING:
+    from actors.supervisor.children import Child
+    from protocol.subjects import Names
+    from transport.bus import Bus
+    from transport.cluster import SupervisorConfig
+
 # Job states that still need a trainer: scaling trainers to zero while one exists is refused.
 JOBS_WAITING = ["reserved", "filling", "ready", "leased"]
 # The master's answer to "do jobs wait?" before trainers go to zero.
@@ -23,7 +31,62 @@ JOBS_CHECK_TIMEOUT_S = 5.0
 BASES_READ_TIMEOUT_S = 5.0
 
 
-class Scaling:
+class ScalingHost(Protocol):
+    """What `Scaling` uses of the supervisor it is mixed into, and nothing more (`Supervisor` is
+    the host): its config, its children by slot and what it wants of each role, starting,
+    stopping and awaiting a child, and its control connection."""
+
+    cfg: SupervisorConfig  # the supervised roles and their bounds
+    names: Names
+    children: dict[str, Child]  # slot key -> its live child
+    counts: dict[str, int]  # instances wanted per role
+    _bases: dict[str, str]  # slot key -> the base its next inferencer serves ("" the default)
+    _control: Bus | None  # the control connection: the master's jobs, the bases bucket
+    _stopping: asyncio.Event  # the supervisor is stopping: no scaling now
+    _global: asyncio.Task | None  # a global restart, while one runs
+
+    def say(self, text: str) -> None:
+        """One line to the operator's output."""
+        ...
+
+    def default_base(self) -> str:
+        """The base an inferencer started without a pool serves."""
+        ...
+
+    def _lock(self, key: str) -> asyncio.Lock:
+        """One lock per slot key (and ``scale:<role>`` per role's scale requests)."""
+        ...
+
+    def _slots(self, role: str) -> list[Child]:
+        """``role``'s live children, first slot first."""
+        ...
+
+    def _spawn(self, role: str, key: str | None = None, base: str | None = None) -> Child:
+        """Start ``role`` in slot ``key``; an inferencer serves ``base``."""
+        ...
+
+    async def _stop_child(self, child: Child, mode: str, *, signalled: bool = False) -> int:
+        """SIGKILL (``kill``) or SIGTERM and wait for the drain (``drain``); the exit status."""
+        ...
+
+    async def _wait_ready(self, keys: list[str] | None = None) -> None:
+        """Until the children in ``keys`` registered ready and the monitor saw them."""
+        ...
+
+    def _write_state(self) -> None:
+        """The cluster state file, from the children and counts now."""
+        ...
+
+
+# To a type checker the mixin is its host (`self.children` has ScalingHost's type); at run time
+# a plain class, so no stub of the protocol sits in `Supervisor`'s MRO.
+if TYPE_CHECKING:
+    _Host = ScalingHost
+else:
+    _Host = object
+
+
+class Scaling(_Host):
     async def scale(self, req: ScaleRequest) -> Ok:
         """Run ``req.count`` instances of ``req.role``: start the missing ones (answered once
         they registered ready) or drain the surplus, highest slot first (answered once they

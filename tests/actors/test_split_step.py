@@ -26,7 +26,7 @@ from protocol.messages import (
 )
 from protocol.wire import encode
 from sdk.client import AsyncClient
-from sdk.queue_chunks import _slice_item, _split_item
+from sdk.queue_chunks import _slice_item, split_item
 from tests.support.tq_helpers import exactly_once, micro_batch, tenant
 
 
@@ -36,7 +36,7 @@ def _split(item, parts_wanted: int):
     rows = -(-b // parts_wanted)
     biggest = max(len(encode(_slice_item(item, lo, min(lo + rows, b), chunk_seq(item.seq, 0, 0))))
                   for lo in range(0, b, rows))
-    parts = _split_item(item, biggest)
+    parts = split_item(item, biggest)
     assert len(parts) == parts_wanted and all(is_chunk_seq(p.seq) for p in parts)
     return parts
 

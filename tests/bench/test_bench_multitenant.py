@@ -328,7 +328,7 @@ def test_summary_means_verdicts_and_efficiency_per_seed():
 
 def test_fig12_curves_every_tenant_shared_solid_alone_dashed_one_colour(tmp_path):
     from bench.mt_report import learning_curves, plot, seed_runs
-    from bench.mt_report import _pyplot
+    from bench.mt_report import load_pyplot
 
     e1, e2 = _seed_entry(1, 0.9, 1.0, 1.0, 0.7), _seed_entry(2, 0.9, 1.0, 1.0, 0.7)
     for e in (e1, e2):
@@ -342,7 +342,7 @@ def test_fig12_curves_every_tenant_shared_solid_alone_dashed_one_colour(tmp_path
               "seeds": [{"seed": 1, "runs": "top-level runs"}, e2]}
     assert [s for s, _ in seed_runs(report)] == [1, 2] and seed_runs(report)[1][1] is e2["runs"]
     assert [s for s, _ in seed_runs({"config": {"seed": 4}, "runs": e1["runs"]})] == [4]  # an older file
-    plt = _pyplot()
+    plt = load_pyplot()
     fig, ax = plt.subplots()
     learning_curves(ax, report)
     lines = ax.get_lines() + fig.axes[1].get_lines()  # RL on the left axis, SFT loss on the right

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.chaos_deploy import _url_ports
+from bench.chaos_deploy import ports_of_url
 from bench.chaos_audit import audit_jobs, percentile
 from tests.conftest import ROOT, python_env
 
@@ -98,8 +98,8 @@ def test_url_ports_read_each_servers_port_past_its_credentials():
     path that may hold a colon); a ``user:pass@`` may precede the host."""
     url = ("nats://127.0.0.1:55627?creds=/tmp/x/admin.creds,nats://u:p@127.0.0.1:55628?creds=/a:1/b.creds,"
            " nats://127.0.0.1:4222")
-    assert _url_ports(url) == {55627, 55628, 4222}
-    assert _url_ports("") == set()
+    assert ports_of_url(url) == {55627, 55628, 4222}
+    assert ports_of_url("") == set()
 
 
 CLEANUP_S = 60  # the harness's own teardown after a SIGTERM (it drains every role it started)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from tests.support import fuzzing
+from tests.support import fuzz_report, fuzzing
 
 # Spread evenly over the targets (45 today: 27 each). Warm-up: the first third of each
 # target's cases, after which the RSS baseline is read.
@@ -34,7 +34,7 @@ SEED = 0
 # (see the fuzz report for each repro). The lead empties this set as each is fixed; a listed
 # pair that no longer occurs is printed so it can be removed.
 # Fuzz outcomes are keyed (target label, "internal" | "no_reply" | "bad_reply"); regression
-# cases (tests/support/fuzzing.py `regression_cases`) are keyed (case label, "regression").
+# cases (tests/support/fuzz_regressions.py `regression_cases`) are keyed (case label, "regression").
 KNOWN_HANDLER_BUGS: set[tuple[str, str]] = set()
 
 
@@ -47,14 +47,14 @@ def test_every_op_answers_generated_input_and_no_role_dies(roles, libero_like):
                                    seed=SEED))
     print(f"\nroles ready + context in {ready_s:.1f} s; {len(run.outcomes)} cases on {len(run.targets)} targets "
           f"in {run.wall_s:.1f} s")
-    print(fuzzing.table(fuzzing.summarize(run.outcomes)))
+    print(fuzz_report.table(fuzz_report.summarize(run.outcomes)))
     grown_mib = {r: (run.rss_end_kib[r] - run.rss_warm_kib[r]) / 1024 for r in run.rss_warm_kib}
     print("RSS MiB after warm-up -> end:", {r: f"{run.rss_warm_kib[r] / 1024:.0f} -> {run.rss_end_kib[r] / 1024:.0f}"
                                             for r in run.rss_warm_kib})
 
-    found = fuzzing.problems(run.outcomes)
+    found = fuzz_report.problems(run.outcomes)
     for o in found:
-        print(fuzzing.describe(o))
+        print(fuzz_report.describe(o))
     seen = {(o.case.target.label, o.problem) for o in found} | {(label, "regression") for label, _ in run.regressions}
     for known in sorted(KNOWN_HANDLER_BUGS - seen):
         print(f"KNOWN_HANDLER_BUGS entry {known} did not occur: remove it")
@@ -73,5 +73,5 @@ def test_every_op_answers_generated_input_and_no_role_dies(roles, libero_like):
     assert len(run.outcomes) >= MIN_TOTAL_CASES
     labels = {t.label for t in run.targets}
     assert {"master.intake", "inferencer.predict", "env.step", "master.queue_put", "trainer.train_batch"} <= labels
-    assert not unexpected, "\n".join(fuzzing.describe(o) for o in unexpected[:20])
+    assert not unexpected, "\n".join(fuzz_report.describe(o) for o in unexpected[:20])
     assert all(g < RSS_GROWTH_LIMIT_MIB for g in grown_mib.values()), grown_mib
