@@ -53,7 +53,7 @@ def policy_mismatches(spec: Any, sections: dict[str, Any], tenant: str, version:
 MUTABLE_FIELDS = ("priority", "max_inflight_jobs", "sft_prefetch_items", "staleness_bound", "optim", "head_params",
                   "export_every_steps")
 
-def _check_same_policy(mine: TenantConfig, target: TenantConfig, same_tenant: bool = False) -> None:
+def check_same_policy(mine: TenantConfig, target: TenantConfig, same_tenant: bool = False) -> None:
     """An eval scores another tenant's export, and a tenant's next workload trains the same
     slot: its schema and head (and, for the same tenant, base, head options, optimizer and
     seed) must be that policy's."""

@@ -93,11 +93,11 @@ from master.spec_sections import (
     TARGET_METRICS,
     TENANT_PATTERN,
     TaskType,
-    _BASE_SCHEMA,
-    _Section,
-    _check_base,
-    _custom,
-    _docf,
+    BASE_SCHEMA,
+    SpecSection,
+    check_base,
+    spec_error,
+    doc_factory,
     BudgetTarget,
     algorithm_model,
     report_path_problem as report_path_problem,
@@ -108,7 +108,7 @@ _POLICY_FIELD = ("Required by sft and rl; eval: leave it out (taken from the sco
                  "manifest; if given it must match it). Default null")
 
 
-class WorkloadSpec(_Section):
+class WorkloadSpec(SpecSection):
     """One tenant's workload: model, schema, data source, algorithm, schedule and outputs."""
 
     spec_version: Literal[1] = _doc("format version of this spec. Default 1: the only version so far",
@@ -118,7 +118,7 @@ class WorkloadSpec(_Section):
     task: TaskType = _doc("sft: supervised fine-tuning; rl: asynchronous PPO; eval: read-only evaluation; or the "
                           "kind of a recipe the master loaded (NEXUS_WORKFLOW_MODULES: docs/workload_spec.md \"Adding "
                           "a recipe\"), which follows the rules of its family (one of sft, rl, eval)")
-    base: Annotated[str | None, WithJsonSchema({"anyOf": [_BASE_SCHEMA, {"type": "null"}]})] = _doc(
+    base: Annotated[str | None, WithJsonSchema({"anyOf": [BASE_SCHEMA, {"type": "null"}]})] = _doc(
         "frozen base model: a preset name, a base the operator registered written registered:<name> "
         "(`nexus base list`), or (the operator's own workloads only) a local save_pretrained directory "
         f"written with a '/' (./my_base). {_POLICY_FIELD}", None)
@@ -138,17 +138,17 @@ class WorkloadSpec(_Section):
         None, validate_default=True,
         description="hyper-parameters typed by task (sft: SFTConfig, rl: RLConfig; eval: none; a registered "
                     "recipe's kind: its config model). Default null: the task's defaults")
-    schedule: ScheduleSpec = _docf("priority, caps and budget", ScheduleSpec)
+    schedule: ScheduleSpec = doc_factory("priority, caps and budget", ScheduleSpec)
     init: InitSpec | None = _doc("sft / rl: start a new tenant's slot from weights it uploaded. Default null: "
                                  "from the seed", None)
     eval: EvalSpec | None = _doc("evaluation settings: required by eval; on sft/rl, evaluates the final "
                                  "version (needs env)", None)
-    outputs: OutputsSpec = _docf("exports and report", OutputsSpec)
+    outputs: OutputsSpec = doc_factory("exports and report", OutputsSpec)
 
     @field_validator("base", mode="plain")
     @classmethod
     def _base(cls, value: Any) -> str | None:
-        return None if value is None else _check_base(value)
+        return None if value is None else check_base(value)
 
     @field_validator("task")
     @classmethod
@@ -156,7 +156,7 @@ class WorkloadSpec(_Section):
         # A tenant's text: any kind this process declared (the built-ins, and those the modules
         # of NEXUS_WORKFLOW_MODULES registered), nothing else.
         if recipes.declaration(value) is None:
-            raise _custom(f"{value!r} is not allowed; allowed: {', '.join(recipes.declared_kinds())} (a recipe "
+            raise spec_error(f"{value!r} is not allowed; allowed: {', '.join(recipes.declared_kinds())} (a recipe "
                           f"kind of your own: the module registering it in {recipes.SETTING} of the master and "
                           "the env workers)")
         return value

@@ -96,21 +96,21 @@ class SpecError(NexusError, ValueError):
 # ---- field types -----------------------------------------------------------------------
 # Strict scalars (Int, Float, Str, Bool), `_doc` and the sections' base come from
 # protocol/recipe_configs.py: the recipes' configs are sections of this spec too.
-def _docf(text: str, factory: Any, **kw: Any) -> Any:
+def doc_factory(text: str, factory: Any, **kw: Any) -> Any:
     return Field(default_factory=factory, description=text, **kw)
 
 
-_Section = RecipeConfig
+SpecSection = RecipeConfig
 
 
-def _custom(message: str) -> Exception:
+def spec_error(message: str) -> Exception:
     from pydantic_core import PydanticCustomError
 
     return PydanticCustomError("spec_rule", "{message}", {"message": message})
 
 
 # ---- sections --------------------------------------------------------------------------
-class Camera(_Section):
+class Camera(SpecSection):
     """One camera of the tenant schema: its name and the frame size (pixels) it sends."""
 
     name: Annotated[Str, Allowed("letters, digits, _ . - (1-64 chars)")] = _doc(
@@ -119,7 +119,7 @@ class Camera(_Section):
     width: Int = _doc("frame width in pixels", ge=1, le=MAX_SIDE_PX)
 
 
-class ObservationSpec(_Section):
+class ObservationSpec(SpecSection):
     """What the policy sees: ordered cameras (camera i fills the base's camera slot i), the
     proprioceptive state and the prompt template."""
 
@@ -150,7 +150,7 @@ class ObservationSpec(_Section):
         return self
 
 
-class ActionSpec(_Section):
+class ActionSpec(SpecSection):
     """What the policy outputs: ``horizon`` steps of a ``dim``-sized float32 action."""
 
     dim: Int = _doc("length of one action vector", ge=1, le=MAX_DIM)
@@ -158,7 +158,7 @@ class ActionSpec(_Section):
                         "control, one action per step", 1, ge=1, le=MAX_HORIZON)
 
 
-class ActionModuleSpec(_Section):
+class ActionModuleSpec(SpecSection):
     """The tenant's private trainable module on top of the frozen base."""
 
     kind: HeadKind = _doc("mlp: regression (SFT); flow: flow-matching chunks (SFT); "
@@ -166,7 +166,7 @@ class ActionModuleSpec(_Section):
                           "expert: a pi0-style action expert, a small transformer whose layer i attends "
                           "to the base's per-layer prefix keys and values (flow matching, SFT; "
                           "bases: paligemma, qwen3_vl)")
-    params: dict[Str, Any] = _docf(
+    params: dict[Str, Any] = doc_factory(
         "head options (mlp: width, depth; flow: width, depth, num_heads, beta_alpha, max_time, "
         "euler_steps; gaussian: width, init_log_std; expert: width, depth (a divisor of the base's "
         "text layers, default all of them), num_heads (a multiple of the base's KV heads), head_dim "
@@ -175,7 +175,7 @@ class ActionModuleSpec(_Section):
         "cache). Default {}: the head's own defaults", dict)
 
 
-class InitSpec(_Section):
+class InitSpec(SpecSection):
     """Starting weights the tenant uploaded (`nexus weights upload NAME FILE`): the tenant's new slot
     starts from them at version 0 instead of the seed's initialisation. Names are looked up in the
     submitting tenant's own uploads only. At submit a trainer checks every tensor against this spec's
@@ -192,7 +192,7 @@ class InitSpec(_Section):
         pattern=f"^(?:{TENANT_PATTERN})$")
 
 
-class BaseAdapterSpec(_Section):
+class BaseAdapterSpec(SpecSection):
     """Low-rank adapters (LoRA) on the frozen base's language-model linear layers, trained beside
     the action module: peft's LoraConfig semantics (A kaiming-uniform, B zeros, delta scaled by
     alpha / rank), exported in peft's format. Rows of many tenants' adapters still share one base
@@ -212,7 +212,7 @@ class BaseAdapterSpec(_Section):
                           "0: no noise between grouped and serial runs", 0.0, ge=0, lt=1)
 
 
-class DemosSpec(_Section):
+class DemosSpec(SpecSection):
     """Record demonstrations from the env's scripted expert before SFT starts."""
 
     episodes: Int = _doc("scripted-expert episodes to record", ge=1, le=1_000_000)
@@ -224,12 +224,12 @@ class DemosSpec(_Section):
                         "from 11 % to 68 % success (docs/results.md)", 0.0, ge=0, le=10)
 
 
-class EnvSource(_Section):
+class EnvSource(SpecSection):
     """A simulator hosted by the env workers."""
 
     id: Annotated[Str, Allowed("an env id 'suite/name' (e.g. builtin/reach-v0)")] = _doc(
         "env id, 'suite/name' (e.g. builtin/reach-v0)", pattern=f"^(?:{ENV_ID_PATTERN})$")
-    options: dict[Str, Any] = _docf(
+    options: dict[Str, Any] = doc_factory(
         "keyword options for the env (builtin/reach-v0: cameras, image_size, reward, "
         "max_episode_steps, ...), checked at submit and by `nexus spec validate` against the env's "
         "config, and the cameras it then renders against observation.cameras. Default {}: the env's "
@@ -244,7 +244,7 @@ class EnvSource(_Section):
         "only. Default null: a platform env", None)
 
 
-class DatasetSource(_Section):
+class DatasetSource(SpecSection):
     """A local LeRobot v3.0 dataset and how its features map onto the tenant schema."""
 
     root: Str = _doc("dataset root directory (holds meta/info.json). A tenant names an absolute path "
@@ -274,7 +274,7 @@ def algorithm_model(task: Any) -> type[BaseModel] | None:
     return known.config if known is not None else None
 
 
-class BudgetTarget(_Section):
+class BudgetTarget(SpecSection):
     """A quality target: the workload completes once a metric its workflow measures reaches it."""
 
     metric: Literal["loss", "success_rate", "mean_return"] = _doc(
@@ -293,7 +293,7 @@ class BudgetTarget(_Section):
         return self
 
 
-class BudgetSpec(_Section):
+class BudgetSpec(SpecSection):
     """Limits: the workload completes when the first one is reached (null: no limit)."""
 
     max_steps: Int | None = _doc("optimizer steps this workload trains (counted from the tenant's version "
@@ -308,7 +308,7 @@ class BudgetSpec(_Section):
                                        "limits only", None)
 
 
-class ScheduleSpec(_Section):
+class ScheduleSpec(SpecSection):
     """How the tenant shares the trainers (copied into the backend TenantConfig)."""
 
     priority: Int = _doc(f"higher is leased first; ties go round-robin; allowed {PRIORITY_MIN}..{PRIORITY_MAX}. "
@@ -322,7 +322,7 @@ class ScheduleSpec(_Section):
                                    "waiting for or on a trainer); a put beyond it is retried by the "
                                    "workflow. Default 16: offline data cannot crowd out online RL",
                                    16, ge=1, le=SFT_PREFETCH_ITEMS_MAX)
-    budget: BudgetSpec = _docf("limits; default none: sft ends after algorithm.steps (or at "
+    budget: BudgetSpec = doc_factory("limits; default none: sft ends after algorithm.steps (or at "
                                "algorithm.until_version), eval after "
                                "eval.episodes, rl runs until cancelled", BudgetSpec)
 
@@ -330,12 +330,12 @@ class ScheduleSpec(_Section):
 def _check_version(value: Any) -> int | str:
     if isinstance(value, int) and not isinstance(value, bool):
         if value < 0:
-            raise _custom(f"{value!r} is too small; allowed: an integer >= 0, 'latest', "
+            raise spec_error(f"{value!r} is too small; allowed: an integer >= 0, 'latest', "
                           "'tenant:<name>@latest' or 'tenant:<name>@<n>'")
         return value
     if isinstance(value, str) and re.fullmatch(VERSION_PIN_PATTERN, value):
         return value
-    raise _custom(f"{value!r} is not allowed; allowed: an integer >= 0, 'latest', 'tenant:<name>@latest' "
+    raise spec_error(f"{value!r} is not allowed; allowed: an integer >= 0, 'latest', 'tenant:<name>@latest' "
                   "or 'tenant:<name>@<n>'")
 
 
@@ -358,16 +358,16 @@ def _check_eval_tasks(value: Any) -> str | list[int | str] | None:
     if value is None or value == "all":
         return value
     if not isinstance(value, list) or not 1 <= len(value) <= EVAL_TASKS_MAX:
-        raise _custom(f"{value!r} is not allowed; {allowed}")
+        raise spec_error(f"{value!r} is not allowed; {allowed}")
     for item in value:
         ok_int = isinstance(item, int) and not isinstance(item, bool) and item >= 0
         ok_str = isinstance(item, str) and 1 <= len(item) <= EVAL_TASK_NAME_MAX
         if not (ok_int or ok_str):
-            raise _custom(f"entry {item!r} is not allowed; {allowed}")
+            raise spec_error(f"entry {item!r} is not allowed; {allowed}")
     return list(value)
 
 
-class EvalSpec(_Section):
+class EvalSpec(SpecSection):
     """Read-only evaluation episodes on the env with a pinned policy version."""
 
     version: Annotated[int | str, WithJsonSchema(_VERSION_SCHEMA)] = _doc(
@@ -402,7 +402,7 @@ class EvalSpec(_Section):
         return _check_eval_tasks(value)
 
 
-class OutputsSpec(_Section):
+class OutputsSpec(SpecSection):
     """What the workload leaves behind."""
 
     export_every_steps: Int = _doc(
@@ -424,7 +424,7 @@ class OutputsSpec(_Section):
         if value is not None:
             problem = report_path_problem(value)
             if problem:
-                raise _custom(f"{value!r} is not allowed ({problem}); allowed: a file name or relative path "
+                raise spec_error(f"{value!r} is not allowed ({problem}); allowed: a file name or relative path "
                               "inside the tenant's reports dir, each '/'-separated part of letters, digits, "
                               "_ . - (not '.' or '..'), e.g. sft-run.json or runs/first.json")
         return value
@@ -454,19 +454,19 @@ def report_path_problem(value: str) -> str:
     return ""
 
 
-def _check_base(value: Any) -> str:
+def check_base(value: Any) -> str:
     if not isinstance(value, str):
         from master.spec_schema import kind
 
-        raise _custom(f"expected a string, got {kind(value)}")
+        raise spec_error(f"expected a string, got {kind(value)}")
     if value in known_presets() or re.fullmatch(REGISTERED_BASE_PATTERN, value) or re.fullmatch(BASE_PATH_PATTERN, value):
         return value
-    raise _custom(f"{value!r} is not allowed; allowed: one of {', '.join(known_presets())}, a base the "
+    raise spec_error(f"{value!r} is not allowed; allowed: one of {', '.join(known_presets())}, a base the "
                   f"operator registered as {REGISTERED_BASE_PREFIX}<name> (`nexus base list`), or (operator "
                   "only) a path containing '/' (./my_base)")
 
 
-_BASE_SCHEMA = {"type": "string", "anyOf": [{"enum": list(known_presets())},
+BASE_SCHEMA = {"type": "string", "anyOf": [{"enum": list(known_presets())},
                                             {"pattern": f"^(?:{REGISTERED_BASE_PATTERN})$"},
                                             {"pattern": f"^(?:{BASE_PATH_PATTERN})$"}]}
 

@@ -56,7 +56,7 @@ from protocol.wire import decode, encode
 from master.records import is_hosted, is_hosted_worker, policy_pin_tenant
 from master.store import kv_values, store_put
 from master.tenant_checks import base_fit_errors
-from master.policy_checks import MUTABLE_FIELDS, _check_same_policy, policy_mismatches, policy_sections
+from master.policy_checks import MUTABLE_FIELDS, check_same_policy, policy_mismatches, policy_sections
 from master.reports import bounded_task_rows, write_report
 from master.bases import BaseOps
 from master.hosted import HostedOps
@@ -168,7 +168,7 @@ class WorkloadOps:
                 raise Conflict(f"tenant {spec.tenant!r} is running workload {active[0]}; a tenant runs one workload "
                                "at a time: wait for it to end or cancel it", details={"tenant": spec.tenant,
                                                                                        "workload": active[0]})
-            _check_same_policy(cfg, existing, same_tenant=True)
+            check_same_policy(cfg, existing, same_tenant=True)
         if spec.init is not None and existing is not None:
             raise SpecError([("init", f"tenant {spec.tenant!r} exists (version {self.st.sched.versions.get(spec.tenant, 0)}) "
                               "and keeps its own weights; only a tenant this submit creates starts from uploaded "

@@ -288,17 +288,6 @@ def test_no_module_over_the_line_limit():
 # public (underscore dropped), so a reader of the owner sees every name others lean on. Tests
 # are exempt: a unit test may reach into the module it tests (`models.lora._buckets`).
 PRIVATE_RULE_EXEMPT = ("tests",)
-# Files whose private imports wait on another branch's change (their owner is being reworked in
-# parallel): the merge that makes the names public drops the entry. An entry that no longer
-# imports a private name fails `test_the_private_import_allow_list_is_current`.
-PRIVATE_IMPORTS_ALLOWED: dict[str, str] = {
-    # `_check_same_policy` of master/policy_checks.py: master/workloads.py is being changed on
-    # the recipe-kind branch (issue 28 follow-up); rename it there.
-    "master/workloads.py": "imports master.policy_checks._check_same_policy",
-    # `_Section`, `_BASE_SCHEMA`, `_check_base`, `_docf` of master/spec_sections.py: master/spec*.py
-    # are being changed on the same branch.
-    "master/spec.py": "imports master.spec_sections' private names",
-}
 
 
 def private_imports(sources: dict[str, tuple[str, str]]) -> dict[str, list[str]]:
@@ -338,13 +327,7 @@ def test_the_reader_finds_a_private_import():
 
 
 def test_no_module_imports_another_modules_private_name():
-    found = {label: hits for label, hits in _tree_private_imports().items() if label not in PRIVATE_IMPORTS_ALLOWED}
+    found = _tree_private_imports()
     lines = sorted(f"{label}: {hit}" for label, hits in found.items() for hit in hits)
     assert not lines, ("private (underscore) names imported from another module; make the name public in its "
                        "module (drop the underscore) and update its users:\n  " + "\n  ".join(lines))
-
-
-def test_the_private_import_allow_list_is_current():
-    found = _tree_private_imports()
-    stale = sorted(label for label in PRIVATE_IMPORTS_ALLOWED if label not in found)
-    assert not stale, f"no longer import a private name: drop from PRIVATE_IMPORTS_ALLOWED: {stale}"

@@ -174,7 +174,7 @@ def test_schema_conflict_names_every_field_with_both_values():
     import msgspec
 
     from master.spec import SpecError
-    from master.policy_checks import _check_same_policy
+    from master.policy_checks import check_same_policy
     from models.schema import TenantSchema
     from protocol.messages import TenantConfig
 
@@ -182,12 +182,12 @@ def test_schema_conflict_names_every_field_with_both_values():
               "action_horizon": 1, "instruction_template": "{instruction}"}
     stored = TenantConfig(name="acme", base=BASE, schema=schema, head="mlp",
                           signature=TenantSchema.from_dict(schema).signature())
-    _check_same_policy(msgspec.structs.replace(stored, signature=""), stored, same_tenant=True)  # same: passes
+    check_same_policy(msgspec.structs.replace(stored, signature=""), stored, same_tenant=True)  # same: passes
     asked = msgspec.structs.replace(stored, signature="", schema={
         **schema, "cameras": [*schema["cameras"], {"name": "wrist", "height": 32, "width": 32}],
         "instruction_template": "robot: {instruction}"})
     with pytest.raises(SpecError) as info:
-        _check_same_policy(asked, stored, same_tenant=True)
+        check_same_policy(asked, stored, same_tenant=True)
     errors = {e["field"]: e["message"] for e in info.value.errors}
     assert list(errors) == ["observation.cameras", "observation.instruction_template"], errors
     assert errors["observation.cameras"].startswith("stored [{'name': 'top', 'height': 64, 'width': 64}]")
