@@ -33,9 +33,14 @@ def _errors(doc: dict) -> dict[str, str]:
 def registry(monkeypatch):
     """The registry without repeat-eval (the built-ins and `workflows`' factories only), and the
     module not imported yet: whatever this test loads is gone after it."""
+    # `workflows` registers the built-ins' factories at its first import: that must land in the
+    # real registry, not in this test's copy (a later test would find it empty).
+    recipes.load_modules(("workflows",))
     monkeypatch.setattr(recipes, "_DECLARED", {k: v for k, v in recipes._DECLARED.items() if k != "repeat-eval"})
     monkeypatch.setattr(recipes, "_RECIPES", {k: v for k, v in recipes._RECIPES.items() if k != "repeat-eval"})
     monkeypatch.delitem(sys.modules, MODULE, raising=False)
+    yield
+    sys.modules.pop(MODULE, None)  # registered into the copy only: a later import must register again
 
 
 def test_a_registered_kind_validates_with_its_config_and_its_familys_rules(registry):

@@ -30,6 +30,7 @@ def test_unknown_kind_names_the_known_ones():
 @pytest.fixture
 def fresh(monkeypatch):
     """An empty registry (the built-ins declared, no factory), put back after the test."""
+    recipes.load_modules(("workflows",))  # its first import registers into the real registry, not this copy
     monkeypatch.setattr(recipes, "_RECIPES", {})
     monkeypatch.setattr(recipes, "_DECLARED", dict(recipes._DECLARED))
 
