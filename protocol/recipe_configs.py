@@ -150,8 +150,9 @@ class RLConfig(RecipeConfig):
     # options as clip_ratio does: their one default is here, each workload's items carry its own
     # values (a later workload of the tenant changes them without touching the slot's config),
     # and the anchor version is the workload's to say (its start version), not the slot's.
-    kl_coef: Float = doc("weight of the KL divergence of the policy from an anchor, added to the PPO loss, the anchor being a frozen "
-                         "copy of the policy taken at kl_anchor_version: keeps PPO near a start (an SFT "
+    kl_coef: Float = doc("weight of the KL divergence of the policy from an anchor, added to the PPO "
+                         "loss, the anchor being a frozen copy of the policy (mean and log-std, not the "
+                         "value net) taken at kl_anchor_version: keeps PPO near a start (an SFT "
                          "version) whose skill its first updates would otherwise lose (docs/results.md). "
                          "Default 0: off, no anchor is taken (plain PPO, as in the paper)", 0.0, ge=0)
     kl_anchor_version: Int | None = doc("the tenant version the KL term anchors to: the trainer copies the "
