@@ -52,10 +52,16 @@ def sft_spec(example: dict[str, Any], tenant: str, seed: int, root: Path, steps:
 
 
 def rl_spec(sft: dict[str, Any], env: dict[str, Any], episodes: int, max_wall_s: float,
-            value_warmup_episodes: int = 0, ppo: dict[str, Any] | None = None) -> dict[str, Any]:
-    """``ppo``: PPO's settings (default `PPO`; `--lr` / `--epochs` change them)."""
+            value_warmup_episodes: int = 0, ppo: dict[str, Any] | None = None, kl_coef: float = 0.0,
+            kl_anchor_version: int | None = None) -> dict[str, Any]:
+    """``ppo``: PPO's settings (default `PPO`; `--lr` / `--epochs` change them). ``kl_coef`` > 0:
+    a KL term to the policy at ``kl_anchor_version`` (the SFT version: every round anchors to
+    the SFT start, not to the previous round's end, which is where a round starts from)."""
     spec = {k: copy.deepcopy(sft[k]) for k in ("tenant", "base", "seed", "action_module", "observation", "action")}
     algorithm = {**(ppo or PPO), **({"value_warmup_episodes": value_warmup_episodes} if value_warmup_episodes else {})}
+    if kl_coef > 0:
+        algorithm.update(kl_coef=kl_coef, **({} if kl_anchor_version is None else
+                                             {"kl_anchor_version": kl_anchor_version}))
     spec.update(task="rl", env=copy.deepcopy(env), algorithm=algorithm,
                 schedule={"max_inflight_jobs": 2, "staleness_bound": 64,
                           "budget": {"max_episodes": episodes, "max_wall_s": max_wall_s}})
@@ -76,7 +82,7 @@ def run(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
     env = copy.deepcopy(ev_example["env"])
     report: dict[str, Any] = {"task": args.task, "env": env, "seeds": args.seeds, "sft_steps": args.sft_steps,
                               "rounds": args.rounds, "round_episodes": args.round_episodes,
-                              "value_warmup_episodes": args.value_warmup_episodes,
+                              "value_warmup_episodes": args.value_warmup_episodes, "kl_coef": args.kl_coef,
                               "eval_episodes": args.eval_episodes, "eval_seed": args.eval_seed,
                               "action_module": GAUSSIAN, "ppo": ppo_settings(args),
                               "cpu_threads": os.environ.get("OMP_NUM_THREADS")}
@@ -110,13 +116,20 @@ def run(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
                                        "rounds": []}
                 print(json.dumps({k: v for k, v in row.items() if k != "rounds"}), flush=True)
                 episodes = 0
+                anchor = None  # the first round's own start: the SFT version, as the master records it
                 for i in range(args.rounds):
                     t0 = time.monotonic()
                     # The value warm-up (if asked) in the first round only: the policy then starts
                     # from its SFT version with a value head that has seen that policy's returns.
                     warm = args.value_warmup_episodes if i == 0 else 0
-                    rl = client.submit(rl_spec(sft, env, args.round_episodes, args.round_wall_s, warm, ppo_settings(args))).wait(
-                        timeout_s=args.timeout_s)
+                    # The KL anchor (if asked) is the SFT version in every round: a later round
+                    # starts from the last one's end, but stays pulled toward the SFT policy (the
+                    # version the first round started from, which its trainer copied).
+                    spec = rl_spec(sft, env, args.round_episodes, args.round_wall_s, warm, ppo_settings(args),
+                                   kl_coef=args.kl_coef, kl_anchor_version=anchor)
+                    rl = client.submit(spec).wait(timeout_s=args.timeout_s)
+                    if anchor is None and args.kl_coef > 0:
+                        anchor = row["kl_anchor_version"] = rl.start_version
                     episodes += rl.episodes or 0
                     rnd = {"round": i + 1, "state": rl.state, "message": rl.message, "version": rl.step,
                            "episodes": rl.episodes, "episodes_total": episodes, "train_success": success_rate(rl),
@@ -164,6 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eval-episodes", type=int, default=30)
     p.add_argument("--value-warmup-episodes", type=int, default=0,
                    help="the first round's first episodes train the value head only (algorithm.value_warmup_episodes)")
+    p.add_argument("--kl-coef", type=float, default=0.0,
+                   help="weight of a KL term to the SFT policy in every round (algorithm.kl_coef; 0: none)")
     p.add_argument("--lr", type=float, default=PPO["lr"], help="PPO's learning rate")
     p.add_argument("--epochs", type=int, default=PPO["epochs"], help="PPO epochs per update")
     p.add_argument("--eval-seed", type=int, default=100_000, help="held-out reset seeds start here")
@@ -174,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     args.seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     if not 0 < args.lr <= 1:
         p.error(f"--lr {args.lr}: must be in (0, 1]")
+    if not 0 <= args.kl_coef < float("inf"):
+        p.error(f"--kl-coef {args.kl_coef}: must be >= 0 (0: no KL term)")
     for name in ("sft_steps", "rounds", "round_episodes", "eval_episodes", "epochs"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} {getattr(args, name)}: must be >= 1")

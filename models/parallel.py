@@ -89,7 +89,7 @@ def slice_batch(batch: TenantBatch, start: int, stop: int) -> TenantBatch:
     cut = slice(start, stop)
     opt = (batch.old_log_prob_B, batch.advantages_B, batch.returns_B)
     return TenantBatch(batch.features.index(cut), batch.actions_B_H_A[cut],
-                       *(x[cut] if x is not None else None for x in opt))
+                       *(x[cut] if x is not None else None for x in opt), kl_coef=batch.kl_coef)
 
 
 def shard(items: Sequence[tuple[TenantSlot, TenantBatch]], rank: int, world: int) -> list[RowShare]:

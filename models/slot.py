@@ -16,6 +16,10 @@ language model: trained with the head by the same AdamW, exported beside the hea
 
 policy_version counts optimizer steps; exported params carry it so an inferencer knows which
 version it serves.
+
+A KL term (PPO's ``kl_coef``, models/heads/gaussian.py) pulls toward an anchor: a frozen copy of
+the policy taken at a version (`use_anchor`). The slot checkpoints it with its version, so a
+restored or evicted slot computes the same loss; exported params never carry it.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from typing import Any
 
 import torch
 
-from models.errors import CheckpointError, SchemaError
+from models.errors import CheckpointError, InputError, SchemaError
 from models.heads import ActionHead, HeadDims, build_head, head_config
 from models.lora import (AdapterConfig, LoraAdapter, Segment, is_adapter_key, read_peft_dir, router_for, target_paths,
                          write_peft_dir)
@@ -100,6 +104,7 @@ class TenantSlot:
         self.seed = seed
         self.step_count = 0
         self.policy_version = 0
+        self.anchor_version = -1  # the policy version the head's KL anchor was taken at (-1: none held)
         # Noise for flow time / actions is drawn from this CPU generator only (see heads.base).
         self.generator = torch.Generator().manual_seed(seed)
         self.optimizer = torch.optim.AdamW(
@@ -200,6 +205,24 @@ class TenantSlot:
         self.policy_version += 1
         return {"lr": lr, "grad_norm": grad_norm}
 
+    def use_anchor(self, version: int) -> None:
+        """Hold the anchor of policy version ``version``: kept if held, taken now when the slot
+        is at that version (before the step that needs it), else InputError: an anchor is this
+        slot's own policy at a version, and a version gone by cannot be copied any more."""
+        if version == self.anchor_version:
+            return
+        held = f"holds the anchor of version {self.anchor_version}" if self.anchor_version >= 0 else "holds no anchor"
+        if version < 0 or version != self.policy_version:
+            raise InputError(f"tenant {self.tenant_id}: a KL term anchored at version {version}, but the slot is at "
+                             f"version {self.policy_version} and {held}; an anchor is taken when the slot is at its "
+                             "version (kl_anchor_version: the version the workload starts from, or the one held)")
+        self.head.take_anchor()
+        self.anchor_version = version
+
+    def _drop_anchor(self) -> None:
+        self.head.drop_anchor()
+        self.anchor_version = -1
+
     # ---- params export ----------------------------------------------------------------
     def export_params(self) -> bytes:
         """safetensors bytes of the head's parameters and buffers, plus the adapter's tensors under
@@ -236,6 +259,7 @@ class TenantSlot:
         self._check_meta(meta, strict_schema)
         self._load_head_tensors(tensors)
         self.policy_version = int(meta.get("policy_version", self.policy_version))
+        self._drop_anchor()  # its version's policy is no longer this slot's history
         return meta
 
     def load_start(self, tensors: dict[str, torch.Tensor]) -> None:
@@ -262,6 +286,7 @@ class TenantSlot:
             more = f" (and {len(errors) - 8} more)" if len(errors) > 8 else ""
             raise CheckpointError("; ".join(errors[:8]) + more)
         self._load_head_tensors({k: v.to(own[k].dtype) for k, v in tensors.items()})
+        self._drop_anchor()
 
     def _check_meta(self, meta: dict[str, Any], strict_schema: bool) -> None:
         mine = self.adapter.config.to_dict() if self.adapter is not None else {}
@@ -306,6 +331,9 @@ class TenantSlot:
                     tensors[f"optim.{names[id(p)]}.{k}"] = v if torch.is_tensor(v) else torch.tensor(float(v))
         tensors["rng.generator"] = self.generator.get_state()
         meta = self._meta() | {"optim_config": asdict(self.optim_config), "seed": self.seed}
+        if self.anchor_version >= 0:  # only then: a slot without a KL term checkpoints as before
+            tensors.update({f"anchor.{k}": v for k, v in self.head.anchor_tensors().items()})
+            meta["anchor_version"] = self.anchor_version
         return dump(tensors, meta, FORMAT_CHECKPOINT)
 
     def restore(self, data: bytes) -> None:
@@ -325,6 +353,10 @@ class TenantSlot:
         self.generator.set_state(tensors["rng.generator"])
         self.step_count = int(meta["step"])
         self.policy_version = int(meta["policy_version"])
+        self._drop_anchor()
+        if int(meta.get("anchor_version", -1)) >= 0:
+            self.head.set_anchor({k[7:]: v for k, v in tensors.items() if k.startswith("anchor.")})
+            self.anchor_version = int(meta["anchor_version"])
 
     # ---- placement --------------------------------------------------------------------
     def to(self, device: torch.device | str) -> "TenantSlot":

@@ -132,6 +132,11 @@ class QueuePutRequest(Struct):
     advantages: Array | None = None
     returns: Array | None = None
     behaviour_version: int = -1
+    # RL with a KL term (protocol.recipe_configs.RLConfig.kl_coef): its weight, and the policy
+    # version it anchors to (the trainer copies the policy when the slot is at that version and
+    # keeps the copy while items name it). 0.0 and -1: no KL term (SFT, plain PPO).
+    kl_coef: float = 0.0
+    anchor_version: int = -1
 
 
 @message("tq.put.reply", 1)

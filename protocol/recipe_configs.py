@@ -146,6 +146,20 @@ class RLConfig(RecipeConfig):
                                      "the policy takes no PPO step until the value head has seen its "
                                      "returns. For a tenant starting from an SFT version. Default 0: none",
                                      0, ge=0, le=1_000_000)
+    # The KL knobs travel on the queued micro-batches (workflows/rl.py), not as gaussian-head
+    # options as clip_ratio does: their one default is here, each workload's items carry its own
+    # values (a later workload of the tenant changes them without touching the slot's config),
+    # and the anchor version is the workload's to say (its start version), not the slot's.
+    kl_coef: Float = doc("weight of the KL divergence of the policy from an anchor, added to the PPO "
+                         "loss, the anchor being a frozen copy of the policy (mean and log-std, not the "
+                         "value net) taken at kl_anchor_version: keeps PPO near a start (an SFT "
+                         "version) whose skill its first updates would otherwise lose (docs/results.md). "
+                         "Default 0: off, no anchor is taken (plain PPO, as in the paper)", 0.0, ge=0)
+    kl_anchor_version: Int | None = doc("the tenant version the KL term anchors to: the trainer copies the "
+                                        "policy when the slot is at this version and keeps the copy "
+                                        "(checkpointed) while later workloads name the same version, so "
+                                        "rounds of PPO can all stay near one SFT start. Needs kl_coef > 0. "
+                                        "Default null: the version this workload starts from", None, ge=0)
 
     @model_validator(mode="before")
     @classmethod
@@ -160,6 +174,10 @@ class RLConfig(RecipeConfig):
         if self.episodes_per_update is not None and self.steps_per_update is not None:
             raise_rules("RLConfig", [rule(("steps_per_update",), "set either episodes_per_update or "
                                           "steps_per_update, not both", self.steps_per_update)])
+        if self.kl_anchor_version is not None and self.kl_coef == 0:
+            raise_rules("RLConfig", [rule(("kl_anchor_version",), "names the KL term's anchor, but kl_coef is 0 "
+                                          "(no KL term): set kl_coef > 0, or leave kl_anchor_version out",
+                                          self.kl_anchor_version)])
         return self
 
 

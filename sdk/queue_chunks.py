@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import msgspec
+
 from protocol.errors import PayloadTooLarge
 from protocol.wire import encode
 from protocol.messages import MAX_CHUNK_PARTS_LOG2, QueuePutRequest, chunk_seq
@@ -32,10 +34,11 @@ def _slice_item(item: QueuePutRequest, lo: int, hi: int, seq: int) -> QueuePutRe
     def cut(x):
         return None if x is None else x[lo:hi]
 
-    return QueuePutRequest(
-        tenant=item.tenant, job=item.job, seq=seq,
+    # `replace`: the per-row fields are sliced, every other field (behaviour_version, the KL
+    # term's kl_coef and anchor_version, one added later) is the item's own in every part.
+    return msgspec.structs.replace(
+        item, seq=seq,
         images={k: v[lo:hi] for k, v in item.images.items()}, state=item.state[lo:hi],
         instructions=item.instructions[lo:hi], actions=item.actions[lo:hi],
         old_log_prob=cut(item.old_log_prob), advantages=cut(item.advantages), returns=cut(item.returns),
-        behaviour_version=item.behaviour_version,
     )

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from envs.simproc import SimFailure
-from protocol.errors import Busy
+from protocol.errors import Busy, InvalidField
 from protocol.messages import QueuePutRequest
 from protocol.recipe_configs import RLConfig
 from workflows.common import Workflow
@@ -55,6 +55,7 @@ class RLWorkflow(Workflow):
 
     async def train(self) -> None:
         cfg = self.config
+        self._kl_fields(cfg)  # a KL term without an anchor version fails now, not after a rollout
         # Several episodes at once: their predict requests meet in the inferencer's groups
         # (one base forward for all of them) instead of queueing one round trip at a time.
         n_envs = cfg.parallel_envs  # bounded by RLConfig, a start the master did not compile too
@@ -124,6 +125,18 @@ class RLWorkflow(Workflow):
             except Busy as exc:
                 await asyncio.sleep(float(exc.details.get("retry_after_s", 0.5)))
 
+    def _kl_fields(self, cfg: RLConfig) -> dict[str, Any]:
+        """The KL term's fields of every micro-batch ({}: none). The anchor is the version named
+        (kl_anchor_version: rounds of PPO all anchored to one SFT start), else the one this
+        workload starts from; the trainer copies the policy when its slot is at that version."""
+        if cfg.kl_coef == 0:
+            return {}
+        anchor = cfg.kl_anchor_version if cfg.kl_anchor_version is not None else self.spec.start_version
+        if anchor < 0:  # a start the master did not compile (it always sets start_version for rl)
+            raise InvalidField("algo.kl_coef", "a KL term needs its anchor's version: set algo.kl_anchor_version "
+                                               "or the workflow's start_version")
+        return {"kl_coef": cfg.kl_coef, "anchor_version": anchor}
+
     async def _queue_rl(self, segments: list[list[dict[str, Any]]], cfg: RLConfig) -> None:
         rows = rollout_rows(segments, cfg, self.progress.episodes)
         if not rows:
@@ -135,6 +148,7 @@ class RLWorkflow(Workflow):
         for _ in range(cfg.epochs):
             passes.extend(rows[i] for i in order_rng.permutation(len(rows)))
         rows = passes
+        kl = self._kl_fields(cfg)
         mb = cfg.micro_batch
         if self.spec.max_steps:  # the last job takes only the micro-batches (steps) left of the budget
             rows = rows[: max(0, self.spec.max_steps - self.progress.steps) * mb]
@@ -154,7 +168,7 @@ class RLWorkflow(Workflow):
                 old_log_prob=np.array([r["log_prob"] for r in part], np.float32),
                 advantages=np.array([r["adv"] for r in part], np.float32),
                 returns=np.array([r["ret"] for r in part], np.float32),
-                behaviour_version=min(int(r["version"]) for r in part),
+                behaviour_version=min(int(r["version"]) for r in part), **kl,
             )
             if not await self._put(item):
                 break

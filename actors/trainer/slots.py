@@ -82,10 +82,14 @@ def slot_footprint(slot: Any) -> int:
     """Bytes the slot holds once it trained: trainable params, their grads and two AdamW
     moments, plus buffers. A slot not trained yet holds no grads or moments: counted as if it
     did, so the budget never admits what its first step would push over. (From the params
-    alone: never reading the optimizer's state, which a training thread may be filling.)"""
+    alone: never reading the optimizer's state, which a training thread may be filling.) A head
+    that can hold a KL anchor (a frozen copy of its policy, taken at the first step of a workload
+    with algorithm.kl_coef > 0) counts it likewise, taken or not: the trainer cannot know at
+    build time whether a workload will ask for one."""
     params = sum(p.numel() * p.element_size() for _, p in slot.named_trainable())
-    buffers = sum(b.numel() * b.element_size() for b in slot.head.buffers())
-    return 4 * params + buffers
+    buffers = sum(b.numel() * b.element_size() for b in slot.head.buffers())  # a held anchor's among them
+    anchor = 0 if slot.anchor_version >= 0 else slot.head.anchor_bytes()
+    return 4 * params + buffers + anchor
 
 
 def fast_engine_applies(source: str, device: str | None) -> bool:

@@ -689,4 +689,7 @@ def item_to_batch(slot: Any, item: QueuePutRequest) -> Any:
     def t(x: Any) -> Any:
         return None if x is None else torch.as_tensor(np.asarray(x, dtype=np.float32), device=device)
 
-    return TenantBatch(vla, t(item.actions), t(item.old_log_prob), t(item.advantages), t(item.returns))
+    if item.kl_coef > 0:  # its anchor, taken now (before this step) if the slot is at its version
+        slot.use_anchor(item.anchor_version)
+    return TenantBatch(vla, t(item.actions), t(item.old_log_prob), t(item.advantages), t(item.returns),
+                       kl_coef=item.kl_coef)

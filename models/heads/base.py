@@ -57,6 +57,8 @@ class TenantBatch:
     old_log_prob_B: torch.Tensor | None = None
     advantages_B: torch.Tensor | None = None
     returns_B: torch.Tensor | None = None
+    # Weight of the KL term to the slot's anchor policy (`TenantSlot.use_anchor`); 0: none.
+    kl_coef: float = 0.0
 
     def __post_init__(self) -> None:
         if self.actions_B_H_A.ndim != 3 or self.actions_B_H_A.shape[0] != len(self.features):
@@ -105,6 +107,25 @@ class ActionHead(nn.Module):
 
     def predict(self, feats: BaseOutput, vla: VLABatch, generator: torch.Generator) -> torch.Tensor:
         raise NotImplementedError
+
+    # ---- the KL anchor: a frozen copy of the policy a KL term pulls toward (heads with a
+    # log-prob: models/heads/gaussian.py). Heads without one refuse to take it.
+    def take_anchor(self) -> None:
+        raise InputError(f"head {self.kind!r} has no KL term (kl_coef): only a gaussian head's PPO loss takes one")
+
+    def set_anchor(self, tensors: dict[str, torch.Tensor]) -> None:
+        self.take_anchor()
+
+    def drop_anchor(self) -> None:
+        """Forget the anchor (none held: nothing to do)."""
+
+    def anchor_tensors(self) -> dict[str, torch.Tensor]:
+        """The held anchor's tensors by policy tensor name ({}: none held)."""
+        return {}
+
+    def anchor_bytes(self) -> int:
+        """Bytes an anchor of this head takes once held (0: it takes none)."""
+        return 0
 
     def batch_key(self, feats: BaseOutput) -> Any:
         """Heads whose keys are equal can sample together (`predict_many`, one batched network

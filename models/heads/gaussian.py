@@ -3,7 +3,12 @@ state-independent log-std, plus a value head; log-prob and entropy for PPO.
 
 loss(): PPO clipped surrogate + value MSE - entropy bonus when the batch carries RL fields
 (old_log_prob_B, advantages_B, returns_B); plain negative log-likelihood (behaviour cloning)
-when it does not.
+when it does not. With ``batch.kl_coef`` > 0 either adds ``kl_coef * KL(pi || pi_anchor)``: the
+closed-form KL between this policy's diagonal Gaussian and the anchor's (a frozen copy of the
+policy part, everything but the value net, taken by `take_anchor`; its mean on the same
+features), averaged over the batch, reported as ``kl_ref``. The anchor is held as
+non-persistent buffers under ``anchor.``: it moves with the head and counts in its memory, but
+stays out of the exported params (an inferencer never needs it); the slot checkpoints it.
 """
 
 from __future__ import annotations
@@ -67,6 +72,11 @@ class GaussianHead(ActionHead):
             ImageEncoder(dims.camera_slots, config.image_channels, w, config.image_pool, cond)
             if config.image_channels else None
         )
+        self.anchor = nn.Module()  # the KL anchor's buffers, by policy tensor name (none held yet)
+
+    def forward(self, feats: BaseOutput, vla: VLABatch) -> torch.Tensor:
+        """The policy's mean (B, H * A): what `functional_call` runs with the anchor's tensors."""
+        return self.mean(self.trunk(feats, vla))
 
     def trunk(self, feats: BaseOutput, vla: VLABatch) -> torch.Tensor:
         pooled = self.norm(feats.query_B_Q_D.to(self._device, torch.float32)).mean(dim=1)
@@ -122,8 +132,71 @@ class GaussianHead(ActionHead):
             flat[rows] = mean[rows] + torch.exp(self.log_std) * noise
         return flat.view(-1, self.dims.action_horizon, self.dims.action_dim), self._log_prob(mean, flat), value
 
+    # ---- the KL anchor ------------------------------------------------------------------
+    def policy_tensors(self) -> dict[str, torch.Tensor]:
+        """What the action distribution is made of (mean and log_std): every parameter and
+        buffer but the value net's (and the anchor's own)."""
+        named = [*self.named_parameters(), *self.named_buffers()]
+        return {n: t for n, t in named if not n.startswith(("value.", "anchor."))}
+
+    def take_anchor(self) -> None:
+        self.set_anchor({n: t.detach().clone() for n, t in self.policy_tensors().items()})
+
+    def set_anchor(self, tensors: dict[str, torch.Tensor]) -> None:
+        own = self.policy_tensors()
+        if set(tensors) != set(own):
+            missing, extra = sorted(set(own) - set(tensors)), sorted(set(tensors) - set(own))
+            raise InputError(f"anchor tensors differ from the policy's: missing {missing[:5]}, unexpected {extra[:5]}")
+        store = nn.Module()
+        for name, t in tensors.items():
+            if t.shape != own[name].shape or t.dtype != own[name].dtype:
+                raise InputError(f"anchor tensor {name}: {tuple(t.shape)}/{t.dtype}, the policy's is "
+                                 f"{tuple(own[name].shape)}/{own[name].dtype}")
+            *path, leaf = name.split(".")
+            node = store
+            for part in path:
+                if not hasattr(node, part):
+                    node.add_module(part, nn.Module())
+                node = getattr(node, part)
+            node.register_buffer(leaf, t.detach().to(own[name].device).clone(), persistent=False)
+        self.anchor = store
+
+    def drop_anchor(self) -> None:
+        self.anchor = nn.Module()
+
+    def anchor_tensors(self) -> dict[str, torch.Tensor]:
+        return dict(self.anchor.named_buffers())
+
+    def anchor_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.policy_tensors().values())
+
+    def kl_to_anchor(self, mean: torch.Tensor, feats: BaseOutput, vla: VLABatch) -> torch.Tensor:
+        """Mean over rows of KL(N(mean, std) || N(anchor mean, anchor std)), summed over the
+        action dims; the anchor's side without gradient."""
+        anchor = self.anchor_tensors()
+        if not anchor:
+            raise InputError("gaussian loss: kl_coef > 0 but no anchor is held (TenantSlot.use_anchor takes it)")
+        with torch.no_grad():
+            ref_mean = torch.func.functional_call(self, anchor, (feats, vla), strict=False)
+        ref_log_std = anchor["log_std"]
+        var_ratio = torch.exp(2 * (self.log_std - ref_log_std))
+        diff = (mean - ref_mean) * torch.exp(-ref_log_std)
+        kl = (ref_log_std - self.log_std) + 0.5 * (var_ratio + diff.pow(2) - 1)
+        return kl.sum(-1).mean()
+
     def loss(self, feats: BaseOutput, batch: TenantBatch, generator: torch.Generator) -> LossOutput:
-        log_prob, entropy, value = self.evaluate_actions(feats, batch.features, batch.actions_B_H_A)
+        actions = self.check_actions(batch.actions_B_H_A).flatten(1)
+        mean, value = self._mean_value(feats, batch.features)
+        log_prob, entropy = self._log_prob(mean, actions), self.entropy(actions.shape[0])
+        out = self._objective(log_prob, entropy, value, batch)
+        if batch.kl_coef > 0:
+            kl = self.kl_to_anchor(mean, feats, batch.features)
+            out.loss = out.loss + batch.kl_coef * kl
+            out.metrics["kl_ref"] = float(kl.detach())
+        return out
+
+    def _objective(self, log_prob: torch.Tensor, entropy: torch.Tensor, value: torch.Tensor, batch: TenantBatch
+                   ) -> LossOutput:
         rl = (batch.old_log_prob_B, batch.advantages_B, batch.returns_B)
         if all(x is None for x in rl):
             loss = -log_prob.mean()

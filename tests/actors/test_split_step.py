@@ -51,7 +51,9 @@ def test_chunk_parts_inverts_chunk_seq():
 def test_join_parts_rebuilds_the_micro_batch_in_place():
     cfg = tenant("split-unit")
     whole = micro_batch(cfg, "j1", 1, b=10, rl_version=3)
+    whole.kl_coef, whole.anchor_version = 0.2, 3  # a PPO item with a KL term: every part keeps it
     parts = _split(whole, 4)  # 3 + 3 + 3 + 1 rows: unequal parts
+    assert all((p.kl_coef, p.anchor_version) == (0.2, 3) for p in parts)
     assert sorted(len(p.instructions) for p in parts) == [1, 3, 3, 3]
     before, after = micro_batch(cfg, "j1", 0, b=2), micro_batch(cfg, "j1", 2, b=2)
     shuffled = parts[:]
@@ -64,6 +66,7 @@ def test_join_parts_rebuilds_the_micro_batch_in_place():
     assert got.images.keys() == whole.images.keys()
     assert all(np.array_equal(got.images[c], whole.images[c]) for c in whole.images)
     assert got.instructions == whole.instructions and got.behaviour_version == whole.behaviour_version
+    assert (got.kl_coef, got.anchor_version) == (0.2, 3)
     assert joined[0] is before and joined[2] is after
     # Two splits of two items never merge with each other.
     other = _split(micro_batch(cfg, "j1", 3, b=4), 2)

@@ -32,6 +32,12 @@ def test_sft_ppo_and_eval_specs_are_valid_and_name_one_tenant(task):
     slow = parse_spec(maniskill_rl.rl_spec(sft, ev_example["env"], 100, 600.0,
                                            ppo={**maniskill_rl.PPO, "lr": 5e-5, "epochs": 1}))
     assert slow.algorithm.lr == 5e-5 and slow.algorithm.epochs == 1  # --lr / --epochs reach the spec
+    # --kl-coef: the first round anchors to its own start (the SFT version), later ones name it.
+    assert specs[1].algorithm.kl_coef == 0.0 and specs[1].algorithm.kl_anchor_version is None
+    first = parse_spec(maniskill_rl.rl_spec(sft, ev_example["env"], 100, 600.0, kl_coef=0.05))
+    later = parse_spec(maniskill_rl.rl_spec(sft, ev_example["env"], 100, 600.0, kl_coef=0.05, kl_anchor_version=300))
+    assert (first.algorithm.kl_coef, first.algorithm.kl_anchor_version) == (0.05, None)
+    assert (later.algorithm.kl_coef, later.algorithm.kl_anchor_version) == (0.05, 300)
     # The example is not changed by building a spec from it.
     assert load_document(sft_path.read_text()) == sft_example
 

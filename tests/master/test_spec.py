@@ -261,6 +261,15 @@ def test_cross_field_rules():
     for bad in (-1, 10**7, "many"):  # a tenant's own field, still bounded
         assert "algorithm.value_warmup_episodes" in errors_of(
             mutate(minimal("rl"), {"algorithm": {"value_warmup_episodes": bad}}))
+    for bad in (-0.1, "0.1", float("nan"), float("inf"), None, True):
+        assert "algorithm.kl_coef" in errors_of(mutate(minimal("rl"), {"algorithm": {"kl_coef": bad}}))
+    for bad in (-1, 1.5, "3"):
+        assert "algorithm.kl_anchor_version" in errors_of(
+            mutate(minimal("rl"), {"algorithm": {"kl_coef": 0.1, "kl_anchor_version": bad}}))
+    errs = errors_of(mutate(minimal("rl"), {"algorithm": {"kl_anchor_version": 3}}))
+    assert "kl_coef is 0" in errs["algorithm.kl_anchor_version"]
+    ok = parse_spec(mutate(minimal("rl"), {"algorithm": {"kl_coef": 0.1, "kl_anchor_version": 0}})).algorithm
+    assert (ok.kl_coef, ok.kl_anchor_version) == (0.1, 0) and parse_spec(minimal("rl")).algorithm.kl_coef == 0.0
     two_tops = {"root": "/d", "camera_map": {"cam.a": "top", "cam.b": "top"}}
     lerobot = mutate(minimal(), {"env": DELETE, "dataset": two_tops})
     errs = errors_of(lerobot)

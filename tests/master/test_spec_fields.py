@@ -112,6 +112,8 @@ VALUES: dict[str, tuple[str, Any]] = {
     "RLConfig.grad_clip": ("rl", None),
     "RLConfig.warmup_steps": ("rl", 3),
     "RLConfig.value_warmup_episodes": ("rl", 32),
+    "RLConfig.kl_coef": ("rl", 0.1),
+    "RLConfig.kl_anchor_version": ("rl", 3),  # with kl_coef > 0: see _set
     "schedule.priority": ("sft", 3),
     "schedule.max_inflight_jobs": ("sft", 4),
     "schedule.staleness_bound": ("rl", 8),
@@ -162,6 +164,8 @@ def _set(data: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
         out.pop("eval")
     if path == "algorithm.steps_per_update":
         out["algorithm"]["episodes_per_update"] = None
+    if path == "algorithm.kl_anchor_version":  # an anchor needs a KL term
+        out["algorithm"]["kl_coef"] = 0.1
     return out
 
 

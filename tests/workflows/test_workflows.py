@@ -48,8 +48,11 @@ def test_rl_sft_and_eval_workflows(roles):
             await c.create_tenant(reach_tenant("rl-t", "gaussian"))
             await c.create_tenant(reach_tenant("sft-t", "mlp"))
             rl, sft = await asyncio.gather(
+                # With a KL term to the policy it starts from (version 0): the trainer takes the
+                # anchor at the first step and reports kl_ref in every step's metrics.
                 run_workflow(c, WorkflowSpec(workload="w-rl", tenant="rl-t", kind="rl", env_id="builtin/reach-v0",
-                                             algo={"episodes_per_update": 2, "parallel_envs": 2}, max_episodes=4)),
+                                             algo={"episodes_per_update": 2, "parallel_envs": 2, "kl_coef": 0.1},
+                                             max_episodes=4, start_version=0)),
                 run_workflow(c, WorkflowSpec(workload="w-sft", tenant="sft-t", kind="sft", env_id="builtin/reach-v0",
                                              demo_episodes=4, algo={"batch_size": 8, "items_per_job": 2},
                                              max_steps=3, record_path="datasets/tenants/sft-t/w-sft")),
@@ -66,9 +69,10 @@ def test_rl_sft_and_eval_workflows(roles):
 
     rl, sft, ev, rl_jobs, sft_jobs, sft_version, after_eval = asyncio.run(go())
     for events in (rl, sft, ev):
-        assert events[-1].kind == "done" and events[-1].state != "failed", events[-1]
+        assert events[-1].kind == "done" and events[-1].state != "failed", events[-1].message
     assert rl[-1].episodes == 4 and "success_rate" in rl[-1].metrics
     assert len(rl_jobs) == 2 and all(j.state == "cleared" and j.behaviour_version >= 0 for j in rl_jobs)
+    assert all("kl_ref" in j.metrics and "policy_loss" in j.metrics for j in rl_jobs), [j.metrics for j in rl_jobs]
     # One PPO step per micro-batch put: a micro-batch over the max payload is stored as parts
     # (items) and trained as one step (JobRecord.steps; tests/actors/test_split_step.py).
     assert rl[-1].step == sum(j.steps for j in rl_jobs) and sum(j.items for j in rl_jobs) >= rl[-1].step
