@@ -5,6 +5,9 @@
 
 * ``learning/loss`` (step: the policy version the job trained), ``learning/success_rate`` and
   ``learning/mean_return`` (step: the workload's version when it reported them);
+* ``learning/<name>`` for each other training metric of a job (its head's: ``nll``, PPO's
+  ``policy_loss``, ``value_loss``, ``entropy``, ``approx_kl``, ``clip_frac``, ``kl_ref``; step: the
+  version the job trained);
 * ``eval/<metric>`` for each metric of a workload's ``done`` event (step: its version);
 * ``control/queue_depth`` and ``control/jobs_in_flight`` (step: seconds since the monitor
   started), the tenant's load beside its curves.

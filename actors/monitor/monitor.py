@@ -18,6 +18,7 @@ Run: ``python -m actors.run monitor --nats-url nats://127.0.0.1:4222``
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections import deque
 from typing import Any
@@ -51,6 +52,8 @@ _LEVELS = {"memory_bytes": "memory_bytes", "device_memory_bytes": "device_memory
            "slot_restores": "slot_restores"}
 # Metric messages kept as series: signal -> series name (scope is the tenant).
 _METRICS = {"loss": "loss", "version": "policy_version", "weight_sync_s": "weight_sync_seconds"}
+# A training metric's name as a TensorBoard tag (the trainer's heads name them; bounded anyway).
+TRAIN_METRIC = re.compile(r"[a-z][a-z0-9_]{0,39}")
 # Workload progress / done metrics kept as learning series.
 _PROGRESS = ("success_rate", "mean_return")
 # The queue curves in TensorBoard: one point per tenant this often, not one per master beat.
@@ -210,10 +213,17 @@ class Monitor(Role):
             self.log.warning("bad metric", subject=msg.subject, error=str(exc))
             return
         self.metrics[f"{m.signal}.{m.scope}"] = m.value
+        version = int(m.labels["version"]) if m.labels.get("version", "").isdigit() else -1
+        if m.signal == "train":
+            # A job's training metrics beside its loss (the head's: policy_loss, entropy, kl_ref,
+            # ...): TensorBoard only, as learning/<name>; the series store keeps the loss alone.
+            name = m.labels.get("name", "")
+            if self.boards is not None and version >= 0 and TRAIN_METRIC.fullmatch(name):
+                self.boards.scalar(self.store.tenant_label(m.scope), f"learning/{name}", m.value, step=version, at=m.at)
+            return
         series = _METRICS.get(m.signal)
         if series is None:
             return
-        version = int(m.labels["version"]) if m.labels.get("version", "").isdigit() else -1
         self.store.record(series, m.value, at=m.at, version=version, tenant=m.scope)
         if self.boards is not None and m.signal == "loss" and version >= 0:
             self.boards.scalar(self.store.tenant_label(m.scope), "learning/loss", m.value, step=version, at=m.at)

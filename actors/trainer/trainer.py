@@ -507,6 +507,8 @@ class Trainer(Role):
         if "loss" in metrics:
             await self.metric("loss", tenant, metrics["loss"], version=str(version))
         await self.metric("version", tenant, version)
+        for name in sorted(metrics.keys() - {"loss"}):  # the head's own (policy_loss, kl_ref, ...): TensorBoard
+            await self.metric("train", tenant, metrics[name], version=str(version), name=name)
         self.log.info("job done", tenant=tenant, job=job.job, version=version, step=w.res.slot.step_count,
                       items=job.items, skipped_compute=w.skip, loss=metrics.get("loss"))
 

@@ -195,6 +195,12 @@ def test_tensorboard_event_files_per_tenant(deployment):
     assert "control/queue_depth" in tags[0]
     assert {"learning/success_rate", "learning/mean_return"} <= tags[1]
     assert "eval/success_rate" in tags[2], tags[2]
+    # Each job's training metrics beside its loss, by the version it trained: the SFT head's and
+    # PPO's (the monitor writes what the trainer publishes as `train` metrics).
+    assert {"learning/l1", "learning/grad_norm", "learning/lr"} <= tags[0], tags[0]
+    assert {"learning/policy_loss", "learning/value_loss", "learning/entropy", "learning/approx_kl",
+            "learning/clip_frac"} <= tags[1], tags[1]
+    assert [e.step for e in sft.Scalars("learning/l1")] == [1, 2, 3]
 
 
 def test_nexus_top_once_and_json(deployment):
