@@ -71,6 +71,7 @@ from protocol.msg_queue import (  # noqa: F401 - re-exported
     LoadWeightsRequest,
     MAX_CHUNK_PARTS_LOG2,
     MAX_ITEM_SEQ,
+    MAX_KL_COEF,
     MAX_LEASE_S,
     MAX_STEP_ROWS,
     QueueGetReply,

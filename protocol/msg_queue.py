@@ -116,6 +116,10 @@ def starts_step(seq: int) -> bool:
     return parts is None or parts[2] == 0
 
 
+# A KL weight past this drowns PPO's own objective (its terms are O(1)): a bound, not a tuning hint.
+MAX_KL_COEF = 100.0
+
+
 @message("tq.put", 1)
 class QueuePutRequest(Struct):
     """One micro-batch of a job, in the tenant's own schema. ``seq`` makes retries idempotent."""
@@ -135,8 +139,8 @@ class QueuePutRequest(Struct):
     # RL with a KL term (protocol.recipe_configs.RLConfig.kl_coef): its weight, and the policy
     # version it anchors to (the trainer copies the policy when the slot is at that version and
     # keeps the copy while items name it). 0.0 and -1: no KL term (SFT, plain PPO).
-    kl_coef: float = 0.0
-    anchor_version: int = -1
+    kl_coef: Annotated[float, Meta(ge=0, le=MAX_KL_COEF)] = 0.0
+    anchor_version: Annotated[int, Meta(ge=-1)] = -1
 
 
 @message("tq.put.reply", 1)

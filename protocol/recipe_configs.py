@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 from pydantic import Strict as _Strict
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from protocol.messages import MAX_STEP_ROWS
+from protocol.messages import MAX_KL_COEF, MAX_STEP_ROWS
 
 # Strict scalars: "64" is not an integer, true is not 1; floats are finite.
 Int = StrictInt
@@ -154,7 +154,8 @@ class RLConfig(RecipeConfig):
                          "loss, the anchor being a frozen copy of the policy (mean and log-std, not the "
                          "value net) taken at kl_anchor_version: keeps PPO near a start (an SFT "
                          "version) whose skill its first updates would otherwise lose (docs/results.md). "
-                         "Default 0: off, no anchor is taken (plain PPO, as in the paper)", 0.0, ge=0)
+                         "Default 0: off, no anchor is taken (plain PPO, as in the paper)", 0.0, ge=0,
+                         le=MAX_KL_COEF)
     kl_anchor_version: Int | None = doc("the tenant version the KL term anchors to: the trainer copies the "
                                         "policy when the slot is at this version and keeps the copy "
                                         "(checkpointed) while later workloads name the same version, so "

@@ -66,3 +66,18 @@ def test_the_budget_counts_an_anchor_taken_or_not(new_slot):
     _, mlp, _ = new_slot("mlp")
     mlp_params = sum(p.numel() * p.element_size() for _, p in mlp.named_trainable())
     assert slot_footprint(mlp) == 4 * mlp_params  # a head without a KL term: as before
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("kl_coef", float("nan"), "must be >= 0.0"), ("kl_coef", -0.5, "must be >= 0.0"),
+    ("kl_coef", 1e9, "must be <= 100.0"), ("anchor_version", -5, "must be >= -1")])
+def test_a_tenants_item_with_a_bad_kl_field_is_refused_naming_it(field, value, message):
+    """A tenant puts queue items itself (the SDK's queue_put): a NaN, negative or huge KL weight
+    would poison its own slot's loss; it is refused at decode, naming the field."""
+    from protocol.errors import InvalidField
+
+    item = micro_batch(tenant("kl-bad", head="gaussian"), "j1", 0)
+    setattr(item, field, value)
+    with pytest.raises(InvalidField, match=message) as err:
+        decode(encode(item), QueuePutRequest)
+    assert err.value.field.endswith(field)
