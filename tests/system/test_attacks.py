@@ -190,7 +190,7 @@ def _outcome(result: Any) -> dict[str, Any]:
 
 def test_a_tenant_with_valid_credentials_reaches_nothing_it_does_not_own(deployment, tmp_path):
     from protocol.messages import ScaleRequest
-    from protocol.messages import (CheckpointCommitRequest, CreateTenantRequest, DatasetBatch, DrainRequest,
+    from protocol.messages import (CheckpointCommitRequest, QueuePutRequest, CreateTenantRequest, DatasetBatch, DrainRequest,
                                    EnvCreateRequest, EnvSession, EnvStepRequest, ExportRequest, GetTenantRequest,
                                    HandbackRequest, InfoRequest, JobRecord, JobRef, JobsReply, JobsRequest,
                                    LeaseReply, LeaseRequest, ListReply, ListRequest, LoadWeightsRequest, Ok,
@@ -374,6 +374,14 @@ def test_a_tenant_with_valid_credentials_reaches_nothing_it_does_not_own(deploym
             "tenant_create in-flight over its quota": (create(max_inflight_jobs=50), IF, "max_inflight_jobs"),
             "submit priority over its ceiling": (submit(_spec(schedule={"priority": 9})), IF, "priority"),
             "submit in-flight over its quota": (submit(_spec(schedule={"max_inflight_jobs": 50})), IF, "max_inflight_jobs"),
+            # -- a workload kind, a KL weight (issue 28's recipe kinds, issue 25's KL term) ------------
+            "task a path": (submit(_spec(task="../../auth/state")), IF, "allowed: sft, rl, eval"),
+            "task a 300-character kind": (submit(_spec(task="k" * 300)), IF, "allowed: sft, rl, eval"),
+            "queue_put with a NaN KL weight": (raw(m("queue_put"), QueuePutRequest, {
+                **msgspec.structs.asdict(_item("mallory", "j-kl")), "kl_coef": float("nan")}, JobRecord), IF, "kl_coef"),
+            "queue_put anchoring to version -5": (raw(m("queue_put"), QueuePutRequest, {
+                **msgspec.structs.asdict(_item("mallory", "j-kl")), "kl_coef": 0.1, "anchor_version": -5}, JobRecord),
+                IF, "anchor_version"),
             # -- sizes and rates past every limit -------------------------------------------------
             "sample 10,000 indices": (raw(ops.ENV_SAMPLE.subject(names), SampleRequest, {
                 "root": "/x", "n": 1, "seed": None, "indices": list(range(10_000))}, DatasetBatch), IF, "indices"),
