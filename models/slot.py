@@ -377,8 +377,9 @@ class TenantSlot:
         trainable = [p for _, p in self.named_trainable()]
         params = sum(p.numel() * p.element_size() for p in trainable)
         buffers = sum(b.numel() * b.element_size() for b in self.head.buffers())
-        # Read each .grad once: the training thread sets it to None between steps while the
-        # event loop answers `info`, so a second read may find None.
+        # Call this on the thread that trains the slot, never beside it: reading `.grad` makes a
+        # Python object for a tensor that a step may be freeing at the same moment, which torch
+        # does not guard (the trainer's `Resident.measure` runs on its torch thread for this).
         grads = sum(g.numel() * g.element_size() for g in (p.grad for p in trainable) if g is not None)
         optim = sum(v.numel() * v.element_size() for st in self.optimizer.state.values()
                     for v in st.values() if torch.is_tensor(v))

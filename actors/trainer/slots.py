@@ -69,9 +69,20 @@ class Resident:
     # training not yet committed, and such a slot is never dropped from memory.
     clean: tuple[int, int] | None = None
     footprint: int = 0  # `slot_footprint`, fixed once built
+    # `TenantSlot.memory_bytes` as of the slot's last torch work, measured on the torch thread
+    # (`measure`) and only read elsewhere: `info` answered on the event loop once read each
+    # param's `.grad` while a step set it, and torch's Python-object bookkeeping is not safe
+    # against that (an INTERNAL ASSERT in pyobject_preservation, then heap corruption and the
+    # trainer's SIGSEGV / "corrupted unsorted chunks" seen in long runs: docs/results.md).
+    memory: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.footprint = slot_footprint(self.slot)
+        self.measure()
+
+    def measure(self) -> None:
+        """Refresh ``memory``; on the torch thread only (the slot's tensors are that thread's)."""
+        self.memory = self.slot.memory_bytes()
 
     @property
     def committed_state(self) -> bool:
@@ -221,7 +232,8 @@ class SlotStore:
         slot = await self.torch.run(TenantSlot.create, cfg.name, schema, base, head_kind=cfg.head,
                                     head_options=cfg.head_params, optim=OptimConfig(**cfg.optim), seed=cfg.seed,
                                     adapter=cfg.base_adapter or None)
-        return Resident(config=cfg, slot=slot)
+        # Built on the torch thread: Resident measures the slot's tensors.
+        return await self.torch.run(lambda: Resident(config=cfg, slot=slot))
 
     async def _start(self, res: Resident) -> None:
         """No checkpoint yet: a tenant that started from uploaded weights (`start_from`) has them
@@ -264,7 +276,7 @@ class SlotStore:
             tensors.update(part)
         where = "init" if adapter_object else "init.weights"
         try:
-            await self.torch.run(res.slot.load_start, tensors)
+            await self.torch.run(lambda: (res.slot.load_start(tensors), res.measure()))
         except CheckpointError as exc:
             raise InvalidField(where, f"the upload does not fit tenant {cfg.name!r}'s spec: {exc}") from None
         return await self._export_resident(res, {})
@@ -273,7 +285,7 @@ class SlotStore:
         data = unpackb(blob)
         if not isinstance(data, dict) or data.get("format") != CHECKPOINT_FORMAT:
             raise InternalError(f"checkpoint of {res.config.name} has an unknown format")
-        await self.torch.run(res.slot.restore, data["slot"])
+        await self.torch.run(lambda: (res.slot.restore(data["slot"]), res.measure()))
         res.applied = OrderedDict((j, None) for j in data["applied"])
         res.checkpoint_name = name
 
@@ -434,6 +446,6 @@ class SlotStore:
     def memory_report(self) -> dict[str, Any]:
         return {
             name: {"device": str(r.slot.device), "step": r.slot.step_count, "version": r.slot.policy_version,
-                   **{f"{k}_bytes": v for k, v in r.slot.memory_bytes().items()}}
+                   **{f"{k}_bytes": v for k, v in r.memory.items()}}  # the torch thread's last measure
             for name, r in self.resident.items()
         }

@@ -429,6 +429,7 @@ class Trainer(Role):
                     w.metrics.setdefault(k, []).append(float(v))
         for w in group:
             w.batch = None  # canonical tensors live for one step only
+            w.res.measure()  # for `info`, which must not read the slot's tensors itself
 
     def _metered_step(self, base: Any, part: list[Work], grouped: bool) -> list[Any]:
         """One `models.train_step`, timed (wall time ending in a device synchronize) and charged

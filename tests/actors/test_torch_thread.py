@@ -93,3 +93,41 @@ def test_the_trainer_runs_no_torch_work_on_other_threads():
                                 "threading.Thread(target=join, name='trainer-ranks-join', daemon=True)"):
                     found.append(f"{path.name}:{node.lineno} {what}")
     assert not found, f"torch work may run off the torch thread: {found}"
+
+
+def slot_tensor_reads(source: str) -> list[str]:
+    """`.grad` reads and `memory_bytes()` calls outside `Resident.measure` (which runs on the
+    torch thread): anywhere else in the trainer they may run on the event loop beside a step."""
+    found = []
+
+    class Visit(ast.NodeVisitor):
+        def __init__(self) -> None:
+            self.where: list[str] = []
+
+        def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
+            self.where.append(node.name)
+            self.generic_visit(node)
+            self.where.pop()
+
+        def visit_Attribute(self, node: ast.Attribute) -> None:
+            if node.attr in ("grad", "memory_bytes") and self.where[-1:] != ["measure"]:
+                found.append(f"{node.lineno}: {ast.unparse(node)} in {'.'.join(self.where) or 'module'}")
+            self.generic_visit(node)
+
+    Visit().visit(ast.parse(source))
+    return found
+
+
+def test_the_trainer_reads_slot_tensors_only_on_the_torch_thread():
+    """The cause of the long runs' trainer crashes (a dump on the H200, docs/results.md): `info`
+    read every param's `.grad` on the event loop while the torch thread's step set them; torch
+    raised an INTERNAL ASSERT in pyobject_preservation, and later the heap was corrupt. The
+    memory figures are now measured on the torch thread (`Resident.measure`) and `info` reads
+    those numbers."""
+    found = [f"{p.name}:{f}" for p in sorted((ROOT / "actors" / "trainer").glob("*.py"))
+             for f in slot_tensor_reads(p.read_text())]
+    assert not found, f"slot tensors read where the event loop may run them: {found}"
+    # The check sees the old way in.
+    assert slot_tensor_reads("def memory_report(self):\n    return r.slot.memory_bytes()\n")
+    assert slot_tensor_reads("def info_extra(self):\n    return [p.grad for p in ps]\n")
+    assert not slot_tensor_reads("def measure(self):\n    self.memory = self.slot.memory_bytes()\n")
