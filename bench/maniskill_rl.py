@@ -42,9 +42,18 @@ PPO = {"lr": 3e-4, "gamma": 0.9, "gae_lambda": 0.9, "clip_ratio": 0.2, "value_co
        "epochs": 2, "steps_per_update": 256, "parallel_envs": 2, "micro_batch": 64, "grad_clip": 0.5}
 
 
-def sft_spec(example: dict[str, Any], tenant: str, seed: int, root: Path, steps: int) -> dict[str, Any]:
+def action_module(value_detach: bool = False) -> dict[str, Any]:
+    """`GAUSSIAN`, with `value_detach` (the value loss kept off the shared trunk) when asked."""
+    module = copy.deepcopy(GAUSSIAN)
+    if value_detach:
+        module["params"]["value_detach"] = True
+    return module
+
+
+def sft_spec(example: dict[str, Any], tenant: str, seed: int, root: Path, steps: int,
+             module: dict[str, Any] | None = None) -> dict[str, Any]:
     spec = copy.deepcopy(example)
-    spec.update(tenant=tenant, seed=seed, action_module=copy.deepcopy(GAUSSIAN))
+    spec.update(tenant=tenant, seed=seed, action_module=copy.deepcopy(module or GAUSSIAN))
     spec["dataset"]["root"] = str(root)
     spec["algorithm"].update(steps=steps, warmup_steps=min(spec["algorithm"]["warmup_steps"], steps // 10))
     spec.setdefault("outputs", {})["export_every_steps"] = max(1, steps)
@@ -84,7 +93,7 @@ def run(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
                               "rounds": args.rounds, "round_episodes": args.round_episodes,
                               "value_warmup_episodes": args.value_warmup_episodes, "kl_coef": args.kl_coef,
                               "eval_episodes": args.eval_episodes, "eval_seed": args.eval_seed,
-                              "action_module": GAUSSIAN, "ppo": ppo_settings(args),
+                              "action_module": action_module(args.value_detach), "ppo": ppo_settings(args),
                               "cpu_threads": os.environ.get("OMP_NUM_THREADS")}
     root = args.dataset or data_dir.parent / f"{data_dir.name}-demos"
     if not (root / "meta" / "info.json").is_file():
@@ -108,7 +117,8 @@ def run(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
 
             for seed in args.seeds:
                 tenant = f"ppo-{args.task}cube-s{seed}"
-                sft = sft_spec(sft_example, tenant, seed, published, args.sft_steps)
+                sft = sft_spec(sft_example, tenant, seed, published, args.sft_steps,
+                               action_module(args.value_detach))
                 t0 = time.monotonic()
                 rec = client.submit(sft).wait(timeout_s=args.timeout_s)
                 row: dict[str, Any] = {"seed": seed, "tenant": tenant, "sft_state": rec.state, "sft_version": rec.step,
@@ -179,6 +189,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="the first round's first episodes train the value head only (algorithm.value_warmup_episodes)")
     p.add_argument("--kl-coef", type=float, default=0.0,
                    help="weight of a KL term to the SFT policy in every round (algorithm.kl_coef; 0: none)")
+    p.add_argument("--value-detach", action="store_true",
+                   help="the gaussian head's value_detach: PPO's value loss trains the value net only, not the "
+                        "trunk the SFT policy's mean reads")
     p.add_argument("--lr", type=float, default=PPO["lr"], help="PPO's learning rate")
     p.add_argument("--epochs", type=int, default=PPO["epochs"], help="PPO epochs per update")
     p.add_argument("--eval-seed", type=int, default=100_000, help="held-out reset seeds start here")

@@ -232,6 +232,12 @@ def _entry(kind: str) -> HeadEntry:
         raise UnknownNameError(f"unknown head kind {kind!r}; registered: {sorted(HEADS)}") from None
 
 
+def boolean(name: str, value: Any) -> None:
+    """A switch is true or false: "yes" or 3 from a spec is an error, not a truthy value."""
+    if not isinstance(value, bool):
+        raise SchemaError(f"{name}={value!r}: must be true or false")
+
+
 def positive(name: str, value: float) -> None:
     if not value > 0:
         raise SchemaError(f"{name}={value!r}: must be > 0")

@@ -23,7 +23,8 @@ from torch import nn
 
 from models.errors import InputError
 from models.features import VLABatch
-from models.heads.base import ActionHead, HeadDims, LossOutput, TenantBatch, mlp, positive, randn, register_head
+from models.heads.base import (ActionHead, HeadDims, LossOutput, TenantBatch, boolean, mlp, positive, randn,
+                               register_head)
 from models.heads.vision import POOLINGS, ImageEncoder, InstructionEncoder
 from models.outputs import BaseOutput
 
@@ -42,10 +43,17 @@ class GaussianHeadConfig:
     image_channels: int = 0
     image_pool: str = "keypoints"
     instruction_encoder: bool = False  # as in the `mlp` head
+    # The value net reads the shared trunk's features detached: its loss trains the value net
+    # alone. For PPO from an SFT start: the value net starts untrained, and its large first
+    # errors, sent back through the trunk, move the features the SFT mean was built on (the
+    # PushCube runs in docs/results.md lost SFT skill even in value-only warm-up updates).
+    value_detach: bool = False
 
     def __post_init__(self) -> None:
         positive("gaussian.width", self.width)
         positive("gaussian.clip_ratio", self.clip_ratio)
+        boolean("gaussian.value_detach", self.value_detach)
+        boolean("gaussian.instruction_encoder", self.instruction_encoder)
         if self.image_channels < 0:
             raise ValueError(f"gaussian.image_channels={self.image_channels}: must be >= 0")
         if self.image_pool not in POOLINGS:
@@ -92,7 +100,7 @@ class GaussianHead(ActionHead):
 
     def _mean_value(self, feats: BaseOutput, vla: VLABatch) -> tuple[torch.Tensor, torch.Tensor]:
         h = self.trunk(feats, vla)
-        return self.mean(h), self.value(h).squeeze(-1)
+        return self.mean(h), self.value(h.detach() if self.config.value_detach else h).squeeze(-1)
 
     def _log_prob(self, mean: torch.Tensor, flat_actions: torch.Tensor) -> torch.Tensor:
         z = (flat_actions - mean) * torch.exp(-self.log_std)

@@ -382,6 +382,8 @@ def test_a_tenant_with_valid_credentials_reaches_nothing_it_does_not_own(deploym
             "queue_put anchoring to version -5": (raw(m("queue_put"), QueuePutRequest, {
                 **msgspec.structs.asdict(_item("mallory", "j-kl")), "kl_coef": 0.1, "anchor_version": -5}, JobRecord),
                 IF, "anchor_version"),
+            "a head switch set to a path": (submit(_spec(action_module={
+                "kind": "gaussian", "params": {"value_detach": "../auth"}})), IF, "value_detach"),
             # -- sizes and rates past every limit -------------------------------------------------
             "sample 10,000 indices": (raw(ops.ENV_SAMPLE.subject(names), SampleRequest, {
                 "root": "/x", "n": 1, "seed": None, "indices": list(range(10_000))}, DatasetBatch), IF, "indices"),
