@@ -89,9 +89,15 @@ def run(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
     sft_path, eval_path, dataset_name = TASKS[args.task]
     sft_example, ev_example = load_document(sft_path.read_text()), load_document(eval_path.read_text())
     env = copy.deepcopy(ev_example["env"])
+    # PPO's env: the eval's, success not ending an episode when asked (envs.maniskill
+    # ignore_terminations: how ManiSkill's own PPO trains); the evaluations keep the eval's.
+    rl_env = copy.deepcopy(env)
+    if args.ignore_terminations:
+        rl_env["options"]["ignore_terminations"] = True
     report: dict[str, Any] = {"task": args.task, "env": env, "seeds": args.seeds, "sft_steps": args.sft_steps,
                               "rounds": args.rounds, "round_episodes": args.round_episodes,
                               "value_warmup_episodes": args.value_warmup_episodes, "kl_coef": args.kl_coef,
+                              "rl_env": rl_env,
                               "eval_episodes": args.eval_episodes, "eval_seed": args.eval_seed,
                               "action_module": action_module(args.value_detach), "ppo": ppo_settings(args),
                               "cpu_threads": os.environ.get("OMP_NUM_THREADS")}
@@ -135,7 +141,7 @@ def run(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
                     # The KL anchor (if asked) is the SFT version in every round: a later round
                     # starts from the last one's end, but stays pulled toward the SFT policy (the
                     # version the first round started from, which its trainer copied).
-                    spec = rl_spec(sft, env, args.round_episodes, args.round_wall_s, warm, ppo_settings(args),
+                    spec = rl_spec(sft, rl_env, args.round_episodes, args.round_wall_s, warm, ppo_settings(args),
                                    kl_coef=args.kl_coef, kl_anchor_version=anchor)
                     rl = client.submit(spec).wait(timeout_s=args.timeout_s)
                     if anchor is None and args.kl_coef > 0:
@@ -189,6 +195,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="the first round's first episodes train the value head only (algorithm.value_warmup_episodes)")
     p.add_argument("--kl-coef", type=float, default=0.0,
                    help="weight of a KL term to the SFT policy in every round (algorithm.kl_coef; 0: none)")
+    p.add_argument("--ignore-terminations", action="store_true",
+                   help="PPO's episodes run to their step limit past success (the env's ignore_terminations, as "
+                        "ManiSkill's PPO baselines train); evaluations end at success as before")
     p.add_argument("--value-detach", action="store_true",
                    help="the gaussian head's value_detach: PPO's value loss trains the value net only, not the "
                         "trunk the SFT policy's mean reads")

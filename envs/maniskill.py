@@ -23,7 +23,7 @@ Observation: `state` float32 = ManiSkill's observation dict flattened in its own
 the `agent` and `extra` parts: qpos, qvel, tcp pose, goal...); `spec.state_names` names each
 entry. `images[camera]` uint8 (H, W, 3) per ManiSkill sensor camera (rgb mode only). Each task
 has one language instruction (ManiSkill has none; ours below). Episodes terminate on
-ManiSkill's success, truncate at max_episode_steps. One env per simulator on CPU (num_envs > 1
+ManiSkill's success (unless `ignore_terminations`), truncate at max_episode_steps. One env per simulator on CPU (num_envs > 1
 needs CUDA); several adapters in one process take turns through a process-wide lock.
 """
 
@@ -178,8 +178,18 @@ class ManiSkillConfig:
     # in the env's order. A tenant's state is at most the base layout's width (32 for the tiny
     # bases): PickCube's full state is 42 long, its `extra` part 24. None: every entry.
     state_keys: tuple[str, ...] | None = None
+    # Success does not end the episode: it runs to max_episode_steps (truncated), and `info`
+    # says success while the task is solved. How ManiSkill's own PPO baselines train
+    # (ignore_terminations / --no_partial_reset): with a per-step dense reward and a discount, an
+    # episode that ends at success forfeits the reward its near-success states keep earning, so
+    # PPO learns to stop short of success (the PushCube runs in docs/results.md). For RL; an eval
+    # keeps the default (an episode is a success once solved).
+    ignore_terminations: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.ignore_terminations, bool):
+            raise ConfigError(f"ManiSkillConfig.ignore_terminations: must be true or false, "
+                              f"got {self.ignore_terminations!r}")
         if self.obs_mode not in OBS_MODES:
             raise ConfigError(f"ManiSkillConfig.obs_mode: must be one of {OBS_MODES}, got {self.obs_mode!r}")
         for name in ("image_height", "image_width"):
@@ -281,7 +291,7 @@ class ManiSkillEnv(EnvAdapter):
         with _SIM_LOCK:
             obs, reward, terminated, truncated, info = self._env.step(a)
         self._steps += 1
-        terminated = _scalar(terminated, bool)
+        terminated = _scalar(terminated, bool) and not self.config.ignore_terminations
         truncated = _scalar(truncated, bool) or (not terminated and self._steps >= self._spec.max_episode_steps)
         self._needs_reset = terminated or truncated
         return self._observe(obs), _scalar(reward, float), terminated, truncated, self._info(info)

@@ -258,3 +258,24 @@ def test_session_through_env_worker(roles):
 
     first, again = asyncio.run(go())
     np.testing.assert_array_equal(first.state, again.state)
+
+
+def test_ignore_terminations_runs_a_solved_episode_to_its_step_limit():
+    """RL's option (ManiSkill's own PPO trains so): success is reported but ends nothing; the
+    episode is truncated at its limit. A non-bool value is refused naming the option."""
+    push = "maniskill/PushCube-v1"
+    with pytest.raises(ConfigError, match=r"ManiSkillConfig.ignore_terminations: must be true or false"):
+        envs.make(push, ignore_terminations="../auth")
+    env = envs.make(push, ignore_terminations=True, max_episode_steps=40)
+    expert = envs.make_expert(push)
+    try:
+        env.reset(seed=0)
+        ends, solved = [], []
+        for _ in range(40):
+            _, _, terminated, truncated, info = env.step(expert(env))
+            ends.append((terminated, truncated))
+            solved.append(info["success"])
+        assert any(solved), "the expert solves seed 0 within 40 steps"
+        assert ends[:-1] == [(False, False)] * 39 and ends[-1] == (False, True), ends
+    finally:
+        env.close()

@@ -391,6 +391,9 @@ def test_a_tenant_with_valid_credentials_reaches_nothing_it_does_not_own(deploym
                 "root": "/x", "n": 10**9, "seed": None, "indices": []}, DatasetBatch), IF, "n"),
             "an env with 100k-pixel frames": (req(ops.ENV_CREATE.subject(names), EnvCreateRequest(
                 env_id="builtin/reach-v0", options={"image_size": 100_000}), EnvSession), IF, "image_height"),
+            "a ManiSkill env switch set to a path": (req(ops.ENV_CREATE.subject(names), EnvCreateRequest(
+                env_id="maniskill/PushCube-v1", options={"ignore_terminations": "../auth"}), EnvSession), IF,
+                "ignore_terminations"),
             "an env session past its share": (past_share, QE, "env_sessions_per_tenant"),
             "an eval of 10^9 episodes": (submit({"tenant": "mallory", "task": "eval", "env": _spec()["env"],
                                                 "eval": {"version": "latest", "episodes": 10**9}}), IF, "episodes"),
