@@ -23,8 +23,9 @@ Observation: `state` float32 = ManiSkill's observation dict flattened in its own
 the `agent` and `extra` parts: qpos, qvel, tcp pose, goal...); `spec.state_names` names each
 entry. `images[camera]` uint8 (H, W, 3) per ManiSkill sensor camera (rgb mode only). Each task
 has one language instruction (ManiSkill has none; ours below). Episodes terminate on
-ManiSkill's success (unless `ignore_terminations`), truncate at max_episode_steps. One env per simulator on CPU (num_envs > 1
-needs CUDA); several adapters in one process take turns through a process-wide lock.
+ManiSkill's success (unless `ignore_terminations`), truncate at max_episode_steps. One env per
+simulator on CPU (num_envs > 1 needs CUDA); several adapters in one process take turns through
+a process-wide lock.
 """
 
 from __future__ import annotations
