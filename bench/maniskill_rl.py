@@ -62,7 +62,7 @@ def sft_spec(example: dict[str, Any], tenant: str, seed: int, root: Path, steps:
 
 def rl_spec(sft: dict[str, Any], env: dict[str, Any], episodes: int, max_wall_s: float,
             value_warmup_episodes: int = 0, ppo: dict[str, Any] | None = None, kl_coef: float = 0.0,
-            kl_anchor_version: int | None = None) -> dict[str, Any]:
+            kl_anchor_version: int | None = None, max_inflight_jobs: int = 2) -> dict[str, Any]:
     """``ppo``: PPO's settings (default `PPO`; `--lr` / `--epochs` change them). ``kl_coef`` > 0:
     a KL term to the policy at ``kl_anchor_version`` (the SFT version: every round anchors to
     the SFT start, not to the previous round's end, which is where a round starts from)."""
@@ -72,13 +72,13 @@ def rl_spec(sft: dict[str, Any], env: dict[str, Any], episodes: int, max_wall_s:
         algorithm.update(kl_coef=kl_coef, **({} if kl_anchor_version is None else
                                              {"kl_anchor_version": kl_anchor_version}))
     spec.update(task="rl", env=copy.deepcopy(env), algorithm=algorithm,
-                schedule={"max_inflight_jobs": 2, "staleness_bound": 64,
+                schedule={"max_inflight_jobs": max_inflight_jobs, "staleness_bound": 64,
                           "budget": {"max_episodes": episodes, "max_wall_s": max_wall_s}})
     return spec
 
 
 def ppo_settings(args: argparse.Namespace) -> dict[str, Any]:
-    return {**PPO, "lr": args.lr, "epochs": args.epochs}
+    return {**PPO, "lr": args.lr, "epochs": args.epochs, "micro_batch": args.micro_batch}
 
 
 def run(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
@@ -97,7 +97,7 @@ def run(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
     report: dict[str, Any] = {"task": args.task, "env": env, "seeds": args.seeds, "sft_steps": args.sft_steps,
                               "rounds": args.rounds, "round_episodes": args.round_episodes,
                               "value_warmup_episodes": args.value_warmup_episodes, "kl_coef": args.kl_coef,
-                              "rl_env": rl_env,
+                              "rl_env": rl_env, "max_inflight_jobs": args.max_inflight_jobs,
                               "eval_episodes": args.eval_episodes, "eval_seed": args.eval_seed,
                               "action_module": action_module(args.value_detach), "ppo": ppo_settings(args),
                               "cpu_threads": os.environ.get("OMP_NUM_THREADS")}
@@ -142,7 +142,8 @@ def run(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
                     # starts from the last one's end, but stays pulled toward the SFT policy (the
                     # version the first round started from, which its trainer copied).
                     spec = rl_spec(sft, rl_env, args.round_episodes, args.round_wall_s, warm, ppo_settings(args),
-                                   kl_coef=args.kl_coef, kl_anchor_version=anchor)
+                                   kl_coef=args.kl_coef, kl_anchor_version=anchor,
+                                   max_inflight_jobs=args.max_inflight_jobs)
                     rl = client.submit(spec).wait(timeout_s=args.timeout_s)
                     if anchor is None and args.kl_coef > 0:
                         anchor = row["kl_anchor_version"] = rl.start_version
@@ -203,6 +204,10 @@ def main(argv: list[str] | None = None) -> int:
                         "trunk the SFT policy's mean reads")
     p.add_argument("--lr", type=float, default=PPO["lr"], help="PPO's learning rate")
     p.add_argument("--epochs", type=int, default=PPO["epochs"], help="PPO epochs per update")
+    p.add_argument("--micro-batch", type=int, default=PPO["micro_batch"],
+                   help="samples per optimizer step (256 = a whole update's rollout in one step)")
+    p.add_argument("--max-inflight-jobs", type=int, default=2,
+                   help="PPO jobs queued ahead of the trainer (1: each rollout acts with the newest policy)")
     p.add_argument("--eval-seed", type=int, default=100_000, help="held-out reset seeds start here")
     p.add_argument("--timeout-s", type=float, default=3600.0, help="per workload wait")
     p.add_argument("--data-dir", type=Path, default=None)
