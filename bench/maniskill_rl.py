@@ -77,6 +77,15 @@ def rl_spec(sft: dict[str, Any], env: dict[str, Any], episodes: int, max_wall_s:
     return spec
 
 
+def ppo_env(env: dict[str, Any], ignore_terminations: bool) -> dict[str, Any]:
+    """PPO's env: the eval's, success not ending an episode when asked (envs.maniskill
+    ignore_terminations: how ManiSkill's own PPO trains); the evaluations keep the eval's."""
+    out = copy.deepcopy(env)
+    if ignore_terminations:
+        out.setdefault("options", {})["ignore_terminations"] = True
+    return out
+
+
 def ppo_settings(args: argparse.Namespace) -> dict[str, Any]:
     return {**PPO, "lr": args.lr, "epochs": args.epochs, "micro_batch": args.micro_batch}
 
@@ -89,11 +98,7 @@ def run(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
     sft_path, eval_path, dataset_name = TASKS[args.task]
     sft_example, ev_example = load_document(sft_path.read_text()), load_document(eval_path.read_text())
     env = copy.deepcopy(ev_example["env"])
-    # PPO's env: the eval's, success not ending an episode when asked (envs.maniskill
-    # ignore_terminations: how ManiSkill's own PPO trains); the evaluations keep the eval's.
-    rl_env = copy.deepcopy(env)
-    if args.ignore_terminations:
-        rl_env["options"]["ignore_terminations"] = True
+    rl_env = ppo_env(env, args.ignore_terminations)
     report: dict[str, Any] = {"task": args.task, "env": env, "seeds": args.seeds, "sft_steps": args.sft_steps,
                               "rounds": args.rounds, "round_episodes": args.round_episodes,
                               "value_warmup_episodes": args.value_warmup_episodes, "kl_coef": args.kl_coef,

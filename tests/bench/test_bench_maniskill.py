@@ -38,6 +38,22 @@ def test_sft_ppo_and_eval_specs_are_valid_and_name_one_tenant(task):
     later = parse_spec(maniskill_rl.rl_spec(sft, ev_example["env"], 100, 600.0, kl_coef=0.05, kl_anchor_version=300))
     assert (first.algorithm.kl_coef, first.algorithm.kl_anchor_version) == (0.05, None)
     assert (later.algorithm.kl_coef, later.algorithm.kl_anchor_version) == (0.05, 300)
+    # --value-detach: the head option, on the SFT slot and so on PPO's (one slot, one signature).
+    detached = maniskill_rl.sft_spec(sft_example, "t-s1", 1, Path("/data/published/demos"), 300,
+                                     maniskill_rl.action_module(value_detach=True))
+    d_sft, d_rl = parse_spec(detached), parse_spec(maniskill_rl.rl_spec(detached, ev_example["env"], 100, 600.0))
+    assert d_sft.action_module.params["value_detach"] is True
+    assert compile_tenant(d_sft).signature == compile_tenant(d_rl).signature
+    assert "value_detach" not in specs[0].action_module.params
+    # --max-inflight-jobs and --micro-batch reach PPO's spec.
+    sync = parse_spec(maniskill_rl.rl_spec(sft, ev_example["env"], 100, 600.0, max_inflight_jobs=1,
+                                           ppo={**maniskill_rl.PPO, "micro_batch": 256}))
+    assert sync.schedule.max_inflight_jobs == 1 and sync.algorithm.micro_batch == 256
+    assert specs[1].schedule.max_inflight_jobs == 2
+    # --ignore-terminations: PPO's env only; the eval's env is left as it was.
+    it = parse_spec(maniskill_rl.rl_spec(sft, maniskill_rl.ppo_env(ev_example["env"], True), 100, 600.0))
+    assert it.env.options["ignore_terminations"] is True and "ignore_terminations" not in ev_example["env"]["options"]
+    assert maniskill_rl.ppo_env(ev_example["env"], False) == ev_example["env"]
     # The example is not changed by building a spec from it.
     assert load_document(sft_path.read_text()) == sft_example
 
