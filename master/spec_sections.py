@@ -168,7 +168,8 @@ class ActionModuleSpec(SpecSection):
                           "bases: paligemma, qwen3_vl)")
     params: dict[Str, Any] = doc_factory(
         "head options (mlp: width, depth; flow: width, depth, num_heads, beta_alpha, max_time, "
-        "euler_steps; gaussian: width, init_log_std, value_detach (the value loss trains the value net only, not the trunk it shares with the policy); expert: width, depth (a divisor of the base's "
+        "euler_steps; gaussian: width, init_log_std, value_detach (the value loss trains the value net only, "
+        "not the trunk it shares with the policy); expert: width, depth (a divisor of the base's "
         "text layers, default all of them), num_heads (a multiple of the base's KV heads), head_dim "
         "(the base's), mlp_width, beta_alpha, max_time, euler_steps); names and types checked at submit "
         "and by `nexus spec validate`, values by the model core at submit (expert: against the base's "

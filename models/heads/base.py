@@ -213,6 +213,10 @@ def head_config(kind: str, options: dict[str, Any] | None = None) -> Any:
     unknown = set(options) - allowed
     if unknown:
         raise SchemaError(f"head {kind!r}: unknown options {sorted(unknown)}; allowed: {sorted(allowed)}")
+    # Every head's switches at once: "yes" or 3 from a spec is an error, not a truthy value.
+    for f in fields(entry.config_cls):
+        if f.type in ("bool", bool) and f.name in options and not isinstance(options[f.name], bool):
+            raise SchemaError(f"{kind}.{f.name}={options[f.name]!r}: must be true or false")
     return entry.config_cls(**options)
 
 
@@ -230,12 +234,6 @@ def _entry(kind: str) -> HeadEntry:
         return HEADS[kind]
     except KeyError:
         raise UnknownNameError(f"unknown head kind {kind!r}; registered: {sorted(HEADS)}") from None
-
-
-def boolean(name: str, value: Any) -> None:
-    """A switch is true or false: "yes" or 3 from a spec is an error, not a truthy value."""
-    if not isinstance(value, bool):
-        raise SchemaError(f"{name}={value!r}: must be true or false")
 
 
 def positive(name: str, value: float) -> None:

@@ -23,8 +23,7 @@ from torch import nn
 
 from models.errors import InputError
 from models.features import VLABatch
-from models.heads.base import (ActionHead, HeadDims, LossOutput, TenantBatch, boolean, mlp, positive, randn,
-                               register_head)
+from models.heads.base import ActionHead, HeadDims, LossOutput, TenantBatch, mlp, positive, randn, register_head
 from models.heads.vision import POOLINGS, ImageEncoder, InstructionEncoder
 from models.outputs import BaseOutput
 
@@ -52,8 +51,6 @@ class GaussianHeadConfig:
     def __post_init__(self) -> None:
         positive("gaussian.width", self.width)
         positive("gaussian.clip_ratio", self.clip_ratio)
-        boolean("gaussian.value_detach", self.value_detach)
-        boolean("gaussian.instruction_encoder", self.instruction_encoder)
         if self.image_channels < 0:
             raise ValueError(f"gaussian.image_channels={self.image_channels}: must be >= 0")
         if self.image_pool not in POOLINGS:

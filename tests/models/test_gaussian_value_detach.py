@@ -61,3 +61,15 @@ def test_value_detach_must_be_true_or_false(base, value) -> None:
         slot_opts = {**OPTIONS, "value_detach": value}
         TenantSlot.create("t-vd", libero_schema(horizon=2), base, head_kind="gaussian", head_options=slot_opts,
                           optim=OptimConfig(), seed=0)
+
+
+@pytest.mark.parametrize("kind,option", [("mlp", "use_state"), ("mlp", "instruction_encoder"),
+                                         ("gaussian", "instruction_encoder")])
+def test_every_heads_switches_are_checked_alike(kind: str, option: str) -> None:
+    """The check sits in head_config, for every head kind's bool options, not in one head."""
+    from models.heads import head_config
+    from models.errors import SchemaError
+
+    with pytest.raises(SchemaError, match=f"{kind}.{option}='yes': must be true or false"):
+        head_config(kind, {option: "yes"})
+    assert getattr(head_config(kind, {option: True}), option) is True
