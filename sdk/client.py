@@ -29,7 +29,7 @@ from transport.cluster import ClusterState
 from protocol import ops
 from protocol.ops import Op
 from protocol.errors import Busy, InvalidField, NotFound, PayloadTooLarge, QuotaExceeded, RequestTimeout, Unavailable
-from protocol.policy import CHUNK_HEADROOM_BYTES, INFERENCE_OUTAGE, RetryPolicy  # headroom: queue_put's split
+from protocol.policy import CHUNK_HEADROOM_BYTES, INFERENCE_OUTAGE, MASTER_OUTAGE, RetryPolicy  # headroom: queue_put's split
 from protocol.messages import (
     ClusterStatus,
     CreateTenantRequest,
@@ -328,29 +328,33 @@ class AsyncClient:
         of the pool the queue group picks, every attempt with the same request id (generated
         here unless given), so the request is worked once per instance. ``workload``: the
         workload the call is metered to (default: the tenant's active workload)."""
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout_s  # one deadline for the pool lookup and the predict
         pool = self._pools.get(tenant)
         if pool is None:
-            pool = pool_name((await self.tenant(tenant)).base)
+            # The first call of a tenant reads its base from the master: a master restarting
+            # then (seconds) is ridden out like an inferencer's, within the caller's deadline
+            # (an eval workload's first episode failed on a master killed under it).
+            lookup = MASTER_OUTAGE
+            if timeout_s > 0 and timeout_s < lookup.deadline_s:
+                lookup = dataclasses.replace(lookup, deadline_s=timeout_s)
+            pool = pool_name((await retry(self.tenant, tenant, policy=lookup)).base)
             self._pools[tenant] = pool
-        timeout_s = self.timeout_s if timeout_s is None else timeout_s
         request_id = request_id or uuid.uuid4().hex
         # The caller's deadline wins over the policy's when it is shorter.
         policy = failover.policy
-        if timeout_s > 0 and (policy.deadline_s == 0 or timeout_s < policy.deadline_s):
-            policy = dataclasses.replace(policy, deadline_s=timeout_s)
-        deadline = time.monotonic() + timeout_s
+        left = deadline - time.monotonic()
+        if timeout_s > 0 and (policy.deadline_s == 0 or left < policy.deadline_s):
+            policy = dataclasses.replace(policy, deadline_s=max(left, 1e-3))  # 0 would mean none
         subject = self.names.infer(pool)
-        sent = 0
 
         async def attempt() -> PredictReply:
-            nonlocal sent
-            # The first attempt always goes out with the caller's whole timeout (capped): the
-            # server drops it unworked if it waited longer than that.
-            left = timeout_s if not sent else deadline - time.monotonic()
+            # Every attempt carries what is left of the caller's deadline (capped): the server
+            # drops a request unworked once it waited longer than that.
+            left = deadline - time.monotonic()
             if left <= 0:
                 raise RequestTimeout(f"predict for {tenant!r} found no answer within {timeout_s:g} s",
                                      details={"subject": subject, "timeout_s": timeout_s})
-            sent += 1
             t = min(left, failover.attempt_timeout_s)
             req = PredictRequest(tenant=tenant, images=images, state=state, instruction=instruction,
                                  version=version, sample=sample, timeout_s=t, request_id=request_id,

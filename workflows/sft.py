@@ -63,7 +63,8 @@ class SFTWorkflow(Workflow):
                     await self._sft_losses(losses)
                     self._target_reached(losses)
             await self._wait_jobs()
-            last = await self.client.job(self.spec.tenant, self.progress.jobs[-1]) if self.progress.jobs else None
+            last = (await self._retry(self.client.job, self.spec.tenant, self.progress.jobs[-1])
+                    if self.progress.jobs else None)
             self.final = {"loss": last.metrics.get("loss", float("nan"))} if last else {}
         finally:
             reader.close()

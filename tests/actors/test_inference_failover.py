@@ -113,6 +113,37 @@ def test_sigkill_the_only_inferencer_then_restart_no_predict_fails(roles):
     assert load.ok >= at_kill + 10 and info.extra["served"] >= 10  # the new instance took over
 
 
+def test_a_first_predict_rides_out_a_master_restart(roles):
+    """A client's first predict of a tenant reads the tenant's base from the master (its
+    inference pool): with the master killed then, the call waits for the restarted one within
+    its deadline instead of failing (CI: an eval workload failed on `no role is serving
+    nexus.master.tenant_get` when the chaos run killed the master at its first episode)."""
+    master = roles.start("master")
+    roles.start("inferencer", NEXUS_INFER_BASE=BASE)
+    cfg = tenant("fo-master", seed=1)
+
+    async def go():
+        c = await AsyncClient(roles.nats_url, roles.prefix, timeout_s=30).connect()
+        fresh = await AsyncClient(roles.nats_url, roles.prefix, timeout_s=30).connect()
+        try:
+            await c.create_tenant(cfg)
+            master.send_signal(signal.SIGKILL)
+            await asyncio.get_running_loop().run_in_executor(None, master.wait, 10)
+            images, state = obs(cfg.schema, 0)
+            call = asyncio.ensure_future(fresh.predict(cfg.name, images, state, "pick up the block", timeout_s=60))
+            await asyncio.sleep(1.5)  # a real outage: no master at all
+            assert not call.done(), call.result() if not call.exception() else call.exception()
+            await _start(roles, "master")
+            return await asyncio.wait_for(call, 60)
+        finally:
+            await fresh.close()
+            await c.close()
+
+    reply = asyncio.run(go())
+    assert master.returncode == -signal.SIGKILL
+    assert len(reply.actions) > 0
+
+
 def test_drain_under_load_with_a_second_instance_fails_nothing(roles):
     roles.start("master")
     first = roles.start("inferencer", NEXUS_INFER_BASE=BASE)
