@@ -87,7 +87,15 @@ def ppo_env(env: dict[str, Any], ignore_terminations: bool) -> dict[str, Any]:
 
 
 def ppo_settings(args: argparse.Namespace) -> dict[str, Any]:
-    return {**PPO, "lr": args.lr, "epochs": args.epochs, "micro_batch": args.micro_batch}
+    """`PPO` with the bench's flags; ``--group-size`` > 1: outcome advantages over groups of
+    episodes sharing a reset seed (algorithm.advantage group_success), updates of whole groups."""
+    out = {**PPO, "lr": args.lr, "epochs": args.epochs, "micro_batch": args.micro_batch,
+           "parallel_envs": args.parallel_envs}
+    if args.group_size > 1:
+        del out["steps_per_update"]
+        out.update(advantage="group_success", group_size=args.group_size,
+                   episodes_per_update=args.episodes_per_update or 2 * args.group_size)
+    return out
 
 
 def run(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
@@ -211,6 +219,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--epochs", type=int, default=PPO["epochs"], help="PPO epochs per update")
     p.add_argument("--micro-batch", type=int, default=PPO["micro_batch"],
                    help="samples per optimizer step (256 = a whole update's rollout in one step)")
+    p.add_argument("--group-size", type=int, default=1,
+                   help="> 1: algorithm.advantage group_success, this many episodes per reset seed")
+    p.add_argument("--episodes-per-update", type=int, default=0,
+                   help="with --group-size: episodes per update, whole groups (default 2 groups)")
+    p.add_argument("--parallel-envs", type=int, default=PPO["parallel_envs"], help="PPO's episodes at once")
     p.add_argument("--max-inflight-jobs", type=int, default=2,
                    help="PPO jobs queued ahead of the trainer (1: each rollout acts with the newest policy)")
     p.add_argument("--eval-seed", type=int, default=100_000, help="held-out reset seeds start here")

@@ -18,7 +18,7 @@ workflow, subclassing `RecipeConfig`, and passes it to `protocol.recipes.registe
 
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError, model_validator
 from pydantic import Strict as _Strict
@@ -120,8 +120,19 @@ class RLConfig(RecipeConfig):
     value_coef: Float = doc("value-loss weight. Default 0.5: the gaussian head's default", 0.5, ge=0)
     entropy_coef: Float = doc("entropy bonus. Default 0: the learnt log-std explores enough on "
                               "continuous control", 0.0, ge=0)
+    advantage: Literal["gae", "group_success"] = doc(
+        "how an update's steps are scored for the policy term. gae: generalised advantage estimation "
+        "from the value head (PPO's usual). group_success: outcome advantages as GRPO-style VLA RL "
+        "(SimpleVLA-RL) computes them: group_size episodes share each reset seed, and every step of an "
+        "episode gets (its success - the group's mean success) / (the group's std + 1e-6); a group that "
+        "all succeeded or all failed teaches nothing and scores 0. No critic in the policy's signal: for "
+        "a tenant starting from an SFT version, whose untrained value head's GAE is noise (docs/results.md). "
+        "The value head still learns the GAE returns. Default gae", "gae")
+    group_size: Int = doc("episodes per reset seed under advantage group_success (at least 2; "
+                          "episodes_per_update a multiple of it). Default 1: no groups (gae)", 1, ge=1, le=64)
     normalize_advantages: Bool = doc("standardise advantages over each rollout (zero mean, unit std) "
-                                     "before queueing. Default true: the usual PPO practice; rewards "
+                                     "before queueing (advantage gae; group_success's are standardised per "
+                                     "group already). Default true: the usual PPO practice; rewards "
                                      "of any scale then give steps of one size", True)
     epochs: Int = doc("passes over each rollout. Default 1: async RL trains each queued job once; more "
                       "passes reuse data beyond what staleness allows", 1, ge=1, le=64)
@@ -175,6 +186,21 @@ class RLConfig(RecipeConfig):
         if self.episodes_per_update is not None and self.steps_per_update is not None:
             raise_rules("RLConfig", [rule(("steps_per_update",), "set either episodes_per_update or "
                                           "steps_per_update, not both", self.steps_per_update)])
+        if self.advantage == "group_success":
+            if self.group_size < 2:
+                raise_rules("RLConfig", [rule(("group_size",), "advantage group_success compares the episodes of "
+                                              "one reset seed: set group_size >= 2", self.group_size)])
+            if self.steps_per_update is not None:
+                raise_rules("RLConfig", [rule(("steps_per_update",), "advantage group_success collects whole "
+                                              "groups of episodes: set episodes_per_update (a multiple of "
+                                              "group_size) instead", self.steps_per_update)])
+            if (self.episodes_per_update or 0) % self.group_size:
+                raise_rules("RLConfig", [rule(("episodes_per_update",), f"{self.episodes_per_update} is not a "
+                                              f"multiple of group_size={self.group_size}: an update takes whole "
+                                              "groups", self.episodes_per_update)])
+        elif self.group_size != 1:
+            raise_rules("RLConfig", [rule(("group_size",), "groups are read only by advantage group_success; "
+                                          "with gae leave group_size at 1", self.group_size)])
         if self.kl_anchor_version is not None and self.kl_coef == 0:
             raise_rules("RLConfig", [rule(("kl_anchor_version",), "names the KL term's anchor, but kl_coef is 0 "
                                           "(no KL term): set kl_coef > 0, or leave kl_anchor_version out",

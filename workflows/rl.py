@@ -20,28 +20,52 @@ from workflows.gae import gae
 
 
 
-def rollout_rows(segments: list[list[dict[str, Any]]], cfg: RLConfig, episodes_done: int
-                 ) -> list[dict[str, Any]]:
-    """An update's transitions with their GAE advantage (``adv``) and return (``ret``).
-    ``episodes_done``: the workload's episodes so far, this update's included. While that is at
+def group_advantages(outcomes: list[float], groups: list[int]) -> list[float]:
+    """Each episode's outcome against its group's (the episodes of one reset seed): (outcome -
+    mean) / (std + 1e-6); a group whose outcomes are all equal (all succeeded, all failed, or a
+    lone survivor of dropped episodes) scores 0: it ranks no action above another."""
+    out = [0.0] * len(outcomes)
+    for g in set(groups):
+        members = [i for i, gi in enumerate(groups) if gi == g]
+        vals = np.array([outcomes[i] for i in members], np.float64)
+        if len(members) < 2 or float(vals.std()) == 0.0:
+            continue
+        for i, v in zip(members, (vals - vals.mean()) / (vals.std() + 1e-6)):
+            out[i] = float(v)
+    return out
+
+
+def rollout_rows(segments: list[list[dict[str, Any]]], cfg: RLConfig, episodes_done: int,
+                 outcomes: list[float] | None = None, groups: list[int] | None = None) -> list[dict[str, Any]]:
+    """An update's transitions with their advantage (``adv``) and GAE return (``ret``).
+    ``advantage: gae``: GAE from the value head, normalised over the update. ``advantage:
+    group_success``: every step of segment i gets `group_advantages` of ``outcomes`` (1.0 for a
+    success) within ``groups`` (segment i's reset-seed group), not normalised again; the GAE
+    returns still train the value head. ``episodes_done``: the workload's episodes so far, this update's included. While that is at
     most ``value_warmup_episodes`` the advantages are zeros: PPO's policy term then has no
     gradient and the update trains the value head alone (on the policy the tenant starts from,
     e.g. its SFT version), so the first policy steps are taken on advantages of a value head
     that has seen this policy's returns, not on an untrained one's noise (docs/results.md: the
     first PPO round from an SFT start lost the most)."""
+    grouped = cfg.advantage == "group_success"
+    if grouped and (outcomes is None or groups is None or not len(outcomes) == len(segments) == len(groups)):
+        raise ValueError("advantage group_success needs each segment's outcome and group")
+    episode_adv = group_advantages(outcomes, groups) if grouped else None  # type: ignore[arg-type]
     rows: list[dict[str, Any]] = []
-    for steps in segments:
+    for i, steps in enumerate(segments):
         rewards = np.array([s["reward"] for s in steps], np.float32)
         values = np.array([s["value"] for s in steps], np.float32)
         dones = np.array([s["terminated"] for s in steps], bool)
         # A truncated episode bootstraps from its last value estimate (time limit, not failure).
         last_value = 0.0 if steps[-1]["terminated"] else float(values[-1])
         adv, ret = gae(rewards, values, dones, last_value, cfg.gamma, cfg.gae_lambda)
+        if episode_adv is not None:
+            adv = np.full(len(steps), episode_adv[i], np.float32)
         for s, a, r in zip(steps, adv, ret):
             rows.append({**s, "adv": a, "ret": r})
     if episodes_done <= cfg.value_warmup_episodes:
         return [{**r, "adv": np.float32(0.0)} for r in rows]
-    if cfg.normalize_advantages and len(rows) > 1:
+    if cfg.normalize_advantages and len(rows) > 1 and not grouped:
         adv_all = np.array([r["adv"] for r in rows], np.float32)
         mean, std = float(adv_all.mean()), float(adv_all.std())
         rows = [{**r, "adv": (r["adv"] - mean) / (std + 1e-8)} for r in rows]
@@ -75,6 +99,9 @@ class RLWorkflow(Workflow):
                 return None
 
         seed = self.spec.seed * 1_000_003
+        # group_success: group_size episodes in a row share a reset seed (one group).
+        per_seed = cfg.group_size if cfg.advantage == "group_success" else 1
+        started = 0  # episodes started by this workload: episode e resets with seed + e // per_seed
         window: list[tuple[bool, float]] = []
         try:
             while self._budget_left():
@@ -82,24 +109,36 @@ class RLWorkflow(Workflow):
                     await self._rollout_gate(True)
                     try:
                         segments: list[list[dict[str, Any]]] = []
-                        # Either so many episodes, or episodes until so many policy steps.
+                        outcomes: list[float] = []
+                        groups: list[int] = []
+                        # Either so many episodes, or episodes until so many policy steps. Groups
+                        # count episodes started, not kept (a dropped one leaves its group a member
+                        # short); without groups a dropped episode is replaced.
                         by_steps = cfg.steps_per_update or 0
+                        first = started
+
+                        def collected() -> int:
+                            return started - first if per_seed > 1 else len(segments)
+
                         while (sum(len(seg) for seg in segments) < by_steps if by_steps
-                               else len(segments) < (cfg.episodes_per_update or 0)):
-                            k = n_envs if by_steps else min(n_envs, (cfg.episodes_per_update or 0) - len(segments))
+                               else collected() < (cfg.episodes_per_update or 0)):
+                            k = n_envs if by_steps else min(n_envs, (cfg.episodes_per_update or 0) - collected())
                             records: list[list[dict[str, Any]]] = [[] for _ in range(k)]
-                            results = await asyncio.gather(*(episode(j, seed + j, records[j]) for j in range(k)))
-                            seed += k
-                            for steps, result in zip(records, results):
+                            results = await asyncio.gather(*(episode(j, seed + (started + j) // per_seed, records[j])
+                                                             for j in range(k)))
+                            for j, (steps, result) in enumerate(zip(records, results)):
                                 if result is None:
                                     continue
                                 success, ret = result
                                 segments.append(steps)
+                                outcomes.append(float(success))
+                                groups.append((started + j) // per_seed)
                                 self._episode_done(success, ret)
                                 window.append((success, ret))
+                            started += k
                     finally:
                         await self._rollout_gate(False)
-                    await self._queue_rl(segments, cfg)
+                    await self._queue_rl(segments, cfg, outcomes, groups)
                 if self.spec.target_metric:
                     key = 0 if self.spec.target_metric == "success_rate" else 1
                     self._target_reached([float(w[key]) for w in window])
@@ -137,8 +176,9 @@ class RLWorkflow(Workflow):
                                                "or the workflow's start_version")
         return {"kl_coef": cfg.kl_coef, "anchor_version": anchor}
 
-    async def _queue_rl(self, segments: list[list[dict[str, Any]]], cfg: RLConfig) -> None:
-        rows = rollout_rows(segments, cfg, self.progress.episodes)
+    async def _queue_rl(self, segments: list[list[dict[str, Any]]], cfg: RLConfig,
+                        outcomes: list[float], groups: list[int]) -> None:
+        rows = rollout_rows(segments, cfg, self.progress.episodes, outcomes, groups)
         if not rows:
             return
         # PPO epochs: each pass over the rollout, in a fresh order, is more micro-batches of

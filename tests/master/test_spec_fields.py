@@ -114,6 +114,8 @@ VALUES: dict[str, tuple[str, Any]] = {
     "RLConfig.value_warmup_episodes": ("rl", 32),
     "RLConfig.kl_coef": ("rl", 0.1),
     "RLConfig.kl_anchor_version": ("rl", 3),  # with kl_coef > 0: see _set
+    "RLConfig.advantage": ("rl", "group_success"),  # with group_size 2: see _set
+    "RLConfig.group_size": ("rl", 2),  # read under advantage group_success only: see _set
     "schedule.priority": ("sft", 3),
     "schedule.max_inflight_jobs": ("sft", 4),
     "schedule.staleness_bound": ("rl", 8),
@@ -166,6 +168,9 @@ def _set(data: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
         out["algorithm"]["episodes_per_update"] = None
     if path == "algorithm.kl_anchor_version":  # an anchor needs a KL term
         out["algorithm"]["kl_coef"] = 0.1
+    if path in ("algorithm.advantage", "algorithm.group_size"):  # groups of 2 episodes, 4 an update
+        out["algorithm"].update(advantage="group_success", group_size=2, episodes_per_update=4)
+        out["algorithm"].pop("steps_per_update", None)
     return out
 
 

@@ -33,7 +33,7 @@ from protocol import ops
 from protocol.subjects import Names
 from sdk.client import AsyncClient
 from tests.conftest import nexus_cmd, nexus_up, python_env, tenant_create
-from tests.master.test_workloads import sft_spec
+from tests.master.test_workloads import rl_spec, sft_spec
 
 BASE = "tiny-qwen3-vl-64"
 
@@ -382,6 +382,11 @@ def test_a_tenant_with_valid_credentials_reaches_nothing_it_does_not_own(deploym
             "queue_put anchoring to version -5": (raw(m("queue_put"), QueuePutRequest, {
                 **msgspec.structs.asdict(_item("mallory", "j-kl")), "kl_coef": 0.1, "anchor_version": -5}, JobRecord),
                 IF, "anchor_version"),
+            # -- issue 25's outcome advantages: a kind and a group size, checked at submit ---------
+            "an advantage kind that is a path": (submit({**rl_spec("mallory"), "algorithm": {
+                "advantage": "../auth", "episodes_per_update": 2}}), IF, "advantage"),
+            "groups of 10^6 episodes": (submit({**rl_spec("mallory"), "algorithm": {
+                "advantage": "group_success", "group_size": 10**6, "episodes_per_update": 10**6}}), IF, "group_size"),
             "a head switch set to a path": (submit(_spec(action_module={
                 "kind": "gaussian", "params": {"value_detach": "../auth"}})), IF, "value_detach"),
             # -- sizes and rates past every limit -------------------------------------------------

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
+import numpy as np
+
 from protocol import ops
 from protocol.messages import WorkflowSpec, TenantConfig, WorkloadEvent
 from protocol.wire import decode
@@ -109,3 +111,43 @@ def test_workflows_stand_on_the_sdk_alone():
                 bad.append(f"{path.name}:{node.lineno}: .{node.attr}")
     assert len(list(root.glob("*.py"))) >= 5
     assert not bad, bad
+
+
+def test_rl_group_success_shares_reset_seeds_and_queues_outcome_advantages(roles):
+    """`algorithm.advantage: group_success` through the services: the 4 episodes of an update
+    are 2 groups of 2 reset seeds (read back from the queued job: 2 start states, each
+    twice), and every queued advantage is an outcome's against its group (-1, 0 or 1 for
+    pairs), not a normalised GAE value. No trainer until the job is read (it would clear it)."""
+    for role in ("master", "env"):
+        roles.start(role)
+    roles.start("inferencer", NEXUS_INFER_BASE="tiny-qwen3-vl-64")
+
+    async def go():
+        c = await AsyncClient(roles.nats_url, roles.prefix, timeout_s=30).connect()
+        try:
+            await c.create_tenant(reach_tenant("grp-t", "gaussian"))
+            run = asyncio.ensure_future(run_workflow(c, WorkflowSpec(
+                workload="w-grp", tenant="grp-t", kind="rl", env_id="builtin/reach-v0",
+                algo={"advantage": "group_success", "group_size": 2, "episodes_per_update": 4, "parallel_envs": 2,
+                      "micro_batch": 64}, max_episodes=4)))
+            deadline = asyncio.get_running_loop().time() + 180
+            while not (jobs := await c.jobs("grp-t", states=["ready"])):
+                assert not run.done() and asyncio.get_running_loop().time() < deadline
+                await asyncio.sleep(0.2)
+            items = []
+            while len(items) < jobs[0].items:  # a reply holds what fits one message
+                items += (await c.queue_get("grp-t", jobs[0].job, start=len(items), max_items=64)).items
+            await asyncio.get_running_loop().run_in_executor(None, roles.start, "trainer")  # may clear it now
+            return await run, items
+        finally:
+            await c.close()
+
+    events, items = asyncio.run(go())
+    assert events[-1].state != "failed", events[-1].message
+    state = np.concatenate([it.state for it in items])
+    adv = np.concatenate([it.advantages for it in items])
+    # Episodes of one seed start alike and part at their first sampled action: the repeated
+    # states are the 2 groups' start states, each twice (4 seeds would repeat none).
+    _, counts = np.unique(state, axis=0, return_counts=True)
+    assert sorted(counts[counts > 1].tolist()) == [2, 2], counts
+    assert np.allclose(np.abs(adv[np.abs(adv) > 1e-6]), 1.0, atol=1e-4), np.unique(adv)
