@@ -45,7 +45,7 @@ def measure(ranks: int, args: argparse.Namespace) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
-    from actors.trainer.trainer import item_to_batch
+    from actors.trainer.step import item_to_batch
     from actors.trainer.ranks import Entry, RankGroup, RankSpec
     from models import BaseConfig, BaseModel, OptimConfig, TenantSchema, TenantSlot, train_step
     from models.testing import libero_schema

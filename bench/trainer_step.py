@@ -6,7 +6,7 @@
 
 One step is what the trainer's running group does per iteration (`actors.trainer.trainer`): every
 tenant's queued micro-batch (the tenant's own schema, uint8 frames: a `QueuePutRequest`) is
-canonicalised (`actors.trainer.trainer.item_to_batch`), then `models.forward_backward` (one grouped
+canonicalised (`actors.trainer.step.item_to_batch`), then `models.forward_backward` (one grouped
 frozen-base forward, each head's loss and backward) and each slot's AdamW step. Each stage is
 timed on its own, synchronised on CUDA:
 
@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from actors.trainer.trainer import item_to_batch  # noqa: E402
+from actors.trainer.step import item_to_batch  # noqa: E402
 from models import BaseConfig, BaseModel, OptimConfig, TenantSlot, forward_backward  # noqa: E402
 from models.testing import libero_schema  # noqa: E402
 from protocol.messages import QueuePutRequest  # noqa: E402

@@ -62,7 +62,7 @@ class Mirror:
 
     def prepare(self, plan: dict[str, Any]) -> tuple[int, Any, list[tuple[Any, Any]]]:
         """(answer, base, [(slot, batch)]) for a step plan."""
-        from actors.trainer.trainer import item_to_batch
+        from actors.trainer.step import item_to_batch
         from protocol.messages import QueuePutRequest
         from protocol.wire import decode
 

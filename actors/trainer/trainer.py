@@ -32,8 +32,6 @@ import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
-import numpy as np
-
 from actors.budget import budget_bytes
 from transport.bus import js_retry, retry, retry_through_outage
 from actors.identity import require_tenant
@@ -44,7 +42,8 @@ from actors.trainer.torch_thread import TorchThread
 from actors.tracing import JobSpans
 from actors.tq_read import read_job_items
 from actors.trainer.train_loop import TrainLoop, Work
-from actors.trainer.ranks import Entry, RankLost
+from actors.trainer.ranks import RankLost
+from actors.trainer.step import run_step
 from protocol import ops
 from protocol.errors import Busy, Conflict, FailedPrecondition, NexusError, NotFound
 from protocol.messages import (
@@ -376,7 +375,7 @@ class Trainer(Role):
                 self.job_spans.steps([w.job for w in group], self.loop.steps):
             started = time.perf_counter()
             try:
-                await self.store.torch.run(self._train_step, group, bases)
+                await self.store.torch.run(run_step, self, group, bases)
             except RankLost as exc:
                 # Its communicator is broken and the ranks may differ: this trainer cannot go on.
                 # Exiting now is a lost trainer (its leases lapse, its jobs resume from their
@@ -384,77 +383,6 @@ class Trainer(Role):
                 self.log.error("a trainer rank was lost; exiting", error=str(exc), exit_status=EXIT_RANK_LOST)
                 os._exit(EXIT_RANK_LOST)
             self.busy_s += time.perf_counter() - started  # the device's share: nexus top, /metrics
-
-    def _train_step(self, group: list[Work], bases: dict[str, Any]) -> None:
-        """The next micro-batch of every job, canonicalised now, in one grouped step per base;
-        a failing tenant is isolated (its job fails, the others step on)."""
-        live = []
-        for w in group:
-            try:
-                w.batch = item_to_batch(w.res.slot, w.items[w.cursor])
-                live.append(w)
-            except Exception as exc:  # noqa: BLE001 - reported as the job's failure reason
-                w.error = f"micro-batch {w.cursor}: {type(exc).__name__}: {exc}"
-        by_base: dict[int, list[Work]] = {}
-        for w in live:
-            by_base.setdefault(id(bases[w.tenant]), []).append(w)
-        for part in by_base.values():
-            base = bases[part[0].tenant]
-            try:
-                results = self._metered_step(base, part, grouped=True)
-                if len({w.res.slot.adapter is None for w in part}) == 2:
-                    self.mixed_lora_steps += 1
-                if len({w.res.slot.head.needs_prefix_kv for w in part}) == 2:
-                    self.mixed_expert_steps += 1
-            except RankLost:
-                raise
-            except Exception:
-                # Find the culprit: run the tenants one by one; only the failing one fails.
-                results = []
-                for w in part:
-                    try:
-                        results.extend(self._metered_step(base, [w], grouped=False))
-                    except RankLost:
-                        raise
-                    except Exception as exc:  # noqa: BLE001 - reported as the job's failure reason
-                        w.error = f"training step {w.cursor} failed: {type(exc).__name__}: {exc}"
-                        results.append(None)
-            for w, r in zip(part, results):
-                if r is None:
-                    continue
-                w.cursor += 1
-                self.micro_batches += 1
-                w.losses.append(r.loss)
-                for k, v in r.metrics.items():
-                    w.metrics.setdefault(k, []).append(float(v))
-        for w in group:
-            w.batch = None  # canonical tensors live for one step only
-            w.res.measure()  # for `info`, which must not read the slot's tensors itself
-
-    def _metered_step(self, base: Any, part: list[Work], grouped: bool) -> list[Any]:
-        """One `models.train_step`, timed (wall time ending in a device synchronize) and charged
-        to the part's tenants by their rows (`actors.metering`); a step that raises is charged
-        too: the device time was spent."""
-        from models import train_step
-
-        t0 = time.perf_counter()
-        try:
-            if self.ranks is not None:
-                return self.ranks.step(part[0].res.config.base, self._base_cfg(part[0].res.config.base), base,
-                                       [Entry(w.tenant, w.res.slot, w.res.config, w.items[w.cursor], w.batch)
-                                        for w in part], grouped=grouped, resident=self.store.resident)
-            return train_step(base, [(w.res.slot, w.batch) for w in part], grouped=grouped)
-        finally:
-            _sync(base)
-            self.meter.charge("train", time.perf_counter() - t0,
-                              {(w.tenant, w.job.workload): len(w.batch.features) for w in part})
-
-    def _base_cfg(self, source: str) -> dict[str, Any]:
-        """How the other ranks load ``source``: as this rank's store did."""
-        from actors.trainer.slots import fast_engine_applies
-
-        fast = self.tcfg.fast and fast_engine_applies(source, self.tcfg.device)
-        return {"fast": fast, "compile": fast and self.tcfg.compile, "image_size": self.tcfg.image_size}
 
     async def finish(self, w: Work) -> None:
         """Commit -> trained -> export -> exported -> announce -> synced -> cleared.
@@ -662,37 +590,6 @@ class Trainer(Role):
 _ORDER = ("leased", "trained", "exported", "synced", "cleared")
 
 
-def _sync(base: Any) -> None:
-    """Wait for the device: a step's wall time then covers its kernels, not just their launch."""
-    if base.device.type == "cuda":
-        import torch
-
-        torch.cuda.synchronize(base.device)
-
-
 def _before(current: str, target: str) -> bool:
     """True if a job in ``current`` has yet to reach ``target`` on the success path."""
     return _ORDER.index(current) < _ORDER.index(target)
-
-
-def item_to_batch(slot: Any, item: QueuePutRequest) -> Any:
-    """One queued micro-batch (tenant schema) -> `models.TenantBatch` (canonical VLAFeature) on
-    the slot's device. The frames cross to the device as uint8 and are resized there (as the
-    inferencer does); the same math as ``slot.preprocessor`` on the host, bit-equal on CPU."""
-    import torch
-    from models import Observation, TenantBatch
-
-    cams = slot.schema.camera_names
-    obs = [Observation(images={c: item.images[c][i] for c in cams}, state=item.state[i],
-                       instruction=item.instructions[i])
-           for i in range(len(item.instructions))]
-    device = slot.device
-    vla = slot.preprocessor(obs, device=device).to(device)
-
-    def t(x: Any) -> Any:
-        return None if x is None else torch.as_tensor(np.asarray(x, dtype=np.float32), device=device)
-
-    if item.kl_coef > 0:  # its anchor, taken now (before this step) if the slot is at its version
-        slot.use_anchor(item.anchor_version)
-    return TenantBatch(vla, t(item.actions), t(item.old_log_prob), t(item.advantages), t(item.returns),
-                       kl_coef=item.kl_coef)

@@ -12,7 +12,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import pytest
 
 from actors.trainer.slots import slot_footprint
-from actors.trainer.trainer import item_to_batch
+from actors.trainer.step import item_to_batch
 from protocol.messages import QueuePutRequest
 from protocol.wire import decode, encode
 from tests.support.tq_helpers import BASE, micro_batch, tenant

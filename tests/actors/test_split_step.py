@@ -79,7 +79,7 @@ def test_a_joined_item_has_the_loss_and_gradients_of_the_whole_micro_batch():
     (which a per-part step or an unweighted accumulation would give)."""
     import torch
 
-    from actors.trainer.trainer import item_to_batch
+    from actors.trainer.step import item_to_batch
     from models import BaseConfig, BaseModel, OptimConfig, TenantSchema, TenantSlot
     from models.group import forward_backward
 

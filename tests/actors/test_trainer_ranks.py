@@ -208,7 +208,7 @@ def test_a_slot_changed_in_place_between_steps_is_sent_again():
     import torch
     import torch.distributed as dist
 
-    from actors.trainer.trainer import item_to_batch
+    from actors.trainer.step import item_to_batch
     from actors.trainer.ranks import Entry, RankGroup, RankSpec
     from models import BaseConfig, BaseModel, OptimConfig, TenantSchema, TenantSlot, train_step
     from models.testing import libero_schema

@@ -77,7 +77,7 @@ def test_decoded_arrays_own_writable_memory():
 def test_trainer_path_on_decoded_items_hands_torch_no_read_only_array():
     """A queued micro-batch as the trainer gets it (wire bytes -> QueuePutRequest), through
     `item_to_batch` (preprocess, actions, RL fields) and a training step, warnings as errors."""
-    from actors.trainer.trainer import item_to_batch
+    from actors.trainer.step import item_to_batch
     from models import BaseConfig, BaseModel, OptimConfig, TenantSchema, TenantSlot, train_step
 
     cfg = tenant("acme")
@@ -117,7 +117,7 @@ def test_restored_optimizer_state_owns_its_memory():
     moments and step were such views, written in place by every later step from the training
     thread. Now every optimizer tensor of a restored slot owns torch-allocated memory (a view
     of a Python buffer has a storage that cannot be resized), and training goes on as before."""
-    from actors.trainer.trainer import item_to_batch
+    from actors.trainer.step import item_to_batch
     from models import BaseConfig, BaseModel, OptimConfig, TenantSchema, TenantSlot, train_step
     from models.serialization import FORMAT_CHECKPOINT, load
 

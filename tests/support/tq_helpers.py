@@ -77,7 +77,7 @@ class Reference:
                                       head_options=cfg.head_params, optim=OptimConfig(**cfg.optim), seed=cfg.seed)
 
     def train(self, items: list[QueuePutRequest]) -> None:
-        from actors.trainer.trainer import item_to_batch
+        from actors.trainer.step import item_to_batch
         from models import train_step
 
         for item in items:
