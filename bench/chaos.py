@@ -57,7 +57,8 @@ from typing import Any
 from transport.cluster import pid_alive
 from bench.chaos_audit import Findings, audit_jobs, percentile
 from bench.chaos_config import BUDGETS, ChaosConfig, Kill, NatsKill, workload_specs
-from bench.chaos_deploy import Deployment, Poll, answers_info, proc_cmdline, listening_ports, ports_of_url
+from bench.chaos_deploy import (Deployment, Poll, answers_info, listening_ports, ports_of_url, proc_cmdline,
+                                stop_on_sigterm)
 from bench.chaos_report import fmt, print_report
 
 KILLABLE_ROLES = ("master", "trainer", "inferencer", "env", "health", "monitor")
@@ -630,6 +631,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout-s", type=float, default=0.0, help="whole run (default: tiny 300, small 420, full 2400)")
     p.add_argument("--allowed-failure", help="regex: a failed job whose reason matches is not counted lost")
     args = p.parse_args(argv)
+    stop_on_sigterm()  # a killed run takes its deployment down
     cfg = ChaosConfig(mode=args.mode, budget=args.budget, interval_s=args.interval_s, kills=args.kills,
                       nats_cluster=args.nats_cluster, seed=args.seed, data_dir=args.data_dir,
                       keep_data=args.keep_data, out=args.out, timeout_s=args.timeout_s,

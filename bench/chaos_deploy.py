@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,14 @@ class Poll:
     name: str
     every_s: float
     deadline_s: float
+
+
+def stop_on_sigterm() -> None:
+    """A bench stopped with SIGTERM (`pkill -f bench.maniskill_rl`) unwinds as Ctrl-C does, so
+    its `finally:` takes its deployment down (`nexus down`, `Deployment.cleanup`); before, it
+    died at once and left its deployments running. Main thread only (Python's rule)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
 
 # -- the deployment and its processes ---------------------------------------------------------

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from transport.broker import free_port
-from bench.chaos_deploy import ROOT, Deployment
+from bench.chaos_deploy import Deployment, ROOT, stop_on_sigterm
 
 SPEC = ROOT / "examples" / "rl_reach.yaml"
 
@@ -106,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data-dir", type=Path, default=None)
     p.add_argument("--out", type=Path, default=None, help="write the report JSON here")
     args = p.parse_args(argv)
+    stop_on_sigterm()  # a killed run takes its deployment down
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="nexus-seeds-"))
     report = run(seeds, args.eval_episodes, args.concurrent, data_dir, args.timeout_s, args.max_wall_s)

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from transport.broker import free_port
-from bench.chaos_deploy import ROOT, Deployment
+from bench.chaos_deploy import Deployment, ROOT, stop_on_sigterm
 
 FIXTURE = ROOT.parent / "shared" / "fixtures" / "lerobot" / "libero_like"
 # The libero env's two cameras, in the order the dataset's are mapped onto them.
@@ -117,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data-dir", type=Path, default=None)
     p.add_argument("--out", type=Path, default=None, help="write the report JSON here")
     args = p.parse_args(argv)
+    stop_on_sigterm()  # a killed run takes its deployment down
     args.tasks = [int(t) for t in args.tasks.split(",") if t.strip()]
     if not (args.dataset / "meta" / "info.json").exists():
         print(f"no LeRobot dataset at {args.dataset} (meta/info.json): pass --dataset", file=sys.stderr)

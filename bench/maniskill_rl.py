@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from transport.broker import free_port
-from bench.chaos_deploy import Deployment
+from bench.chaos_deploy import Deployment, stop_on_sigterm
 from bench.maniskill_sft import TASKS, dataset_facts, eval_spec, record_demos, success_rate
 
 # The action module both stages train: the example's width, PPO's exploration std (e^-1.5 ~
@@ -231,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data-dir", type=Path, default=None)
     p.add_argument("--out", type=Path, default=None, help="write the report JSON here")
     args = p.parse_args(argv)
+    stop_on_sigterm()  # a killed run takes its deployment down
     args.seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     if not 0 < args.lr <= 1:
         p.error(f"--lr {args.lr}: must be in (0, 1]")

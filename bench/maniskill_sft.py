@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from transport.broker import free_port
-from bench.chaos_deploy import ROOT, Deployment
+from bench.chaos_deploy import Deployment, ROOT, stop_on_sigterm
 
 # --task: the example specs (the SFT's and its eval's) and the published dataset's name.
 TASKS = {task: (ROOT / "examples" / f"sft_maniskill_{task}cube.yaml", ROOT / "examples" / f"eval_maniskill_{task}cube.yaml",
@@ -170,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--min-success", type=float, default=0.7, help="exit 1 when a seed scores below this")
     p.add_argument("--out", type=Path, default=None, help="write the report JSON here")
     args = p.parse_args(argv)
+    stop_on_sigterm()  # a killed run takes its deployment down
     args.seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="nexus-maniskill-"))
     t0 = time.monotonic()

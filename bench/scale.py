@@ -58,7 +58,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.chaos_deploy import Deployment
+from bench.chaos_deploy import Deployment, stop_on_sigterm
 from bench.chaos_audit import percentile
 from protocol import ops
 
@@ -577,6 +577,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="combine earlier result files (their deployments, sorted by tenants then active; the "
                         "scheduler part of the first that has one) into --out, its plot and the table; runs nothing")
     args = p.parse_args(argv)
+    stop_on_sigterm()  # a killed run takes its deployment down
     if args.merge:
         return merge(args.merge, args.out)
     tenants = [int(x) for x in args.tenants.split(",") if x]
