@@ -194,6 +194,66 @@ def table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+# What must agree for runs to be merged into one report (seeds and round counts may differ).
+SAME_SETTINGS = ("task", "env", "rl_env", "sft_steps", "round_episodes", "value_warmup_episodes", "kl_coef",
+                 "max_inflight_jobs", "eval_episodes", "eval_seed", "action_module", "ppo")
+
+
+def merge(paths: list[Path]) -> dict[str, Any]:
+    """Reports of the same settings run apart (one process a seed, side by side) as one: their
+    rows together. A setting that differs is refused naming it and both values."""
+    reports = [json.loads(path.read_text()) for path in paths]
+    first = reports[0]
+    for path, rep in zip(paths[1:], reports[1:]):
+        for key in SAME_SETTINGS:
+            if rep.get(key) != first.get(key):
+                raise ValueError(f"{path}: {key} is {rep.get(key)!r}, but {paths[0]} has {first.get(key)!r}: "
+                                 "only runs of the same settings merge")
+    merged = {**first, "rows": [row for rep in reports for row in rep["rows"]],
+              "seeds": [s for rep in reports for s in rep["seeds"]], "merged_from": [str(p) for p in paths],
+              "wall_s": max(rep.get("wall_s", 0.0) for rep in reports)}
+    return merged
+
+
+def plot(report: dict[str, Any], path: Path) -> Path | None:
+    """Held-out success (mean actions) after SFT and after every PPO round, per seed, against
+    PPO episodes; each round's training success (sampled actions) dashed; the seeds' mean bold."""
+    try:
+        import matplotlib
+    except ImportError:
+        print(f"no matplotlib here: no figure ({path}); the JSON has every number")
+        return None
+    matplotlib.use("Agg")  # files only: no display on a bench machine
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    curves = []
+    for i, row in enumerate(report["rows"]):
+        color = f"C{i}"
+        xs = [0] + [r["episodes_total"] for r in row["rounds"]]
+        ys = [row["sft_eval"]] + [r["eval"] for r in row["rounds"]]
+        pts = [(x, 100 * y) for x, y in zip(xs, ys) if y is not None]
+        ax.plot(*zip(*pts), "-o", color=color, ms=3, label=f"seed {row['seed']}: held-out (mean action)")
+        train = [(r["episodes_total"], 100 * r["train_success"]) for r in row["rounds"] if r["train_success"] is not None]
+        if train:
+            ax.plot(*zip(*train), "--", color=color, alpha=0.5, lw=1)
+        curves.append(pts)
+    n = min(len(c) for c in curves)
+    if len(curves) > 1 and n:
+        mean = [(curves[0][k][0], sum(c[k][1] for c in curves) / len(curves)) for k in range(n)]
+        ax.plot(*zip(*mean), "-", color="k", lw=2.5, label=f"mean of {len(curves)} seeds")
+    ax.set_xlabel("PPO rollout episodes (0: the SFT start)")
+    ax.set_ylabel("success %")
+    ax.set_ylim(-2, 102)
+    ax.set_title(f"PPO from a {report['sft_steps']}-step SFT start, {report['task']} cube "
+                 f"(dashed: training success, sampled actions)", fontsize=9)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--task", choices=sorted(TASKS), default="push")
@@ -229,9 +289,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eval-seed", type=int, default=100_000, help="held-out reset seeds start here")
     p.add_argument("--timeout-s", type=float, default=3600.0, help="per workload wait")
     p.add_argument("--data-dir", type=Path, default=None)
-    p.add_argument("--out", type=Path, default=None, help="write the report JSON here")
+    p.add_argument("--out", type=Path, default=None, help="write the report JSON here (and its figure beside)")
+    p.add_argument("--merge", type=Path, nargs="+", default=None,
+                   help="no run: merge these reports (same settings, seeds run apart) into --out, with the figure")
     args = p.parse_args(argv)
-    stop_on_sigterm()  # a killed run takes its deployment down
+    if args.merge:
+        if not args.out:
+            p.error("--merge needs --out (the merged JSON; the figure goes beside it)")
+        try:
+            report = merge(args.merge)
+        except (ValueError, OSError, KeyError) as exc:
+            p.error(f"--merge: {exc}")
+        args.out.write_text(json.dumps(report, indent=1) + "\n")
+        print(table(report))
+        print(f"JSON: {args.out}; figure: {plot(report, args.out.with_suffix('.png'))}")
+        return 0
     args.seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     if not 0 < args.lr <= 1:
         p.error(f"--lr {args.lr}: must be in (0, 1]")
@@ -243,6 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     if not 0 <= args.value_warmup_episodes < args.round_episodes:
         p.error(f"--value-warmup-episodes {args.value_warmup_episodes}: allowed 0..{args.round_episodes - 1} "
                 "(within the first round, leaving it policy updates)")
+    stop_on_sigterm()  # a killed run takes its deployment down
     data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="nexus-maniskill-rl-"))
     t0 = time.monotonic()
     report = run(args, data_dir)
@@ -251,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=1) + "\n")
-        print(f"JSON: {args.out}")
+        print(f"JSON: {args.out}; figure: {plot(report, args.out.with_suffix('.png'))}")
     gains = [r["gain_points"] for r in report["rows"] if r.get("gain_points") is not None]
     print(f"PPO gained {', '.join(f'{g:+.0f}' for g in gains) or 'nothing measured'} points over the SFT start")
     return 0 if len(gains) == len(report["rows"]) else 1

@@ -62,3 +62,43 @@ def test_rl_bench_refuses_a_zero_round_before_starting_anything(capsys):
     with pytest.raises(SystemExit) as e:
         maniskill_rl.main(["--rounds", "0"])
     assert e.value.code == 2 and "--rounds 0: must be >= 1" in capsys.readouterr().err
+
+
+def test_group_flags_reach_ppos_spec():
+    """--group-size / --episodes-per-update / --parallel-envs: outcome advantages over groups of
+    one reset seed (algorithm.advantage group_success), whole groups an update."""
+    import argparse
+
+    sft_path, eval_path, _ = maniskill_sft.TASKS["push"]
+    sft = maniskill_rl.sft_spec(load_document(sft_path.read_text()), "t-s1", 1, Path("/d"), 200)
+    env = load_document(eval_path.read_text())["env"]
+    args = argparse.Namespace(lr=5e-5, epochs=2, micro_batch=128, parallel_envs=4, group_size=4, episodes_per_update=8)
+    alg = parse_spec(maniskill_rl.rl_spec(sft, env, 48, 600.0, ppo=maniskill_rl.ppo_settings(args))).algorithm
+    assert (alg.advantage, alg.group_size, alg.episodes_per_update, alg.steps_per_update) == ("group_success", 4, 8, None)
+    assert alg.parallel_envs == 4 and alg.lr == 5e-5
+    plain = parse_spec(maniskill_rl.rl_spec(sft, env, 48, 600.0, ppo=maniskill_rl.ppo_settings(
+        argparse.Namespace(**{**vars(args), "group_size": 1})))).algorithm
+    assert plain.advantage == "gae" and plain.steps_per_update == maniskill_rl.PPO["steps_per_update"]
+
+
+def _report(seed: int, **settings) -> dict:
+    rounds = [{"round": 1, "episodes_total": 48, "train_success": 0.3, "eval": 0.6}]
+    return {"task": "push", "sft_steps": 200, "seeds": [seed], "ppo": {"lr": 5e-5}, **settings,
+            "rows": [{"seed": seed, "sft_eval": 0.45, "rounds": rounds, "gain_points": 15.0}]}
+
+
+def test_merge_joins_seeds_of_one_setting_and_refuses_another(tmp_path, capsys):
+    import json
+
+    paths = []
+    for seed, lr in ((1, 5e-5), (2, 5e-5), (3, 1e-4)):
+        paths.append(tmp_path / f"s{seed}.json")
+        paths[-1].write_text(json.dumps(_report(seed, ppo={"lr": lr})))
+    out = tmp_path / "merged.json"
+    assert maniskill_rl.main(["--merge", str(paths[0]), str(paths[1]), "--out", str(out)]) == 0
+    merged = json.loads(out.read_text())
+    assert [r["seed"] for r in merged["rows"]] == [1, 2] and merged["seeds"] == [1, 2]
+    assert out.with_suffix(".png").stat().st_size > 0
+    with pytest.raises(SystemExit) as e:
+        maniskill_rl.main(["--merge", str(paths[0]), str(paths[2]), "--out", str(tmp_path / "bad.json")])
+    assert e.value.code == 2 and "ppo is" in capsys.readouterr().err and not (tmp_path / "bad.json").exists()
