@@ -145,7 +145,7 @@ class EnvServer:
 
         if not spec.hosted or spec.tenant != self.tenant:  # the master hands only these; a second line
             raise PermissionDenied(f"workload {spec.workload} is not a hosted workload of tenant {self.tenant!r}")
-        cfg = await self._client.tenant(spec.policy_tenant or spec.tenant)
+        cfg = await retry_through_outage(self._client.tenant, spec.policy_tenant or spec.tenant)  # a master restart
         schema = cfg.schema
         # The env id names the tenant's own env here: made through its factory, in a child,
         # with the workload's options and its observation schema to check at the first reset.
