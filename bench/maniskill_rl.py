@@ -42,11 +42,14 @@ PPO = {"lr": 3e-4, "gamma": 0.9, "gae_lambda": 0.9, "clip_ratio": 0.2, "value_co
        "epochs": 2, "steps_per_update": 256, "parallel_envs": 2, "micro_batch": 64, "grad_clip": 0.5}
 
 
-def action_module(value_detach: bool = False) -> dict[str, Any]:
-    """`GAUSSIAN`, with `value_detach` (the value loss kept off the shared trunk) when asked."""
+def action_module(value_detach: bool = False, init_log_std: float | None = None) -> dict[str, Any]:
+    """`GAUSSIAN`, with `value_detach` (the value loss kept off the shared trunk) when asked, and
+    another starting log-std (the exploration noise SFT starts from and PPO samples with)."""
     module = copy.deepcopy(GAUSSIAN)
     if value_detach:
         module["params"]["value_detach"] = True
+    if init_log_std is not None:
+        module["params"]["init_log_std"] = init_log_std
     return module
 
 
@@ -112,7 +115,7 @@ def run(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
                               "value_warmup_episodes": args.value_warmup_episodes, "kl_coef": args.kl_coef,
                               "rl_env": rl_env, "max_inflight_jobs": args.max_inflight_jobs,
                               "eval_episodes": args.eval_episodes, "eval_seed": args.eval_seed,
-                              "action_module": action_module(args.value_detach), "ppo": ppo_settings(args),
+                              "action_module": action_module(args.value_detach, args.init_log_std), "ppo": ppo_settings(args),
                               "cpu_threads": os.environ.get("OMP_NUM_THREADS")}
     root = args.dataset or data_dir.parent / f"{data_dir.name}-demos"
     if not (root / "meta" / "info.json").is_file():
@@ -137,7 +140,7 @@ def run(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
             for seed in args.seeds:
                 tenant = f"ppo-{args.task}cube-s{seed}"
                 sft = sft_spec(sft_example, tenant, seed, published, args.sft_steps,
-                               action_module(args.value_detach))
+                               action_module(args.value_detach, args.init_log_std))
                 t0 = time.monotonic()
                 rec = client.submit(sft).wait(timeout_s=args.timeout_s)
                 row: dict[str, Any] = {"seed": seed, "tenant": tenant, "sft_state": rec.state, "sft_version": rec.step,
@@ -275,6 +278,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--value-detach", action="store_true",
                    help="the gaussian head's value_detach: PPO's value loss trains the value net only, not the "
                         "trunk the SFT policy's mean reads")
+    p.add_argument("--init-log-std", type=float, default=None,
+                   help=f"the gaussian head's init_log_std (default {GAUSSIAN['params']['init_log_std']}): "
+                        "PPO's sampling noise around the SFT mean")
     p.add_argument("--lr", type=float, default=PPO["lr"], help="PPO's learning rate")
     p.add_argument("--epochs", type=int, default=PPO["epochs"], help="PPO epochs per update")
     p.add_argument("--micro-batch", type=int, default=PPO["micro_batch"],

@@ -45,6 +45,11 @@ def test_sft_ppo_and_eval_specs_are_valid_and_name_one_tenant(task):
     assert d_sft.action_module.params["value_detach"] is True
     assert compile_tenant(d_sft).signature == compile_tenant(d_rl).signature
     assert "value_detach" not in specs[0].action_module.params
+    # --init-log-std: the head's starting exploration noise, on the SFT slot (so PPO's).
+    quiet = parse_spec(maniskill_rl.sft_spec(sft_example, "t-s1", 1, Path("/d"), 300,
+                                             maniskill_rl.action_module(init_log_std=-2.5)))
+    assert quiet.action_module.params["init_log_std"] == -2.5
+    assert specs[0].action_module.params["init_log_std"] == maniskill_rl.GAUSSIAN["params"]["init_log_std"]
     # --max-inflight-jobs and --micro-batch reach PPO's spec.
     sync = parse_spec(maniskill_rl.rl_spec(sft, ev_example["env"], 100, 600.0, max_inflight_jobs=1,
                                            ppo={**maniskill_rl.PPO, "micro_batch": 256}))
