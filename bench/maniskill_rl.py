@@ -115,7 +115,8 @@ def run(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
                               "value_warmup_episodes": args.value_warmup_episodes, "kl_coef": args.kl_coef,
                               "rl_env": rl_env, "max_inflight_jobs": args.max_inflight_jobs,
                               "eval_episodes": args.eval_episodes, "eval_seed": args.eval_seed,
-                              "action_module": action_module(args.value_detach, args.init_log_std), "ppo": ppo_settings(args),
+                              "action_module": action_module(args.value_detach, args.init_log_std),
+                              "ppo": ppo_settings(args),
                               "cpu_threads": os.environ.get("OMP_NUM_THREADS")}
     root = args.dataset or data_dir.parent / f"{data_dir.name}-demos"
     if not (root / "meta" / "info.json").is_file():
@@ -237,7 +238,8 @@ def plot(report: dict[str, Any], path: Path) -> Path | None:
         ys = [row["sft_eval"]] + [r["eval"] for r in row["rounds"]]
         pts = [(x, 100 * y) for x, y in zip(xs, ys) if y is not None]
         ax.plot(*zip(*pts), "-o", color=color, ms=3, label=f"seed {row['seed']}: held-out (mean action)")
-        train = [(r["episodes_total"], 100 * r["train_success"]) for r in row["rounds"] if r["train_success"] is not None]
+        train = [(r["episodes_total"], 100 * r["train_success"]) for r in row["rounds"]
+                 if r["train_success"] is not None]
         if train:
             ax.plot(*zip(*train), "--", color=color, alpha=0.5, lw=1)
         curves.append(pts)

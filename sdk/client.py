@@ -29,7 +29,8 @@ from transport.cluster import ClusterState
 from protocol import ops
 from protocol.ops import Op
 from protocol.errors import Busy, InvalidField, NotFound, PayloadTooLarge, QuotaExceeded, RequestTimeout, Unavailable
-from protocol.policy import CHUNK_HEADROOM_BYTES, INFERENCE_OUTAGE, MASTER_OUTAGE, RetryPolicy  # headroom: queue_put's split
+# CHUNK_HEADROOM_BYTES: queue_put's split; MASTER_OUTAGE: predict's pool lookup.
+from protocol.policy import CHUNK_HEADROOM_BYTES, INFERENCE_OUTAGE, MASTER_OUTAGE, RetryPolicy
 from protocol.messages import (
     ClusterStatus,
     CreateTenantRequest,

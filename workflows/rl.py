@@ -41,12 +41,12 @@ def rollout_rows(segments: list[list[dict[str, Any]]], cfg: RLConfig, episodes_d
     ``advantage: gae``: GAE from the value head, normalised over the update. ``advantage:
     group_success``: every step of segment i gets `group_advantages` of ``outcomes`` (1.0 for a
     success) within ``groups`` (segment i's reset-seed group), not normalised again; the GAE
-    returns still train the value head. ``episodes_done``: the workload's episodes so far, this update's included. While that is at
-    most ``value_warmup_episodes`` the advantages are zeros: PPO's policy term then has no
-    gradient and the update trains the value head alone (on the policy the tenant starts from,
-    e.g. its SFT version), so the first policy steps are taken on advantages of a value head
-    that has seen this policy's returns, not on an untrained one's noise (docs/results.md: the
-    first PPO round from an SFT start lost the most)."""
+    returns still train the value head. ``episodes_done``: the workload's episodes so far, this
+    update's included. While that is at most ``value_warmup_episodes`` the advantages are zeros:
+    PPO's policy term then has no gradient and the update trains the value head alone (on the
+    policy the tenant starts from, e.g. its SFT version), so the first policy steps are taken
+    on advantages of a value head that has seen this policy's returns, not on an untrained
+    one's noise (docs/results.md: the first PPO round from an SFT start lost the most)."""
     grouped = cfg.advantage == "group_success"
     if grouped and (outcomes is None or groups is None or not len(outcomes) == len(segments) == len(groups)):
         raise ValueError("advantage group_success needs each segment's outcome and group")

@@ -79,7 +79,8 @@ def test_group_flags_reach_ppos_spec():
     env = load_document(eval_path.read_text())["env"]
     args = argparse.Namespace(lr=5e-5, epochs=2, micro_batch=128, parallel_envs=4, group_size=4, episodes_per_update=8)
     alg = parse_spec(maniskill_rl.rl_spec(sft, env, 48, 600.0, ppo=maniskill_rl.ppo_settings(args))).algorithm
-    assert (alg.advantage, alg.group_size, alg.episodes_per_update, alg.steps_per_update) == ("group_success", 4, 8, None)
+    assert (alg.advantage, alg.group_size, alg.episodes_per_update) == ("group_success", 4, 8)
+    assert alg.steps_per_update is None
     assert alg.parallel_envs == 4 and alg.lr == 5e-5
     plain = parse_spec(maniskill_rl.rl_spec(sft, env, 48, 600.0, ppo=maniskill_rl.ppo_settings(
         argparse.Namespace(**{**vars(args), "group_size": 1})))).algorithm
