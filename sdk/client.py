@@ -330,32 +330,37 @@ class AsyncClient:
         here unless given), so the request is worked once per instance. ``workload``: the
         workload the call is metered to (default: the tenant's active workload)."""
         timeout_s = self.timeout_s if timeout_s is None else timeout_s
-        deadline = time.monotonic() + timeout_s  # one deadline for the pool lookup and the predict
+        budget = timeout_s  # what the predict may take: the caller's timeout less the lookup's time
         pool = self._pools.get(tenant)
         if pool is None:
             # The first call of a tenant reads its base from the master: a master restarting
             # then (seconds) is ridden out like an inferencer's, within the caller's deadline
             # (an eval workload's first episode failed on a master killed under it).
+            started = time.monotonic()
             lookup = MASTER_OUTAGE
             if timeout_s > 0 and timeout_s < lookup.deadline_s:
                 lookup = dataclasses.replace(lookup, deadline_s=timeout_s)
             pool = pool_name((await retry(self.tenant, tenant, policy=lookup)).base)
             self._pools[tenant] = pool
+            budget = timeout_s - (time.monotonic() - started)
         request_id = request_id or uuid.uuid4().hex
         # The caller's deadline wins over the policy's when it is shorter.
         policy = failover.policy
-        left = deadline - time.monotonic()
-        if timeout_s > 0 and (policy.deadline_s == 0 or left < policy.deadline_s):
-            policy = dataclasses.replace(policy, deadline_s=max(left, 1e-3))  # 0 would mean none
+        if timeout_s > 0 and (policy.deadline_s == 0 or budget < policy.deadline_s):
+            policy = dataclasses.replace(policy, deadline_s=max(budget, 1e-3))  # 0 would mean none
+        deadline = time.monotonic() + budget
         subject = self.names.infer(pool)
+        sent = 0
 
         async def attempt() -> PredictReply:
-            # Every attempt carries what is left of the caller's deadline (capped): the server
-            # drops a request unworked once it waited longer than that.
-            left = deadline - time.monotonic()
+            nonlocal sent
+            # The first attempt always goes out with the whole budget (capped): the server drops
+            # it unworked if it waited longer than that (a caller that gave up is not worked for).
+            left = budget if not sent else deadline - time.monotonic()
             if left <= 0:
                 raise RequestTimeout(f"predict for {tenant!r} found no answer within {timeout_s:g} s",
                                      details={"subject": subject, "timeout_s": timeout_s})
+            sent += 1
             t = min(left, failover.attempt_timeout_s)
             req = PredictRequest(tenant=tenant, images=images, state=state, instruction=instruction,
                                  version=version, sample=sample, timeout_s=t, request_id=request_id,
