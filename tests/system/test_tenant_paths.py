@@ -333,10 +333,19 @@ def test_a_tenant_names_presets_and_registered_bases_never_paths(deployment, tmp
             rl = rl_spec("bob-rl")
             rl["tenant"] = "bob"
             rl["base"] = "registered:tinyb"
-            try:  # an inferencer serves the preset only: refused naming the base as bob named it
-                got["rl on registered"] = await b.submit(rl)
-            except NexusError as exc:
-                got["rl on registered"] = exc
+            # An inferencer serves the preset only: refused naming the base as bob named it. The
+            # master skips that check when no inferencer answers info within 2 s (a loaded CI
+            # machine: the spec was then refused for its schema alone); a refused submit stores
+            # nothing, so it is asked again, a bounded number of times.
+            for _ in range(3):
+                try:
+                    got["rl on registered"] = await b.submit(rl)
+                    break
+                except NexusError as exc:
+                    got["rl on registered"] = exc
+                    if "registered:tinyb" in exc.message:
+                        break
+                    await asyncio.sleep(2.0)
         return got
 
     got = asyncio.run(go())
